@@ -1,0 +1,225 @@
+"""The one config schema: every knob of a ReaDy run, typed, with its single default.
+
+Configs are merged as schema <- experiments/base.yaml <- preset <- sweep spec <- CLI
+overrides (see `load_config`). Unknown keys and wrong types fail at load with the key's
+full path. Each section lives in the dataclass named after it, so `reader.rank` is
+`ReaderConfig.rank`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass
+class TargetConfig:
+    """The hybrid linear-attention target (frozen throughout)."""
+
+    # preset name (`tiny`, `qwen3_5_27b`) or a local Hugging Face checkpoint directory
+    source: str = "tiny"
+    # when true and `source` is a preset, pretrain it on the embedded corpus first
+    pretrain: bool = True
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class PretrainConfig:
+    """Pretraining of the embedded tiny target on the stdlib corpus (CPU, minutes)."""
+
+    steps: int = 1200
+    batch_size: int = 16
+    seq_len: int = 256
+    lr: float = 2e-3
+    warmup: float = 0.05
+    weight_decay: float = 0.1
+    seed: int = 0
+
+
+@dataclass
+class CorpusConfig:
+    """Text corpus built from files every Python install has."""
+
+    vocab_size: int = 4096
+    heldout_fraction: float = 0.05
+    max_files: int = 4000
+    seed: int = 0
+
+
+@dataclass
+class RegenConfig:
+    """Training data: prompts whose responses the target regenerates greedily."""
+
+    num_samples: int = 2000
+    prompt_len: int = 64
+    response_len: int = 64
+    seed: int = 0
+
+
+@dataclass
+class DrafterConfig:
+    """DSpark semi-autoregressive block drafter."""
+
+    block_size: int = 7
+    num_layers: int = 2
+    # target layers whose hidden features form the drafter's context (paper ids, 64-layer scale)
+    context_layers: list[int] = field(default_factory=lambda: [1, 17, 33, 49, 62])
+    head: str = "vanilla"  # vanilla | gated | rnn  (sequence head over the previous draft token)
+    head_rank: int = 64
+    # a pretrained drafter checkpoint directory; empty = train the base drafter from scratch
+    checkpoint: Optional[str] = None
+
+
+@dataclass
+class ReaderConfig:
+    """ReaDy state reader: position-conditioned reads of the committed GDN states."""
+
+    enabled: bool = True
+    rank: int = 8
+    # GDN source layers in the paper's 64-layer ids; mapped to the nearest GDN layer at the
+    # same relative depth for targets of another depth
+    layers: list[int] = field(default_factory=lambda: [30, 62])
+    # zero-indexed draft layers the reader is injected into; -1 = the last draft layer
+    inject_layers: list[int] = field(default_factory=lambda: [-1])
+    position: str = "post"  # post | pre  (relative to the draft layer's attention)
+    mlp_hidden: int = 256
+    eps: float = 1e-6
+
+
+@dataclass
+class LossConfig:
+    """L = L_CE + l1_weight * L_L1 with position weights w_j = exp(-j / decay_gamma)."""
+
+    l1_weight: float = 0.1
+    decay_gamma: float = 4.0
+
+
+@dataclass
+class StageConfig:
+    """One training stage's optimisation budget."""
+
+    samples: int = 2000
+    lr: float = 1e-4
+    batch_size: int = 16
+    warmup: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    anchors_per_sample: int = 4
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass
+class TrainConfig:
+    """Base DSpark training (from scratch) and ReaDy's two adaptation stages."""
+
+    base: StageConfig = field(default_factory=lambda: StageConfig(samples=8000, lr=6e-4, batch_size=32))
+    stage1: StageConfig = field(default_factory=lambda: StageConfig(samples=2000, lr=1e-3))
+    stage2: StageConfig = field(default_factory=lambda: StageConfig(samples=4000, lr=5e-4))
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    checkpoint_every: int = 200  # optimizer steps between resumable checkpoints
+
+
+@dataclass
+class BenchmarkConfig:
+    """Evaluation suites and where their local files live."""
+
+    suites: list[str] = field(default_factory=lambda: ["humaneval", "heldout"])
+    # local file per benchmark (JSONL, JSON or parquet in its public format)
+    paths: dict[str, str] = field(default_factory=dict)
+    limit: int = 16  # prompts per benchmark
+    thinking: bool = False  # chat template's thinking switch, when the tokenizer has one
+    max_prompt_tokens: int = 256
+
+
+@dataclass
+class EvalConfig:
+    max_new_tokens: int = 64
+    warmup_rounds: int = 1
+    use_kernels: bool = True  # fused Triton kernels on CUDA; torch references elsewhere
+
+
+@dataclass
+class Config:
+    """A resolved ReaDy run: one variant of one sweep, for one seed."""
+
+    name: str = "default"
+    seed: int = 0
+    artifacts_dir: str = "artifacts"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    regen: RegenConfig = field(default_factory=RegenConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    reader: ReaderConfig = field(default_factory=ReaderConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    bench: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+class ConfigError(ValueError):
+    """A config the user wrote is wrong; the message names the key and what was expected."""
+
+
+def schema() -> DictConfig:
+    """The structured (typed, closed) config with every default."""
+    return OmegaConf.structured(Config)
+
+
+def merge(base: DictConfig, *layers: Any, source: str = "config") -> DictConfig:
+    """Merge layers onto a structured config; unknown keys or bad types raise ConfigError."""
+    out = base
+    for layer in layers:
+        try:
+            out = OmegaConf.merge(out, layer)
+        except Exception as e:  # omegaconf raises several error types; all mean "bad input"
+            key = getattr(e, "full_key", None) or ""
+            msg = getattr(e, "msg", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{source}: bad value at key '{key}': {msg}") from None
+    return out
+
+
+def validate(cfg: DictConfig | Config) -> None:
+    """Range checks that types alone cannot express."""
+    c = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    checks = [
+        ("reader.rank", c.reader.rank >= 1, "a positive integer (1 .. d_k)"),
+        ("reader.position", c.reader.position in ("pre", "post"), "'pre' or 'post'"),
+        ("drafter.head", c.drafter.head in ("vanilla", "gated", "rnn"), "'vanilla', 'gated' or 'rnn'"),
+        ("drafter.block_size", c.drafter.block_size >= 1, "an integer >= 1"),
+        ("drafter.num_layers", c.drafter.num_layers >= 1, "an integer >= 1"),
+        ("reader.layers", len(c.reader.layers) >= 1, "a non-empty list of layer ids"),
+        ("reader.inject_layers", len(c.reader.inject_layers) >= 1, "a non-empty list of draft layer ids"),
+        ("train.loss.decay_gamma", c.train.loss.decay_gamma > 0, "a positive number"),
+        ("train.loss.l1_weight", c.train.loss.l1_weight >= 0, "a number >= 0"),
+        ("eval.max_new_tokens", c.eval.max_new_tokens >= 1, "an integer >= 1"),
+        ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
+        ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
+    ]
+    for key, ok, expected in checks:
+        if not ok:
+            raise ConfigError(f"bad value at key '{key}': {OmegaConf.select(c, key)!r}; expected {expected}")
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def config_hash(obj: Any, length: int = 12) -> str:
+    """Stable content hash of a config (or any JSON-able part of one)."""
+    if isinstance(obj, DictConfig):
+        obj = to_container(obj)
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
