@@ -1,0 +1,69 @@
+"""Static inference cache of the hybrid target: GDN states, conv windows, attention KV.
+
+Everything is preallocated once, so shapes never change between decoding rounds (CUDA-graph
+friendly). `verify` writes per-token GDN states into the `pending_*` buffers and attention KV
+past `length`; `commit(n)` installs the state after the n-th verified token and moves
+`length`, so rejected tokens leave no trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ready.target.config import HybridConfig
+
+
+@dataclass
+class HybridCache:
+    ssm: torch.Tensor  # [L_gdn, B, H_v, d_k, d_v] fp32, committed recurrent states
+    conv: torch.Tensor  # [L_gdn, B, conv_dim, kernel-1], last inputs of the causal conv
+    key: torch.Tensor  # [L_attn, B, H_kv, max_len, head_dim]
+    value: torch.Tensor  # [L_attn, B, H_kv, max_len, head_dim]
+    pending_ssm: torch.Tensor  # [L_gdn, B, max_verify, H_v, d_k, d_v], state after each verified token
+    pending_conv: torch.Tensor  # [L_gdn, B, max_verify, conv_dim, kernel-1]
+    length: int = 0  # committed tokens
+    pending: int = 0  # tokens verified but not yet committed
+
+    @property
+    def batch_size(self) -> int:
+        return self.ssm.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.key.shape[3]
+
+    @property
+    def max_verify(self) -> int:
+        return self.pending_ssm.shape[2]
+
+    @classmethod
+    def allocate(
+        cls,
+        cfg: HybridConfig,
+        batch_size: int,
+        max_len: int,
+        max_verify: int = 16,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> "HybridCache":
+        Lg, La = len(cfg.gdn_layer_ids), len(cfg.attn_layer_ids)
+        H, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        w = cfg.linear_conv_kernel_dim - 1
+        kv = (La, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        return cls(
+            ssm=torch.zeros(Lg, batch_size, H, dk, dv, device=device, dtype=torch.float32),
+            conv=torch.zeros(Lg, batch_size, cfg.gdn_conv_dim, w, device=device, dtype=dtype),
+            key=torch.zeros(kv, device=device, dtype=dtype),
+            value=torch.zeros(kv, device=device, dtype=dtype),
+            pending_ssm=torch.zeros(Lg, batch_size, max_verify, H, dk, dv, device=device, dtype=torch.float32),
+            pending_conv=torch.zeros(Lg, batch_size, max_verify, cfg.gdn_conv_dim, w, device=device, dtype=dtype),
+        )
+
+    def reset(self) -> None:
+        """Forget the sequence (states zeroed, nothing committed)."""
+        self.ssm.zero_()
+        self.conv.zero_()
+        self.length = 0
+        self.pending = 0

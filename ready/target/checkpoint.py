@@ -1,0 +1,132 @@
+"""Load and save the target in Hugging Face format (config.json + safetensors, single or sharded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ready.target.config import PRESETS, HybridConfig, TargetError, preset_config
+from ready.target.model import HybridLM
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Prefixes of multimodal Qwen3.5 checkpoints (`qwen3_5` with a text_config) -> ours.
+_PREFIX_MAP = (("model.language_model.", "model."),)
+_IGNORED = ("mtp.", "model.visual.", "visual.")
+
+
+def _dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise TargetError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _device(device: Any) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise TargetError(f"device {device!r} requested but CUDA is not available on this machine; use 'cpu'")
+    return dev
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / n for n in names]
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    shards = sorted(path.glob("*.safetensors"))
+    if shards:
+        return shards
+    raise TargetError(f"{path}: no model.safetensors, sharded index or *.safetensors files found")
+
+
+def load_target(
+    path_or_preset: str | os.PathLike,
+    device: Any = "cpu",
+    dtype: Any = torch.float32,
+    overrides: Optional[dict[str, Any]] = None,
+) -> HybridLM:
+    """A preset name gives a randomly initialised model (`overrides` adjusts its sizes); a
+    directory gives the checkpoint's weights, loaded by Hugging Face parameter name."""
+    dev, dt = _device(device), _dtype(dtype)
+    name = str(path_or_preset)
+    if name in PRESETS:
+        with torch.device(dev):
+            model = HybridLM(preset_config(name, overrides))
+        return model.to(dt).eval()
+    path = Path(name)
+    if not path.is_dir():
+        raise TargetError(
+            f"target {name!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing checkpoint directory"
+        )
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise TargetError(f"{path}: no config.json; expected a Hugging Face checkpoint directory")
+    cfg = HybridConfig.from_hf_dict(json.loads(cfg_file.read_text()), source=str(cfg_file))
+    with torch.device("meta"):
+        model = HybridLM(cfg)
+    expected = model.state_dict()
+    loaded: dict[str, torch.Tensor] = {}
+    for f in _weight_files(path):
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for key in sf.keys():
+                ours = key
+                for src, dst in _PREFIX_MAP:
+                    if ours.startswith(src):
+                        ours = dst + ours[len(src):]
+                if ours.startswith(_IGNORED) or ours not in expected:
+                    continue
+                t = sf.get_tensor(key)
+                if t.shape != expected[ours].shape:
+                    raise TargetError(
+                        f"{f.name}: tensor {key} has shape {tuple(t.shape)}, expected {tuple(expected[ours].shape)} "
+                        "for this config"
+                    )
+                loaded[ours] = t.to(dt)
+    if cfg.tie_word_embeddings and "lm_head.weight" not in loaded and "model.embed_tokens.weight" in loaded:
+        loaded["lm_head.weight"] = loaded["model.embed_tokens.weight"]
+    missing = sorted(set(expected) - set(loaded))
+    if missing:
+        raise TargetError(f"{path}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    model.load_state_dict(loaded, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.to(dev).eval()
+
+
+def save_target(model: HybridLM, out_dir: str | os.PathLike, tokenizer: Any = None) -> Path:
+    """Write config.json + model.safetensors atomically (loadable by transformers' Qwen3_5ForCausalLM)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        cfg = model.config.to_hf_dict()
+        cfg["torch_dtype"] = str(model.dtype).replace("torch.", "")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

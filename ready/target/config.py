@@ -1,0 +1,131 @@
+"""Architecture config of the hybrid target, in Hugging Face Qwen3.5 (`qwen3_5_text`) field names."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
+
+
+class TargetError(ValueError):
+    """Bad input about the target (path, checkpoint, layer id); the message says what was expected."""
+
+
+@dataclass
+class HybridConfig:
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_hidden_layers: int = 8
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    partial_rotary_factor: float = 0.25
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 64
+    linear_value_head_dim: int = 64
+    linear_conv_kernel_dim: int = 4
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    layer_types: list[str] = field(default_factory=list)
+    full_attention_interval: int = 4
+    eos_token_id: Optional[int] = None
+    pad_token_id: Optional[int] = None
+    bos_token_id: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            k = self.full_attention_interval
+            self.layer_types = [
+                "full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(self.num_hidden_layers)
+            ]
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise TargetError(
+                f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}"
+            )
+        bad = sorted(set(self.layer_types) - {"linear_attention", "full_attention"})
+        if bad:
+            raise TargetError(f"layer_types contains {bad}; expected 'linear_attention' or 'full_attention'")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise TargetError(
+                f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                f"linear_num_key_heads ({self.linear_num_key_heads})"
+            )
+
+    # --- derived sizes -------------------------------------------------------------------
+    @property
+    def gdn_layer_ids(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def attn_layer_ids(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
+
+    # --- Hugging Face config.json -----------------------------------------------------------
+    def to_hf_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("full_attention_interval")
+        rope = {"rope_type": "default", "rope_theta": d.pop("rope_theta"), "partial_rotary_factor": d.pop("partial_rotary_factor")}
+        d.update(
+            model_type="qwen3_5_text",
+            architectures=["Qwen3_5ForCausalLM"],
+            hidden_act="silu",
+            attention_bias=False,
+            attention_dropout=0.0,
+            rope_parameters=rope,
+        )
+        return d
+
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "HybridConfig":
+        """Read a `qwen3_5_text` config, or a `qwen3_5` one with its `text_config`."""
+        mt = raw.get("model_type")
+        if mt == "qwen3_5":
+            raw = dict(raw.get("text_config") or {})
+            mt = raw.get("model_type", "qwen3_5_text")
+        if mt != "qwen3_5_text":
+            raise TargetError(
+                f"{source}: model_type is {mt!r}; expected 'qwen3_5_text' (or 'qwen3_5' with a text_config): "
+                "a hybrid Gated DeltaNet + full-attention Qwen3.5 checkpoint"
+            )
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise TargetError(f"{source}: hidden_act is {act!r}; expected 'silu'")
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in raw.items() if k in names}
+        kw["rope_theta"] = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
+        kw["partial_rotary_factor"] = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25)))
+        if isinstance(kw.get("eos_token_id"), list):
+            kw["eos_token_id"] = kw["eos_token_id"][0]
+        return cls(**kw)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The embedded default: pretrains on 2 CPU cores in minutes.
+    "tiny": dict(
+        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+        max_position_embeddings=2048, rope_theta=10000.0,
+    ),
+    # Qwen3.5-27B text model shapes (random init; for GPU benchmarks).
+    "qwen3_5_27b": dict(
+        vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+        max_position_embeddings=262144, rope_theta=10_000_000.0,
+    ),
+}
+
+
+def preset_config(name: str, overrides: Optional[dict[str, Any]] = None) -> HybridConfig:
+    if name not in PRESETS:
+        raise TargetError(f"unknown target preset {name!r}; expected one of {sorted(PRESETS)} or a checkpoint directory")
+    return HybridConfig(**{**PRESETS[name], **(overrides or {})})

@@ -1,0 +1,240 @@
+"""Building blocks of the Qwen3.5 text architecture; parameter names match Hugging Face checkpoints."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ready.target.cache import HybridCache
+from ready.target.config import HybridConfig
+from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
+
+
+class RMSNorm(nn.Module):
+    """Qwen3.5's zero-centred RMSNorm: y = x / rms(x) * (1 + weight), computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).type_as(x)
+
+
+class GatedRMSNorm(nn.Module):
+    """GDN output norm: RMSNorm (plain `weight`, initialised to one) times silu(gate)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+        return (self.weight * y * F.silu(gate.float())).to(dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rotary(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, rot_dim] for the rotated part of each head (partial rotary)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, device=positions.device, dtype=torch.float32) / rot_dim))
+    freqs = positions.float()[:, None] * inv_freq[None]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, hd]: rotate the first rot_dim channels, pass the rest through."""
+    r = cos.shape[-1]
+    xr, xp = x[..., :r], x[..., r:]
+    x1, x2 = xr[..., : r // 2], xr[..., r // 2 :]
+    rot = torch.cat([-x2, x1], dim=-1)
+    return torch.cat([xr * cos + rot * sin, xp], dim=-1)
+
+
+class Attention(nn.Module):
+    """Gated full attention: q/k RMSNorm per head, partial RoPE, GQA, sigmoid output gate."""
+
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.rot_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.hd * 2, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, start: int, cache: Optional[HybridCache] = None, idx: int = 0) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, gate = self.q_proj(x).view(B, T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
+        gate = gate.reshape(B, T, -1)
+        q = self.q_norm(q).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        pos = torch.arange(start, start + T, device=x.device)
+        cos, sin = rotary(pos, self.rot_dim, self.cfg.rope_theta, q.dtype)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            cache.key[idx, :, :, start : start + T] = k
+            cache.value[idx, :, :, start : start + T] = v
+            keys, values = cache.key[idx, :, :, : start + T], cache.value[idx, :, :, : start + T]
+            # query at absolute position start+t sees keys 0..start+t
+            mask = torch.arange(start + T, device=x.device)[None, :] <= pos[:, None]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+
+def _fla_chunk():
+    """flash-linear-attention's chunked GDN kernel when the optional GPU extra is installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk  # type: ignore
+    except Exception:
+        return None
+    return fla_chunk
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet token mixer: causal depthwise conv on q/k/v, L2-normalised q/k, decay
+    g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), grouped value heads, gated norm."""
+
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
+        self.kernel = cfg.linear_conv_kernel_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, self.nv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, self.nv, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False, padding=self.kernel - 1)
+        self.dt_bias = nn.Parameter(torch.ones(self.nv))
+        self.A_log = nn.Parameter(torch.empty(self.nv).uniform_(1.0, 16.0).log())
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def _conv(self, mixed: torch.Tensor, prefix: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal depthwise conv over [B, T, conv_dim]; returns silu(conv) and the padded input."""
+        x = mixed.transpose(1, 2)
+        w = self.kernel - 1
+        full = F.pad(x, (w, 0)) if prefix is None else torch.cat([prefix.to(x.dtype), x], dim=-1)
+        y = F.conv1d(full, self.conv1d.weight, groups=self.conv_dim)
+        return F.silu(y).transpose(1, 2), full
+
+    def _heads(self, qkv: torch.Tensor, hidden: torch.Tensor):
+        B, T, _ = qkv.shape
+        q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rep = self.nv // self.nk
+        q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
+        k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
+        v = v.reshape(B, T, self.nv, self.dv)
+        q = l2norm(q.float()) * self.dk**-0.5
+        k = l2norm(k.float())
+        beta = self.in_proj_b(hidden).float().sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias.float())
+        # head-major, fp32: [B, H, T, d]
+        return q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)
+
+    def _output(self, o: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        B, T, _ = hidden.shape
+        z = self.in_proj_z(hidden).reshape(B, T, self.nv, self.dv)
+        o = self.norm(o.transpose(1, 2).to(hidden.dtype), z)
+        return self.out_proj(o.reshape(B, T, -1))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mode: str = "full",
+        cache: Optional[HybridCache] = None,
+        idx: int = 0,
+        state_positions: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """mode: `full` (no cache), `prefill` (append to the committed state and commit),
+        `verify` (per-token states into cache.pending_*, live state untouched)."""
+        prefix = None if cache is None else cache.conv[idx]
+        mixed, full = self._conv(self.in_proj_qkv(x), prefix)
+        q, k, v, g, beta = self._heads(mixed, x)
+        init = None if cache is None else cache.ssm[idx]
+        at = None
+        if mode == "verify":
+            T = x.shape[1]
+            o, states = _verify_states(q, k, v, g, beta, init)
+            cache.pending_ssm[idx, :, :T] = states
+            windows = full.unfold(-1, self.kernel - 1, 1)[:, :, 1:]  # window after each token
+            cache.pending_conv[idx, :, :T] = windows.permute(0, 2, 1, 3)
+        else:
+            fla = _fla_chunk() if (q.is_cuda and state_positions is None) else None
+            if fla is not None:
+                o, final = fla(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2),
+                               scale=1.0, initial_state=init, output_final_state=True)
+                o = o.transpose(1, 2)
+            else:
+                o, final, at = chunk_gated_delta_rule(q, k, v, g, beta, init, state_positions=state_positions)
+            if mode == "prefill":
+                cache.ssm[idx] = final
+                cache.conv[idx] = full[:, :, -(self.kernel - 1):]
+        return self._output(o, x), at
+
+
+def _verify_states(q, k, v, g, beta, init):
+    """Outputs [B,H,T,dv] and the state after every token [B,T,H,dk,dv]; fused kernel on CUDA."""
+    if q.is_cuda:
+        try:
+            from ready_kernels.gdn_verify import gdn_verify  # registered by ready.fastops
+        except ImportError:
+            gdn_verify = None
+        if gdn_verify is not None:
+            t = lambda a: a.transpose(1, 2).contiguous()  # noqa: E731
+            o, states = gdn_verify(t(q), t(k), t(v), t(g), t(beta), init, 1.0)
+            return o.transpose(1, 2), states
+    return recurrent_gated_delta_rule(q, k, v, g, beta, init, all_states=True)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: HybridConfig, layer_id: int):
+        super().__init__()
+        self.layer_type = cfg.layer_types[layer_id]
+        if self.layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """Hugging Face-style init (normal(0, std) for projections and embeddings)."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, nn.Conv1d):
+            nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5))

@@ -1,0 +1,200 @@
+"""HybridLM: the Qwen3.5-style hybrid target with the state interface ReaDy needs.
+
+Training/teacher path: `model(ids, capture_layers, state_layers, state_positions)`.
+Inference path over a static `HybridCache`: `prefill`, `verify`, `commit`, `step`,
+`committed_states`. See docs/interfaces.md for shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ready.target.cache import HybridCache
+from ready.target.config import HybridConfig, TargetError
+from ready.target.layers import DecoderLayer, RMSNorm, init_weights
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B, T, V]
+    hidden: Optional[torch.Tensor] = None  # [B, T, C, D], outputs of the captured layers
+    states: Optional[torch.Tensor] = None  # [B, A, Ls, H, d_k, d_v], states after `state_positions`
+
+
+class Backbone(nn.Module):
+    """`model.*` in Hugging Face names: embeddings, decoder layers, final norm."""
+
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class HybridLM(nn.Module):
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        init_weights(self)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._gdn_index = {lid: i for i, lid in enumerate(config.gdn_layer_ids)}
+        self._attn_index = {lid: i for i, lid in enumerate(config.attn_layer_ids)}
+
+    # --- structure --------------------------------------------------------------------------
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        return self.model.norm
+
+    @property
+    def gdn_layer_ids(self) -> list[int]:
+        return self.config.gdn_layer_ids
+
+    @property
+    def attn_layer_ids(self) -> list[int]:
+        return self.config.attn_layer_ids
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def gdn_index(self, layer_id: int) -> int:
+        """Index into the cache's GDN state stack of a GDN model layer id."""
+        if layer_id not in self._gdn_index:
+            raise TargetError(
+                f"layer {layer_id} is not a Gated DeltaNet layer of this target; "
+                f"expected one of the GDN layer ids {self.gdn_layer_ids}"
+            )
+        return self._gdn_index[layer_id]
+
+    def _check_capture(self, capture_layers: Sequence[int]) -> list[int]:
+        n = self.config.num_hidden_layers
+        bad = [i for i in capture_layers if not 0 <= int(i) < n]
+        if bad:
+            raise TargetError(f"capture layer ids {bad} out of range; expected ids in 0..{n - 1}")
+        return [int(i) for i in capture_layers]
+
+    # --- caches -------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int = 1, max_len: int = 2048, max_verify: int = 16) -> HybridCache:
+        if max_len > self.config.max_position_embeddings:
+            raise TargetError(
+                f"max_len {max_len} exceeds the target's context of {self.config.max_position_embeddings} tokens"
+            )
+        return HybridCache.allocate(self.config, batch_size, max_len, max_verify, self.device, self.dtype)
+
+    def committed_states(self, cache: HybridCache, layer_ids: Sequence[int]) -> torch.Tensor:
+        """Committed GDN states of `layer_ids`: [len, B, H_v, d_k, d_v] (a view when contiguous ids)."""
+        idx = [self.gdn_index(int(i)) for i in layer_ids]
+        if idx == list(range(idx[0], idx[0] + len(idx))):
+            return cache.ssm[idx[0] : idx[0] + len(idx)]
+        return cache.ssm[torch.tensor(idx, device=cache.ssm.device)]
+
+    # --- forward passes -----------------------------------------------------------------------
+    def _run(
+        self,
+        ids: torch.Tensor,
+        mode: str,
+        cache: Optional[HybridCache],
+        capture_layers: Sequence[int] = (),
+        state_layers: Sequence[int] = (),
+        state_positions: Optional[torch.Tensor] = None,
+    ) -> TargetOutput:
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise TargetError(f"input ids must be a non-empty [batch, tokens] tensor; got shape {tuple(ids.shape)}")
+        capture = self._check_capture(capture_layers)
+        state_set = {self.gdn_index(int(i)): k for k, i in enumerate(state_layers)}
+        start = 0 if cache is None else cache.length
+        x = self.model.embed_tokens(ids)
+        hidden, states = [], [None] * len(state_set)
+        for lid, layer in enumerate(self.model.layers):
+            h = layer.input_layernorm(x)
+            if layer.layer_type == "linear_attention":
+                gi = self._gdn_index[lid]
+                pos = state_positions if gi in state_set else None
+                h, at = layer.linear_attn(h, mode, cache, gi, pos)
+                if gi in state_set:
+                    states[state_set[gi]] = at
+            else:
+                h = layer.self_attn(h, start, cache, self._attn_index[lid])
+            x = x + h
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if lid in capture:
+                hidden.append((lid, x))
+        logits = self.lm_head(self.model.norm(x))
+        hid = torch.stack([h for _, h in sorted(hidden, key=lambda p: capture.index(p[0]))], dim=2) if capture else None
+        st = torch.stack(states, dim=2) if state_set else None
+        return TargetOutput(logits=logits, hidden=hid, states=st)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        capture_layers: Sequence[int] = (),
+        state_layers: Sequence[int] = (),
+        state_positions: Optional[torch.Tensor] = None,
+    ) -> TargetOutput:
+        """Full-sequence forward without a cache (training / teacher features)."""
+        if state_layers and state_positions is None:
+            raise TargetError("state_layers given without state_positions; pass the token positions to read states after")
+        if state_positions is not None:
+            T = input_ids.shape[1]
+            if state_positions.numel() and (state_positions.min() < 0 or state_positions.max() >= T):
+                raise TargetError(f"state_positions must lie in 0..{T - 1}")
+        return self._run(input_ids, "full", None, capture_layers, state_layers, state_positions)
+
+    def _check_room(self, cache: HybridCache, n: int) -> None:
+        if cache.pending:
+            raise TargetError("the cache holds verified tokens that were not committed; call commit(cache, n) first")
+        if cache.length + n > cache.max_len:
+            raise TargetError(
+                f"{cache.length} committed + {n} new tokens exceed the cache's {cache.max_len}-token context"
+            )
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int] = ()) -> TargetOutput:
+        """Run a prompt (or any committed continuation) through the target and commit it."""
+        self._check_room(cache, ids.shape[1])
+        out = self._run(ids, "prefill", cache, capture_layers)
+        cache.length += ids.shape[1]
+        return out
+
+    @torch.no_grad()
+    def verify(self, block: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int] = ()) -> TargetOutput:
+        """Score a block of tokens in one forward; per-token states go to cache.pending_*."""
+        T = block.shape[1]
+        if T > cache.max_verify:
+            raise TargetError(f"verify block of {T} tokens exceeds the cache's max_verify={cache.max_verify}")
+        self._check_room(cache, T)
+        out = self._run(block, "verify", cache, capture_layers)
+        cache.pending = T
+        return out
+
+    @torch.no_grad()
+    def commit(self, cache: HybridCache, n: int) -> None:
+        """Keep the first n verified tokens: live state = state after the n-th, KV truncated to match."""
+        if not 1 <= n <= cache.pending:
+            raise TargetError(f"commit(n={n}) but {cache.pending} tokens are pending; expected 1..{cache.pending}")
+        cache.ssm.copy_(cache.pending_ssm[:, :, n - 1])
+        cache.conv.copy_(cache.pending_conv[:, :, n - 1])
+        cache.length += n
+        cache.pending = 0
+
+    @torch.no_grad()
+    def step(self, tok: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int] = ()) -> TargetOutput:
+        """One autoregressive step: verify a single token and commit it."""
+        out = self.verify(tok, cache, capture_layers)
+        self.commit(cache, tok.shape[1])
+        return out
