@@ -1,0 +1,55 @@
+"""The drafter protocol: what the decoding engine asks of any drafter (n-gram, DSpark, ReaDy).
+
+A drafter proposes a block of K tokens that should follow the last committed token. The
+engine hands it everything it may condition on in one `DraftStep`: the committed tokens, the
+target's hidden features of those tokens (from the target layers the drafter asked for), and
+the target with its cache of committed states (the ReaDy reader reads `cache.ssm`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:  # the target package is only needed for type names here
+    from ready.target import HybridCache, HybridLM
+
+
+@dataclass
+class DraftStep:
+    """The context of one drafting round.
+
+    `tokens` and `features` are views of the engine's static buffers: valid during the
+    `propose` call only; a drafter that keeps them must copy them.
+    """
+
+    tokens: torch.Tensor  # [B, T] every committed token (prompt + generated)
+    # [B, T-1, C, D] target features of tokens[:, :-1] (C = len(capture_layers)); the last
+    # committed token has not been through the target yet. None when capture_layers is empty.
+    features: Optional[torch.Tensor]
+    target: "HybridLM"
+    cache: "HybridCache"  # committed states (cache.ssm, cache.conv, KV up to cache.length)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Anything that proposes `block_size` tokens per round from a `DraftStep`."""
+
+    block_size: int  # K, tokens proposed per round
+    vocab_size: int  # must equal the target's vocabulary size
+    capture_layers: list[int]  # target model layer ids whose hidden output the engine captures
+
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        """Start new sequence(s); `prompt_ids` is [B, P]."""
+        ...
+
+    def propose(self, step: DraftStep) -> torch.Tensor:
+        """Return the next K draft tokens, LongTensor [B, K]."""
+        ...
+
+
+def describe(drafter: Any) -> str:
+    """A short name for messages and logs."""
+    return type(drafter).__name__

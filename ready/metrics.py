@@ -1,0 +1,209 @@
+"""Decoding metrics: acceptance, tau, throughput, speedup, gain and draft-prefix survival.
+
+What every number in every table means:
+
+- Round i is one target verification of a drafted block of K tokens. A_i in 0..K is the
+  number of drafts accepted (the longest prefix equal to the target's greedy argmax); the
+  round commits A_i + 1 tokens (the accepted drafts plus the target's correction, or its
+  bonus token when all K match). Autoregressive decoding is the K = 0 case: every step is
+  a round with A_i = 0 that commits one token.
+- The horizon h_i in 0..K is the number of draft positions that could still be observed in
+  round i: K, unless the token budget or an accepted EOS ended the sequence inside the
+  block. Positions past the horizon are *censored* (nobody can tell whether they would have
+  been accepted) and A_i is capped at h_i.
+- tau = mean_i (A_i + 1), pooled over every round of every sequence of a benchmark.
+- Draft-prefix survival (cumulative, not conditional):
+      P_j = (1 / N_j) * sum_{i : h_i >= j} 1{A_i >= j},   N_j = #{i : h_i >= j},
+  for j = 1..K. A round with h_i < j is left out of N_j, never counted as a rejection.
+  P_j is None when no round observed position j.
+- TPS = new tokens / wall time. The clock of one generation (see `ready.decode.engine`)
+  starts just before the target's prefill of the prompt and stops once the last new token
+  is known: it includes prefill, drafting, verification, commits and the Python loop; it
+  excludes tokenisation, cache allocation and warm-up runs. On CUDA the device is
+  synchronised at both ends. A benchmark's TPS = sum of new tokens / sum of wall times.
+  `prefill_s` is recorded separately, so decode-only throughput can be derived.
+- speedup = TPS / TPS_AR on the same prompts and budget; gain_pct(x, base) = 100 (x/base - 1).
+- Overall (Table 1's "average" row): the unweighted mean over benchmarks of tau, TPS and
+  each P_j; counts are summed; lossless is 1 only if every benchmark is lossless; the
+  overall speedup is the overall TPS over the overall AR TPS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+
+@dataclass
+class SequenceLog:
+    """What one generation recorded (one prompt, one method)."""
+
+    new_tokens: int
+    wall_s: float
+    accepted: list[int] = field(default_factory=list)  # A_i per round
+    horizons: list[int] = field(default_factory=list)  # h_i per round
+    prefill_s: float = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+
+def check_rounds(accepted: Sequence[int], horizons: Sequence[int], block_size: int) -> None:
+    """Raise ValueError unless 0 <= A_i <= h_i <= K for every round."""
+    if len(accepted) != len(horizons):
+        raise ValueError(f"accepted ({len(accepted)} rounds) and horizons ({len(horizons)} rounds) differ in length")
+    for i, (a, h) in enumerate(zip(accepted, horizons)):
+        if not (0 <= a <= h <= block_size):
+            raise ValueError(f"round {i}: expected 0 <= A <= h <= K, got A={a}, h={h}, K={block_size}")
+
+
+def tau(accepted: Sequence[int]) -> Optional[float]:
+    """Mean tokens committed per round, mean(A_i + 1); None when there was no round."""
+    if len(accepted) == 0:
+        return None
+    return sum(a + 1 for a in accepted) / len(accepted)
+
+
+def survival_counts(accepted: Sequence[int], horizons: Sequence[int], block_size: int) -> tuple[list[int], list[int]]:
+    """Per draft position j = 1..K: (#rounds with A_i >= j among observed, N_j observed)."""
+    check_rounds(accepted, horizons, block_size)
+    hits = [0] * block_size
+    observed = [0] * block_size
+    for a, h in zip(accepted, horizons):
+        for j in range(1, h + 1):
+            observed[j - 1] += 1
+            hits[j - 1] += int(a >= j)
+    return hits, observed
+
+
+def survival(accepted: Sequence[int], horizons: Sequence[int], block_size: int) -> list[Optional[float]]:
+    """Cumulative draft-prefix survival P_1..P_K with censoring past each round's horizon."""
+    hits, observed = survival_counts(accepted, horizons, block_size)
+    return [h / n if n else None for h, n in zip(hits, observed)]
+
+
+def tps(new_tokens: int, wall_s: float) -> float:
+    """Tokens per second; 0 when no time was measured (nothing was generated)."""
+    return new_tokens / wall_s if wall_s > 0 else 0.0
+
+
+def speedup(tps_method: float, tps_ar: float) -> Optional[float]:
+    """TPS relative to autoregressive decoding on the same prompts; None without an AR figure."""
+    return tps_method / tps_ar if tps_ar > 0 else None
+
+
+def gain_pct(value: Optional[float], baseline: Optional[float]) -> Optional[float]:
+    """Relative gain in percent, 100 (value / baseline - 1); None if either is missing."""
+    if value is None or baseline is None or baseline == 0:
+        return None
+    return 100.0 * (value / baseline - 1.0)
+
+
+@dataclass
+class Metrics:
+    """One method on one benchmark (or `overall`); JSON-serialisable via `to_dict`."""
+
+    benchmark: str
+    method: str
+    block_size: int  # K (0 for AR)
+    prompts: int
+    rounds: int
+    new_tokens: int
+    wall_s: float
+    prefill_s: float
+    tau: Optional[float]
+    tps: float
+    survival: list[Optional[float]]  # P_1 .. P_K
+    survival_n: list[int]  # N_1 .. N_K (rounds that observed position j)
+    accept_hist: list[int]  # number of rounds with A = 0 .. K
+    speedup: Optional[float] = None  # vs AR, set by `with_ar`
+    lossless: Optional[int] = None  # 1/0, set by the evaluation that compared against AR
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def mlflow_metrics(self, prefix: Optional[str] = None) -> dict[str, float]:
+        """Flat `<benchmark>/<name>` numbers as the MLflow contract names them (docs/interfaces.md)."""
+        p = (prefix or self.benchmark) + "/"
+        out: dict[str, float] = {p + "tps": self.tps, p + "rounds": float(self.rounds), p + "new_tokens": float(self.new_tokens)}
+        if self.tau is not None:
+            out[p + "tau"] = self.tau
+        if self.speedup is not None:
+            out[p + "speedup"] = self.speedup
+        if self.lossless is not None:
+            out[p + "lossless"] = float(self.lossless)
+        for j, value in enumerate(self.survival, start=1):
+            if value is not None:
+                out[f"{p}survival_{j}"] = value
+        return out
+
+
+def summarize(logs: Sequence[SequenceLog], benchmark: str, method: str, block_size: int) -> Metrics:
+    """Pool the rounds of every sequence of one benchmark into its metrics."""
+    accepted = [a for log in logs for a in log.accepted]
+    horizons = [h for log in logs for h in log.horizons]
+    hits, observed = survival_counts(accepted, horizons, block_size)
+    hist = [0] * (block_size + 1)
+    for a in accepted:
+        hist[a] += 1
+    new_tokens = sum(log.new_tokens for log in logs)
+    wall = sum(log.wall_s for log in logs)
+    return Metrics(
+        benchmark=benchmark,
+        method=method,
+        block_size=block_size,
+        prompts=len(logs),
+        rounds=len(accepted),
+        new_tokens=new_tokens,
+        wall_s=wall,
+        prefill_s=sum(log.prefill_s for log in logs),
+        tau=tau(accepted),
+        tps=tps(new_tokens, wall),
+        survival=[h / n if n else None for h, n in zip(hits, observed)],
+        survival_n=observed,
+        accept_hist=hist,
+    )
+
+
+def with_ar(metrics: Metrics, ar: Metrics) -> Metrics:
+    """Set `metrics.speedup` from the AR run on the same prompts (returns the same object)."""
+    metrics.speedup = speedup(metrics.tps, ar.tps)
+    return metrics
+
+
+def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    present = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(present) / len(present) if present else None
+
+
+def overall(per_benchmark: Sequence[Metrics], ar: Optional[Sequence[Metrics]] = None) -> Metrics:
+    """Table 1's average row: unweighted mean over benchmarks (see the module docstring)."""
+    if not per_benchmark:
+        raise ValueError("overall() needs at least one benchmark's metrics")
+    methods = {m.method for m in per_benchmark}
+    sizes = {m.block_size for m in per_benchmark}
+    if len(methods) != 1 or len(sizes) != 1:
+        raise ValueError(f"overall() mixes methods {sorted(methods)} / block sizes {sorted(sizes)}")
+    k = sizes.pop()
+    lossless = [m.lossless for m in per_benchmark]
+    out = Metrics(
+        benchmark="overall",
+        method=methods.pop(),
+        block_size=k,
+        prompts=sum(m.prompts for m in per_benchmark),
+        rounds=sum(m.rounds for m in per_benchmark),
+        new_tokens=sum(m.new_tokens for m in per_benchmark),
+        wall_s=sum(m.wall_s for m in per_benchmark),
+        prefill_s=sum(m.prefill_s for m in per_benchmark),
+        tau=_mean([m.tau for m in per_benchmark]),
+        tps=_mean([m.tps for m in per_benchmark]) or 0.0,
+        survival=[_mean([m.survival[j] for m in per_benchmark]) for j in range(k)],
+        survival_n=[sum(m.survival_n[j] for m in per_benchmark) for j in range(k)],
+        accept_hist=[sum(m.accept_hist[a] for m in per_benchmark) for a in range(k + 1)],
+        lossless=None if any(v is None for v in lossless) else int(all(lossless)),
+    )
+    if ar:
+        out.speedup = speedup(out.tps, overall(ar).tps)
+    return out
