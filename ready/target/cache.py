@@ -23,8 +23,12 @@ class HybridCache:
     value: torch.Tensor  # [L_attn, B, H_kv, max_len, head_dim]
     pending_ssm: torch.Tensor  # [L_gdn, B, max_verify, H_v, d_k, d_v], state after each verified token
     pending_conv: torch.Tensor  # [L_gdn, B, max_verify, conv_dim, kernel-1]
+    length_t: torch.Tensor  # [] int64 on the device: `length` for static-shape (CUDA graph) passes
     length: int = 0  # committed tokens
     pending: int = 0  # tokens verified but not yet committed
+    # static: attention reads the whole preallocated KV with a mask from `length_t`, so every
+    # pass has fixed shapes and can be captured once in a CUDA graph and replayed at any length
+    static: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -59,6 +63,7 @@ class HybridCache:
             value=torch.zeros(kv, device=device, dtype=dtype),
             pending_ssm=torch.zeros(Lg, batch_size, max_verify, H, dk, dv, device=device, dtype=torch.float32),
             pending_conv=torch.zeros(Lg, batch_size, max_verify, cfg.gdn_conv_dim, w, device=device, dtype=dtype),
+            length_t=torch.zeros((), dtype=torch.long, device=device),
         )
 
     def reset(self) -> None:
@@ -66,4 +71,10 @@ class HybridCache:
         self.ssm.zero_()
         self.conv.zero_()
         self.length = 0
+        self.length_t.zero_()
         self.pending = 0
+
+    def advance(self, n: int) -> None:
+        """Record n more committed tokens."""
+        self.length += n
+        self.length_t += n

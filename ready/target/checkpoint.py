@@ -65,9 +65,14 @@ def load_target(
     dev, dt = _device(device), _dtype(dtype)
     name = str(path_or_preset)
     if name in PRESETS:
-        with torch.device(dev):
-            model = HybridLM(preset_config(name, overrides))
-        return model.to(dt).eval()
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dt)  # build in the target dtype: a 27B model has no room for an fp32 copy
+        try:
+            with torch.device(dev):
+                model = HybridLM(preset_config(name, overrides))
+        finally:
+            torch.set_default_dtype(prev)
+        return model.eval()
     path = Path(name)
     if not path.is_dir():
         raise TargetError(

@@ -95,17 +95,25 @@ class Attention(nn.Module):
         q = self.q_norm(q).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.hd)).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
-        pos = torch.arange(start, start + T, device=x.device)
+        if cache is not None and cache.static:
+            pos = cache.length_t + torch.arange(T, device=x.device)
+        else:
+            pos = torch.arange(start, start + T, device=x.device)
         cos, sin = rotary(pos, self.rot_dim, self.cfg.rope_theta, q.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
-            cache.key[idx, :, :, start : start + T] = k
-            cache.value[idx, :, :, start : start + T] = v
-            keys, values = cache.key[idx, :, :, : start + T], cache.value[idx, :, :, : start + T]
-            # query at absolute position start+t sees keys 0..start+t
-            mask = torch.arange(start + T, device=x.device)[None, :] <= pos[:, None]
+            if cache.static:  # fixed shapes: write at device positions, attend over the whole buffer
+                cache.key[idx].index_copy_(2, pos, k)
+                cache.value[idx].index_copy_(2, pos, v)
+                keys, values = cache.key[idx], cache.value[idx]
+            else:
+                cache.key[idx, :, :, start : start + T] = k
+                cache.value[idx, :, :, start : start + T] = v
+                keys, values = cache.key[idx, :, :, : start + T], cache.value[idx, :, :, : start + T]
+            # query at absolute position p sees keys 0..p
+            mask = torch.arange(keys.shape[2], device=x.device)[None, :] <= pos[:, None]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate)
         return self.o_proj(out)

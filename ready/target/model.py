@@ -168,7 +168,7 @@ class HybridLM(nn.Module):
         """Run a prompt (or any committed continuation) through the target and commit it."""
         self._check_room(cache, ids.shape[1])
         out = self._run(ids, "prefill", cache, capture_layers)
-        cache.length += ids.shape[1]
+        cache.advance(ids.shape[1])
         return out
 
     @torch.no_grad()
@@ -189,7 +189,7 @@ class HybridLM(nn.Module):
             raise TargetError(f"commit(n={n}) but {cache.pending} tokens are pending; expected 1..{cache.pending}")
         cache.ssm.copy_(cache.pending_ssm[:, :, n - 1])
         cache.conv.copy_(cache.pending_conv[:, :, n - 1])
-        cache.length += n
+        cache.advance(n)
         cache.pending = 0
 
     @torch.no_grad()

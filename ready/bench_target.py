@@ -1,0 +1,92 @@
+"""Benchmark the target: prefill tokens/s and decode step time, against the weight-streaming bound.
+
+    python -m ready.bench_target --preset tiny --device cpu --json
+    python -m ready.bench_target --preset qwen3_5_27b --device cuda --dtype bfloat16 --json
+
+Decode step = one `step()` (batch 1, one token, cache committed), the unit of AR decoding.
+The bound is weight bytes / memory bandwidth (a batch-1 decode step must stream every weight).
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from ready.target import load_target
+
+
+def _timer(device: torch.device):
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return sync
+
+
+def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: int, bandwidth: float) -> dict:
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model = load_target(preset, device=dev, dtype=dtype)
+    cfg = model.config
+    sync = _timer(dev)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # the embedding table is gathered, not streamed, in a decode step
+    streamed = weight_bytes - model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    ids = torch.randint(0, cfg.vocab_size, (1, prompt_len), device=dev)
+    cache = model.new_cache(1, prompt_len + decode_steps + 16)
+
+    model.prefill(ids, cache)  # warm-up
+    sync()
+    cache.reset()
+    t0 = time.perf_counter()
+    model.prefill(ids, cache)
+    sync()
+    prefill_s = time.perf_counter() - t0
+
+    tok = ids[:, -1:]
+    for _ in range(3):  # warm-up steps
+        model.step(tok, cache)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(decode_steps):
+        model.step(tok, cache)
+    sync()
+    step_s = (time.perf_counter() - t0) / decode_steps
+    out = {
+        "preset": preset, "device": str(dev), "dtype": dtype,
+        "params": sum(p.numel() for p in model.parameters()),
+        "weight_bytes": weight_bytes,
+        "prefill_tokens": prompt_len, "prefill_tokens_per_s": prompt_len / prefill_s,
+        "decode_step_ms": step_s * 1e3, "decode_tokens_per_s": 1.0 / step_s,
+    }
+    if bandwidth > 0:
+        bound = streamed / bandwidth
+        out.update(bandwidth_bytes_per_s=bandwidth, bound_step_ms=bound * 1e3,
+                   bound_tokens_per_s=1.0 / bound, fraction_of_bound=bound / step_s)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--bandwidth", type=float, default=None,
+                    help="bytes/s for the bound (default: 4.27e12 on CUDA = measured H200 copy rate; none on CPU)")
+    ap.add_argument("--json", action="store_true", help="print JSON only")
+    a = ap.parse_args()
+    dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
+    bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
+    torch.set_grad_enabled(False)
+    res = bench(a.preset, a.device, dtype, a.prompt_len, a.decode_steps, bw)
+    print(json.dumps(res, indent=None if a.json else 2))
+
+
+if __name__ == "__main__":
+    main()

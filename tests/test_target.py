@@ -1,0 +1,201 @@
+"""The hybrid target: parity with transformers, cache semantics, chunked == recurrent, clear errors."""
+
+import json
+
+import pytest
+import torch
+
+from ready.target import HybridLM, TargetError, load_target, preset_config, save_target
+from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
+
+
+def small_config(**kw):
+    base = dict(
+        vocab_size=97, num_hidden_layers=4, hidden_size=64, intermediate_size=96, head_dim=16,
+        num_attention_heads=4, num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=256,
+    )
+    base.update(kw)
+    return preset_config("tiny", base)
+
+
+def random_model(**kw) -> HybridLM:
+    m = HybridLM(small_config(**kw)).eval()
+    with torch.no_grad():  # move norms and gates off their init so parity checks see them
+        for name, p in m.named_parameters():
+            if "norm" in name or "dt_bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(1)
+    return random_model()
+
+
+@pytest.mark.parametrize("value_heads", [2, 4])  # equal and grouped value heads
+def test_logits_match_transformers_both_ways(tmp_path, value_heads):
+    transformers = pytest.importorskip("transformers")
+    ours = random_model(linear_num_value_heads=value_heads)
+    ids = torch.randint(0, 97, (2, 75))  # crosses a 64-token chunk boundary
+    save_target(ours, tmp_path / "ours")
+    theirs = transformers.Qwen3_5ForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = theirs(ids).logits
+        assert torch.allclose(ours(ids).logits, ref, atol=1e-4)
+        theirs.save_pretrained(tmp_path / "theirs")
+        back = load_target(tmp_path / "theirs")
+        assert torch.allclose(back(ids).logits, ref, atol=1e-4)
+
+
+def test_loads_multimodal_config_with_text_config(tmp_path, model):
+    save_target(model, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": cfg}))
+    ids = torch.randint(0, 97, (1, 9))
+    with torch.no_grad():
+        assert torch.allclose(load_target(tmp_path / "m")(ids).logits, model(ids).logits, atol=1e-6)
+
+
+def test_prefill_then_steps_equal_one_full_forward(model):
+    ids = torch.randint(0, 97, (2, 30))
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model.new_cache(batch_size=2, max_len=64)
+        out = model.prefill(ids[:, :17], cache)
+        assert torch.allclose(out.logits, full[:, :17], atol=1e-5)
+        for t in range(17, 30):
+            step = model.step(ids[:, t : t + 1], cache)
+            assert torch.allclose(step.logits[:, 0], full[:, t], atol=1e-5)
+    assert cache.length == 30
+
+
+@pytest.mark.parametrize("k", range(0, 6))
+def test_verify_then_commit_k_equals_forward_over_accepted_prefix(model, k):
+    K = 5
+    prompt = torch.randint(0, 97, (1, 12))
+    block = torch.randint(0, 97, (1, K + 1))
+    nxt = torch.randint(0, 97, (1, 1))
+    with torch.no_grad():
+        cache = model.new_cache(max_len=64)
+        model.prefill(prompt, cache)
+        live_before = cache.ssm.clone()
+        ver = model.verify(block, cache)
+        assert torch.equal(cache.ssm, live_before), "verify must leave the live state untouched"
+        model.commit(cache, k + 1)
+        after = model.step(nxt, cache).logits[:, 0]
+        ref_ids = torch.cat([prompt, block[:, : k + 1], nxt], dim=1)
+        ref = model(ref_ids).logits
+    assert torch.allclose(ver.logits, model(torch.cat([prompt, block], 1)).logits[:, 12:], atol=1e-5)
+    assert torch.allclose(after, ref[:, -1], atol=1e-5)
+    assert cache.length == 12 + k + 2
+
+
+def test_committed_states_are_views_of_the_cache(model):
+    cache = model.new_cache(max_len=32)
+    model.prefill(torch.randint(0, 97, (1, 8)), cache)
+    gdn = model.gdn_layer_ids
+    states = model.committed_states(cache, gdn[:2])
+    assert states.data_ptr() == cache.ssm.data_ptr()
+    assert states.shape == (2, 1, 4, 16, 16)
+
+
+def test_states_at_positions_match_incremental_decoding(model):
+    ids = torch.randint(0, 97, (1, 20))
+    layers = model.gdn_layer_ids[-2:]
+    pos = torch.tensor([[3, 11, 19]])
+    out = model(ids, state_layers=layers, state_positions=pos)
+    cache = model.new_cache(max_len=32)
+    for i, p in enumerate(pos[0].tolist()):
+        cache.reset()
+        model.prefill(ids[:, : p + 1], cache)
+        expect = model.committed_states(cache, layers)[:, 0]
+        assert torch.allclose(out.states[0, i], expect, atol=1e-5)
+
+
+def test_chunked_gradients_match_recurrent():
+    B, H, T, dk, dv = 1, 2, 21, 8, 8
+    leaves = [torch.randn(B, H, T, dk), torch.randn(B, H, T, dk), torch.randn(B, H, T, dv),
+              torch.randn(B, H, T), torch.randn(B, H, T)]
+    for x in leaves:
+        x.requires_grad_(True)
+
+    def run(fn):
+        q, k, v, a, b = leaves
+        args = (l2norm(q) * dk**-0.5, l2norm(k), v, -torch.nn.functional.softplus(a), b.sigmoid())
+        o, S = fn(*args)[:2]
+        (o.square().sum() + S.square().sum()).backward()
+        grads = [x.grad.clone() for x in leaves]
+        for x in leaves:
+            x.grad = None
+        return grads
+
+    chunked = run(lambda *a: chunk_gated_delta_rule(*a, chunk_size=8))
+    recurrent = run(recurrent_gated_delta_rule)
+    for gc, gr in zip(chunked, recurrent):
+        assert torch.allclose(gc, gr, atol=1e-4)
+
+
+def test_missing_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(TargetError, match="neither a preset"):
+        load_target(tmp_path / "nope")
+
+
+def test_llama_config_is_rejected_naming_expected_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(TargetError, match="model_type is 'llama'.*qwen3_5_text"):
+        load_target(tmp_path)
+
+
+def test_state_read_from_attention_layer_lists_gdn_ids(model):
+    cache = model.new_cache(max_len=16)
+    attn = model.attn_layer_ids[0]
+    with pytest.raises(TargetError, match=r"not a Gated DeltaNet layer.*\[0, 1, 2\]"):
+        model.committed_states(cache, [attn])
+
+
+def test_commit_outside_pending_range_is_rejected(model):
+    cache = model.new_cache(max_len=16)
+    model.prefill(torch.randint(0, 97, (1, 4)), cache)
+    model.verify(torch.randint(0, 97, (1, 3)), cache)
+    with pytest.raises(TargetError, match="expected 1..3"):
+        model.commit(cache, 4)
+
+
+def test_prompt_longer_than_cache_is_rejected(model):
+    cache = model.new_cache(max_len=8)
+    with pytest.raises(TargetError, match="exceed the cache's 8-token context"):
+        model.prefill(torch.randint(0, 97, (1, 9)), cache)
+
+
+def test_static_cache_mode_gives_the_same_tokens_as_dynamic(model):
+    """The CUDA-graph layout (whole-buffer attention, device positions) changes no number."""
+    prompt, block = torch.randint(0, 97, (1, 10)), torch.randint(0, 97, (1, 4))
+    outs = []
+    for static in (False, True):
+        cache = model.new_cache(max_len=32)
+        cache.static = static
+        model.prefill(prompt, cache)
+        first = model.verify(block, cache).logits
+        model.commit(cache, 2)
+        second = model.verify(block, cache).logits
+        outs.append((first, second))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5)
+    assert torch.allclose(outs[0][1], outs[1][1], atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_graphed_verify_replays_match_eager_on_cuda():
+    from ready.target import GraphedVerify
+
+    torch.manual_seed(0)
+    m = random_model().cuda()
+    prompt, block = torch.randint(0, 97, (1, 10), device="cuda"), torch.randint(0, 97, (1, 4), device="cuda")
+    ref_cache = m.new_cache(max_len=64)
+    m.prefill(prompt, ref_cache)
+    ref = m.verify(block, ref_cache).logits.clone()
+    cache = m.new_cache(max_len=64)
+    m.prefill(prompt, cache)
+    graphed = GraphedVerify(m, cache, tokens=4)
+    assert torch.allclose(graphed(block).logits, ref, atol=1e-4)
