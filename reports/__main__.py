@@ -1,0 +1,7 @@
+"""`python -m reports` is `python -m reports.build`."""
+
+import sys
+
+from reports.build import main
+
+sys.exit(main())

@@ -1,0 +1,108 @@
+"""`python -m reports.build`: write the paper's tables (LaTeX + Markdown) and Figure 5 from MLflow.
+
+    python -m reports.build                         # every sweep in sqlite:///mlflow.db
+    python -m reports.build --sweep rank --fragment # tabular-only reports/out/table3.tex
+
+The sweep runner calls `build_reports` when a sweep finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import polars as pl
+
+from ready.artifacts import atomic_write_text
+from reports import collect, latex, markdown
+from reports.errors import ReportError
+from reports.figures import plot_survival, survival_curves
+from reports.tables import build_table, seeds_text
+
+FIGURE_STEM = "fig5_survival"
+MAIN_SWEEP = "main"
+
+
+def _figure(loaded: dict[str, pl.DataFrame], out_dir: Path, echo: Callable[[str], None]) -> list[Path]:
+    """Figure 5 from the `main` sweep when it has DSpark and ReaDy survival, else the first sweep that does."""
+    order = sorted(loaded, key=lambda s: s != MAIN_SWEEP)
+    for sweep in order:
+        runs = loaded[sweep]
+        curves = survival_curves(runs)
+        if not curves:
+            continue
+        variants = collect.aggregate(runs)
+        n = seeds_text(collect.seed_counts(variants))
+        model = ", ".join(collect.models(runs)) or "unknown model"
+        paths = plot_survival(curves, f"Draft-prefix survival — sweep {sweep}, {model}, {n}", out_dir / FIGURE_STEM)
+        gaps = sorted({b for b, pair in curves.items() for c in pair if None in c.mean})
+        if gaps:
+            echo(f"{FIGURE_STEM}: some draft positions have no survival metric on {', '.join(gaps)}; left as gaps")
+        echo(f"{FIGURE_STEM}: sweep {sweep} -> {', '.join(str(p) for p in paths)}")
+        return paths
+    echo(f"{FIGURE_STEM}: not written; no sweep among {', '.join(order) or 'none'} has survival metrics "
+         "(<benchmark>/survival_<j>) for both a DSpark and a ReaDy run")
+    return []
+
+
+def build_reports(
+    tracking_uri: str,
+    sweeps: Sequence[str] | None,
+    out_dir: str | Path,
+    fragment: bool = False,
+    *,
+    echo: Callable[[str], None] | None = print,
+) -> list[Path]:
+    """Write `<table>.tex` + `<table>.md` per sweep and the survival figure; return the files written.
+
+    `sweeps` None or empty means every `ready-*` experiment in the store. `fragment` writes
+    tabular-only .tex files for \\input{}. Each Markdown table is also passed to `echo` (print).
+    Raises ReportError for a store or sweep that does not exist.
+    """
+    say = echo or (lambda _msg: None)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {out}: is a file; expected a folder for the reports")
+    names = list(dict.fromkeys(sweeps or [])) or collect.list_sweeps(tracking_uri)
+    if not names:
+        raise ReportError(f"tracking URI {tracking_uri!r}: no experiments named ready-<sweep>; run a sweep first")
+    loaded = {name: collect.load_runs(tracking_uri, name) for name in names}
+    written: list[Path] = []
+    for sweep, runs in loaded.items():
+        if runs.height == 0:
+            say(f"sweep {sweep}: no variant runs yet; no table written")
+            continue
+        table = build_table(sweep, runs)
+        tex = out / f"{table.spec.name}.tex"
+        md = out / f"{table.spec.name}.md"
+        text = markdown.render(table)
+        atomic_write_text(tex, latex.render(table, fragment=fragment))
+        atomic_write_text(md, text)
+        written += [tex, md]
+        say(text)
+    written += _figure(loaded, out, say)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reports.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="append", default=[], metavar="NAME",
+                        help="sweep to report (repeatable; default: every ready-<sweep> experiment)")
+    parser.add_argument("--tracking-uri", default=collect.default_tracking_uri(),
+                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--out", default="reports/out", help="output folder (default: reports/out)")
+    parser.add_argument("--fragment", action="store_true", help="write tabular-only .tex fragments for \\input{}")
+    args = parser.parse_args(argv)
+    try:
+        paths = build_reports(args.tracking_uri, args.sweep, args.out, fragment=args.fragment)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(paths)} files to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""Read a sweep's child runs from MLflow into polars and aggregate them over seeds.
+
+The naming contract is docs/interfaces.md, section "MLflow": experiment `ready-<sweep>`, child
+runs tagged `ready.kind=variant`, `ready.*` tags, flattened config params, metrics
+`<benchmark>/<name>`. MLflow hands tags and params back as strings; they are cast here, once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import polars as pl
+
+from reports.errors import ReportError
+
+EXPERIMENT_PREFIX = "ready-"
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+FINISHED = "FINISHED"
+PARAM_PREFIX = "param."
+
+# tags every child run carries (missing ones become null columns, so code can rely on them)
+TAGS = (
+    "ready.sweep",
+    "ready.table",
+    "ready.method",
+    "ready.label",
+    "ready.order",
+    "ready.variant_id",
+    "ready.config_hash",
+    "ready.model",
+    "ready.seed",
+)
+INT_TAGS = ("ready.order", "ready.seed")
+
+METHOD_NAMES = {"ar": "AR", "dspark": "DSpark", "ft": "DSpark+FT", "ready": "ReaDy"}
+
+
+def default_tracking_uri() -> str:
+    """`$MLFLOW_TRACKING_URI` when set, else the team default `sqlite:///mlflow.db`."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        if not db.is_file():
+            raise ReportError(
+                f"tracking URI {tracking_uri!r}: no MLflow database at {db}; expected the store a "
+                "sweep wrote (run `python -m sweeps.run NAME` first or pass --tracking-uri)"
+            )
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def list_sweeps(tracking_uri: str) -> list[str]:
+    """Names of the sweeps (experiments `ready-<sweep>`) the store holds, sorted."""
+    client = _client(tracking_uri)
+    names, token = [], None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        names += [e.name[len(EXPERIMENT_PREFIX):] for e in page if e.name.startswith(EXPERIMENT_PREFIX)]
+        token = page.token
+        if not token:
+            return sorted(names)
+
+
+def load_runs(tracking_uri: str, sweep: str) -> pl.DataFrame:
+    """Every child run (any status) of one sweep: one row per run, tags/params cast, metrics float.
+
+    Columns: `run_id`, `status`, `start_time`, the `ready.*` tags (order and seed as Int64),
+    `param.<key>` for every param (cast to int/float/bool where every value parses), and one
+    Float64 column per metric name (latest value).
+    """
+    client = _client(tracking_uri)
+    name = EXPERIMENT_PREFIX + sweep
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        found = ", ".join(list_sweeps(tracking_uri)) or "none"
+        raise ReportError(f"sweep {sweep!r}: no MLflow experiment {name!r} at {tracking_uri}; sweeps found: {found}")
+    records, token = [], None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id], filter_string="tags.`ready.kind` = 'variant'", max_results=1000, page_token=token
+        )
+        for run in page:
+            rec: dict = {"run_id": run.info.run_id, "status": run.info.status, "start_time": run.info.start_time}
+            rec.update({k: v for k, v in run.data.tags.items() if k.startswith("ready.")})
+            rec.update({PARAM_PREFIX + k: v for k, v in run.data.params.items()})
+            rec.update({k: float(v) for k, v in run.data.metrics.items()})
+            records.append(rec)
+        token = page.token
+        if not token:
+            break
+    return runs_frame(records, sweep)
+
+
+def runs_frame(records: Sequence[dict], sweep: str) -> pl.DataFrame:
+    """Build the typed runs frame from raw MLflow records (strings for tags and params)."""
+    columns: dict[str, None] = {}
+    for rec in records:
+        columns.update(dict.fromkeys(rec))
+    schema: dict[str, pl.DataType] = {}
+    for col in columns:
+        if col == "start_time":
+            schema[col] = pl.Int64()
+        elif col in ("run_id", "status") or col.startswith(("ready.", PARAM_PREFIX)):
+            schema[col] = pl.String()
+        else:
+            schema[col] = pl.Float64()
+    for tag in TAGS:
+        schema.setdefault(tag, pl.String())
+    schema.setdefault("run_id", pl.String())
+    schema.setdefault("status", pl.String())
+    schema.setdefault("start_time", pl.Int64())
+    df = pl.DataFrame([{c: rec.get(c) for c in schema} for rec in records], schema=schema)
+    df = df.with_columns(
+        *(pl.col(t).cast(pl.Int64, strict=False) for t in INT_TAGS),
+        pl.col("ready.sweep").fill_null(sweep),
+        # a run without a variant id still groups with itself, never with another variant
+        pl.coalesce("ready.variant_id", "ready.config_hash", "run_id").alias("ready.variant_id"),
+    )
+    return cast_params(df)
+
+
+def cast_params(df: pl.DataFrame) -> pl.DataFrame:
+    """Cast each `param.*` column to Int64, Float64 or Boolean when every value parses as such."""
+    out = []
+    for col in (c for c in df.columns if c.startswith(PARAM_PREFIX)):
+        s = df[col]
+        nulls = s.null_count()
+        done = False
+        for dtype in (pl.Int64, pl.Float64):
+            cast = s.cast(dtype, strict=False)
+            if cast.null_count() == nulls:
+                out.append(cast)
+                done = True
+                break
+        if not done:
+            values = set(s.drop_nulls().str.to_lowercase().to_list())
+            if values and values <= {"true", "false"}:
+                out.append((s.str.to_lowercase() == "true").alias(col))
+    return df.with_columns(out) if out else df
+
+
+def metric_columns(runs: pl.DataFrame) -> list[str]:
+    """Metric columns of a runs frame (`<benchmark>/<name>`)."""
+    return [c for c in runs.columns if "/" in c and not c.startswith(("ready.", PARAM_PREFIX))]
+
+
+def benchmarks(runs: pl.DataFrame, metric: str) -> list[str]:
+    """Benchmarks (not `overall`) that some run logged `<b>/<metric>` for, in `bench.suites` order."""
+    found = {c.split("/", 1)[0] for c in metric_columns(runs) if c.split("/", 1)[1] == metric}
+    found.discard("overall")
+    order: list[str] = []
+    if PARAM_PREFIX + "bench.suites" in runs.columns:
+        import ast
+
+        for raw in runs[PARAM_PREFIX + "bench.suites"].drop_nulls().unique(maintain_order=True).to_list():
+            try:
+                suites = ast.literal_eval(str(raw))
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(suites, (list, tuple)):
+                order += [str(s) for s in suites if str(s) in found and str(s) not in order]
+    return order + sorted(found - set(order))
+
+
+def with_mean_over(runs: pl.DataFrame, name: str, columns: Sequence[str]) -> pl.DataFrame:
+    """Add column `name`: the mean of `columns` per run, null when any of them is missing."""
+    if not columns or any(c not in runs.columns for c in columns):
+        return runs.with_columns(pl.lit(None, dtype=pl.Float64).alias(name))
+    complete = pl.all_horizontal(*(pl.col(c).is_not_null() for c in columns))
+    mean = pl.sum_horizontal(*columns) / len(columns)
+    return runs.with_columns(pl.when(complete).then(mean).otherwise(None).alias(name))
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A metric over the finished seeds of one variant."""
+
+    mean: float
+    std: float | None  # sample std (ddof=1); None with a single seed
+    n: int
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of a sweep: a variant and its finished seeds, aggregated."""
+
+    variant_id: str
+    method: str
+    label: str
+    order: int | None
+    model: str | None
+    seeds: tuple[int, ...]  # seeds with a finished run
+    missing_seeds: tuple[int, ...]  # seeds some run of the sweep has but this variant did not finish
+    unfinished: tuple[str, ...]  # statuses of its runs that did not finish
+    stats: dict[str, Stat]
+    counts: dict[str, int]  # finished runs that logged each metric
+
+    @property
+    def name(self) -> str:
+        """Row label: the `ready.label` tag, else the method's display name."""
+        return self.label or METHOD_NAMES.get(self.method, self.method or self.variant_id)
+
+    @property
+    def n_finished(self) -> int:
+        return len(self.seeds) if self.seeds else 0
+
+    def stat(self, metric: str) -> tuple[Stat | None, str | None]:
+        """The metric's mean ± std, or None and the reason it is missing (for the footnote)."""
+        if self.n_finished == 0:
+            status = "/".join(sorted(set(self.unfinished))) or "none"
+            return None, f"{self.name}: no finished run (status {status})"
+        n = self.counts.get(metric, 0)
+        if n < self.n_finished:
+            where = "any run" if n == 0 else f"{self.n_finished - n} of {self.n_finished} runs"
+            return None, f"{self.name}: metric {metric} not logged in {where}"
+        return self.stats[metric], None
+
+
+def aggregate(runs: pl.DataFrame) -> list[Variant]:
+    """Group runs by `ready.variant_id`: mean ± std over finished seeds, ordered by `ready.order`.
+
+    A re-run of the same (variant, seed) counts once (the latest finished one). Variants whose runs
+    all failed or are still running appear with no seeds, so tables can show them as missing.
+    """
+    metrics = metric_columns(runs)
+    fin = (
+        runs.filter(pl.col("status") == FINISHED)
+        .sort("start_time", nulls_last=False)
+        .unique(subset=["ready.variant_id", "ready.seed"], keep="last", maintain_order=True)
+    )
+    aggs = [pl.col("ready.seed").sort().alias("seeds")]
+    for m in metrics:
+        aggs += [pl.col(m).mean().alias(f"{m}\0mean"), pl.col(m).std().alias(f"{m}\0std"), pl.col(m).count().alias(f"{m}\0n")]
+    stats = {r["ready.variant_id"]: r for r in fin.group_by("ready.variant_id").agg(aggs).iter_rows(named=True)}
+    all_seeds = set(runs["ready.seed"].drop_nulls().to_list())
+
+    info = (
+        runs.sort(["status", "start_time"], descending=[False, False])
+        .group_by("ready.variant_id", maintain_order=True)
+        .agg(
+            pl.col("ready.method").drop_nulls().first(),
+            pl.col("ready.label").drop_nulls().first(),
+            pl.col("ready.order").drop_nulls().min(),
+            pl.col("ready.model").drop_nulls().first(),
+            pl.col("status").filter(pl.col("status") != FINISHED).alias("unfinished"),
+        )
+    )
+    out = []
+    for r in info.iter_rows(named=True):
+        s = stats.get(r["ready.variant_id"])
+        seeds = tuple(x for x in (s["seeds"] if s else []) if x is not None)
+        st, counts = {}, {}
+        if s:
+            for m in metrics:
+                counts[m] = int(s[f"{m}\0n"])
+                if s[f"{m}\0mean"] is not None:
+                    st[m] = Stat(s[f"{m}\0mean"], s[f"{m}\0std"], counts[m])
+        if s and not seeds:  # finished runs without a seed tag still count as one each
+            seeds = tuple(range(int(fin.filter(pl.col("ready.variant_id") == r["ready.variant_id"]).height)))
+        out.append(
+            Variant(
+                variant_id=r["ready.variant_id"],
+                method=(r["ready.method"] or "").lower(),
+                label=r["ready.label"] or "",
+                order=r["ready.order"],
+                model=r["ready.model"],
+                seeds=seeds,
+                missing_seeds=tuple(sorted(all_seeds - set(seeds))) if seeds else (),
+                unfinished=tuple(r["unfinished"] or ()),
+                stats=st,
+                counts=counts,
+            )
+        )
+    big = 1 << 62
+    return sorted(out, key=lambda v: (v.order if v.order is not None else big, v.name))
+
+
+def models(runs: pl.DataFrame) -> list[str]:
+    """Distinct `ready.model` tags of the finished runs."""
+    fin = runs.filter(pl.col("status") == FINISHED)
+    return sorted(set(fin["ready.model"].drop_nulls().to_list()))
+
+
+def seed_counts(variants: Iterable[Variant]) -> tuple[int, int]:
+    """(min, max) number of finished seeds over variants that finished at least one."""
+    ns = [v.n_finished for v in variants if v.n_finished]
+    return (min(ns), max(ns)) if ns else (0, 0)
