@@ -1,0 +1,46 @@
+"""Shared helpers of the kernel modules: the input-error type, Triton availability, dispatch test.
+
+Every op module in this folder holds `<op>_reference` (plain torch), `<op>_triton` and `<op>`
+(dispatch). The dispatch picks Triton when the tensors live on CUDA and Triton imports; the
+reference otherwise. Tests run `<op>_triton` on CPU tensors under `TRITON_INTERPRET=1`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Triton is optional: CPU-only installs use the torch references.
+    import triton  # noqa: F401
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the install
+    HAS_TRITON = False
+
+
+class KernelInputError(ValueError):
+    """A kernel was called with inputs of the wrong shape, dtype or device (one clear message)."""
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise KernelInputError(message) unless `ok`."""
+    if not ok:
+        raise KernelInputError(message)
+
+
+def use_triton(*tensors: torch.Tensor) -> bool:
+    """True when every tensor is on CUDA and Triton is importable."""
+    return HAS_TRITON and all(t.is_cuda for t in tensors)
+
+
+def require_triton() -> None:
+    require(HAS_TRITON, "the Triton path needs the `triton` package; install it or call the *_reference op")
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (and >= 1)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when its last dimension has unit stride (or size 1), else a contiguous copy."""
+    return t if (t.stride(-1) == 1 or t.shape[-1] == 1) else t.contiguous()

@@ -1,0 +1,262 @@
+"""GDN verify: the gated-delta-rule recurrence over the K+1 verified tokens, keeping every state.
+
+Per value head, with `g` the log decay, `beta` in (0, 1), q/k L2-normalised (Hugging Face layout,
+S is d_k x d_v and the readout sums over d_k):
+
+    S = S * exp(g_t);  S = S + k_t ⊗ (beta_t * (v_t - S^T k_t));  o_t = S^T (scale * q_t)
+
+`gdn_verify` reads the live state (never writes it) and writes the state after every token into
+`states [B, T, H, d_k, d_v]` float32 — in the engine that is `cache.pending_ssm[l]` — so that
+`gdn_commit` can install the state after the last accepted token without recomputation.
+`conv_windows` gives the matching causal-conv windows after every token (torch: it is pure
+indexing). Inference only: none of these ops is differentiable.
+
+The Triton kernel runs one program per (batch row, head, d_v block): the d_v columns of S are
+independent in this recurrence, so each program keeps its S[:, block] in registers for all T tokens
+and streams every intermediate state out once.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ._common import HAS_TRITON, last_dim_contiguous, next_pow2, require, require_triton, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gdn_verify_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, h0_ptr, o_ptr, st_ptr,
+        q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h,
+        g_b, g_t, g_h, be_b, be_t, be_h,
+        h0_b, h0_h, h0_k, h0_v,
+        o_b, o_t, o_h,
+        st_b, st_t, st_h, st_k,
+        T, H, DK, DV, scale,
+        BK: tl.constexpr, BV: tl.constexpr,
+    ):
+        i_bh = tl.program_id(0)
+        i_v = tl.program_id(1)
+        b = (i_bh // H).to(tl.int64)
+        h = (i_bh % H).to(tl.int64)
+        offs_k = tl.arange(0, BK)
+        offs_v = i_v * BV + tl.arange(0, BV)
+        mask_k = offs_k < DK
+        mask_v = offs_v < DV
+        mask_s = mask_k[:, None] & mask_v[None, :]
+
+        s = tl.load(h0_ptr + b * h0_b + h * h0_h + offs_k[:, None] * h0_k + offs_v[None, :] * h0_v,
+                    mask=mask_s, other=0.0).to(tl.float32)
+        q_base = q_ptr + b * q_b + h * q_h
+        k_base = k_ptr + b * k_b + h * k_h
+        v_base = v_ptr + b * v_b + h * v_h
+        g_base = g_ptr + b * g_b + h * g_h
+        be_base = beta_ptr + b * be_b + h * be_h
+        o_base = o_ptr + b * o_b + h * o_h
+        st_base = st_ptr + b * st_b + h * st_h
+        for t in range(T):
+            q = tl.load(q_base + t * q_t + offs_k, mask=mask_k, other=0.0).to(tl.float32) * scale
+            k = tl.load(k_base + t * k_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            v = tl.load(v_base + t * v_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+            decay = tl.exp(tl.load(g_base + t * g_t).to(tl.float32))
+            beta = tl.load(be_base + t * be_t).to(tl.float32)
+            s = s * decay
+            delta = (v - tl.sum(s * k[:, None], 0)) * beta
+            s = s + k[:, None] * delta[None, :]
+            o = tl.sum(s * q[:, None], 0)
+            tl.store(o_base + t * o_t + offs_v, o, mask=mask_v)
+            tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
+
+    @triton.jit
+    def _gdn_commit_kernel(dst_ptr, src_ptr, n_ptr, d_l, d_b, s_l, s_b, s_t, B, T, E, BLOCK: tl.constexpr):
+        i_lb = tl.program_id(0)
+        i_e = tl.program_id(1)
+        l = (i_lb // B).to(tl.int64)
+        b = (i_lb % B).to(tl.int64)
+        # state after token n (1-based); clamped so a bad n can never read out of bounds
+        t = tl.minimum(tl.maximum(tl.load(n_ptr + b).to(tl.int64) - 1, 0), T - 1)
+        offs = i_e * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < E
+        x = tl.load(src_ptr + l * s_l + b * s_b + t * s_t + offs, mask=mask)
+        tl.store(dst_ptr + l * d_l + b * d_b + offs, x, mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# verify
+
+
+def _check_verify(q, k, v, g, beta, initial_state, out_states) -> tuple[int, int, int, int, int]:
+    require(q.dim() == 4, f"gdn_verify: q must be [B, T, H, d_k], got {tuple(q.shape)}")
+    B, T, H, dk = q.shape
+    require(tuple(k.shape) == (B, T, H, dk), f"gdn_verify: k must be [B, T, H, d_k] = {(B, T, H, dk)}, got {tuple(k.shape)}")
+    require(v.dim() == 4 and tuple(v.shape[:3]) == (B, T, H),
+            f"gdn_verify: v must be [B={B}, T={T}, H={H}, d_v], got {tuple(v.shape)}")
+    dv = v.shape[3]
+    require(tuple(g.shape) == (B, T, H), f"gdn_verify: g must be [B, T, H] = {(B, T, H)}, got {tuple(g.shape)}")
+    require(tuple(beta.shape) == (B, T, H), f"gdn_verify: beta must be [B, T, H] = {(B, T, H)}, got {tuple(beta.shape)}")
+    require(tuple(initial_state.shape) == (B, H, dk, dv),
+            f"gdn_verify: initial_state must be [B, H, d_k, d_v] = {(B, H, dk, dv)}, got {tuple(initial_state.shape)}")
+    if out_states is not None:
+        require(tuple(out_states.shape) == (B, T, H, dk, dv),
+                f"gdn_verify: out_states must be [B, T, H, d_k, d_v] = {(B, T, H, dk, dv)}, got {tuple(out_states.shape)}")
+        require(out_states.dtype == torch.float32, f"gdn_verify: out_states must be float32, got {out_states.dtype}")
+    devs = {t.device for t in (q, k, v, g, beta, initial_state)}
+    require(len(devs) == 1, f"gdn_verify: all inputs must be on one device, got {sorted(map(str, devs))}")
+    return B, T, H, dk, dv
+
+
+def gdn_verify_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         initial_state: torch.Tensor, scale: Optional[float] = None,
+                         out_states: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token recurrence in float32 (the ground truth). Returns (o [B,T,H,d_v], states)."""
+    B, T, H, dk, dv = _check_verify(q, k, v, g, beta, initial_state, out_states)
+    scale = dk ** -0.5 if scale is None else scale
+    states = out_states if out_states is not None else q.new_empty(B, T, H, dk, dv, dtype=torch.float32)
+    o = torch.empty(B, T, H, dv, device=q.device, dtype=torch.float32)
+    S = initial_state.float()
+    for t in range(T):
+        k_t, v_t, q_t = k[:, t].float(), v[:, t].float(), q[:, t].float() * scale
+        S = S * torch.exp(g[:, t].float())[..., None, None]
+        delta = (v_t - torch.einsum("bhkv,bhk->bhv", S, k_t)) * beta[:, t].float()[..., None]
+        S = S + k_t[..., :, None] * delta[..., None, :]
+        o[:, t] = torch.einsum("bhkv,bhk->bhv", S, q_t)
+        states[:, t] = S
+    return o.to(v.dtype), states
+
+
+def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      initial_state: torch.Tensor, scale: Optional[float] = None,
+                      out_states: Optional[torch.Tensor] = None, *, block_v: Optional[int] = None,
+                      num_warps: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused recurrence; `block_v`/`num_warps` override the launch heuristics (benchmarks only)."""
+    require_triton()
+    B, T, H, dk, dv = _check_verify(q, k, v, g, beta, initial_state, out_states)
+    scale = dk ** -0.5 if scale is None else scale
+    q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
+    states = out_states if out_states is not None else q.new_empty(B, T, H, dk, dv, dtype=torch.float32)
+    require(states.stride(-1) == 1, "gdn_verify: out_states' last dimension must be contiguous")
+    o = torch.empty(B, T, H, dv, device=q.device, dtype=v.dtype)
+    BK = max(16, next_pow2(dk))
+    BV = block_v or max(16, min(32, next_pow2(dv)))
+    grid = (B * H, triton.cdiv(dv, BV))
+    _gdn_verify_kernel[grid](
+        q, k, v, g, beta, initial_state, o, states,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        g.stride(0), g.stride(1), g.stride(2), beta.stride(0), beta.stride(1), beta.stride(2),
+        *initial_state.stride(),
+        o.stride(0), o.stride(1), o.stride(2),
+        states.stride(0), states.stride(1), states.stride(2), states.stride(3),
+        T, H, dk, dv, float(scale),
+        BK=BK, BV=BV, num_warps=num_warps or 4,
+    )
+    return o, states
+
+
+def gdn_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               initial_state: torch.Tensor, scale: Optional[float] = None,
+               out_states: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [B,T,H,d_v], states [B,T,H,d_k,d_v] fp32): Triton on CUDA, the torch reference elsewhere."""
+    if use_triton(q, k, v, initial_state):
+        return gdn_verify_triton(q, k, v, g, beta, initial_state, scale, out_states)
+    return gdn_verify_reference(q, k, v, g, beta, initial_state, scale, out_states)
+
+
+# --------------------------------------------------------------------------------------------
+# commit
+
+
+def _check_commit(dst: torch.Tensor, src: torch.Tensor, n: Union[int, torch.Tensor], name: str) -> None:
+    require(src.dim() == dst.dim() + 1 and src.shape[:2] == dst.shape[:2] and src.shape[3:] == dst.shape[2:],
+            f"gdn_commit: pending {name} must be [L, B, T, ...] matching live {name} [L, B, ...] = "
+            f"{tuple(dst.shape)}, got {tuple(src.shape)}")
+    require(src.dtype == dst.dtype, f"gdn_commit: pending {name} dtype {src.dtype} differs from live {dst.dtype}")
+    T = src.shape[2]
+    if isinstance(n, torch.Tensor):
+        require(n.dim() == 1 and n.numel() == dst.shape[1] and not n.is_floating_point(),
+                f"gdn_commit: n must be an int or an integer tensor [B={dst.shape[1]}], got {n.dtype} {tuple(n.shape)}")
+    else:
+        require(1 <= int(n) <= T, f"gdn_commit: n must be in 1..{T} (tokens kept), got {n}")
+
+
+def _commit_one_reference(dst: torch.Tensor, src: torch.Tensor, n: Union[int, torch.Tensor]) -> None:
+    if isinstance(n, torch.Tensor):
+        rows = torch.arange(dst.shape[1], device=dst.device)
+        dst.copy_(src[:, rows, n.to(dst.device).long() - 1])
+    else:
+        dst.copy_(src[:, :, int(n) - 1])
+
+
+def _commit_one_triton(dst: torch.Tensor, src: torch.Tensor, n: Union[int, torch.Tensor], block: int = 4096) -> None:
+    if not isinstance(n, torch.Tensor):  # one plain strided copy is already at the bound
+        dst.copy_(src[:, :, int(n) - 1])
+        return
+    L, B, T = src.shape[:3]
+    E = dst[0, 0].numel()
+    require(dst[0, 0].is_contiguous() and src[0, 0, 0].is_contiguous(),
+            "gdn_commit: the per-(layer, row) state blocks must be contiguous")
+    grid = (L * B, triton.cdiv(E, block))
+    _gdn_commit_kernel[grid](dst, src, n, dst.stride(0), dst.stride(1), src.stride(0), src.stride(1), src.stride(2),
+                             B, T, E, BLOCK=block)
+
+
+def gdn_commit_reference(ssm: torch.Tensor, pending_ssm: torch.Tensor, n: Union[int, torch.Tensor],
+                         conv: Optional[torch.Tensor] = None, pending_conv: Optional[torch.Tensor] = None) -> None:
+    """Install the state (and conv window) after token n (1-based; int or LongTensor [B]) into the live cache.
+
+    ssm [L, B, ...] <- pending_ssm[L, B, n-1, ...]; the same for conv / pending_conv when given.
+    """
+    _check_commit(ssm, pending_ssm, n, "ssm")
+    _commit_one_reference(ssm, pending_ssm, n)
+    if conv is not None:
+        require(pending_conv is not None, "gdn_commit: conv given without pending_conv")
+        _check_commit(conv, pending_conv, n, "conv")
+        _commit_one_reference(conv, pending_conv, n)
+
+
+def gdn_commit_triton(ssm: torch.Tensor, pending_ssm: torch.Tensor, n: Union[int, torch.Tensor],
+                      conv: Optional[torch.Tensor] = None, pending_conv: Optional[torch.Tensor] = None) -> None:
+    """As `gdn_commit_reference`; a per-row n is read on the device (no host sync, graph-safe)."""
+    require_triton()
+    _check_commit(ssm, pending_ssm, n, "ssm")
+    _commit_one_triton(ssm, pending_ssm, n)
+    if conv is not None:
+        require(pending_conv is not None, "gdn_commit: conv given without pending_conv")
+        _check_commit(conv, pending_conv, n, "conv")
+        _commit_one_triton(conv, pending_conv, n)
+
+
+def gdn_commit(ssm: torch.Tensor, pending_ssm: torch.Tensor, n: Union[int, torch.Tensor],
+               conv: Optional[torch.Tensor] = None, pending_conv: Optional[torch.Tensor] = None) -> None:
+    """Commit dispatch: Triton on CUDA, the torch reference elsewhere."""
+    if use_triton(ssm, pending_ssm):
+        gdn_commit_triton(ssm, pending_ssm, n, conv, pending_conv)
+    else:
+        gdn_commit_reference(ssm, pending_ssm, n, conv, pending_conv)
+
+
+# --------------------------------------------------------------------------------------------
+# conv windows
+
+
+def conv_windows(conv_state: torch.Tensor, x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Causal-conv window after every token: `[B, T, C, W]` from the live window `[B, C, W]` and inputs `[B, T, C]`.
+
+    Window after token t = the last W columns of [conv_state | x[:, :t+1]^T]. Pure indexing, so a
+    torch op (one cat + one strided copy); write it into `cache.pending_conv[l]` with `out=`.
+    """
+    require(conv_state.dim() == 3, f"conv_windows: conv_state must be [B, C, W], got {tuple(conv_state.shape)}")
+    B, C, W = conv_state.shape
+    require(x.dim() == 3 and x.shape[0] == B and x.shape[2] == C,
+            f"conv_windows: x must be [B={B}, T, C={C}], got {tuple(x.shape)}")
+    full = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)  # [B, C, W + T]
+    win = full.unfold(-1, W, 1)[:, :, 1:].permute(0, 2, 1, 3)                         # [B, T, C, W]
+    if out is None:
+        return win.contiguous()
+    require(tuple(out.shape) == tuple(win.shape), f"conv_windows: out must be {tuple(win.shape)}, got {tuple(out.shape)}")
+    out.copy_(win)
+    return out

@@ -1,0 +1,148 @@
+"""GDN verify keeps the state after every token, leaves the live state alone, and commit installs it.
+
+The Triton kernels are compared with the torch references over shapes and dtypes: on CPU through
+Triton's interpreter (small sizes), on CUDA compiled (the `cuda` test adds the paper's size).
+"""
+
+import importlib
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+INTERPRET = not torch.cuda.is_available()
+if INTERPRET:  # must precede the kernel module's import: @triton.jit picks the interpreter then
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
+
+gv = importlib.import_module("ready_kernels.gdn_verify")
+if INTERPRET and gv.HAS_TRITON and type(gv._gdn_verify_kernel).__name__ != "InterpretedFunction":
+    gv = importlib.reload(gv)  # imported earlier without the interpreter
+
+from ready_kernels._common import KernelInputError  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not gv.HAS_TRITON, reason="needs triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values in the kernel output"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def make_inputs(B, T, H, dk, dv, dtype=torch.float32, device=DEVICE):
+    q = F.normalize(torch.randn(B, T, H, dk, device=device), dim=-1).to(dtype)
+    k = F.normalize(torch.randn(B, T, H, dk, device=device), dim=-1).to(dtype)
+    v = torch.randn(B, T, H, dv, device=device).to(dtype)
+    g = -F.softplus(torch.randn(B, T, H, device=device))           # log decay < 0
+    beta = torch.sigmoid(torch.randn(B, T, H, device=device))
+    h0 = torch.randn(B, H, dk, dv, device=device)
+    return q, k, v, g, beta, h0
+
+
+SHAPES = [
+    # B, T, H, d_k, d_v, dtype of q/k/v
+    (1, 8, 3, 16, 16, torch.float32),
+    (2, 4, 4, 32, 32, torch.bfloat16),
+    (1, 1, 2, 64, 64, torch.float32),   # a plain decode step
+    (2, 5, 3, 32, 24, torch.float32),   # non-power-of-2 d_v
+    (1, 3, 2, 64, 128, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("B,T,H,dk,dv,dtype", SHAPES)
+def test_outputs_and_every_state_match_reference(B, T, H, dk, dv, dtype):
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, dk, dv, dtype)
+    live = h0.clone()
+    o, states = gv.gdn_verify_triton(q, k, v, g, beta, h0, 0.3)
+    o_ref, states_ref = gv.gdn_verify_reference(q, k, v, g, beta, h0, 0.3)
+    assert o.dtype == v.dtype and states.dtype == torch.float32
+    assert states.shape == (B, T, H, dk, dv)
+    assert rel_err(states, states_ref) < 1e-5
+    assert rel_err(o, o_ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(h0, live), "the live state must stay untouched"
+
+
+def test_state_after_token_n_is_the_state_of_verifying_only_n_tokens():
+    q, k, v, g, beta, h0 = make_inputs(1, 6, 2, 16, 16, device="cpu")
+    _, states = gv.gdn_verify_reference(q, k, v, g, beta, h0)
+    for n in (1, 3, 6):
+        _, prefix = gv.gdn_verify_reference(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], h0)
+        torch.testing.assert_close(states[:, n - 1], prefix[:, -1])
+
+
+def test_reference_is_the_documented_recurrence():
+    """One head, two tokens, written out: S = S e^g; S += k (beta (v - S^T k)); o = S^T (scale q)."""
+    q, k, v, g, beta, h0 = make_inputs(1, 2, 1, 8, 4, device="cpu")
+    o, states = gv.gdn_verify_reference(q, k, v, g, beta, h0, 0.5)
+    S = h0[0, 0]
+    for t in range(2):
+        S = S * torch.exp(g[0, t, 0])
+        S = S + torch.outer(k[0, t, 0], beta[0, t, 0] * (v[0, t, 0] - S.T @ k[0, t, 0]))
+        torch.testing.assert_close(states[0, t, 0], S)
+        torch.testing.assert_close(o[0, t, 0], S.T @ (0.5 * q[0, t, 0]))
+
+
+def test_writes_into_the_pending_buffer_of_one_layer():
+    B, T, H, dk, dv = 2, 4, 3, 16, 16
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, dk, dv)
+    pending = torch.full((3, B, T, H, dk, dv), float("nan"), device=DEVICE)
+    _, states = gv.gdn_verify_triton(q, k, v, g, beta, h0, out_states=pending[1])
+    assert states.data_ptr() == pending[1].data_ptr()
+    _, want = gv.gdn_verify_reference(q, k, v, g, beta, h0)
+    assert rel_err(pending[1], want) < 1e-5
+    assert torch.isnan(pending[0]).all() and torch.isnan(pending[2]).all()
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_commit_installs_the_state_after_the_accepted_token(per_row):
+    L, B, T, H, dk, dv, C, W = 2, 3, 5, 2, 8, 8, 6, 3
+    pending = torch.randn(L, B, T, H, dk, dv, device=DEVICE)
+    pending_conv = torch.randn(L, B, T, C, W, device=DEVICE)
+    n = torch.tensor([1, 5, 3], device=DEVICE) if per_row else 4
+    rows = [1, 5, 3] if per_row else [4, 4, 4]
+    for commit in (gv.gdn_commit_triton, gv.gdn_commit_reference):
+        ssm = torch.zeros(L, B, H, dk, dv, device=DEVICE)
+        conv = torch.zeros(L, B, C, W, device=DEVICE)
+        commit(ssm, pending, n, conv, pending_conv)
+        for b, nb in enumerate(rows):
+            assert torch.equal(ssm[:, b], pending[:, b, nb - 1]), commit.__name__
+            assert torch.equal(conv[:, b], pending_conv[:, b, nb - 1]), commit.__name__
+
+
+def test_commit_rejects_a_count_outside_the_block():
+    ssm, pending = torch.zeros(1, 1, 2, 4, 4), torch.zeros(1, 1, 3, 2, 4, 4)
+    with pytest.raises(KernelInputError, match=r"n must be in 1\.\.3"):
+        gv.gdn_commit(ssm, pending, 4)
+
+
+def test_conv_windows_follow_a_token_by_token_shift_register():
+    B, T, C, W = 2, 5, 3, 3
+    conv_state, x = torch.randn(B, C, W), torch.randn(B, T, C)
+    windows = gv.conv_windows(conv_state, x)
+    state = conv_state.clone()
+    for t in range(T):
+        state = torch.cat([state[:, :, 1:], x[:, t, :, None]], dim=-1)
+        torch.testing.assert_close(windows[:, t], state)
+    out = torch.empty(B, T, C, W)
+    assert gv.conv_windows(conv_state, x, out=out) is out and torch.equal(out, windows)
+
+
+def test_mismatched_shapes_are_one_clear_error():
+    q, k, v, g, beta, h0 = make_inputs(1, 2, 2, 16, 16, device="cpu")
+    with pytest.raises(KernelInputError, match=r"initial_state must be \[B, H, d_k, d_v\]"):
+        gv.gdn_verify(q, k, v, g, beta, h0[:, :1])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_paper_size_on_cuda(dtype):
+    """48 value heads, d_k = d_v = 128, K+1 = 8 tokens, batch 2."""
+    q, k, v, g, beta, h0 = make_inputs(2, 8, 48, 128, 128, dtype, device="cuda")
+    o, states = gv.gdn_verify(q, k, v, g, beta, h0)
+    o_ref, states_ref = gv.gdn_verify_reference(q, k, v, g, beta, h0)
+    assert rel_err(states, states_ref) < 1e-5
+    assert rel_err(o, o_ref) < (1e-5 if dtype == torch.float32 else 1e-2)

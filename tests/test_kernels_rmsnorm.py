@@ -1,0 +1,71 @@
+"""The Triton RMSNorm equals the torch reference; training goes through the differentiable reference.
+
+On CPU the kernel runs through Triton's interpreter; with CUDA it is compiled.
+"""
+
+import importlib
+import os
+
+import pytest
+import torch
+
+INTERPRET = not torch.cuda.is_available()
+if INTERPRET:  # must precede the kernel module's import: @triton.jit picks the interpreter then
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
+
+rn = importlib.import_module("ready_kernels.rmsnorm")
+if INTERPRET and rn.HAS_TRITON and type(rn._rms_norm_kernel).__name__ != "InterpretedFunction":
+    rn = importlib.reload(rn)  # imported earlier without the interpreter
+
+from ready_kernels._common import KernelInputError  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not rn.HAS_TRITON, reason="needs triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (2, 5, 64), (4, 256)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [1.0, 0.0])
+def test_matches_reference(shape, dtype, offset):
+    x = (torch.randn(shape, device=DEVICE) * 3).to(dtype)
+    w = (torch.randn(shape[-1], device=DEVICE) * 0.1).to(dtype)
+    got = rn.rms_norm_triton(x, w, 1e-6, offset)
+    want = rn.rms_norm_reference(x, w, 1e-6, offset)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_reference_is_the_qwen_formula():
+    x, w = torch.randn(2, 6), torch.randn(6)
+    want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * (1 + w)
+    torch.testing.assert_close(rn.rms_norm_reference(x, w, 1e-5, 1.0), want)
+
+
+def test_non_contiguous_rows():
+    x = torch.randn(8, 32, device=DEVICE)[::2]
+    w = torch.randn(32, device=DEVICE)
+    torch.testing.assert_close(rn.rms_norm_triton(x, w), rn.rms_norm_reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_dispatch_keeps_gradients():
+    x = torch.randn(3, 16, device=DEVICE, requires_grad=True)
+    w = torch.randn(16, device=DEVICE, requires_grad=True)
+    y = rn.rms_norm(x, w)
+    gx, gw = torch.autograd.grad(y.sum(), (x, w))
+    assert torch.isfinite(gx).all() and gw.abs().sum() > 0
+
+
+def test_wrong_weight_is_one_clear_error():
+    with pytest.raises(KernelInputError, match=r"weight must be \[8\]"):
+        rn.rms_norm(torch.randn(2, 8), torch.randn(7))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [1, 8, 300])
+def test_hidden_5120_on_cuda(rows):
+    x = torch.randn(rows, 5120, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(5120, device="cuda", dtype=torch.bfloat16) * 0.1
+    torch.testing.assert_close(rn.rms_norm(x, w), rn.rms_norm_reference(x, w), rtol=1e-2, atol=1e-2)
