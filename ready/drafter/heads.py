@@ -1,0 +1,109 @@
+"""DSpark sequence heads: a light correction of each draft position's logits by the previous token.
+
+The backbone drafts all K positions in parallel, so on its own position j cannot know which
+token was drafted at j-1. A sequence head adds a bias to position j's logits that depends on
+the previous token x_{j-1} (the anchor token for j = 1):
+
+- `vanilla`: a low-rank bigram, bias = W2 W1[x_{j-1}]            (Markov, rank r)
+- `gated`:   bias = W2 (sigmoid(G [h_j; W1[x_{j-1}]]) * W1[x_{j-1}])  (the hidden state gates the bigram)
+- `rnn`:     a GRU-like state s_j over the drafted prefix, bias = W2 tanh(o_j)
+
+Training is teacher-forced on the label tokens; drafting is greedy, position by position. Both
+go through the same `step`, so they cannot disagree. W2 starts at zero: an untrained head adds
+nothing to the backbone's logits.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+HEAD_TYPES = ("vanilla", "gated", "rnn")
+
+
+class SequenceHeadError(ValueError):
+    """An unknown head type or a bad rank."""
+
+
+class VanillaHead(nn.Module):
+    """Low-rank bigram bias W2 W1[x_{j-1}]."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden: int):
+        super().__init__()
+        self.rank = rank
+        self.prev_embed = nn.Embedding(vocab_size, rank)  # W1
+        self.bias_out = nn.Linear(rank, vocab_size, bias=False)  # W2
+        nn.init.normal_(self.prev_embed.weight, std=0.02)
+        nn.init.zeros_(self.bias_out.weight)
+
+    def init_state(self, like: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    def step(self, state: Optional[torch.Tensor], prev: torch.Tensor, hidden: torch.Tensor) -> tuple[Optional[torch.Tensor], torch.Tensor]:
+        """One position: prev [...] token ids, hidden [..., D] -> (new state, bias [..., V])."""
+        return state, self.bias_out(self.prev_embed(prev))
+
+    def block_logits(self, base: torch.Tensor, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced: base [..., K, V], prev [..., K] (x_{j-1} per position), hidden [..., K, D]."""
+        state = self.init_state(hidden[..., 0, :])
+        out = []
+        for j in range(base.shape[-2]):
+            state, bias = self.step(state, prev[..., j], hidden[..., j, :])
+            out.append(base[..., j, :] + bias.to(base.dtype))
+        return torch.stack(out, dim=-2)
+
+    @torch.no_grad()
+    def greedy(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft greedily: base [B, K, V], first_prev [B] (the anchor token), hidden [B, K, D]
+        -> (tokens [B, K], the corrected logits they were drawn from [B, K, V])."""
+        state = self.init_state(hidden[:, 0])
+        prev, toks, logits = first_prev, [], []
+        for j in range(base.shape[1]):
+            state, bias = self.step(state, prev, hidden[:, j])
+            logits.append(base[:, j] + bias.to(base.dtype))
+            prev = logits[-1].argmax(-1)
+            toks.append(prev)
+        return torch.stack(toks, dim=1), torch.stack(logits, dim=1)
+
+
+class GatedHead(VanillaHead):
+    """Bigram bias gated by the position's hidden state."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden: int):
+        super().__init__(vocab_size, rank, hidden)
+        self.gate = nn.Linear(hidden + rank, rank)
+
+    def step(self, state, prev, hidden):
+        e = self.prev_embed(prev)
+        g = torch.sigmoid(self.gate(torch.cat([hidden.to(e.dtype), e], dim=-1)))
+        return state, self.bias_out(g * e)
+
+
+class RNNHead(VanillaHead):
+    """GRU-like recurrent state over the drafted prefix: position j sees x_{<j}, not only x_{j-1}."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden: int):
+        super().__init__(vocab_size, rank, hidden)
+        self.joint = nn.Linear(2 * rank + hidden, 3 * rank)  # -> [update gate; candidate; output]
+
+    def init_state(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*like.shape[:-1], self.rank, device=like.device, dtype=self.joint.weight.dtype)
+
+    def step(self, state, prev, hidden):
+        e = self.prev_embed(prev)
+        gate, cand, out = self.joint(torch.cat([state, e, hidden.to(e.dtype)], dim=-1)).chunk(3, dim=-1)
+        gate = torch.sigmoid(gate)
+        state = gate * state + (1 - gate) * torch.tanh(cand)
+        return state, self.bias_out(torch.tanh(out))
+
+
+def build_head(kind: str, vocab_size: int, rank: int, hidden: int) -> VanillaHead:
+    """The sequence head named by `drafter.head`."""
+    classes = {"vanilla": VanillaHead, "gated": GatedHead, "rnn": RNNHead}
+    if kind not in classes:
+        raise SequenceHeadError(f"drafter.head: {kind!r} is unknown; expected one of {list(HEAD_TYPES)}")
+    if rank < 1:
+        raise SequenceHeadError(f"drafter.head_rank: {rank}; expected an integer >= 1")
+    return classes[kind](vocab_size, rank, hidden)

@@ -1,0 +1,114 @@
+"""One DSpark draft layer: attention over (target context features ++ the draft block), then an MLP.
+
+The block's queries attend to two kinds of keys/values: the projected target features of the
+committed prefix (the "context", shared by every layer but projected by each layer's own
+k/v maps) and the block itself, bidirectionally. A layer can carry a hook that edits its normed
+input before attention (`pre`) or after attention, at the post-attention norm, before the MLP
+(`post`); that is where the ReaDy reader is injected.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Hook = Callable[[torch.Tensor], torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * weight, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for integer `positions` [B, N] -> cos, sin [B, N, head_dim]."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    ang = positions.float().unsqueeze(-1) * inv
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, N, hd] by the tables [B, N, hd]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rot = torch.cat([-x2, x1], dim=-1)
+    return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
+
+
+class ContextAttention(nn.Module):
+    """Multi-head (grouped-query) attention of the block over context K/V ++ block K/V."""
+
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of x [B, N, D] -> two [B, H_kv, N, hd] (keys rotated)."""
+        B, N, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(B, N, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                context_kv: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """x [B, N, D] block inputs; context_kv from `kv` of the context; mask [B, 1, N, T+N] bool or None."""
+        B, N, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        kb, vb = self.kv(x, cos, sin)
+        k = torch.cat([context_kv[0], kb], dim=2)
+        v = torch.cat([context_kv[1], vb], dim=2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(o.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    """Pre-norm transformer layer whose attention also sees the target context."""
+
+    def __init__(self, hidden: int, intermediate: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = ContextAttention(hidden, num_heads, num_kv_heads, head_dim, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = SwiGLU(hidden, intermediate)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                context_kv: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor] = None,
+                pre: Optional[Hook] = None, post: Optional[Hook] = None) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if pre is not None:
+            h = pre(h)
+        x = x + self.self_attn(h, cos, sin, context_kv, mask)
+        h = self.post_attention_layernorm(x)
+        if post is not None:
+            h = post(h)
+        return x + self.mlp(h)

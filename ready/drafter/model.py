@@ -1,0 +1,347 @@
+"""DSparkDrafter: the DSpark semi-autoregressive block drafter, optionally with ReaDy state readers.
+
+Indexing (identical in training and drafting, docs/interfaces.md "Drafter"): the anchor `a` is
+the last committed token. The context is the target's features of tokens[:a]; they are
+concatenated over the captured layers, projected by `fc` and normalised, and every draft layer
+uses them as extra keys/values. The block input is token a followed by K-1 mask embeddings at
+positions a..a+K-1; its output j (1..K) predicts token a+j. A sequence head then conditions each
+position on the previous token. Embeddings and LM head are the target's (frozen, read through
+`.detach()`, never part of this module's parameters or state_dict). The reader, when enabled,
+reads the committed GDN states after token a-1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from ready.artifacts import atomic_dir
+from ready.config import DrafterConfig, ReaderConfig
+from ready.drafter.heads import build_head
+from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
+from ready.drafter.layers import DraftLayer, RMSNorm, rope_cos_sin
+from ready.reader import StateReader, StateSource
+
+FORMAT = "ready-dspark-drafter/1"
+META_FILE = "drafter.json"
+WEIGHTS_FILE = "weights.safetensors"
+CHECKPOINT_FILES = {META_FILE, WEIGHTS_FILE, "DONE"}
+FINGERPRINT_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "linear_num_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim",
+)
+
+
+class DrafterError(ValueError):
+    """Bad drafter input (config, checkpoint, tensors); the message names it and what was expected."""
+
+
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+    try:
+        return getattr(cfg, name)
+    except AttributeError:  # omegaconf's missing-key error is an AttributeError too
+        return default
+
+
+def _as_dict(cfg: Any) -> dict:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def _weight_signature(w: torch.Tensor) -> list[list[float]]:
+    """A few fixed entries of a weight matrix: cheap even at 27B scale, robust to a bf16 cast."""
+    rows = torch.linspace(0, w.shape[0] - 1, 8).long().tolist()
+    cols = torch.linspace(0, w.shape[1] - 1, 16).long().tolist()
+    sub = w.detach()[rows][:, cols].float().cpu()
+    return sub.tolist()
+
+
+def target_fingerprint(target: Any) -> dict:
+    """What a drafter depends on in its target: architecture fields and the shared embedding/LM head."""
+    c = target.config
+    return {
+        "arch": {k: _get(c, k) for k in FINGERPRINT_FIELDS},
+        "embed_tokens": _weight_signature(target.embed_tokens.weight),
+        "lm_head": _weight_signature(target.lm_head.weight),
+    }
+
+
+def fingerprint_mismatch(saved: dict, current: dict) -> Optional[str]:
+    """None when a drafter built for `saved` fits the target of `current`, else what differs."""
+    diffs = [f"{k}={saved['arch'].get(k)!r} (target has {current['arch'].get(k)!r})"
+             for k in FINGERPRINT_FIELDS if saved["arch"].get(k) != current["arch"].get(k)]
+    if diffs:
+        return "architecture " + ", ".join(diffs)
+    for name in ("embed_tokens", "lm_head"):
+        a, b = torch.tensor(saved[name]), torch.tensor(current[name])
+        if not torch.allclose(a, b, rtol=1e-2, atol=1e-3 * float(a.abs().max()) + 1e-8):
+            return f"same architecture but different {name} weights (another pretraining or seed)"
+    return None
+
+
+class DSparkDrafter(nn.Module):
+    """Block drafter over target features; `propose` follows the engine's Drafter protocol."""
+
+    def __init__(self, drafter_cfg: DrafterConfig | DictConfig, reader_cfg: ReaderConfig | DictConfig, target: Any):
+        super().__init__()
+        c = target.config
+        self.drafter_cfg, self.reader_cfg = _as_dict(drafter_cfg), _as_dict(reader_cfg)
+        d, r = self.drafter_cfg, self.reader_cfg
+        self.block_size = int(d["block_size"])
+        self.vocab_size = int(c.vocab_size)
+        self.hidden_size = D = int(c.hidden_size)
+        self.num_layers = int(d["num_layers"])
+        if self.block_size < 1 or self.num_layers < 1:
+            raise DrafterError(f"drafter.block_size = {self.block_size}, drafter.num_layers = {self.num_layers}; "
+                               "expected integers >= 1")
+        self.capture_layers = map_context_layers(d["context_layers"], int(c.num_hidden_layers),
+                                                 space=d.get("layer_space", "paper"))
+        self.head_dim, self.rope_theta = int(c.head_dim), float(c.rope_theta)
+        eps = float(c.rms_norm_eps)
+
+        self.fc = nn.Linear(len(self.capture_layers) * D, D, bias=False)
+        self.hidden_norm = RMSNorm(D, eps)
+        self.mask_embed = nn.Parameter(torch.randn(D) * 0.02)  # input of draft positions 2..K
+        self.layers = nn.ModuleList([
+            DraftLayer(D, int(c.intermediate_size), int(c.num_attention_heads), int(c.num_key_value_heads),
+                       self.head_dim, eps) for _ in range(self.num_layers)])
+        self.norm = RMSNorm(D, eps)
+        self.head = build_head(str(d["head"]), self.vocab_size, int(d["head_rank"]), D)
+
+        self.reader_enabled = bool(r["enabled"])
+        self.state_layers: list[int] = []
+        self.inject_layers: list[int] = []
+        self.position = str(r["position"])
+        self.readers = nn.ModuleDict()
+        if self.reader_enabled:
+            if self.position not in ("pre", "post"):
+                raise DrafterError(f"reader.position = {self.position!r}; expected 'pre' or 'post'")
+            self.state_layers = map_state_layers(r["layers"], list(c.layer_types), space=r.get("layer_space", "paper"))
+            self.inject_layers = map_inject_layers(r["inject_layers"], self.num_layers)
+            for i in self.inject_layers:
+                self.readers[str(i)] = StateReader(
+                    D, len(self.state_layers), int(c.linear_num_value_heads), int(c.linear_key_head_dim),
+                    int(c.linear_value_head_dim), int(r["rank"]), int(r["mlp_hidden"]), float(r["eps"]))
+        self._gdn_indices = [target.gdn_index(i) for i in self.state_layers]
+        # shared, frozen and unregistered: not moved, saved or trained with the drafter
+        object.__setattr__(self, "_shared", (target.embed_tokens, target.lm_head))
+        object.__setattr__(self, "_fingerprint", target_fingerprint(target))
+        self._ctx: Optional[dict] = None
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    def resolved(self) -> dict:
+        """The target/draft layer ids this drafter actually uses (for logging)."""
+        return {"context_layers": list(self.capture_layers), "state_layers": list(self.state_layers),
+                "inject_layers": list(self.inject_layers)}
+
+    def reader_parameters(self) -> list[nn.Parameter]:
+        return list(self.readers.parameters())
+
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        return [p for n, p in self.named_parameters() if not n.startswith("readers.")]
+
+    # --- pieces -----------------------------------------------------------------------------
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        emb = self._shared[0]
+        return F.embedding(ids, emb.weight.detach()).to(self.fc.weight.dtype)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        head = self._shared[1]
+        w = head.weight.detach()
+        b = head.bias.detach() if getattr(head, "bias", None) is not None else None
+        return F.linear(h.to(w.dtype), w, b).float()
+
+    def _context(self, feats: torch.Tensor) -> torch.Tensor:
+        """Target features [B, T, C, D] -> normalised context [B, T, D]."""
+        C = len(self.capture_layers)
+        if feats.dim() != 4 or feats.shape[2] != C or feats.shape[3] != self.hidden_size:
+            raise DrafterError(f"target features have shape {tuple(feats.shape)}; expected [B, T, {C}, "
+                               f"{self.hidden_size}] (one slice per capture layer {self.capture_layers})")
+        return self.hidden_norm(self.fc(feats.flatten(2).to(self.fc.weight.dtype)))
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions, self.head_dim, self.rope_theta, self.fc.weight.dtype)
+
+    def _block_input(self, first: torch.Tensor) -> torch.Tensor:
+        """Anchor tokens [...] -> block inputs [..., K, D]: the anchor's embedding, then mask embeddings."""
+        x0 = self._embed(first).unsqueeze(-2)
+        rest = self.mask_embed.to(x0.dtype).expand(*x0.shape[:-2], self.block_size - 1, self.hidden_size)
+        return torch.cat([x0, rest], dim=-2)
+
+    def _hooks(self, layer: int, read) -> dict:
+        if str(layer) not in self.readers:
+            return {}
+        reader = self.readers[str(layer)]
+        return {self.position: lambda h: read(reader, h)}
+
+    def _backbone(self, x: torch.Tensor, cos, sin, context_kv: list, mask, read) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, context_kv[i], mask, **self._hooks(i, read))
+        return self.norm(x)
+
+    # --- training ---------------------------------------------------------------------------
+    def forward_train(self, tokens: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor,
+                      states: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Draft logits [B, A, K, V] for every anchor; the sequence head is teacher-forced on the labels.
+
+        tokens [B, T]; hidden [B, T, C, D] target features; anchors [B, A] (each block sees context
+        positions < anchor); states [B, A, Ls, H, d_k, d_v] committed states after token anchor-1.
+        """
+        B, T = tokens.shape
+        A, K, D = anchors.shape[1], self.block_size, self.hidden_size
+        dev = tokens.device
+        if hidden.shape[:2] != (B, T):
+            raise DrafterError(f"hidden has shape {tuple(hidden.shape)}; expected [{B}, {T}, C, D] to match tokens")
+        if anchors.dim() != 2 or anchors.shape[0] != B or int(anchors.min()) < 0 or int(anchors.max()) >= T:
+            raise DrafterError(f"anchors must be [B={B}, A] token indices in 0..{T - 1}; got shape "
+                               f"{tuple(anchors.shape)}")
+        read = self._training_reader(states, B, A)
+        ctx = self._context(hidden)
+        cos_c, sin_c = self._rope(torch.arange(T, device=dev).expand(B, T))
+        context_kv = [layer.self_attn.kv(ctx, cos_c, sin_c) for layer in self.layers]
+
+        offs = torch.arange(K, device=dev)
+        pos = (anchors.unsqueeze(-1) + offs).reshape(B, A * K)
+        cos, sin = self._rope(pos)
+        first = tokens.gather(1, anchors)  # [B, A]
+        x = self._block_input(first).reshape(B, A * K, D)
+        sees_ctx = torch.arange(T, device=dev).view(1, 1, T) < anchors.unsqueeze(-1)  # [B, A, T]
+        sees_ctx = sees_ctx.repeat_interleave(K, dim=1)  # [B, A*K, T]
+        blk = torch.arange(A * K, device=dev) // K
+        same_block = (blk.view(-1, 1) == blk.view(1, -1)).expand(B, A * K, A * K)
+        mask = torch.cat([sees_ctx, same_block], dim=-1).unsqueeze(1)
+
+        h = self._backbone(x, cos, sin, context_kv, mask, read).view(B, A, K, D)
+        base = self._logits(h)
+        labels = tokens.gather(1, (anchors.unsqueeze(-1) + offs + 1).clamp(max=T - 1).view(B, A * K)).view(B, A, K)
+        prev = torch.cat([first.unsqueeze(-1), labels[..., :-1]], dim=-1)
+        return self.head.block_logits(base, prev, h)
+
+    def _training_reader(self, states: Optional[torch.Tensor], B: int, A: int):
+        if not self.reader_enabled:
+            return None
+        c = self.readers[str(self.inject_layers[0])]
+        H = c.num_pairs // len(self.state_layers)
+        want = (B, A, len(self.state_layers), H, c.d_k, c.d_v)
+        if states is None or tuple(states.shape) != want:
+            got = None if states is None else tuple(states.shape)
+            raise DrafterError(f"the reader is enabled, so forward_train needs committed states of shape {want} "
+                               f"(state layers {self.state_layers}); got {got}")
+        src = StateSource.from_training(states)
+        K, D = self.block_size, self.hidden_size
+        return lambda reader, h: reader(h.reshape(B * A, K, D), src).reshape(B, A * K, D)
+
+    # --- drafting ---------------------------------------------------------------------------
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        """A new sequence: forget the cached context keys/values."""
+        self._ctx = None
+
+    def _context_kv(self, feats: Optional[torch.Tensor], B: int, dev: torch.device) -> list:
+        """Per-layer context K/V of all committed features, projecting only the rows not seen before."""
+        n = 0 if feats is None else feats.shape[1]
+        c = self._ctx
+        fresh = (c is None or c["B"] != B or c["n"] > n or c["dtype"] != self.fc.weight.dtype
+                 or (c["n"] > 0 and not torch.equal(c["last"], feats[:, c["n"] - 1])))
+        if fresh:
+            empty = torch.zeros(B, self.layers[0].self_attn.num_kv_heads, 0, self.head_dim, device=dev,
+                                dtype=self.fc.weight.dtype)
+            c = self._ctx = {"B": B, "n": 0, "dtype": self.fc.weight.dtype, "last": None,
+                             "kv": [(empty, empty) for _ in self.layers]}
+        if n > c["n"]:
+            ctx = self._context(feats[:, c["n"]:n])
+            cos, sin = self._rope(torch.arange(c["n"], n, device=dev).expand(B, -1))
+            kv_new = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+            c["kv"] = [(torch.cat([k, kn], 2), torch.cat([v, vn], 2)) for (k, v), (kn, vn) in zip(c["kv"], kv_new)]
+            c["n"], c["last"] = n, feats[:, n - 1].clone()
+        return c["kv"]
+
+    @torch.no_grad()
+    def propose(self, step: Any) -> torch.Tensor:
+        """Greedy draft of the next K tokens after the last committed one: LongTensor [B, K]."""
+        return self.draft(step)[0]
+
+    @torch.no_grad()
+    def draft(self, step: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """`propose` with the logits the tokens were drawn from: ([B, K] tokens, [B, K, V] fp32 logits)."""
+        tokens = step.tokens
+        B, T = tokens.shape
+        dev = tokens.device
+        feats = step.features
+        if feats is not None and feats.shape[1] != T - 1:
+            raise DrafterError(f"DraftStep.features covers {feats.shape[1]} tokens; expected T-1 = {T - 1} "
+                               "(features of every committed token but the last)")
+        context_kv = self._context_kv(feats, B, dev)
+        read = None
+        if self.reader_enabled:
+            src = StateSource.from_cache(step.cache.ssm, self._gdn_indices, B)
+            read = lambda reader, h: reader(h, src)  # noqa: E731
+        pos = (T - 1 + torch.arange(self.block_size, device=dev)).expand(B, -1)
+        cos, sin = self._rope(pos)
+        h = self._backbone(self._block_input(tokens[:, -1]), cos, sin, context_kv, None, read)
+        return self.head.greedy(self._logits(h), tokens[:, -1], h)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write config, target fingerprint and weights into the folder `path` (atomically, as a whole)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        if path.exists():
+            extra = sorted(p.name for p in path.iterdir() if p.name not in CHECKPOINT_FILES)
+            if extra:
+                raise DrafterError(f"{path}: not a drafter checkpoint folder (holds {extra[:5]}); save replaces the "
+                                   "whole folder, so expected a new or drafter-only folder")
+        meta = {"format": FORMAT, "drafter": self.drafter_cfg, "reader": self.reader_cfg,
+                "resolved": self.resolved(), "target": self._fingerprint}
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        with atomic_dir(path) as tmp:
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+            save_file(weights, str(tmp / WEIGHTS_FILE))
+        return path
+
+
+def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictConfig | None = None) -> DSparkDrafter:
+    """The drafter saved in `path`, attached to `target` (which must be the one it was built for).
+
+    With `reader_cfg` the saved backbone is loaded under that reader configuration and the
+    readers start fresh (e.g. stage 1 of ReaDy on a base DSpark checkpoint).
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / META_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+        raise DrafterError(f"{path}: no drafter checkpoint here; expected a folder written by DSparkDrafter.save "
+                           f"({META_FILE} + {WEIGHTS_FILE})")
+    meta = json.loads((path / META_FILE).read_text())
+    if meta.get("format") != FORMAT:
+        raise DrafterError(f"{path}: checkpoint format {meta.get('format')!r}; expected {FORMAT!r}")
+    why = fingerprint_mismatch(meta["target"], target_fingerprint(target))
+    if why:
+        raise DrafterError(f"{path}: this drafter was built for another target: {why}")
+    try:
+        dcfg = OmegaConf.merge(OmegaConf.structured(DrafterConfig), meta["drafter"])
+        rcfg = OmegaConf.merge(OmegaConf.structured(ReaderConfig), reader_cfg if reader_cfg is not None else meta["reader"])
+    except Exception as e:  # omegaconf raises several types; all mean the schema moved on
+        raise DrafterError(f"{path}: its drafter/reader config does not fit the current schema: "
+                           f"{str(e).splitlines()[0]}") from None
+    drafter = DSparkDrafter(dcfg, rcfg, target)
+    state = load_file(str(path / WEIGHTS_FILE))
+    if reader_cfg is not None:
+        state = {k: v for k, v in state.items() if not k.startswith("readers.")}
+        state.update({k: v for k, v in drafter.state_dict().items() if k.startswith("readers.")})
+    try:
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a tensor of the wrong shape
+        raise DrafterError(f"{path}: weights do not fit the saved config: {str(e).splitlines()[-1].strip()}") from None
+    if missing or unexpected:
+        raise DrafterError(f"{path}: weights do not match the saved config (missing {missing[:3]}, unexpected "
+                           f"{unexpected[:3]}); a LoRA-wrapped drafter must be merged before saving")
+    return drafter.to(target.embed_tokens.weight.device)

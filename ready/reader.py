@@ -1,0 +1,149 @@
+"""The ReaDy state reader: each draft position queries the target's committed GDN states.
+
+For draft position j with representation h_j and every selected (GDN layer, value head) pair m:
+
+    z_j  = W_q RMSNorm(h_j)            rank r per pair
+    q_j  = U_m^T z_j                   (d_k)
+    T_m  = V_m^T S̄_m                  (r x d_k), shared by the whole block; S̄ = S / rms(S)
+    u_jm = T_m q_j / sqrt(d_k)         (r)
+
+f_j = [u_j1 .. u_jM, log rms(S_1) .. log rms(S_M)] goes through a bottleneck MLP to Δh_j and
+h'_j = h_j + Δh_j. The MLP's output projection starts at zero, so an untrained reader is the
+identity. States use the Hugging Face layout S[d_k, d_v] (S̄_m in the paper = S^T here).
+
+The read itself is `ready_kernels.state_reader.state_reader` when that fused op exists (it reads
+the cache in place by GDN index and slot); `read_states_torch` is the same computation in
+vectorised torch, used until then.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ReaderError(ValueError):
+    """A reader setting that does not fit the target; the message says what was expected."""
+
+
+def read_states_torch(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
+                      U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Readouts and log-RMS scales, [B, P, M*r + M] fp32 (see the module docstring).
+
+    ssm [L_gdn, S, H, d_k, d_v]; layer_idx [Ls] GDN indices; slots [B] rows of ssm;
+    z [B, P, M, r] with M = Ls*H (pair m = layer m // H, head m % H); U [M, r, d_k]; V [M, d_v, r].
+    """
+    B, P, M, r = z.shape
+    d_k, d_v = ssm.shape[-2:]
+    S = ssm.index_select(0, layer_idx).index_select(1, slots)  # [Ls, B, H, d_k, d_v]
+    S = S.transpose(0, 1).reshape(B, M, d_k, d_v).float()
+    rms = torch.sqrt(S.pow(2).mean(dim=(-2, -1)) + eps)  # [B, M]
+    S_bar = S / rms[..., None, None]
+    T = torch.einsum("mvr,bmkv->bmrk", V.float(), S_bar)  # V^T S̄^T: [B, M, r, d_k]
+    q = torch.einsum("bpmr,mrk->bpmk", z.float(), U.float())  # U^T z: [B, P, M, d_k]
+    u = torch.einsum("bmrk,bpmk->bpmr", T, q) / math.sqrt(d_k)
+    return torch.cat([u.reshape(B, P, M * r), rms.log()[:, None, :].expand(B, P, M)], dim=-1)
+
+
+_FUSED: Any = None
+
+
+def fused_state_reader() -> Optional[Callable[..., torch.Tensor]]:
+    """The kernels package's `state_reader` dispatch, or None while it does not exist."""
+    global _FUSED
+    if _FUSED is None:
+        try:
+            import ready.fastops  # noqa: F401  (registers ready_kernels)
+            from ready_kernels.state_reader import state_reader
+            _FUSED = state_reader
+        except ImportError:
+            _FUSED = False
+    return _FUSED or None
+
+
+def read_states(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
+                U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """`read_states_torch`'s numbers, through the fused op when it is available."""
+    op = fused_state_reader()
+    if op is not None:
+        return op(ssm, layer_idx, slots, z, U, V, eps=eps)
+    return read_states_torch(ssm, layer_idx, slots, z, U, V, eps)
+
+
+@dataclass
+class StateSource:
+    """Where the reader finds the committed states: rows `slots` of GDN indices `layer_idx` of `ssm`."""
+
+    ssm: torch.Tensor  # [L_gdn, S, H, d_k, d_v] fp32
+    layer_idx: torch.Tensor  # [Ls] long
+    slots: torch.Tensor  # [N] long, one per block
+
+    @classmethod
+    def from_training(cls, states: torch.Tensor) -> "StateSource":
+        """Training states [B, A, Ls, H, d_k, d_v] -> one slot per (sample, anchor) block, in B-major order."""
+        B, A, Ls = states.shape[:3]
+        ssm = states.reshape(B * A, *states.shape[2:]).transpose(0, 1).contiguous()
+        dev = states.device
+        return cls(ssm, torch.arange(Ls, device=dev), torch.arange(B * A, device=dev))
+
+    @classmethod
+    def from_cache(cls, ssm: torch.Tensor, gdn_indices: list[int], batch_size: int) -> "StateSource":
+        """The target cache itself (no copy): rows 0..batch_size-1 of `cache.ssm` at the given GDN indices."""
+        if batch_size > ssm.shape[1]:
+            raise ReaderError(f"the cache holds {ssm.shape[1]} sequences but {batch_size} are being drafted; "
+                              "expected a cache with one row per sequence")
+        dev = ssm.device
+        return cls(ssm, torch.tensor(gdn_indices, device=dev, dtype=torch.long), torch.arange(batch_size, device=dev))
+
+
+def _orthogonal_(t: torch.Tensor) -> None:
+    """Each t[m] gets orthonormal rows or columns (full rank, well conditioned)."""
+    with torch.no_grad():
+        for m in range(t.shape[0]):
+            nn.init.orthogonal_(t[m])
+
+
+class StateReader(nn.Module):
+    """Position-conditioned reads of the committed states, added to h as a residual Δh."""
+
+    def __init__(self, hidden: int, num_layers: int, num_heads: int, d_k: int, d_v: int, rank: int,
+                 mlp_hidden: int, eps: float = 1e-6):
+        super().__init__()
+        if not 1 <= rank <= d_k:
+            raise ReaderError(f"reader.rank = {rank} does not fit the target's GDN key dimension d_k = {d_k}; "
+                              f"expected 1..{d_k} ({d_k} = full rank)")
+        if mlp_hidden < 1:
+            raise ReaderError(f"reader.mlp_hidden = {mlp_hidden}; expected an integer >= 1")
+        self.num_pairs = M = num_layers * num_heads
+        self.rank, self.d_k, self.d_v, self.eps = rank, d_k, d_v, eps
+        self.norm_weight = nn.Parameter(torch.ones(hidden))  # the reader's own RMSNorm
+        self.query = nn.Linear(hidden, M * rank, bias=False)  # W_q
+        self.U = nn.Parameter(torch.empty(M, rank, d_k))  # query map into key space
+        self.V = nn.Parameter(torch.empty(M, d_v, rank))  # value compression
+        _orthogonal_(self.U)
+        _orthogonal_(self.V)
+        self.fuse_in = nn.Linear(M * rank + M, mlp_hidden)
+        self.fuse_out = nn.Linear(mlp_hidden, hidden)
+        nn.init.zeros_(self.fuse_out.weight)
+        nn.init.zeros_(self.fuse_out.bias)
+
+    def features(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:
+        """f for every position of h [N, P, D] (N = len(source.slots)) -> [N, P, M*r + M] fp32."""
+        N, P, _ = h.shape
+        hf = h.float()
+        hn = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight.float()).to(h.dtype)
+        z = self.query(hn).view(N, P, self.num_pairs, self.rank)
+        return read_states(source.ssm, source.layer_idx, source.slots, z, self.U, self.V, self.eps)
+
+    def delta(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:
+        f = self.features(h, source).to(h.dtype)
+        return self.fuse_out(F.silu(self.fuse_in(f)))
+
+    def forward(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:
+        """h' = h + Δh for h [N, P, D]."""
+        return h + self.delta(h, source)
