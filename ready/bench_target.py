@@ -3,7 +3,8 @@
     python -m ready.bench_target --preset tiny --device cpu --json
     python -m ready.bench_target --preset qwen3_5_27b --device cuda --dtype bfloat16 --json
 
-Decode step = one `step()` (batch 1, one token, cache committed), the unit of AR decoding.
+Decode step = verify one token + commit (batch 1), the unit of AR decoding; on CUDA the
+forward is replayed from a CUDA graph (GraphedVerify).
 The bound is weight bytes / memory bandwidth (a batch-1 decode step must stream every weight).
 Prints one JSON object.
 """
@@ -16,7 +17,7 @@ import time
 
 import torch
 
-from ready.target import load_target
+from ready.target import GraphedVerify, load_target
 
 
 def _timer(device: torch.device):
@@ -27,7 +28,22 @@ def _timer(device: torch.device):
     return sync
 
 
-def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: int, bandwidth: float) -> dict:
+def _profile_eager(model, cache, tok) -> list[dict]:
+    """Top device kernels of one eager decode step (where the time goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if tok.is_cuda else [])
+    with profile(activities=acts) as prof:
+        model.step(tok, cache)
+        if tok.is_cuda:
+            torch.cuda.synchronize()
+    key = "device_time_total" if tok.is_cuda else "cpu_time_total"
+    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:15]
+    return [{"name": e.key[:80], "us": getattr(e, key), "calls": e.count} for e in rows]
+
+
+def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: int, bandwidth: float,
+          profile: bool = False) -> dict:
     dev = torch.device(device)
     torch.manual_seed(0)
     model = load_target(preset, device=dev, dtype=dtype)
@@ -48,14 +64,21 @@ def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: i
     prefill_s = time.perf_counter() - t0
 
     tok = ids[:, -1:]
+    step = GraphedVerify(model, cache, tokens=1)  # a CUDA graph on GPU, plain verify on CPU
+
+    def decode_step() -> None:
+        step(tok)
+        model.commit(cache, 1)
+
     for _ in range(3):  # warm-up steps
-        model.step(tok, cache)
+        decode_step()
     sync()
     t0 = time.perf_counter()
     for _ in range(decode_steps):
-        model.step(tok, cache)
+        decode_step()
     sync()
     step_s = (time.perf_counter() - t0) / decode_steps
+    top = _profile_eager(model, cache, tok) if profile else None
     out = {
         "preset": preset, "device": str(dev), "dtype": dtype,
         "params": sum(p.numel() for p in model.parameters()),
@@ -63,6 +86,8 @@ def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: i
         "prefill_tokens": prompt_len, "prefill_tokens_per_s": prompt_len / prefill_s,
         "decode_step_ms": step_s * 1e3, "decode_tokens_per_s": 1.0 / step_s,
     }
+    if top is not None:
+        out["eager_step_top_kernels"] = top
     if bandwidth > 0:
         bound = streamed / bandwidth
         out.update(bandwidth_bytes_per_s=bandwidth, bound_step_ms=bound * 1e3,
@@ -80,11 +105,12 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=None,
                     help="bytes/s for the bound (default: 4.27e12 on CUDA = measured H200 copy rate; none on CPU)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
+    ap.add_argument("--profile", action="store_true", help="add the top kernels of one eager decode step")
     a = ap.parse_args()
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
     torch.set_grad_enabled(False)
-    res = bench(a.preset, a.device, dtype, a.prompt_len, a.decode_steps, bw)
+    res = bench(a.preset, a.device, dtype, a.prompt_len, a.decode_steps, bw, a.profile)
     print(json.dumps(res, indent=None if a.json else 2))
 
 
