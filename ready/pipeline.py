@@ -1,0 +1,260 @@
+"""One run of a sweep row: shared artifacts -> train -> evaluate -> metrics.
+
+`run_variant(cfg, method)` is what a sweep worker calls for every row, baselines included:
+
+- `ar`: greedy autoregressive decoding of the target (the speed and lossless reference);
+- `dspark`: the base DSpark drafter (reader off), trained once per sweep setting and cached;
+- `ft`: DSpark + the two adaptation stages with the reader off (Table 2's control);
+- `ready`: DSpark + the reader, stage 1 (reader) then stage 2 (reader + LoRA).
+
+Every product is a content-hashed artifact (ready/artifacts.py), so rows that share a target, a
+base drafter or AR generations build them once. AR generations of each benchmark are cached per
+(target, benchmark settings, eval settings): every row of a setting checks losslessness against
+the same AR tokens, and its speedup is its TPS over the AR row's TPS on the same prompts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from ready.artifacts import cached
+from ready.config import to_container
+from ready.metrics import Metrics, overall
+
+METHODS = ("ar", "dspark", "ft", "ready")
+AR_BUILD_VERSION = 1
+
+
+class PipelineConfigError(ValueError):
+    """A run asks for something the pipeline cannot do; the message names the key."""
+
+
+@dataclass
+class VariantResult:
+    """What one run measured: per-benchmark metrics, the overall row, training curves, resolved ids."""
+
+    method: str
+    benchmarks: list[Metrics]
+    overall: Metrics
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # stage -> [(step, loss)]
+    resolved: dict[str, Any] = field(default_factory=dict)  # ids and sizes actually built
+    evaluation: dict[str, Any] = field(default_factory=dict)  # the evaluation JSON artifact
+
+    def metrics(self) -> dict[str, float]:
+        """Flat MLflow metrics, `<benchmark>/<name>` and `overall/<name>` (docs/interfaces.md)."""
+        out: dict[str, float] = {}
+        for m in [*self.benchmarks, self.overall]:
+            out.update(m.mlflow_metrics())
+        return out
+
+    @property
+    def lossless(self) -> bool:
+        return bool(self.overall.lossless)
+
+    def survival(self) -> dict[str, list]:
+        return {m.benchmark: list(m.survival) for m in [*self.benchmarks, self.overall] if m.survival}
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared artifacts
+
+
+def pick_device(cfg: DictConfig) -> str:
+    import torch
+
+    want = str(cfg.target.device)
+    if want == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda" and not torch.cuda.is_available():
+        raise PipelineConfigError("bad value at key 'target.device': 'cuda' but no CUDA device is visible; "
+                                  "expected 'cpu' or 'auto' on this machine")
+    return want
+
+
+def target_dir(cfg: DictConfig, progress: bool = True) -> str:
+    """The target to load: the pretrained embedded default, a local checkpoint, or a bare preset."""
+    from ready.target.config import PRESETS
+
+    source = str(cfg.target.source)
+    if source in PRESETS:
+        if cfg.target.pretrain:
+            from ready.data import ensure_default_target
+
+            return str(ensure_default_target(cfg, progress=progress))
+        return source  # architecture only (random weights): for shape checks, not measurements
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        raise PipelineConfigError(f"bad value at key 'target.source': {source!r} is neither a preset "
+                                  f"({', '.join(sorted(PRESETS))}) nor a local checkpoint directory")
+    return str(path)
+
+
+def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> None:
+    """Build what every row of a sweep setting shares, once, before workers start (so parallel
+    workers never build the same thing twice): the target, the AR generations of every
+    benchmark and, when a row drafts, the regenerated data and the base DSpark drafter."""
+    loaded = _load(cfg, progress)
+    ar_generations(cfg, loaded, _suites(cfg, loaded.tokenizer), progress)
+    if any(m != "ar" for m in methods):
+        from ready.train import ensure_base_drafter
+
+        ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress)
+
+
+@dataclass
+class _Loaded:
+    target: Any
+    tokenizer: Any
+    eos: Optional[int]
+    target_path: str
+    device: str
+
+
+def _load(cfg: DictConfig, progress: bool) -> _Loaded:
+    import torch
+
+    from ready.target import load_target
+
+    device = pick_device(cfg)
+    path = target_dir(cfg, progress=progress)
+    dtype = getattr(torch, str(cfg.target.dtype))
+    target = load_target(path, device=device, dtype=dtype)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    if not Path(path).is_dir():
+        raise PipelineConfigError(f"bad value at key 'target.source': preset {path!r} with target.pretrain=false "
+                                  "has no tokenizer or weights; expected target.pretrain=true or a checkpoint directory")
+    from ready.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    eos = target.config.eos_token_id if target.config.eos_token_id is not None else tokenizer.eos_token_id
+    return _Loaded(target, tokenizer, None if eos is None else int(eos), path, device)
+
+
+def _suites(cfg: DictConfig, tokenizer: Any) -> dict[str, list[list[int]]]:
+    from ready.data import load_suite
+
+    return {name: [p.ids for p in load_suite(name, cfg.bench, tokenizer, cfg.corpus)] for name in cfg.bench.suites}
+
+
+def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list[int]]], progress: bool) -> dict[str, list]:
+    """Greedy AR generations per benchmark, decoded once per (target, prompts, budget) and cached."""
+    from ready.decode.engine import Generation
+    from ready.decode.evaluate import run_ar
+
+    spec = {"kind": "ar_generations", "version": AR_BUILD_VERSION, "target": loaded.target_path,
+            "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
+            "max_new_tokens": int(cfg.eval.max_new_tokens), "warmup": int(cfg.eval.warmup_rounds),
+            "eos": loaded.eos}
+
+    def build(tmp: Path) -> None:
+        out = {}
+        for name, prompts in suites.items():
+            gens = run_ar(loaded.target, prompts, int(cfg.eval.max_new_tokens), eos_token_id=loaded.eos,
+                          warmup=int(cfg.eval.warmup_rounds), progress=progress, desc=f"{name} AR")
+            out[name] = [g.to_dict() for g in gens]
+        (tmp / "generations.json").write_text(json.dumps(out))
+
+    folder = cached(cfg.artifacts_dir, "ar", spec, build)
+    raw = json.loads((folder / "generations.json").read_text())
+    return {name: [Generation(**g) for g in gens] for name, gens in raw.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafters
+
+
+def resolve_rank(cfg: DictConfig, d_k: int) -> DictConfig:
+    """Clamp reader.rank to the target's d_k (the paper's "full rank" row asks for 128 on a
+    d_k = 128 target; on a smaller target it means d_k). The requested value stays logged."""
+    if int(cfg.reader.rank) <= d_k:
+        return cfg
+    out = cfg.copy()
+    out.reader.rank = d_k
+    return out
+
+
+def _curve(path: Path) -> list[tuple[int, float]]:
+    log = json.loads((path / "train.json").read_text()) if (path / "train.json").is_file() else {}
+    return [(i + 1, float(v)) for i, v in enumerate(log.get("losses", []))]
+
+
+def _drafter(cfg: DictConfig, method: str, loaded: _Loaded, progress: bool):
+    """(drafter dir, training curves) for a method that drafts."""
+    from ready.train import ensure_base_drafter, train_variant
+
+    base = Path(ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress))
+    curves: dict[str, list[tuple[int, float]]] = {}
+    if not cfg.drafter.checkpoint:
+        curves["base"] = _curve(base.parent)
+    if method == "dspark":
+        return base, curves
+    final = Path(train_variant(cfg, loaded.target, loaded.tokenizer, base, Path(cfg.artifacts_dir) / "stages",
+                               progress=progress))
+    stage2 = final.parent
+    curves["stage2"] = _curve(stage2)
+    spec = json.loads((stage2 / "spec.json").read_text()) if (stage2 / "spec.json").is_file() else {}
+    if "start" in spec:  # stage 2 starts from stage 1's folder, named by the hash it records
+        curves["stage1"] = _curve(stage2.parent / f"stage1-{spec['start']}")
+    return final, curves
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -> VariantResult:
+    """Train (if the method drafts) and evaluate one row on every suite of `cfg.bench.suites`."""
+    import torch
+
+    from ready.decode.evaluate import evaluate
+    from ready.drafter import load_drafter
+
+    if method not in METHODS:
+        raise PipelineConfigError(f"method {method!r} is unknown; expected one of {', '.join(METHODS)}")
+    if method == "ft" and cfg.reader.enabled:
+        raise PipelineConfigError("method 'ft' is DSpark + fine-tuning without state: expected reader.enabled=false")
+    if method == "ready" and not cfg.reader.enabled:
+        raise PipelineConfigError("method 'ready' needs the reader: expected reader.enabled=true")
+    torch.manual_seed(int(cfg.seed))
+    loaded = _load(cfg, progress)
+    d_k = int(loaded.target.config.linear_key_head_dim)
+    requested_rank = int(cfg.reader.rank)
+    cfg = resolve_rank(cfg, d_k)
+    suites = _suites(cfg, loaded.tokenizer)
+    ar = ar_generations(cfg, loaded, suites, progress)
+
+    drafter, curves, resolved = None, {}, {}
+    if method != "ar":
+        folder, curves = _drafter(cfg, method, loaded, progress)
+        drafter = load_drafter(folder, loaded.target)
+        drafter.eval()
+        resolved = dict(drafter.resolved())
+        resolved["drafter_dir"] = str(folder)
+    resolved.update({"target": loaded.target_path, "device": loaded.device, "d_k": d_k,
+                     "rank_requested": requested_rank, "rank": int(cfg.reader.rank)})
+
+    results = []
+    with torch.no_grad():
+        for name, prompts in suites.items():
+            results.append(evaluate(loaded.target, drafter, prompts, int(cfg.eval.max_new_tokens), benchmark=name,
+                                    method=method, eos_token_id=loaded.eos, warmup=int(cfg.eval.warmup_rounds),
+                                    progress=progress, ar=ar[name], cuda_graphs=None))
+    per_bench = [r.metrics for r in results]
+    total = overall(per_bench, ar=[r.ar for r in results])
+    evaluation = {
+        "method": method,
+        "config": to_container(cfg) if isinstance(cfg, DictConfig) else OmegaConf.to_container(cfg),
+        "resolved": resolved,
+        "overall": total.to_dict(),
+        "benchmarks": {r.benchmark: {"metrics": r.metrics.to_dict(), "ar": r.ar.to_dict(), "lossless": r.lossless,
+                                     "mismatch": None if r.mismatch is None else r.mismatch.__dict__,
+                                     "prompts": [p.__dict__ for p in r.prompts]} for r in results},
+    }
+    return VariantResult(method=method, benchmarks=per_bench, overall=total, curves=curves, resolved=resolved,
+                         evaluation=evaluation)

@@ -1,0 +1,275 @@
+"""`python -m sweeps.run NAME [key=value ...]`: train and evaluate every row of a sweep.
+
+    python -m sweeps.run --list                      # the sweeps in experiments/
+    python -m sweeps.run rank --dry-run              # resolved rows with their hashes
+    python -m sweeps.run rank profile=smoke          # a one-minute CPU check
+    python -m sweeps.run rank --workers 4            # four local workers (one GPU each when present)
+    python -m sweeps.run rank --storage postgresql://user@db/optuna --tracking-uri postgresql://user@db/mlflow
+                                                     # one worker per host, same command on every host
+
+Overrides: `preset=NAME`, `profile=NAME`, `seeds=[0,1,2]`, `search.n_trials=N`, and any config key
+`a.b=v` (see experiments/base.yaml). The run folder (`runs/<sweep>/`) holds the Optuna journal
+and the workers' logs; MLflow holds the results (`sqlite:///mlflow.db` unless told otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from sweeps import study as st
+from sweeps import tracking
+from sweeps.spec import EXPERIMENTS_DIR, SpecError, Sweep, list_sweeps, load_sweep
+from sweeps.table import render
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m sweeps.run", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", help="sweep name (a file experiments/<name>.yaml)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (preset=, profile=, seeds=, a.b=v)")
+    p.add_argument("--list", action="store_true", help="list the sweeps and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved rows with their hashes and exit")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: run in this process)")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default: journal file under the run folder)")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    p.add_argument("--run-dir", default=None, help="run folder (default runs/<sweep>)")
+    p.add_argument("--runner", default=st.DEFAULT_RUNNER, help="module providing run_variant(cfg, method) [and prepare_shared]")
+    p.add_argument("--experiments-dir", default=str(EXPERIMENTS_DIR), help=argparse.SUPPRESS)
+    p.add_argument("--reports-dir", default=None, help="where the tables go (default <run-dir>/reports)")
+    p.add_argument("--no-report", action="store_true", help="skip reports.build_reports at the end")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p.parse_intermixed_args(argv)
+
+
+def dry_run_table(sweep: Sweep) -> str:
+    rows = []
+    for job in sweep.jobs():
+        v = job.variant
+        swept = ", ".join(f"{k}={val}" for k, val in v.swept.items())
+        rows.append([v.order, v.label, v.method, job.seed, v.variant_id, job.config_hash, swept])
+    title = (f"sweep {sweep.name} ({sweep.table or 'search'}), preset {sweep.preset}"
+             f"{', profile ' + sweep.profile if sweep.profile else ''}, setting {sweep.setting}, "
+             f"{len(sweep.variants)} variants x {len(sweep.seeds)} seed(s) + {len(sweep.baselines)} baseline(s)")
+    out = render(["order", "label", "method", "seed", "variant_id", "config_hash", "swept"], rows, title=title)
+    if sweep.spec.search is not None and sweep.spec.search.n_trials > 0:
+        s = sweep.spec.search
+        ranges = ", ".join(f"{k} in [{r.low:g}, {r.high:g}]{' log' if r.log else ''}" for k, r in s.params.items())
+        out += f"\n+ TPE search: {s.n_trials} trials, {s.direction} {s.objective}, {ranges}"
+    return out
+
+
+def summary_table(sweep: Sweep, c, experiment_id: str, ran: set[str], failed: set[str]) -> tuple[str, int]:
+    """Every row of this setting with its status and headline numbers; also counts what is missing."""
+    runs = {r.data.tags.get("ready.config_hash"): r for r in tracking.setting_runs(c, experiment_id, sweep.setting)}
+    hashes = [j.config_hash for j in sweep.jobs()]
+    jobs = {j.config_hash: j for j in sweep.jobs()}
+    extra = [h for h in runs if h not in jobs]  # search trials
+    extra.sort(key=lambda h: int(runs[h].data.tags.get("ready.order", "0")))
+    rows, missing = [], 0
+    for h in hashes + extra:
+        run = runs.get(h)
+        if h in jobs:
+            label, method, seed = jobs[h].variant.label, jobs[h].variant.method, jobs[h].seed
+        else:
+            t = run.data.tags
+            label, method, seed = t.get("ready.label"), t.get("ready.method"), t.get("ready.seed")
+        status = "failed" if h in failed else ("ran" if h in ran else ("skipped" if run is not None else "missing"))
+        if run is None:
+            missing += 1
+            rows.append([label, method, seed, status, None, None, None, None, None, h])
+            continue
+        m = run.data.metrics
+        lossless = m.get("overall/lossless")
+        rows.append([label, method, seed, status, m.get("overall/tau"), m.get("overall/tps"), m.get("overall/speedup"),
+                     m.get("overall/tps_gain_pct"), None if lossless is None else int(lossless), h])
+    title = f"sweep {sweep.name}: {len(rows)} runs of setting {sweep.setting} (overall = mean over benchmarks)"
+    return render(["label", "method", "seed", "status", "tau", "tps", "speedup", "tps_gain%", "lossless", "config_hash"],
+                  rows, title=title), missing
+
+
+def gpu_ids() -> list[str]:
+    """The GPUs workers can be pinned to (honouring an existing CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return []
+
+
+def spawn_workers(args: argparse.Namespace, sweep: Sweep, run_dir: Path, uri: str, experiment_id: str,
+                  parent_id: str) -> int:
+    """Start `--workers` processes (`python -m sweeps.worker`), one GPU each when there are GPUs."""
+    gpus = gpu_ids()
+    if gpus and args.workers > len(gpus):
+        print(f"[sweeps] {args.workers} workers share {len(gpus)} GPU(s) round-robin", flush=True)
+    procs = []
+    for i in range(args.workers):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+        cmd = [sys.executable, "-m", "sweeps.worker", sweep.name, *sweep.overrides,
+               "--storage", args.storage or "", "--run-dir", str(run_dir), "--tracking-uri", uri,
+               "--experiment-id", experiment_id, "--parent-run-id", parent_id, "--runner", args.runner,
+               "--experiments-dir", args.experiments_dir, "--index", str(i)]
+        log = open(run_dir / f"worker-{i}.log", "ab")
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        print(f"[sweeps] worker {i}: pid {procs[-1][0].pid}, CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '')!s}, "
+              f"log {run_dir / f'worker-{i}.log'}", flush=True)
+    try:
+        _watch(procs, sweep, args, run_dir)
+    except KeyboardInterrupt:
+        for p, _ in procs:
+            p.terminate()
+        raise
+    finally:
+        for p, log in procs:
+            p.wait()
+            log.close()
+    return max(p.returncode for p, _ in procs)
+
+
+def _watch(procs, sweep: Sweep, args: argparse.Namespace, run_dir: Path) -> None:
+    """A progress bar over the grid study's finished trials while the workers run."""
+    from tqdm.auto import tqdm
+
+    storage = st.open_storage(args.storage, run_dir)
+    grid = st.open_grid_study(storage, sweep)
+    from optuna.trial import TrialState
+
+    def open_trials() -> int:
+        return len(grid.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)))
+
+    total = open_trials()
+    bar = tqdm(total=total, desc=f"{sweep.name} rows", disable=args.quiet or total == 0)
+    while any(p.poll() is None for p, _ in procs):
+        bar.n = max(0, total - open_trials())
+        bar.refresh()
+        time.sleep(2.0)
+    bar.n = max(0, total - open_trials())
+    bar.close()
+
+
+def _prepare(runner: str, sweep: Sweep, progress: bool) -> None:
+    module = importlib.import_module(runner.partition(":")[0])
+    prepare = getattr(module, "prepare_shared", None)
+    if prepare is not None:
+        methods = sorted({v.method for v in sweep.rows} | ({"ready"} if sweep.spec.search else set()))
+        prepare(sweep.common, methods, progress=progress)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        print(render(["sweep", "table / description"], sorted(list_sweeps(Path(args.experiments_dir)).items())))
+        return 0
+    if not args.name:
+        print("error: give a sweep name (python -m sweeps.run --list shows them)", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print(f"error: --workers {args.workers}: expected an integer >= 1", file=sys.stderr)
+        return 2
+    try:
+        sweep = load_sweep(args.name, args.overrides, Path(args.experiments_dir))
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(dry_run_table(sweep))
+        return 0
+    try:
+        return run_sweep(sweep, args)
+    except (st.StudyError, SpecError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir or Path("runs") / sweep.name).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    c = tracking.client(uri)
+    experiment_id = tracking.ensure_experiment(c, sweep.name)
+    storage = st.open_storage(args.storage, run_dir)
+    grid = st.open_grid_study(storage, sweep)
+    print(f"[sweeps] {sweep.name}: study {st.grid_study_name(sweep)} in {st.describe_storage(args.storage, run_dir)}; "
+          f"MLflow {uri}, experiment {tracking.experiment_name(sweep.name)}", flush=True)
+
+    rows = st.plan(grid, sweep, c, experiment_id)
+    counts = {s: sum(r.status == s for r in rows) for s in ("finished", "queued", "waiting", "running")}
+    print(f"[sweeps] {len(rows)} runs: {counts['finished']} finished (skipped), {counts['queued']} queued, "
+          f"{counts['waiting']} already queued, {counts['running']} running elsewhere", flush=True)
+    searching = sweep.spec.search is not None and int(sweep.spec.search.n_trials) > 0
+    todo = counts["queued"] + counts["waiting"] > 0 or searching
+    parent_id = tracking.start_parent(c, experiment_id, sweep, st.describe_storage(args.storage, run_dir), args.workers)
+    ctx = st.WorkerContext(tracking_uri=uri, experiment_id=experiment_id, parent_run_id=parent_id,
+                           runner=args.runner, progress=not args.quiet)
+    code = 0
+    status = "FINISHED"
+    try:
+        if todo:
+            _prepare(args.runner, sweep, progress=not args.quiet)
+            if args.workers == 1:
+                code = st.worker_main(sweep, args.storage, run_dir, ctx)
+            else:
+                code = spawn_workers(args, sweep, run_dir, uri, experiment_id, parent_id)
+        tracking.log_relative_metrics(c, experiment_id, sweep.setting)
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except Exception:
+        status = "FAILED"
+        raise
+    finally:
+        ran, failed = set(ctx.ran), set(ctx.failed)
+        if args.workers > 1:  # the workers' own records are in the study
+            more_ran, more_failed = _outcomes(grid, parent_id)
+            ran, failed = ran | more_ran, failed | more_failed
+        text, missing = summary_table(sweep, c, experiment_id, ran, failed)
+        print(text, flush=True)
+        if status == "FINISHED" and (code or missing):
+            status = "FAILED"
+        retry_end = lambda: c.set_terminated(parent_id, status=status)  # noqa: E731
+        tracking.retry(retry_end)
+    if not args.no_report and status == "FINISHED":
+        _report(uri, sweep, Path(args.reports_dir) if args.reports_dir else run_dir / "reports")
+    return 0 if status == "FINISHED" else 1
+
+
+def _outcomes(grid, parent_id: str) -> tuple[set[str], set[str]]:
+    """Config hashes the workers of this invocation ran and failed (from the grid study)."""
+    from optuna.trial import TrialState
+
+    ran, failed = set(), set()
+    for t in grid.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        if t.user_attrs.get("parent_run_id") == parent_id and "job" in t.user_attrs:
+            (ran if t.state == TrialState.COMPLETE else failed).add(t.user_attrs["job"])
+    return ran, failed
+
+
+def _report(uri: str, sweep: Sweep, out_dir: Path) -> None:
+    try:
+        from reports import build_reports
+    except ImportError:
+        print("[sweeps] reports/ not available; skipping the tables", flush=True)
+        return
+    try:
+        files = build_reports(uri, [sweep.name], out_dir)
+        print(f"[sweeps] reports: {', '.join(str(f) for f in files)}", flush=True)
+    except Exception as e:  # a report problem must not hide that the sweep itself finished
+        print(f"[sweeps] reports failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

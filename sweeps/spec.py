@@ -1,0 +1,438 @@
+"""Load a sweep spec and expand it into resolved, hashed variants.
+
+Layers, each merged with `ready.config.merge` (unknown keys and bad types fail with the key's
+full path) and checked with `ready.config.validate`:
+
+    schema <- experiments/base.yaml <- experiments/presets/<preset>.yaml
+           <- experiments/<sweep>.yaml `config:` <- experiments/profiles/<profile>.yaml `config:`
+           <- CLI `a.b=v` <- the variant's own values
+
+A spec declares its rows either as a `grid` (cartesian product of declared values, a label
+template) or as an explicit `variants` list; each row gets a label and a row order and is run
+once per seed. The baselines (AR, DSpark) are rows too, evaluated once per sweep setting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from ready.config import ConfigError, config_hash, merge, schema, to_container, validate
+
+EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
+METHODS = ("ar", "dspark", "ft", "ready")
+BASELINE_LABELS = {"ar": "AR", "dspark": "DSpark"}
+SWEEP_KEYS = ("preset", "profile", "seeds")  # CLI keys that set the sweep, not the run config
+
+
+class SpecError(ConfigError):
+    """A sweep spec, preset, profile or override is wrong; the message names the file and key."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec files (typed, closed: an unknown spec-level key fails like an unknown config key)
+
+
+@dataclass
+class GridSpec:
+    """Cartesian product of declared values; `label` formats a row, e.g. `r={reader.rank}`."""
+
+    values: dict[str, list[Any]] = field(default_factory=dict)
+    label: str = ""
+    method: str = "ready"
+
+
+@dataclass
+class VariantSpec:
+    """One explicit row: its label, the method it stands for and the config keys it sets."""
+
+    label: str = ""
+    method: str = "ready"
+    set: dict[str, Any] = field(default_factory=dict)  # dotted keys, e.g. {reader.enabled: false}
+
+
+@dataclass
+class SearchParamSpec:
+    low: float = 0.0
+    high: float = 1.0
+    log: bool = False
+
+
+@dataclass
+class SearchSpec:
+    """A TPE search over continuous knobs (the rows are the trials)."""
+
+    n_trials: int = 0
+    objective: str = "overall/tau"  # an MLflow metric name of the child runs
+    direction: str = "maximize"
+    sampler_seed: int = 0
+    params: dict[str, SearchParamSpec] = field(default_factory=dict)  # dotted config key -> range
+    start: dict[str, Any] = field(default_factory=dict)  # first trial's values (e.g. the paper's)
+
+
+@dataclass
+class SweepSpec:
+    """A sweep file: which table it fills, the model preset, seeds and its rows."""
+
+    table: str = ""  # table1 .. table6; empty for searches
+    description: str = ""
+    preset: str = "tiny"
+    profile: Optional[str] = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    baselines: list[str] = field(default_factory=lambda: ["ar", "dspark"])
+    config: dict[str, Any] = field(default_factory=dict)  # overrides shared by every row
+    grid: Optional[GridSpec] = None
+    variants: list[VariantSpec] = field(default_factory=list)
+    search: Optional[SearchSpec] = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolved sweep
+
+
+@dataclass
+class Variant:
+    """One row of a table: a method with a fully resolved config (without the seed)."""
+
+    label: str
+    order: int
+    method: str
+    cfg: DictConfig
+    variant_id: str  # hash of the config without the seed
+    swept: dict[str, Any] = field(default_factory=dict)  # the keys this row sets, for the table
+
+    def job(self, seed: int) -> "Job":
+        cfg = self.cfg.copy()
+        cfg.seed = seed
+        return Job(variant=self, seed=seed, cfg=cfg, config_hash=job_hash(cfg, self.method))
+
+
+@dataclass
+class Job:
+    """One (variant, seed): what a worker trains and evaluates; `config_hash` names its run."""
+
+    variant: Variant
+    seed: int
+    cfg: DictConfig
+    config_hash: str
+
+    @property
+    def label(self) -> str:
+        return self.variant.label
+
+
+@dataclass
+class Sweep:
+    name: str
+    spec: SweepSpec
+    preset: str
+    profile: Optional[str]
+    seeds: list[int]
+    common: DictConfig  # the config every row starts from (after CLI overrides)
+    setting: str  # hash of the common config: one Optuna study and one baseline set per setting
+    baselines: list[Variant]
+    variants: list[Variant]
+    overrides: list[str]
+
+    @property
+    def table(self) -> str:
+        return self.spec.table
+
+    @property
+    def rows(self) -> list[Variant]:
+        return self.baselines + self.variants
+
+    def jobs(self) -> list[Job]:
+        """Baselines first (the variants' relative metrics need them), each row once per seed."""
+        out: list[Job] = []
+        seen: set[str] = set()
+        for row in self.rows:
+            for seed in self.seeds:
+                job = row.job(seed)
+                if job.config_hash not in seen:  # AR ignores the seed: one run serves every seed
+                    seen.add(job.config_hash)
+                    out.append(job)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Hashing: a variant is a pure function of its config; knobs that cannot change a result are
+# left out, and a baseline ignores the sections it never uses.
+
+_NEVER_HASHED = ("name", "artifacts_dir")
+_UNUSED_BY = {
+    "ar": ("drafter", "reader", "train", "regen", "seed"),
+    "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed
+    "ft": (),
+    "ready": (),
+}
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    node = tree
+    for p in parents:
+        node = node.get(p, {})
+    node.pop(last, None)
+
+
+def canonical(cfg: DictConfig, method: str) -> dict:
+    """The part of a resolved config that decides a `method` run's result (what is hashed)."""
+    tree = to_container(cfg)
+    for key in _NEVER_HASHED + _UNUSED_BY[method]:
+        _drop(tree, key)
+    reader = tree.get("reader")
+    if reader is not None:  # -1 and num_layers-1 name the same draft layer
+        n = tree["drafter"]["num_layers"]
+        reader["inject_layers"] = sorted({int(i) % n for i in reader["inject_layers"]})
+    return {"method": method, "config": tree}
+
+
+def variant_hash(cfg: DictConfig, method: str) -> str:
+    tree = canonical(cfg, method)
+    tree["config"].pop("seed", None)
+    return config_hash(tree)
+
+
+def job_hash(cfg: DictConfig, method: str) -> str:
+    return config_hash(canonical(cfg, method))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _register_resolvers() -> None:
+    # `${ready_range:${drafter.num_layers}}` -> [0, 1, ..., n-1]: "every draft layer" in a spec
+    if not OmegaConf.has_resolver("ready_range"):
+        OmegaConf.register_resolver("ready_range", lambda n: list(range(int(n))), annotation_validation="off")
+
+
+_register_resolvers()
+
+
+def _clean(msg: str) -> str:
+    """OmegaConf's messages carry several lines of internals; keep the one a user needs."""
+    first = msg.strip().splitlines()[0]
+    if "is not a ListConfig" in first:
+        first = re.sub(r"Invalid value assigned: .*", "expected a list (e.g. [30, 62]), got a scalar", first)
+    return first
+
+
+def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
+    try:
+        return merge(base, layer, source=source)
+    except ConfigError as e:
+        raise SpecError(_clean(str(e))) from None
+
+
+def _validate(cfg: DictConfig, source: str) -> None:
+    try:
+        OmegaConf.to_container(cfg, resolve=True)  # interpolations resolve (and type-check) here
+        validate(cfg)
+    except ConfigError as e:
+        raise SpecError(f"{source}: {_clean(str(e))}") from None
+    except Exception as e:  # an interpolation that fails to resolve
+        key = getattr(e, "full_key", "") or ""
+        raise SpecError(f"{source}: bad value at key '{key}': {_clean(str(e))}") from None
+
+
+def _read_yaml(path: Path, what: str) -> DictConfig:
+    if not path.is_file():
+        choices = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
+        raise SpecError(f"{what} '{path.stem}' not found at {path}; expected one of {choices}")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as e:
+        raise SpecError(f"{path}: not valid YAML: {_clean(str(e))}") from None
+    if not isinstance(loaded, DictConfig):
+        raise SpecError(f"{path}: expected a mapping at the top level")
+    return loaded
+
+
+def _sweep_spec(raw: Any, source: str) -> DictConfig:
+    return _merge(OmegaConf.structured(SweepSpec), raw, source)
+
+
+def nest(dotted: dict[str, Any]) -> dict:
+    """{"reader.rank": 8} -> {"reader": {"rank": 8}}."""
+    out: dict = {}
+    for key, value in dotted.items():
+        *parents, last = str(key).split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+    return out
+
+
+def parse_overrides(overrides: Sequence[str]) -> tuple[dict, dict]:
+    """Split CLI `a.b=v` tokens into sweep-level settings and config overrides (YAML values)."""
+    sweep: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    for token in overrides:
+        if "=" not in token:
+            raise SpecError(f"override '{token}': expected KEY=VALUE (e.g. reader.rank=16)")
+        key, _, _ = token.partition("=")
+        try:
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([token]))
+        except Exception as e:
+            raise SpecError(f"override '{token}': {_clean(str(e))}") from None
+        node: Any = value
+        for part in key.split("."):
+            node = node[part]
+        if key in SWEEP_KEYS or key.startswith("search."):
+            sweep[key] = node
+        else:
+            config[key] = node
+    return sweep, config
+
+
+def list_sweeps(experiments_dir: Path = EXPERIMENTS_DIR) -> dict[str, str]:
+    """Sweep name -> its one-line description, from `experiments/*.yaml` (not base.yaml)."""
+    out = {}
+    for path in sorted(Path(experiments_dir).glob("*.yaml")):
+        if path.stem == "base":
+            continue
+        raw = OmegaConf.load(path)
+        out[path.stem] = f"{raw.get('table', '') or 'search'}: {raw.get('description', '')}".strip()
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (list, tuple, ListConfig)):
+        return "{" + ",".join(_fmt(v) for v in value) + "}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def format_label(template: str, values: dict[str, Any]) -> str:
+    """`r={reader.rank}` with {"reader.rank": 8} -> `r=8`; lists print as sets, `{30,62}`."""
+    if not template:
+        return ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in values.items())
+
+    def sub(m: re.Match) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise SpecError(f"grid.label: '{{{key}}}' is not a swept key; expected one of {sorted(values)}")
+        return _fmt(values[key])
+
+    return re.sub(r"\{([\w.]+)\}", sub, template)
+
+
+def _rows(spec: DictConfig, source: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, method, dotted overrides) per declared row, in row order."""
+    rows: list[tuple[str, str, dict[str, Any]]] = []
+    if spec.grid is not None:
+        keys = list(spec.grid["values"].keys())
+        for key in keys:
+            vals = spec.grid["values"][key]
+            if not isinstance(vals, ListConfig) or len(vals) == 0:
+                raise SpecError(f"{source}: grid.values.{key}: expected a non-empty list of values to sweep")
+        for combo in itertools.product(*(spec.grid["values"][k] for k in keys)):
+            values = {k: (OmegaConf.to_container(v, resolve=False) if isinstance(v, (ListConfig, DictConfig)) else v)
+                      for k, v in zip(keys, combo)}
+            rows.append((format_label(spec.grid.label, values), spec.grid.method, values))
+    for i, v in enumerate(spec.variants):
+        values = dict(OmegaConf.to_container(v.set, resolve=False))  # interpolations resolve per row
+        rows.append((v.label or format_label("", values) or v.method, v.method, values))
+    return rows
+
+
+def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path | str = EXPERIMENTS_DIR) -> Sweep:
+    """Read `experiments/<name>.yaml`, merge every layer, and expand it into resolved rows."""
+    root = Path(experiments_dir)
+    spec_path = root / f"{name}.yaml"
+    if name == "base" or not spec_path.is_file():
+        raise SpecError(f"sweep '{name}' not found in {root}; expected one of {sorted(list_sweeps(root))}")
+    sweep_cli, config_cli = parse_overrides(overrides)
+
+    spec = _sweep_spec(_read_yaml(spec_path, "sweep"), str(spec_path))
+    profile_name = sweep_cli.pop("profile", None) or spec.profile
+    profile_path = root / "profiles" / f"{profile_name}.yaml"
+    profile_raw = _read_yaml(profile_path, "profile") if profile_name else OmegaConf.create({})
+    if profile_name:
+        _sweep_spec(profile_raw, str(profile_path))  # unknown keys fail here, with the file named
+        sweep_level = {k: v for k, v in OmegaConf.to_container(profile_raw).items() if k != "config"}
+        if spec.search is None:
+            sweep_level.pop("search", None)  # a profile's trial budget only matters to searches
+        spec = _merge(spec, sweep_level, str(profile_path))
+    if sweep_cli:
+        spec = _merge(spec, nest(sweep_cli), "command line")
+    for method in spec.baselines:
+        if method not in BASELINE_LABELS:
+            raise SpecError(f"{spec_path}: bad value at key 'baselines': {method!r}; expected 'ar' and/or 'dspark'")
+    if not spec.seeds:
+        raise SpecError(f"{spec_path}: bad value at key 'seeds': empty; expected a list of integer seeds")
+
+    base_path = root / "base.yaml"
+    preset_path = root / "presets" / f"{spec.preset}.yaml"
+    cfg = _merge(schema(), _read_yaml(base_path, "base config"), str(base_path))
+    cfg = _merge(cfg, _read_yaml(preset_path, "preset"), str(preset_path))
+    cfg = _merge(cfg, nest(OmegaConf.to_container(spec.config)), str(spec_path))
+    if "config" in profile_raw:
+        cfg = _merge(cfg, nest(OmegaConf.to_container(profile_raw.config)), str(profile_path))
+    cfg = _merge(cfg, nest(config_cli), "command line")
+    cfg.name = name
+    _validate(cfg, str(spec_path))
+
+    rows = _rows(spec, str(spec_path))
+    swept = {k for _, _, values in rows for k in values}
+    clash = sorted(swept & set(config_cli))
+    if clash:
+        raise SpecError(f"command line: '{clash[0]}' is swept by sweep '{name}'; remove the override or edit {spec_path}")
+
+    baselines = [
+        Variant(label=BASELINE_LABELS[m], order=i, method=m, cfg=cfg, variant_id=variant_hash(cfg, m))
+        for i, m in enumerate(spec.baselines)
+    ]
+    variants: list[Variant] = []
+    by_id: dict[str, Variant] = {}
+    for i, (label, method, values) in enumerate(rows):
+        if method not in METHODS or method in BASELINE_LABELS:
+            raise SpecError(f"{spec_path}: row '{label}': bad method {method!r}; expected 'ready' or 'ft'")
+        where = f"{spec_path} (row '{label}')"
+        vcfg = _merge(cfg, nest(values), where)
+        vcfg.name = f"{name}:{label}"
+        _validate(vcfg, where)
+        vid = variant_hash(vcfg, method)
+        if vid in by_id:  # e.g. {0,last} and "all" on a 2-layer drafter: one run, both labels
+            by_id[vid].label += f" = {label}"
+            continue
+        row = Variant(label=label, order=len(baselines) + i, method=method, cfg=vcfg, variant_id=vid, swept=values)
+        by_id[vid] = row
+        variants.append(row)
+    if spec.search is not None:
+        _check_search(spec.search, cfg, str(spec_path))
+    if not variants and (spec.search is None or spec.search.n_trials <= 0):
+        raise SpecError(f"{spec_path}: declares no rows; expected a 'grid', 'variants' or 'search' section")
+
+    return Sweep(name=name, spec=spec, preset=spec.preset, profile=profile_name, seeds=list(spec.seeds),
+                 common=cfg, setting=config_hash({"sweep": name, "common": canonical(cfg, "ready")}),
+                 baselines=baselines, variants=variants, overrides=list(overrides))
+
+
+def _check_search(search: DictConfig, cfg: DictConfig, source: str) -> None:
+    if search.direction not in ("maximize", "minimize"):
+        raise SpecError(f"{source}: bad value at key 'search.direction': {search.direction!r}; expected 'maximize' or 'minimize'")
+    for key, rng in search.params.items():
+        if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+            raise SpecError(f"{source}: bad key at 'search.params.{key}': not a config key")
+        if not rng.low < rng.high or (rng.log and rng.low <= 0):
+            raise SpecError(f"{source}: bad range at 'search.params.{key}': expected 0 < low < high for a log range, low < high otherwise")
+
+
+def search_config(sweep: Sweep, params: dict[str, Any], label: str) -> Variant:
+    """The row a search trial stands for: the common config with the trial's values."""
+    where = f"search trial '{label}'"
+    vcfg = _merge(sweep.common, nest(params), where)
+    vcfg.name = f"{sweep.name}:{label}"
+    _validate(vcfg, where)
+    return Variant(label=label, order=100 + len(sweep.variants), method="ready", cfg=vcfg,
+                   variant_id=variant_hash(vcfg, "ready"), swept=dict(params))

@@ -1,0 +1,410 @@
+"""Optuna underneath a sweep: a queue of (variant, seed) jobs that any number of workers drain.
+
+One study per sweep setting (`<sweep>-<setting hash>`). Declared rows are enqueued as WAITING
+trials (a grid); a worker claims one with the storage's atomic WAITING -> RUNNING transition,
+so two workers never get the same trial. Search sweeps add a second study
+(`<sweep>-<setting>-search`) sampled by TPE.
+
+Storage: by default an Optuna journal file, `runs/<sweep>/optuna.journal`
+(`JournalFileBackend`: appends under a file lock, safe for several processes on one host, no
+server); `--storage postgresql://user@host/db` (any SQLAlchemy URL) for workers on several hosts.
+
+Re-runs: MLflow is the record of finished work. Before enqueueing, a job whose config hash has a
+FINISHED child run is skipped; failed or interrupted ones are enqueued again. A worker that
+claims a job checks again (another host may have finished it meanwhile) and yields when an
+earlier-claimed trial of the same job is still running. Workers write a heartbeat into their
+trial; a RUNNING trial whose worker died (same host: its pid is gone; any host: no heartbeat
+for `STALE_AFTER_S`) is marked FAIL and its MLflow run KILLED, so it is run again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import optuna
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from ready.config import schema
+from sweeps import tracking
+from sweeps.spec import Job, Sweep, Variant, search_config
+
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 600.0
+DEFAULT_RUNNER = "ready.pipeline"
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class StudyError(ValueError):
+    """A storage URL or study state the runner cannot use; the message says what was expected."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage and studies
+
+
+def open_storage(url: Optional[str], run_dir: Path):
+    """`None` -> journal file under `run_dir`; a URL with `://` -> an RDB storage (PostgreSQL, ...)."""
+    if not url:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(run_dir / "optuna.journal")))
+    if "://" not in url:
+        raise StudyError(f"--storage {url!r}: expected a database URL such as postgresql://user@host:5432/optuna")
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+    except Exception as e:
+        raise StudyError(f"--storage {url!r}: cannot open it ({str(e).splitlines()[0]}); "
+                         "expected a reachable database URL such as postgresql://user@host:5432/optuna") from None
+
+
+def describe_storage(url: Optional[str], run_dir: Path) -> str:
+    if not url:
+        return f"journal:{run_dir / 'optuna.journal'}"
+    return url.split("@")[-1] if "@" in url else url  # never log a password
+
+
+def grid_study_name(sweep: Sweep) -> str:
+    return f"{sweep.name}-{sweep.setting}"
+
+
+def open_grid_study(storage, sweep: Sweep) -> optuna.Study:
+    study = optuna.create_study(study_name=grid_study_name(sweep), storage=storage, load_if_exists=True,
+                                direction="maximize")
+    study.set_user_attr("sweep", sweep.name)
+    study.set_user_attr("table", sweep.table)
+    return study
+
+
+def open_search_study(storage, sweep: Sweep) -> optuna.Study:
+    search = sweep.spec.search
+    sampler = optuna.samplers.TPESampler(seed=int(search.sampler_seed))
+    return optuna.create_study(study_name=f"{grid_study_name(sweep)}-search", storage=storage,
+                               load_if_exists=True, direction=str(search.direction), sampler=sampler)
+
+
+# ---------------------------------------------------------------------------------------------
+# Job <-> trial
+
+
+def job_attrs(job: Job, sweep: Sweep) -> dict[str, Any]:
+    """Everything a worker (on any host) needs to run the job, stored on the trial."""
+    return {
+        "job": job.config_hash, "variant_id": job.variant.variant_id, "label": job.variant.label,
+        "order": job.variant.order, "method": job.variant.method, "seed": job.seed,
+        "sweep": sweep.name, "table": sweep.table, "setting": sweep.setting,
+        "swept": {k: v for k, v in job.variant.swept.items()},
+        "config": OmegaConf.to_container(job.cfg, resolve=True),
+    }
+
+
+def job_from_attrs(attrs: dict[str, Any]) -> Job:
+    cfg = OmegaConf.merge(schema(), attrs["config"])
+    variant = Variant(label=attrs["label"], order=int(attrs["order"]), method=attrs["method"], cfg=cfg,
+                      variant_id=attrs["variant_id"], swept=dict(attrs.get("swept") or {}))
+    return Job(variant=variant, seed=int(attrs["seed"]), cfg=cfg, config_hash=attrs["job"])
+
+
+def _pid_alive(pid: int, started: Optional[float]) -> bool:
+    try:
+        import psutil
+
+        if not psutil.pid_exists(pid):
+            return False
+        return started is None or abs(psutil.Process(pid).create_time() - started) < 1.0
+    except ImportError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+    except Exception:  # the process ended between the two calls
+        return False
+
+
+def _process_start() -> Optional[float]:
+    try:
+        import psutil
+
+        return psutil.Process(os.getpid()).create_time()
+    except ImportError:
+        return None
+
+
+def is_stale(trial: optuna.trial.FrozenTrial, now: Optional[float] = None) -> bool:
+    """A RUNNING trial whose worker is gone: dead pid on this host, or no heartbeat for a while."""
+    if trial.state != TrialState.RUNNING:
+        return False
+    ua = trial.user_attrs
+    now = time.time() if now is None else now
+    if ua.get("worker_host") == socket.gethostname() and "worker_pid" in ua:
+        if not _pid_alive(int(ua["worker_pid"]), ua.get("worker_started")):
+            return True
+    beat = ua.get("heartbeat")
+    if beat is None and trial.datetime_start is not None:
+        beat = trial.datetime_start.timestamp()
+    return beat is not None and now - float(beat) > STALE_AFTER_S
+
+
+def reap_stale(study: optuna.Study, c=None) -> int:
+    """Mark trials of dead workers FAIL (and their MLflow runs KILLED); returns how many."""
+    storage = study._storage  # noqa: SLF001  (the public Study API has no per-trial state setter)
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not is_stale(t):
+            continue
+        try:
+            storage.set_trial_user_attr(t._trial_id, "failure", "interrupted: worker gone")  # noqa: SLF001
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # noqa: SLF001
+        except Exception:
+            continue  # finished meanwhile
+        if c is not None and t.user_attrs.get("mlflow_run_id"):
+            tracking.kill_run(c, t.user_attrs["mlflow_run_id"])
+        n += 1
+    return n
+
+
+@dataclass
+class PlanRow:
+    job: Job
+    status: str  # finished | queued | waiting | running
+    run_id: Optional[str] = None
+
+
+def plan(study: optuna.Study, sweep: Sweep, c, experiment_id: str) -> list[PlanRow]:
+    """Enqueue every job of the sweep that has no finished MLflow run and is not queued already."""
+    reap_stale(study, c)
+    live = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+        if "job" in t.user_attrs:
+            live[t.user_attrs["job"]] = "waiting" if t.state == TrialState.WAITING else "running"
+    rows = []
+    for job in sweep.jobs():
+        done = tracking.finished_run(c, experiment_id, job.config_hash)
+        if done is not None:
+            rows.append(PlanRow(job, "finished", done.info.run_id))
+        elif job.config_hash in live:
+            rows.append(PlanRow(job, live[job.config_hash]))
+        else:
+            study.enqueue_trial({}, user_attrs=job_attrs(job, sweep))
+            rows.append(PlanRow(job, "queued"))
+    return rows
+
+
+def claim(study: optuna.Study) -> Optional[optuna.trial.FrozenTrial]:
+    """Atomically move one WAITING trial (lowest number first) to RUNNING for this worker."""
+    storage = study._storage  # noqa: SLF001
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):  # noqa: SLF001
+                return storage.get_trial(t._trial_id)  # noqa: SLF001
+        except Exception:  # finished or claimed meanwhile
+            continue
+    return None
+
+
+def earlier_claim(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Optional[int]:
+    """Number of another live trial of the same job that was claimed before `trial`, if any."""
+    job = trial.user_attrs.get("job")
+    mine = (trial.datetime_start, trial.number)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number != trial.number and t.user_attrs.get("job") == job and not is_stale(t):
+            if t.datetime_start is not None and (t.datetime_start, t.number) < mine:
+                return t.number
+    return None
+
+
+class Heartbeat:
+    """Writes `heartbeat` (epoch seconds) into a running trial every HEARTBEAT_S seconds."""
+
+    def __init__(self, study: optuna.Study, trial_id: int, interval: float = HEARTBEAT_S):
+        self.storage, self.trial_id, self.interval = study._storage, trial_id, interval  # noqa: SLF001
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.storage.set_trial_user_attr(self.trial_id, "heartbeat", time.time())
+            except Exception:
+                return  # the trial finished (or was reaped): nothing left to keep alive
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker
+
+
+@dataclass
+class WorkerContext:
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: Optional[str]
+    runner: str = DEFAULT_RUNNER
+    progress: bool = True
+    ran: list[str] = field(default_factory=list)  # config hashes this worker executed
+    failed: list[str] = field(default_factory=list)
+
+
+def load_runner(path: str) -> Callable[..., Any]:
+    """`module` (with `run_variant(cfg, method, progress=...)`) or `module:function`."""
+    mod_name, _, fn_name = path.partition(":")
+    module = importlib.import_module(mod_name)
+    return getattr(module, fn_name or "run_variant")
+
+
+def _objective(metrics: dict[str, float], name: str) -> float:
+    return float(metrics.get(name, float("nan")))
+
+
+def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, setting: str,
+            on_start: Callable[[str], None] = lambda run_id: None, objective: str = "overall/tau") -> float:
+    """Run one job inside its MLflow child run; returns the objective. Raises on failure."""
+    run_fn = load_runner(ctx.runner)
+    child = tracking.ChildRun(ctx.tracking_uri, ctx.experiment_id, ctx.parent_run_id, job,
+                              tracking.child_tags(job, sweep_name, table, setting))
+    on_start(child.run_id)
+    try:
+        params = tracking.flatten(job.cfg)
+        child.log_params(params)
+        t0 = time.time()
+        result = run_fn(job.cfg, job.variant.method, progress=ctx.progress)
+        metrics = result.metrics()
+        metrics["time/run_s"] = time.time() - t0
+        resolved = result.resolved
+        tags = {"ready.resolved_layers": str(resolved.get("state_layers", [])),
+                "ready.resolved_context_layers": str(resolved.get("context_layers", [])),
+                "ready.resolved_inject_layers": str(resolved.get("inject_layers", [])),
+                "ready.lossless": str(int(result.lossless))}
+        if "rank" in resolved:
+            tags["ready.resolved_rank"] = str(resolved["rank"])
+            child.log_params({"reader.rank_resolved": str(resolved["rank"])})
+        child.set_tags(tags)
+        child.log_metrics(metrics)
+        child.log_curves(result.curves)
+        child.log_artifacts(job.cfg, result.evaluation, result.survival())
+        run = c.get_run(child.run_id)
+        tracking.log_relative_metrics(c, ctx.experiment_id, setting, runs=[run])
+        child.close("FINISHED")
+        if job.variant.method in ("ar", "dspark"):  # rows that finished before their baseline
+            tracking.log_relative_metrics(c, ctx.experiment_id, setting)
+        return _objective(metrics, objective)
+    except BaseException as e:
+        try:
+            child.set_tags({"ready.error": f"{type(e).__name__}: {e}"[:4000]})
+        except Exception:
+            pass
+        child.close("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
+
+
+def _run_trial(study: optuna.Study, trial_id: int, number: int, job: Job, ctx: WorkerContext, c,
+               sweep_name: str, table: str, setting: str, objective: str) -> None:
+    storage = study._storage  # noqa: SLF001
+    for key, value in {"worker_host": socket.gethostname(), "worker_pid": os.getpid(),
+                       "worker_started": _process_start(), "heartbeat": time.time(),
+                       "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                       "parent_run_id": ctx.parent_run_id}.items():
+        storage.set_trial_user_attr(trial_id, key, value)
+    print(f"[sweeps] run  {job.variant.label} (seed {job.seed}, {job.variant.method}, {job.config_hash})", flush=True)
+    try:
+        with Heartbeat(study, trial_id):
+            value = execute(job, ctx, c, sweep_name, table, setting,
+                            on_start=lambda rid: storage.set_trial_user_attr(trial_id, "mlflow_run_id", rid),
+                            objective=objective)
+    except KeyboardInterrupt:
+        study.tell(number, state=TrialState.FAIL)
+        raise
+    except Exception as e:
+        ctx.failed.append(job.config_hash)
+        print(f"[sweeps] FAILED {job.variant.label} (seed {job.seed}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        storage.set_trial_user_attr(trial_id, "failure", f"{type(e).__name__}: {e}"[:2000])
+        study.tell(number, state=TrialState.FAIL)
+        return
+    ctx.ran.append(job.config_hash)
+    if value == value:  # not NaN
+        study.tell(number, value)
+    else:  # finished without the objective metric: recorded, but not a point for the sampler
+        study.tell(number, state=TrialState.FAIL)
+
+
+def drain_grid(study: optuna.Study, ctx: WorkerContext) -> None:
+    """Claim and run WAITING trials until none is left."""
+    c = tracking.client(ctx.tracking_uri)
+    while True:
+        trial = claim(study)
+        if trial is None:
+            return
+        attrs = trial.user_attrs
+        job = job_from_attrs(attrs)
+        other = earlier_claim(study, trial)
+        done = tracking.finished_run(c, ctx.experiment_id, job.config_hash) if other is None else None
+        if other is not None or done is not None:
+            why = f"duplicate of trial {other}" if other is not None else f"finished in MLflow run {done.info.run_id}"
+            study._storage.set_trial_user_attr(trial._trial_id, "skipped", why)  # noqa: SLF001
+            study.tell(trial.number, state=TrialState.PRUNED)
+            continue
+        _run_trial(study, trial._trial_id, trial.number, job, ctx, c, attrs["sweep"], attrs["table"],  # noqa: SLF001
+                   attrs["setting"], "overall/tau")
+
+
+def search_budget_left(study: optuna.Study, n_trials: int) -> bool:
+    counted = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING, TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=counted)) < n_trials
+
+
+def drain_search(study: optuna.Study, sweep: Sweep, ctx: WorkerContext) -> None:
+    """Ask TPE for trials until the study holds `search.n_trials` of them (shared by all workers)."""
+    search = sweep.spec.search
+    c = tracking.client(ctx.tracking_uri)
+    if not study.get_trials(deepcopy=False) and search.start:
+        study.enqueue_trial({k: float(v) for k, v in search.start.items()}, skip_if_exists=True)
+    reap_stale(study, c)
+    while search_budget_left(study, int(search.n_trials)):
+        trial = study.ask()
+        params = {key: trial.suggest_float(key, float(r.low), float(r.high), log=bool(r.log))
+                  for key, r in search.params.items()}
+        label = ", ".join(f"{k.split('.')[-1]}={v:.4g}" for k, v in params.items())
+        variant = search_config(sweep, params, label)
+        variant.order = len(sweep.baselines) + trial.number
+        job = variant.job(sweep.seeds[0])
+        study._storage.set_trial_user_attr(trial._trial_id, "job", job.config_hash)  # noqa: SLF001
+        done = tracking.finished_run(c, ctx.experiment_id, job.config_hash)
+        if done is not None:  # e.g. the paper's start point, run by an earlier invocation
+            value = done.data.metrics.get(search.objective)
+            if value is None:
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                study.tell(trial, value)
+            continue
+        _run_trial(study, trial._trial_id, trial.number, job, ctx, c, sweep.name, "search", sweep.setting,  # noqa: SLF001
+                   str(search.objective))
+
+
+def worker_main(sweep: Sweep, storage_url: Optional[str], run_dir: Path, ctx: WorkerContext) -> int:
+    """One worker: drain the grid queue, then (search sweeps) the TPE study. Exit code 1 on failures."""
+    storage = open_storage(storage_url, run_dir)
+    drain_grid(open_grid_study(storage, sweep), ctx)
+    if sweep.spec.search is not None and int(sweep.spec.search.n_trials) > 0:
+        drain_search(open_search_study(storage, sweep), sweep, ctx)
+    return 1 if ctx.failed else 0

@@ -1,0 +1,314 @@
+"""MLflow side of a sweep, following the contract in docs/interfaces.md ("MLflow").
+
+Experiment `ready-<sweep>`; a parent run per invocation (tag `ready.kind=sweep`); a child run per
+(variant, seed) and per baseline (tag `ready.kind=variant`) with flattened params, tags, metrics
+(`<bench>/tau`, `<bench>/tps`, ... and `overall/...`, `train/<stage>/loss` curves) and artifacts
+(resolved config YAML, evaluation JSON, survival plot PNG). Relative metrics (speedup vs AR,
+gains vs DSpark) need the baselines of the same sweep setting, so they are (re)computed by
+`log_relative_metrics` whenever the baselines are known.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+TABLES = {f"table{i}" for i in range(1, 7)}
+T = TypeVar("T")
+
+
+def experiment_name(sweep: str) -> str:
+    return f"ready-{sweep}"
+
+
+def resolve_tracking_uri(uri: Optional[str] = None) -> str:
+    """`--tracking-uri`, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory.
+
+    A relative sqlite path is made absolute so worker processes started elsewhere use the same file.
+    """
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        uri = prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def retry(fn: Callable[[], T], attempts: int = 8) -> T:
+    """Retry an MLflow call that failed on a busy sqlite file (several workers write to one file)."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception as e:  # mlflow wraps sqlite's OperationalError in MlflowException
+            if "locked" not in str(e).lower() or i == attempts - 1:
+                raise
+            time.sleep(0.2 * (2 ** i))
+    raise AssertionError("unreachable")
+
+
+def client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(c, sweep: str) -> str:
+    """The experiment id of `ready-<sweep>`, created on first use (safe when two processes race)."""
+    name = experiment_name(sweep)
+    exp = retry(lambda: c.get_experiment_by_name(name))
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return retry(lambda: c.create_experiment(name))
+    except Exception:
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def git_commit() -> str:
+    """The commit of the code that runs (with `-dirty` when the work tree has changes)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
+    """{"reader": {"rank": 8}} -> {"reader.rank": "8"}; lists stay one value, `[30, 62]`."""
+    if isinstance(tree, DictConfig):
+        tree = OmegaConf.to_container(tree, resolve=True)
+    out: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return out
+
+
+def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) -> str:
+    """A parent run for this invocation; its children are the runs this invocation executes."""
+    from mlflow.entities import Param
+
+    tags = {
+        "ready.kind": "sweep",
+        "ready.sweep": sweep.name,
+        "ready.table": sweep.table,
+        "ready.setting": sweep.setting,
+        "ready.model": str(sweep.common.target.source),
+        "ready.profile": sweep.profile or "",
+        "ready.preset": sweep.preset,
+        "ready.git_commit": git_commit(),
+        "ready.overrides": " ".join(sweep.overrides),
+        "ready.storage": storage_desc,
+        "ready.workers": str(workers),
+    }
+    run = retry(lambda: c.create_run(experiment_id, run_name=f"{sweep.name} sweep", tags=tags))
+    params = [Param(k, v[:6000]) for k, v in flatten(sweep.common).items()]
+    params.append(Param("sweep.seeds", json.dumps(sweep.seeds)))
+    for i in range(0, len(params), 100):
+        retry(lambda: c.log_batch(run.info.run_id, params=params[i:i + 100]))
+    return run.info.run_id
+
+
+def finished_run(c, experiment_id: str, config_hash: str):
+    """The latest FINISHED child run whose config hash is `config_hash`, or None."""
+    runs = retry(lambda: c.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`ready.config_hash` = '{config_hash}' and attributes.status = 'FINISHED'",
+        max_results=1, order_by=["attributes.start_time DESC"]))
+    return runs[0] if runs else None
+
+
+def setting_runs(c, experiment_id: str, setting: str, method: Optional[str] = None) -> list:
+    """Every FINISHED child run of one sweep setting (optionally of one method), newest first."""
+    filt = f"tags.`ready.setting` = '{setting}' and tags.`ready.kind` = 'variant' and attributes.status = 'FINISHED'"
+    if method:
+        filt += f" and tags.`ready.method` = '{method}'"
+    return list(retry(lambda: c.search_runs([experiment_id], filter_string=filt, max_results=5000,
+                                            order_by=["attributes.start_time DESC"])))
+
+
+def child_tags(job, sweep_name: str, table: str, setting: str) -> dict[str, str]:
+    cfg = job.cfg
+    return {
+        "ready.kind": "variant",
+        "ready.sweep": sweep_name,
+        "ready.table": table,
+        "ready.setting": setting,
+        "ready.method": job.variant.method,
+        "ready.label": job.variant.label,
+        "ready.order": str(job.variant.order),
+        "ready.variant_id": job.variant.variant_id,
+        "ready.config_hash": job.config_hash,
+        "ready.model": str(cfg.target.source),
+        "ready.seed": str(job.seed),
+        "ready.git_commit": git_commit(),
+        "ready.host": os.uname().nodename,
+        "ready.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    }
+
+
+def _system_metrics_available() -> bool:
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class ChildRun:
+    """One child run, open while a job trains and evaluates; `close` records how it ended."""
+
+    def __init__(self, uri: str, experiment_id: str, parent_run_id: Optional[str], job, tags: dict[str, str]):
+        import mlflow
+
+        self._mlflow = mlflow
+        self.client = client(uri)
+        mlflow.set_tracking_uri(uri)
+        run_name = f"{job.variant.label} s{job.seed}" if job.variant.method not in ("ar", "dspark") else job.variant.label
+        run = retry(lambda: mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
+                                             parent_run_id=parent_run_id, tags=tags,
+                                             log_system_metrics=_system_metrics_available()))
+        self.run_id = run.info.run_id
+        self.job = job
+
+    def log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            retry(lambda: self.client.log_batch(self.run_id, params=items[i:i + 100]))
+
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
+        for i in range(0, len(items), 500):
+            retry(lambda: self.client.log_batch(self.run_id, metrics=items[i:i + 500]))
+
+    def log_curves(self, curves: dict[str, list[tuple[int, float]]]) -> None:
+        """Training curves as `train/<stage>/loss` with their optimizer step."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(f"train/{stage}/loss", float(loss), now, int(step))
+                 for stage, points in curves.items() for step, loss in points if math.isfinite(float(loss))]
+        for i in range(0, len(items), 500):
+            retry(lambda: self.client.log_batch(self.run_id, metrics=items[i:i + 500]))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        retry(lambda: self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()]))
+
+    def log_artifacts(self, cfg: DictConfig, evaluation: dict, survival: dict[str, list]) -> None:
+        """config.yaml (resolved), evaluation.json, survival.png."""
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            Path(tmp, "evaluation.json").write_text(json.dumps(evaluation, indent=2, sort_keys=True, default=str))
+            if survival:
+                plot_survival(survival, Path(tmp, "survival.png"), title=f"{self.job.variant.label} (seed {self.job.seed})")
+            for name in sorted(os.listdir(tmp)):
+                retry(lambda: self.client.log_artifact(self.run_id, str(Path(tmp, name))))
+
+    def close(self, status: str) -> None:
+        retry(lambda: self._mlflow.end_run(status=status))
+
+
+def plot_survival(curves: dict[str, list], path: Path, title: str = "") -> None:
+    """Draft-prefix survival P_j per benchmark (positions with no observed round are skipped)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
+    for bench, values in curves.items():
+        pts = [(j, v) for j, v in enumerate(values, start=1) if v is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=bench)
+    ax.set_xlabel("draft position j")
+    ax.set_ylabel("prefix survival P_j")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def kill_run(c, run_id: str) -> None:
+    """Mark an interrupted child run KILLED (a re-run never mistakes it for finished work)."""
+    try:
+        run = c.get_run(run_id)
+        if run.info.status == "RUNNING":
+            retry(lambda: c.set_terminated(run_id, status="KILLED"))
+    except Exception:
+        pass
+
+
+def _benchmarks(metrics: dict[str, float]) -> list[str]:
+    return sorted({k.split("/")[0] for k in metrics if k.endswith("/tps") and not k.startswith("train/")})
+
+
+def relative_metrics(metrics: dict[str, float], ar: Optional[dict[str, float]],
+                     dspark: Optional[dict[str, float]]) -> dict[str, float]:
+    """`b/speedup` vs AR and `b/tau_gain_pct`, `b/tps_gain_pct` vs DSpark for every benchmark b."""
+    from ready.metrics import gain_pct, speedup
+
+    out: dict[str, float] = {}
+    for b in _benchmarks(metrics):
+        tps = metrics.get(f"{b}/tps")
+        if ar and ar.get(f"{b}/tps"):
+            value = speedup(tps, ar[f"{b}/tps"])
+            if value is not None:
+                out[f"{b}/speedup"] = value
+        if dspark:
+            for name in ("tau", "tps"):
+                value = gain_pct(metrics.get(f"{b}/{name}"), dspark.get(f"{b}/{name}"))
+                if value is not None:
+                    out[f"{b}/{name}_gain_pct"] = value
+    return out
+
+
+def log_relative_metrics(c, experiment_id: str, setting: str, runs: Optional[Iterable] = None) -> int:
+    """Fill in speedup / gains for the finished runs of a setting once its baselines exist.
+
+    Idempotent: a metric is logged only when missing or different. Returns how many runs changed.
+    """
+    from mlflow.entities import Metric
+
+    ar = setting_runs(c, experiment_id, setting, "ar")
+    ds = setting_runs(c, experiment_id, setting, "dspark")
+    ar_m = ar[0].data.metrics if ar else None
+    ds_m = ds[0].data.metrics if ds else None
+    if ar_m is None and ds_m is None:
+        return 0
+    changed = 0
+    for run in runs if runs is not None else setting_runs(c, experiment_id, setting):
+        have = run.data.metrics
+        new = {k: v for k, v in relative_metrics(have, ar_m, ds_m).items()
+               if k not in have or not math.isclose(have[k], v, rel_tol=1e-9, abs_tol=1e-12)}
+        if new:
+            now = int(time.time() * 1000)
+            retry(lambda: c.log_batch(run.info.run_id, metrics=[Metric(k, v, now, 0) for k, v in new.items()]))
+            changed += 1
+    return changed
