@@ -43,10 +43,12 @@ def _profile_eager(model, cache, tok) -> list[dict]:
 
 
 def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: int, bandwidth: float,
-          profile: bool = False) -> dict:
+          profile: bool = False, compile_layers: bool = False) -> dict:
     dev = torch.device(device)
     torch.manual_seed(0)
     model = load_target(preset, device=dev, dtype=dtype)
+    if compile_layers:
+        model.compile_layers()
     cfg = model.config
     sync = _timer(dev)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -80,7 +82,7 @@ def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: i
     step_s = (time.perf_counter() - t0) / decode_steps
     top = _profile_eager(model, cache, tok) if profile else None
     out = {
-        "preset": preset, "device": str(dev), "dtype": dtype,
+        "preset": preset, "device": str(dev), "dtype": dtype, "compiled_layers": compile_layers,
         "params": sum(p.numel() for p in model.parameters()),
         "weight_bytes": weight_bytes,
         "prefill_tokens": prompt_len, "prefill_tokens_per_s": prompt_len / prefill_s,
@@ -106,11 +108,12 @@ def main() -> None:
                     help="bytes/s for the bound (default: 4.27e12 on CUDA = measured H200 copy rate; none on CPU)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--profile", action="store_true", help="add the top kernels of one eager decode step")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each layer's forward first (CUDA)")
     a = ap.parse_args()
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
     torch.set_grad_enabled(False)
-    res = bench(a.preset, a.device, dtype, a.prompt_len, a.decode_steps, bw, a.profile)
+    res = bench(a.preset, a.device, dtype, a.prompt_len, a.decode_steps, bw, a.profile, a.compile)
     print(json.dumps(res, indent=None if a.json else 2))
 
 

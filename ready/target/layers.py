@@ -239,6 +239,27 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+def decoder_layer_forward(
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    mode: str,
+    cache: Optional[HybridCache],
+    gdn_idx: int,
+    attn_idx: int,
+    start: int,
+    state_positions: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One pre-norm residual block: token mixer (GDN or attention), then the MLP."""
+    h = layer.input_layernorm(x)
+    at = None
+    if layer.layer_type == "linear_attention":
+        h, at = layer.linear_attn(h, mode, cache, gdn_idx, state_positions)
+    else:
+        h = layer.self_attn(h, start, cache, attn_idx)
+    x = x + h
+    return x + layer.mlp(layer.post_attention_layernorm(x)), at
+
+
 def init_weights(module: nn.Module, std: float = 0.02) -> None:
     """Hugging Face-style init (normal(0, std) for projections and embeddings)."""
     for m in module.modules():
