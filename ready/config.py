@@ -73,6 +73,8 @@ class DrafterConfig:
     head_rank: int = 64
     # a pretrained drafter checkpoint directory; empty = train the base drafter from scratch
     checkpoint: Optional[str] = None
+    # id space of context_layers: "paper" (64-layer ids, mapped by relative depth) | "model" (target ids as given)
+    layer_space: str = "paper"
 
 
 @dataclass
@@ -89,6 +91,8 @@ class ReaderConfig:
     position: str = "post"  # post | pre  (relative to the draft layer's attention)
     mlp_hidden: int = 256
     eps: float = 1e-6
+    # id space of layers: "paper" (64-layer ids, mapped to the nearest GDN layer) | "model" (GDN ids as given)
+    layer_space: str = "paper"
 
 
 @dataclass
