@@ -28,6 +28,10 @@ import torch
 
 from ._common import HAS_TRITON, last_dim_contiguous, next_pow2, require, require_triton, use_triton
 
+# tl.dot input precision of the one large product U_m S_m ("ieee": exact fp32 FMAs; "tf32x3":
+# tensor cores at about fp32 accuracy). Chosen from the H200 benchmark sweep (kernels/bench.py).
+DOT_PRECISION = "ieee"
+
 if HAS_TRITON:
     import triton
     import triton.language as tl
@@ -40,7 +44,7 @@ if HAS_TRITON:
         o_b, o_p,                         # out strides; its last dim is contiguous
         H, M, P, R, DK, DV,
         eps, inv_sqrt_dk,
-        BP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+        BP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
     ):
         pid = tl.program_id(0)
         b = pid // M
@@ -66,7 +70,7 @@ if HAS_TRITON:
                         mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
             uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
                          mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-            w += tl.dot(uc, s, input_precision="ieee")
+            w += tl.dot(uc, s, input_precision=PRECISION)
             sq += s * s
         rms = tl.sqrt(tl.sum(sq) / (DK * DV) + eps)
 
@@ -141,7 +145,8 @@ def state_reader_reference(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: to
     return out
 
 
-def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None, num_warps=None) -> torch.Tensor:
+def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None, num_warps=None,
+                    precision=None) -> torch.Tensor:
     B, P, M, r, dk, dv = dims
     z = last_dim_contiguous(z)
     U = U.contiguous()
@@ -157,7 +162,7 @@ def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None
         ssm, layer_idx, slots, z, U, V, out,
         *ssm.stride(), z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
         ssm.shape[2], M, P, r, dk, dv, float(eps), 1.0 / math.sqrt(dk),
-        BP=BP, BR=BR, BK=BK, BV=BV, num_warps=warps,
+        BP=BP, BR=BR, BK=BK, BV=BV, PRECISION=precision or DOT_PRECISION, num_warps=warps,
     )
     return out
 
@@ -213,17 +218,18 @@ class _StateReaderFn(torch.autograd.Function):
 
 def state_reader_triton(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
                         U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
-                        *, block_k: Optional[int] = None, num_warps: Optional[int] = None) -> torch.Tensor:
+                        *, block_k: Optional[int] = None, num_warps: Optional[int] = None,
+                        precision: Optional[str] = None) -> torch.Tensor:
     """Fused reader: one Triton program per (batch row, layer-head pair), states read in place.
 
-    Differentiable w.r.t. z, U, V when grad mode is on (torch backward). `block_k`/`num_warps`
-    override the launch heuristics (benchmarks only).
+    Differentiable w.r.t. z, U, V when grad mode is on (torch backward). `block_k`, `num_warps`
+    and `precision` (tl.dot input precision of U S) override the defaults (benchmarks only).
     """
     require_triton()
     dims = _check_inputs(ssm, layer_idx, slots, z, U, V, out)
     if torch.is_grad_enabled() and (z.requires_grad or U.requires_grad or V.requires_grad):
         return _StateReaderFn.apply(ssm.detach(), layer_idx, slots, z, U, V, float(eps), out, dims)
-    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps)
+    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision)
 
 
 def state_reader(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
