@@ -85,9 +85,11 @@ class StateSource:
 
     @classmethod
     def from_training(cls, states: torch.Tensor) -> "StateSource":
-        """Training states [B, A, Ls, H, d_k, d_v] -> one slot per (sample, anchor) block, in B-major order."""
+        """Training states [B, A, Ls, H, d_k, d_v] -> one slot per (sample, anchor) block, in B-major order.
+
+        A strided view, no copy (the fused op and the torch path both take any strides)."""
         B, A, Ls = states.shape[:3]
-        ssm = states.reshape(B * A, *states.shape[2:]).transpose(0, 1).contiguous()
+        ssm = states.flatten(0, 1).transpose(0, 1)
         dev = states.device
         return cls(ssm, torch.arange(Ls, device=dev), torch.arange(B * A, device=dev))
 

@@ -1,0 +1,193 @@
+"""DSpark drafter: training and drafting agree, a fresh reader changes nothing, checkpoints know their target."""
+
+import pytest
+import torch
+
+from ready.config import DrafterConfig, ReaderConfig
+from ready.decode.protocol import DraftStep, Drafter
+from ready.drafter import DrafterError, DSparkDrafter, load_drafter
+from ready.target import HybridConfig, HybridLM
+
+V = 64
+
+
+def tiny_target(seed: int = 0, layers: int = 8, **kw) -> HybridLM:
+    torch.manual_seed(seed)
+    cfg = HybridConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                       linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, **kw)
+    return HybridLM(cfg).eval().requires_grad_(False)
+
+
+def drafter_for(target, seed=0, reader=True, trained_reader=True, **kw) -> DSparkDrafter:
+    dk = dict(block_size=4, num_layers=2, head_rank=8)
+    rk = dict(enabled=reader, rank=4, mlp_hidden=16)
+    for k, v in kw.items():
+        (rk if k in ReaderConfig.__dataclass_fields__ else dk)[k] = v
+    torch.manual_seed(seed)
+    d = DSparkDrafter(DrafterConfig(**dk), ReaderConfig(**rk), target)
+    if trained_reader:  # readers that have learned something, so their reads matter
+        for r in d.readers.values():
+            torch.nn.init.normal_(r.fuse_out.weight, std=0.3)
+    torch.nn.init.normal_(d.head.bias_out.weight, std=0.3)  # likewise for the sequence head
+    return d
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def teacher(target, drafter, ids, anchors):
+    with torch.no_grad():
+        out = target(ids, capture_layers=drafter.capture_layers, state_layers=drafter.state_layers,
+                     state_positions=(anchors - 1) if drafter.state_layers else None)
+    return out.hidden, out.states
+
+
+def draft_step(target, drafter, ids) -> DraftStep:
+    """What the engine hands the drafter after committing `ids`: features and states of ids[:, :-1]."""
+    cache = target.new_cache(ids.shape[0], max_len=64)
+    out = target.prefill(ids[:, :-1], cache, capture_layers=drafter.capture_layers)
+    return DraftStep(tokens=ids, features=out.hidden, target=target, cache=cache)
+
+
+def test_resolved_layers_follow_relative_depth(target):
+    d = drafter_for(target)
+    # paper ids (64 layers) -> this 8-layer target: context [1,17,33,49,62], states (30, 62)
+    assert d.resolved() == {"context_layers": [0, 2, 4, 5, 7], "state_layers": [4, 6], "inject_layers": [1]}
+    assert d.capture_layers == [0, 2, 4, 5, 7] and d.state_layers == [4, 6]
+    off = drafter_for(target, reader=False)
+    assert off.resolved()["state_layers"] == [] and off.reader_parameters() == []
+
+
+def test_parameter_groups_are_disjoint_and_exclude_the_shared_embeddings(target):
+    d = drafter_for(target)
+    rd, bb = {id(p) for p in d.reader_parameters()}, {id(p) for p in d.backbone_parameters()}
+    assert rd and bb and not rd & bb and rd | bb == {id(p) for p in d.parameters()}
+    shared = {id(target.embed_tokens.weight), id(target.lm_head.weight)}
+    assert not shared & (rd | bb)
+    assert not any(k.startswith(("embed", "lm_head")) for k in d.state_dict())
+
+
+@pytest.mark.parametrize("head,position", [("vanilla", "post"), ("gated", "pre"), ("rnn", "post")])
+def test_drafting_equals_teacher_forced_training_on_its_own_drafts(target, head, position):
+    """propose() (cache, incremental context) and forward_train() (full sequence, sampled anchors) agree."""
+    d = drafter_for(target, head=head, position=position, inject_layers=[0, -1])
+    torch.manual_seed(1)
+    prompt = torch.randint(0, V, (2, 9))
+    toks, logits = d.draft(draft_step(target, d, prompt))
+    assert toks.shape == (2, 4) and toks.dtype == torch.long
+    ids = torch.cat([prompt, toks, torch.randint(0, V, (2, 3))], dim=1)  # drafts then unrelated tokens
+    a = prompt.shape[1] - 1
+    anchors = torch.tensor([[2, a], [a, 5]])
+    hidden, states = teacher(target, d, ids, anchors)
+    train = d.forward_train(ids, hidden, anchors, states)
+    assert train.shape == (2, 2, 4, V)
+    torch.testing.assert_close(train[0, 1], logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(train[1, 0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_fresh_reader_leaves_the_drafters_logits_unchanged(target):
+    base = drafter_for(target, reader=False)
+    ready = drafter_for(target, trained_reader=False)
+    ready.load_state_dict({**ready.state_dict(), **base.state_dict()})
+    torch.manual_seed(2)
+    ids = torch.randint(0, V, (2, 16))
+    anchors = torch.tensor([[3, 9], [1, 12]])
+    hidden, states = teacher(target, ready, ids, anchors)
+    assert torch.equal(base.forward_train(ids, hidden, anchors), ready.forward_train(ids, hidden, anchors, states))
+    step = draft_step(target, ready, ids[:, :10])
+    assert torch.equal(base.draft(step)[1], ready.draft(step)[1])
+
+
+def test_the_reader_reads_the_committed_states(target):
+    d = drafter_for(target)
+    ids = torch.randint(0, V, (1, 10))
+    step = draft_step(target, d, ids)
+    before = d.draft(step)[1]
+    step.cache.ssm[target.gdn_index(d.state_layers[0])] *= 3.0
+    d.begin(ids)
+    assert not torch.allclose(before, d.draft(step)[1])
+    with pytest.raises(DrafterError, match="needs committed states of shape"):
+        d.forward_train(ids, teacher(target, d, ids, torch.tensor([[4]]))[0], torch.tensor([[4]]), None)
+
+
+def test_propose_is_deterministic_and_follows_the_protocol(target):
+    d = drafter_for(target)
+    assert isinstance(d, Drafter) and d.block_size == 4 and d.vocab_size == V
+    ids = torch.randint(0, V, (2, 12))
+    d.begin(ids[:, :6])
+    d.propose(draft_step(target, d, ids[:, :7]))  # an earlier round: context K/V cached for 6 tokens
+    step = draft_step(target, d, ids)
+    first = d.propose(step)
+    assert first.shape == (2, 4) and first.dtype == torch.long and int(first.max()) < V
+    assert torch.equal(first, d.propose(step))
+    fresh = drafter_for(target)  # same weights, no cached context
+    assert torch.equal(d.draft(step)[1], fresh.draft(step)[1])
+
+
+def test_prompt_of_one_token_drafts_without_context(target):
+    d = drafter_for(target)
+    ids = torch.randint(0, V, (1, 1))
+    cache = target.new_cache(1, max_len=16)
+    step = DraftStep(tokens=ids, features=torch.zeros(1, 0, 5, 32), target=target, cache=cache)
+    assert d.propose(step).shape == (1, 4)
+
+
+def test_save_and_load_round_trip(target, tmp_path):
+    d = drafter_for(target, head="rnn")
+    d.save(tmp_path / "drafter")
+    back = load_drafter(tmp_path / "drafter", target)
+    assert back.resolved() == d.resolved()
+    step = draft_step(target, d, torch.randint(0, V, (1, 8)))
+    assert torch.equal(d.draft(step)[1], back.draft(step)[1])
+    # a base checkpoint under a new reader config: backbone kept, fresh (identity) reader
+    base = drafter_for(target, reader=False)
+    base.save(tmp_path / "base")
+    staged = load_drafter(tmp_path / "base", target, reader_cfg=ReaderConfig(rank=2, mlp_hidden=8))
+    assert staged.state_layers == [4, 6] and staged.readers["1"].rank == 2
+    assert torch.equal(base.draft(step)[1], staged.draft(step)[1])
+
+
+def test_checkpoint_for_another_target_is_one_clear_error(target, tmp_path):
+    drafter_for(target).save(tmp_path / "d")
+    with pytest.raises(DrafterError, match="built for another target: same architecture but different embed"):
+        load_drafter(tmp_path / "d", tiny_target(seed=1))
+    with pytest.raises(DrafterError, match=r"built for another target: architecture num_hidden_layers=8 \(target has 12\)"):
+        load_drafter(tmp_path / "d", tiny_target(layers=12))
+    with pytest.raises(DrafterError, match="no drafter checkpoint here"):
+        load_drafter(tmp_path / "missing", target)
+
+
+def test_save_refuses_to_replace_a_folder_with_other_files(target, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("keep me")
+    with pytest.raises(DrafterError, match=r"not a drafter checkpoint folder \(holds \['notes.txt'\]\)"):
+        drafter_for(target).save(tmp_path / "run")
+    assert (tmp_path / "run" / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(inject_layers=[2]), r"reader.inject_layers: draft layer 2 is beyond the drafter's depth \(drafter.num_layers = 2\)"),
+    (dict(rank=9), r"reader.rank = 9 .* d_k = 8"),
+    (dict(layers=[31]), r"reader.layers: paper layer 31 is a full-attention layer"),
+    (dict(layers=[64]), r"reader.layers: layer id 64 is outside the paper's 64-layer target"),
+    (dict(layers=[3], layer_space="model"), r"reader.layers: model layer 3 is a full-attention layer .* \[0, 1, 2, 4, 5, 6\]"),
+    (dict(head="lstm"), r"drafter.head: 'lstm' is unknown"),
+    (dict(context_layers=[70]), r"drafter.context_layers: layer id 70 is outside"),
+    (dict(context_layers=[8], layer_space="model"), r"drafter.context_layers: model layer id 8 is out of range"),
+])
+def test_bad_settings_are_one_clear_error(target, kw, match):
+    part = "drafter" if "context_layers" in kw or "head" in kw else "reader"
+    dk, rk = dict(block_size=4, num_layers=2), dict(rank=4, mlp_hidden=16)
+    (dk if part == "drafter" else rk).update(kw)
+    with pytest.raises(ValueError, match=match):
+        DSparkDrafter(DrafterConfig(**dk), ReaderConfig(**rk), target)
+
+
+def test_target_without_gdn_layers_has_no_state_to_read():
+    t = tiny_target(layers=2, layer_types=["full_attention", "full_attention"])
+    with pytest.raises(ValueError, match="the target has no Gated DeltaNet layers"):
+        drafter_for(t)
+    assert drafter_for(t, reader=False).capture_layers == [0, 1]

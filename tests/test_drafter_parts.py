@@ -1,0 +1,79 @@
+"""Drafter parts: paper layer ids mapped by relative depth, and the sequence heads' conditioning."""
+
+import pytest
+import torch
+
+from ready.drafter.heads import build_head
+from ready.drafter.layer_map import (PAPER_LAYER_TYPES, LayerMapError, map_context_layers, map_inject_layers,
+                                     map_state_layers)
+
+
+def layout(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+
+
+def test_paper_ids_are_themselves_on_a_64_layer_target():
+    assert map_state_layers([2, 30, 62], PAPER_LAYER_TYPES) == [2, 30, 62]
+    assert map_context_layers([1, 9, 17, 25, 33, 62], 64) == [1, 9, 17, 25, 33, 62]
+
+
+def test_paper_ids_map_to_the_nearest_gdn_layer_at_the_same_relative_depth():
+    # 16 layers: 30/63 of the way is layer 7.14 (attention) -> GDN layer 8; 62 -> 14.76 -> 14; 2 -> 0.48 -> 0
+    assert map_state_layers([62, 30, 2], layout(16)) == [0, 8, 14]
+    assert map_context_layers([1, 17, 33, 49, 62], 8) == [0, 2, 4, 5, 7]
+    # ids that land on the same layer of a shallow target are kept once
+    assert map_state_layers([28, 30], layout(4)) == [1]
+
+
+def test_model_ids_are_taken_as_given():
+    assert map_state_layers([5, 1], layout(8), space="model") == [1, 5]
+    assert map_context_layers([7, 3], 8, space="model") == [3, 7]
+    with pytest.raises(LayerMapError, match="layer id space 'gdn' is unknown"):
+        map_state_layers([1], layout(8), space="gdn")
+
+
+def test_injection_layers_count_from_the_end_when_negative():
+    assert map_inject_layers([-1], 5) == [4]
+    assert map_inject_layers([0, -1, 4], 5) == [0, 4]
+    with pytest.raises(LayerMapError, match=r"draft layer -6 is beyond the drafter's depth \(drafter.num_layers = 5\)"):
+        map_inject_layers([-6], 5)
+
+
+def _inputs(head_kind, V=11, K=4, D=6):
+    torch.manual_seed(0)
+    head = build_head(head_kind, V, 3, D)
+    torch.nn.init.normal_(head.bias_out.weight)
+    return head, torch.randn(2, K, V), torch.randint(0, V, (2, K)), torch.randn(2, K, D)
+
+
+def test_vanilla_head_adds_a_low_rank_bigram_of_the_previous_token():
+    head, base, prev, hid = _inputs("vanilla")
+    want = base + head.prev_embed.weight[prev] @ head.bias_out.weight.T
+    torch.testing.assert_close(head.block_logits(base, prev, hid), want)
+
+
+@pytest.mark.parametrize("kind,sees_older_tokens", [("vanilla", False), ("gated", False), ("rnn", True)])
+def test_only_the_rnn_head_remembers_tokens_before_the_previous_one(kind, sees_older_tokens):
+    head, base, prev, hid = _inputs(kind)
+    out = head.block_logits(base, prev, hid)
+    changed = prev.clone()
+    changed[:, 0] = (changed[:, 0] + 1) % 11
+    out2 = head.block_logits(base, changed, hid)
+    assert not torch.allclose(out[:, 0], out2[:, 0])  # position 1 sees its previous token
+    assert torch.allclose(out[:, 2], out2[:, 2]) != sees_older_tokens
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_greedy_drafting_is_teacher_forcing_on_its_own_tokens(kind):
+    head, base, _, hid = _inputs(kind)
+    first = torch.tensor([3, 7])
+    toks, logits = head.greedy(base, first, hid)
+    assert torch.equal(logits.argmax(-1), toks)
+    prev = torch.cat([first[:, None], toks[:, :-1]], dim=1)
+    torch.testing.assert_close(head.block_logits(base, prev, hid), logits)
+
+
+def test_a_fresh_head_adds_nothing():
+    head = build_head("gated", 11, 3, 6)
+    base = torch.randn(1, 4, 11)
+    assert torch.equal(head.block_logits(base, torch.zeros(1, 4, dtype=torch.long), torch.randn(1, 4, 6)), base)
