@@ -1,0 +1,76 @@
+"""A cheap stand-in for `ready.pipeline` that the sweep tests inject with `--runner`.
+
+It returns real `ready.metrics.Metrics` computed from made-up acceptance logs (numbers depend on
+the config so rows differ), and appends one line per call to $FAKE_RUN_LOG so tests can count
+who ran what. Knobs (environment, so worker processes see them too):
+FAKE_RUN_SLEEP seconds per call; FAKE_RUN_BARRIER=N makes the first call of every process wait
+until N processes have started a call (forces real overlap); FAKE_RUN_FAIL=<label> fails rows
+whose name contains it. This file holds no tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from ready.metrics import SequenceLog, overall, summarize
+from ready.pipeline import VariantResult
+
+_started = False
+
+
+def _log(event: str, cfg, method: str) -> None:
+    from sweeps.spec import job_hash
+
+    path = os.environ.get("FAKE_RUN_LOG")
+    if path:
+        line = json.dumps({"event": event, "pid": os.getpid(), "name": str(cfg.name), "method": method,
+                           "hash": job_hash(cfg, method), "t": time.time()})
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def _wait_for_peers() -> None:
+    global _started
+    n = int(os.environ.get("FAKE_RUN_BARRIER", "0"))
+    if _started or n <= 1:
+        return
+    _started = True
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        lines = Path(os.environ["FAKE_RUN_LOG"]).read_text().splitlines()
+        if len({json.loads(x)["pid"] for x in lines}) >= n:
+            return
+        time.sleep(0.05)
+
+
+def prepare_shared(cfg, methods, progress: bool = True) -> None:
+    _log("prepare", cfg, "prepare")
+
+
+def run_variant(cfg, method: str = "ready", progress: bool = True) -> VariantResult:
+    _log("start", cfg, method)
+    _wait_for_peers()
+    time.sleep(float(os.environ.get("FAKE_RUN_SLEEP", "0")))
+    fail = os.environ.get("FAKE_RUN_FAIL")
+    if fail and fail in str(cfg.name):
+        raise RuntimeError(f"injected failure for {cfg.name}")
+    k = 0 if method == "ar" else int(cfg.drafter.block_size)
+    boost = {"ar": 0, "dspark": 1, "ft": 1}.get(method, 1 + (int(cfg.reader.rank) % 5 > 2) + int(cfg.seed) % 2)
+    per_bench = []
+    for b, suite in enumerate(cfg.bench.suites):
+        accepted = [min(k, (i + boost + b) % (k + 1)) for i in range(6)] if k else [0] * 8
+        logs = [SequenceLog(new_tokens=sum(a + 1 for a in accepted), wall_s=0.5 + 0.1 * b,
+                            accepted=accepted, horizons=[k] * len(accepted))]
+        m = summarize(logs, str(suite), method, k)
+        m.lossless = 1
+        per_bench.append(m)
+    total = overall(per_bench)
+    curves = {} if method == "ar" else {"stage1": [(s, 2.0 / s) for s in range(1, 4)]}
+    _log("end", cfg, method)
+    return VariantResult(method=method, benchmarks=per_bench, overall=total, curves=curves,
+                         resolved={"state_layers": [1, 3], "context_layers": [0, 2], "inject_layers": [1],
+                                   "rank": min(int(cfg.reader.rank), 64)},
+                         evaluation={"fake": True, "method": method})

@@ -1,0 +1,131 @@
+"""Sweep specs: every layer merges onto the one schema, rows expand with stable hashes, and a
+wrong spec ends in one message that names the key."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from sweeps.basegen import drift, render
+from sweeps.run import main
+from sweeps.spec import EXPERIMENTS_DIR, SpecError, list_sweeps, load_sweep
+
+SWEEPS = ["main", "ft_control", "rank", "layers", "inject_layer", "inject_pos", "search_loss"]
+
+
+def test_base_yaml_restates_every_schema_default_with_a_comment():
+    assert drift() == [], "experiments/base.yaml is out of date: run python -m sweeps.basegen --write"
+    uncommented = [line for line in (EXPERIMENTS_DIR / "base.yaml").read_text().splitlines()
+                   if line.strip() and not line.lstrip().startswith("#") and "  # " not in line]
+    assert uncommented == []
+
+
+def test_basegen_rewrites_base_yaml_keeping_its_comments(tmp_path: Path):
+    path = tmp_path / "base.yaml"
+    text = (EXPERIMENTS_DIR / "base.yaml").read_text()
+    path.write_text(text.replace("  rank: 8  # reader rank", "  # rank removed").replace("seed: 0  # seed of the ReaDy", "seed: 3  # seed of the ReaDy"))
+    assert any("reader.rank" in d for d in drift(path)) and any(d.startswith("differs: seed") for d in drift(path))
+    path.write_text(render(path))
+    assert drift(path) == []
+    assert "seed: 0  # seed of the ReaDy" in path.read_text()
+
+
+def test_every_sweep_resolves_and_starts_with_its_command():
+    assert set(SWEEPS) <= set(list_sweeps())
+    for name in SWEEPS:
+        text = (EXPERIMENTS_DIR / f"{name}.yaml").read_text()
+        assert f"python -m sweeps.run {name}" in text.split("\n\n")[0]
+        for extra in ([], ["profile=smoke"]):
+            sweep = load_sweep(name, extra)
+            assert [b.method for b in sweep.baselines] == ["ar", "dspark"]
+            assert len({v.variant_id for v in sweep.rows}) == len(sweep.rows)
+
+
+def test_rank_dry_run_lists_five_ranks_with_hashes(capsys):
+    assert main(["rank", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split()[1:2] and line.split()[1].startswith("r=")]
+    assert [r[1] for r in rows] == ["r=8", "r=16", "r=32", "r=64", "r=128"]
+    hashes = [r[5] for r in rows]
+    assert len(set(hashes)) == 5 and all(len(h) == 12 for h in hashes)
+    assert "AR" in out and "DSpark" in out
+
+
+def test_table_rows_carry_labels_methods_and_order():
+    ft = load_sweep("ft_control")
+    assert [(v.label, v.method, v.order) for v in ft.rows] == [
+        ("AR", "ar", 0), ("DSpark", "dspark", 1), ("DSpark + FT", "ft", 2), ("ReaDy", "ready", 3)]
+    assert ft.variants[0].cfg.reader.enabled is False
+    layers = load_sweep("layers")
+    assert [list(v.cfg.reader.layers) for v in layers.variants] == [[2], [30], [62], [30, 62], [2, 30, 62]]
+    pos = load_sweep("inject_pos")
+    assert [v.cfg.reader.position for v in pos.variants] == ["pre", "post"]
+
+
+def test_inject_layer_rows_that_name_the_same_layers_run_once():
+    two = load_sweep("inject_layer")  # 2-layer drafter: {0,last} is every layer
+    assert [v.label for v in two.variants] == ["{0}", "{last}", "{0,last} = all"]
+    three = load_sweep("inject_layer", ["drafter.num_layers=3"])
+    assert [v.label for v in three.variants] == ["{0}", "{last}", "{0,last}", "all"]
+    assert list(three.variants[-1].cfg.reader.inject_layers) == [0, 1, 2]
+
+
+def test_seeds_multiply_rows_but_baselines_run_once_per_setting():
+    sweep = load_sweep("rank", ["seeds=[0,1,2]"])
+    jobs = sweep.jobs()
+    assert len(jobs) == 2 + 5 * 3
+    ready = [j for j in jobs if j.variant.method == "ready"]
+    assert len({j.config_hash for j in ready}) == 15 and len({j.variant.variant_id for j in ready}) == 5
+
+
+def test_hash_ignores_what_cannot_change_a_result_and_tracks_what_can():
+    a = load_sweep("rank")
+    b = load_sweep("rank", ["artifacts_dir=/elsewhere"])
+    assert [j.config_hash for j in a.jobs()] == [j.config_hash for j in b.jobs()]
+    c = load_sweep("rank", ["reader.mlp_hidden=128"])
+    by = lambda s: {j.variant.label: j.config_hash for j in s.jobs()}  # noqa: E731
+    assert by(a)["AR"] == by(c)["AR"] and by(a)["DSpark"] == by(c)["DSpark"]  # baselines never read the reader
+    assert by(a)["r=8"] != by(c)["r=8"]
+    assert a.setting != c.setting
+
+
+def test_profile_smoke_shrinks_budgets_and_search_trials():
+    full, smoke = load_sweep("search_loss"), load_sweep("search_loss", ["profile=smoke"])
+    assert smoke.common.pretrain.steps < full.common.pretrain.steps
+    assert smoke.common.bench.limit == 2
+    assert smoke.spec.search.n_trials == 2 and full.spec.search.n_trials == 16
+    assert load_sweep("rank", ["profile=smoke"]).spec.search is None
+
+
+@pytest.fixture
+def experiments(tmp_path: Path) -> Path:
+    """A copy of experiments/ to write bad specs into."""
+    dst = tmp_path / "experiments"
+    shutil.copytree(EXPERIMENTS_DIR, dst)
+    return dst
+
+
+@pytest.mark.parametrize("body, key", [
+    ("config:\n  reader:\n    rnak: 8\nvariants:\n  - {label: a}\n", "reader.rnak"),
+    ("grid:\n  values:\n    reader.rank: [8, 0]\n  label: 'r={reader.rank}'\n", "reader.rank"),
+    ("variants:\n  - {label: bad, set: {reader.layers: 30}}\n", "reader.layers"),
+    ("variants:\n  - {label: a}\nsedds: [0]\n", "sedds"),
+])
+def test_a_bad_spec_fails_with_one_message_naming_the_key(experiments: Path, body: str, key: str, capsys):
+    (experiments / "bad.yaml").write_text("# python -m sweeps.run bad\ntable: table3\n" + body)
+    with pytest.raises(SpecError) as err:
+        load_sweep("bad", experiments_dir=experiments)
+    msg = str(err.value)
+    assert f"'{key}'" in msg and "\n" not in msg and "bad.yaml" in msg
+    assert main(["bad", "--dry-run", "--experiments-dir", str(experiments)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().count("\n") == 0 and key in captured.err and "Traceback" not in captured.err
+
+
+def test_command_line_mistakes_name_the_key(capsys):
+    for override, key in [("reader.rnak=3", "reader.rnak"), ("reader.layers=3", "reader.layers"),
+                          ("reader.rank=16", "reader.rank"), ("reader.position=middle", "reader.position")]:
+        assert main(["rank", override, "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert key in err and err.strip().count("\n") == 0
