@@ -191,3 +191,17 @@ def test_target_without_gdn_layers_has_no_state_to_read():
     with pytest.raises(ValueError, match="the target has no Gated DeltaNet layers"):
         drafter_for(t)
     assert drafter_for(t, reader=False).capture_layers == [0, 1]
+
+
+def test_lora_adapters_must_be_merged_before_saving(target, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    d = drafter_for(target)
+    wrapped = get_peft_model(d, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"]))
+    assert not any("lora" in n for n, _ in d.readers.named_parameters())  # readers and heads stay plain
+    with pytest.raises(DrafterError, match="still carries LoRA adapters; merge them first"):
+        d.save(tmp_path / "d")
+    merged = wrapped.merge_and_unload()
+    merged.save(tmp_path / "d")
+    step = draft_step(target, merged, torch.randint(0, V, (1, 8)))
+    assert torch.equal(merged.draft(step)[1], load_drafter(tmp_path / "d", target).draft(step)[1])

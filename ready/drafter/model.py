@@ -263,6 +263,13 @@ class DSparkDrafter(nn.Module):
             c["n"], c["last"] = n, feats[:, n - 1].clone()
         return c["kv"]
 
+    def _cache_source(self, ssm: torch.Tensor, B: int) -> StateSource:
+        """Where the readers read in the cache; the index tensors are built once per (cache, batch)."""
+        key = (ssm.data_ptr(), ssm.device, B)
+        if getattr(self, "_src_key", None) != key:
+            self._src, self._src_key = StateSource.from_cache(ssm, self._gdn_indices, B), key
+        return StateSource(ssm, self._src.layer_idx, self._src.slots)
+
     @torch.no_grad()
     def propose(self, step: Any) -> torch.Tensor:
         """Greedy draft of the next K tokens after the last committed one: LongTensor [B, K]."""
@@ -281,7 +288,7 @@ class DSparkDrafter(nn.Module):
         context_kv = self._context_kv(feats, B, dev)
         read = None
         if self.reader_enabled:
-            src = StateSource.from_cache(step.cache.ssm, self._gdn_indices, B)
+            src = self._cache_source(step.cache.ssm, B)
             read = lambda reader, h: reader(h, src)  # noqa: E731
         pos = (T - 1 + torch.arange(self.block_size, device=dev)).expand(B, -1)
         cos, sin = self._rope(pos)
@@ -301,7 +308,11 @@ class DSparkDrafter(nn.Module):
                                    "whole folder, so expected a new or drafter-only folder")
         meta = {"format": FORMAT, "drafter": self.drafter_cfg, "reader": self.reader_cfg,
                 "resolved": self.resolved(), "target": self._fingerprint}
-        weights = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = self.state_dict()
+        if any("lora_" in k or ".base_layer." in k for k in state):
+            raise DrafterError("this drafter still carries LoRA adapters; merge them first (peft merge_and_unload) "
+                               "so the checkpoint holds plain drafter weights")
+        weights = {k: v.detach().contiguous().cpu() for k, v in state.items()}
         with atomic_dir(path) as tmp:
             (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
             save_file(weights, str(tmp / WEIGHTS_FILE))
