@@ -1,0 +1,81 @@
+"""The drafter's training loss: L = L_CE + λ·L_L1 with position weights w_j = exp(-j/γ).
+
+For every sampled anchor the drafter predicts K draft positions j = 1..K. Each position has
+a cross-entropy term against the label token (the target's greedy token) and an L1 term
+between the draft and target probability distributions, sum_v |p_draft(v) - p_target(v)|
+(twice the total-variation distance, so 1 - L1/2 is the probability that the target accepts
+a draft sampled from p_draft). Both terms are weighted means over positions with weights
+w_j = exp(-j/γ): early positions matter most because a block is only as long as its
+accepted prefix. Positions a mask marks invalid (past the sequence end or after EOS) get
+weight 0. Normalising by the weight sum makes the loss independent of whether j starts at
+0 or 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class LossTerms:
+    """The loss to back-propagate and its parts (detached floats for logging)."""
+
+    loss: torch.Tensor  # scalar, carries the graph
+    ce: float
+    l1: float
+    accuracy: float  # top-1 agreement with the label, unweighted, over valid positions
+    tau_hat: float  # 1 + mean accepted-prefix length if the drafts were verified greedily
+
+
+def position_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """w_j = exp(-j/γ) for draft positions j = 1..K, float32 [K]."""
+    j = torch.arange(1, block_size + 1, device=device, dtype=torch.float32)
+    return torch.exp(-j / float(gamma))
+
+
+def draft_loss(
+    draft_logits: torch.Tensor,
+    labels: torch.Tensor,
+    target_logits: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    l1_weight: float = 0.1,
+    gamma: float = 4.0,
+) -> LossTerms:
+    """L_CE + l1_weight * L_L1 over draft blocks.
+
+    draft_logits, target_logits: [..., K, V]; labels: [..., K]; mask: [..., K] bool (None =
+    all valid). target_logits is detached here: the target is a fixed teacher.
+    """
+    if draft_logits.shape != target_logits.shape or draft_logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"draft_loss: shapes disagree: draft logits {tuple(draft_logits.shape)}, target logits "
+            f"{tuple(target_logits.shape)}, labels {tuple(labels.shape)}; expected [..., K, V], [..., K, V], [..., K]"
+        )
+    K, V = draft_logits.shape[-2:]
+    w = position_weights(K, gamma, draft_logits.device).expand(labels.shape)
+    valid = torch.ones_like(labels, dtype=torch.bool) if mask is None else mask.bool()
+    w = w * valid.float()
+    den = w.sum().clamp_min(1e-12)
+
+    logits = draft_logits.float()
+    ce = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1).clamp_min(0), reduction="none").view(labels.shape)
+    ce_mean = (ce * w).sum() / den
+
+    p_draft = logits.softmax(-1)
+    p_target = target_logits.detach().float().softmax(-1)
+    l1 = (p_draft - p_target).abs().sum(-1)
+    l1_mean = (l1 * w).sum() / den
+
+    loss = ce_mean + float(l1_weight) * l1_mean
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == labels) & valid
+        n_valid = valid.sum().clamp_min(1)
+        accuracy = float(hit.sum() / n_valid)
+        blocks = valid[..., 0]
+        prefix = hit.int().cumprod(-1).sum(-1)
+        tau_hat = float(1 + prefix[blocks].float().mean()) if bool(blocks.any()) else float("nan")
+    return LossTerms(loss=loss, ce=float(ce_mean.detach()), l1=float(l1_mean.detach()), accuracy=accuracy, tau_hat=tau_hat)

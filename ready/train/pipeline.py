@@ -1,0 +1,200 @@
+"""A variant's whole training: regenerated data -> base DSpark drafter -> stage 1 -> stage 2.
+
+Every product is an artifact named by the content hash of what it depends on, written
+atomically, and reused when present:
+
+- `<artifacts>/regen/<hash>/`: the target-regenerated data (ready.train.regen).
+- `<artifacts>/drafter_base/<hash>/drafter/`: the base DSpark drafter, trained from scratch
+  when `drafter.checkpoint` is empty. Its hash covers the drafter architecture, the base
+  budget, the loss, `train.base_seed`, the data and the target, never the reader or the
+  adaptation stages, so every variant (and seed) of a sweep shares one base drafter.
+- `<out_dir>/<stage>-<hash>/drafter/`: the drafter after stage 1 and after stage 2, with
+  `train.json` (the loss curve and which parameters were trained).
+
+While a stage runs, its checkpoints live in `<final folder>.work/`; a killed run resumes
+from there on the next call and the folder is removed once the stage's result is in place.
+LoRA adapters are merged into the backbone before saving, so every saved drafter is a plain
+`DSparkDrafter` that `ready.drafter.load_drafter` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from omegaconf import OmegaConf
+
+from ready.artifacts import artifact_dir, atomic_dir, is_complete
+from ready.config import config_hash, to_container
+from ready.train.lora import has_lora, merge_lora_
+from ready.train.regen import RegenData, build_regen_data
+from ready.train.stages import MetricsCallback, TrainResult, stage_seed, train_stage
+
+DRAFTER_SUBDIR = "drafter"
+LOG_FILE = "train.json"
+
+
+class PipelineError(ValueError):
+    """A pipeline input (checkpoint path, config) is unusable; the message says what was expected."""
+
+
+def _plain(node: Any) -> Any:
+    return to_container(node) if OmegaConf.is_config(node) else node
+
+
+def _state_fingerprint(module: torch.nn.Module) -> str:
+    """Content hash of a module's weights (a strided sample of each tensor)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        flat = t.detach().reshape(-1)
+        h.update(name.encode() + str(tuple(t.shape)).encode())
+        h.update(flat[:: max(1, flat.numel() // 2048)].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _run_cached_stage(
+    final: Path,
+    spec: dict,
+    make_drafter: Callable[[], torch.nn.Module],
+    stage: str,
+    target: Any,
+    data: RegenData,
+    cfg: Any,
+    callback: Optional[MetricsCallback],
+    progress: bool,
+) -> Path:
+    """Train `stage` into `final/drafter` unless it is already there (resuming a killed run)."""
+    if is_complete(final):
+        return final / DRAFTER_SUBDIR
+    work = final.parent / f"{final.name}.work"
+    drafter = make_drafter()
+    result = train_stage(stage, drafter, target, data, cfg, work, callback=callback, progress=progress)
+    if has_lora(drafter):
+        merge_lora_(drafter)
+    for p in drafter.parameters():
+        p.requires_grad_(False)
+    with atomic_dir(final) as tmp:
+        (tmp / "spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True, default=str))
+        log = {**asdict(result), "first_loss": result.first_loss, "last_loss": result.last_loss}
+        (tmp / LOG_FILE).write_text(json.dumps(log, indent=1))
+        drafter.save(tmp / DRAFTER_SUBDIR)
+    shutil.rmtree(work, ignore_errors=True)
+    return final / DRAFTER_SUBDIR
+
+
+def _data_and_spec(cfg: Any, target: Any, tokenizer: Any, progress: bool) -> tuple[RegenData, str]:
+    data, folder = build_regen_data(cfg, target, tokenizer, progress=progress)
+    return data, folder.name
+
+
+def base_spec(cfg: Any, data_id: str) -> dict:
+    """What the base DSpark drafter depends on (no reader, no adaptation stages, no variant seed)."""
+    drafter = dict(_plain(cfg.drafter))
+    drafter.pop("checkpoint", None)
+    return {
+        "kind": "drafter_base",
+        "drafter": drafter,
+        "train": _plain(cfg.train.base),
+        "loss": _plain(cfg.train.loss),
+        "seed": int(cfg.train.base_seed),
+        "data": data_id,
+    }
+
+
+def ensure_base_drafter(
+    cfg: Any,
+    target: Any,
+    tokenizer: Any,
+    callback: Optional[MetricsCallback] = None,
+    progress: bool = True,
+) -> Path:
+    """The base DSpark drafter's folder: `drafter.checkpoint` when given, else trained from scratch (cached)."""
+    if cfg.drafter.checkpoint:
+        path = Path(cfg.drafter.checkpoint)
+        if not path.is_dir():
+            raise PipelineError(f"drafter.checkpoint = {str(path)!r} is not a folder; expected a drafter saved by DSparkDrafter.save")
+        return path
+    from ready.drafter import DSparkDrafter
+
+    data, data_id = _data_and_spec(cfg, target, tokenizer, progress)
+    spec = base_spec(cfg, data_id)
+    final = artifact_dir(cfg.artifacts_dir, "drafter_base", spec)
+    reader_off = OmegaConf.merge(cfg.reader, {"enabled": False})
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(stage_seed(int(cfg.train.base_seed), "base"))
+        return DSparkDrafter(cfg.drafter, reader_off, target).to(target.embed_tokens.weight.device)
+
+    return _run_cached_stage(final, spec, make, "base", target, data, cfg, callback, progress)
+
+
+def stage_spec(cfg: Any, stage: str, start_id: str, data_id: str) -> dict:
+    """What a stage's output depends on: its starting drafter, the variant's reader and budgets."""
+    return {
+        "kind": stage,
+        "start": start_id,
+        "drafter": _plain(cfg.drafter),
+        "reader": _plain(cfg.reader),
+        "train": _plain(getattr(cfg.train, stage)),
+        "lora": _plain(cfg.train.lora),
+        "loss": _plain(cfg.train.loss),
+        "seed": int(cfg.seed),
+        "data": data_id,
+    }
+
+
+def train_variant(
+    cfg: Any,
+    target: Any,
+    tokenizer: Any,
+    base_drafter_dir: Optional[str | Path],
+    out_dir: str | Path,
+    callback: Optional[MetricsCallback] = None,
+    progress: bool = True,
+) -> Path:
+    """Train one variant (reader config of `cfg`) and return the folder of its final drafter.
+
+    base_drafter_dir: a base DSpark drafter folder; None = `ensure_base_drafter(cfg, ...)`.
+    With the reader on: stage 1 trains the reader, stage 2 the reader + LoRA. With the reader
+    off (the no-state control): both stages train LoRA only, with the same budgets.
+    """
+    from ready.drafter import load_drafter
+
+    data, data_id = _data_and_spec(cfg, target, tokenizer, progress)
+    if base_drafter_dir is None:
+        base_drafter_dir = ensure_base_drafter(cfg, target, tokenizer, callback, progress)
+    base_drafter_dir = Path(base_drafter_dir)
+    base = load_drafter(base_drafter_dir, target)  # validates the folder and the target
+    start_id = _state_fingerprint(base)
+    del base
+    out_dir = Path(out_dir)
+    current = base_drafter_dir
+    for i, stage in enumerate(("stage1", "stage2")):
+        spec = stage_spec(cfg, stage, start_id, data_id)
+        final = out_dir / f"{stage}-{config_hash(spec)}"
+        prev, fresh_reader = current, i == 0
+
+        def make(prev: Path = prev, fresh_reader: bool = fresh_reader) -> torch.nn.Module:
+            torch.manual_seed(stage_seed(int(cfg.seed), "stage1"))
+            return load_drafter(prev, target, reader_cfg=cfg.reader if fresh_reader else None)
+
+        current = _run_cached_stage(final, spec, make, stage, target, data, cfg, callback, progress)
+        start_id = config_hash(spec)
+    return current
+
+
+def read_train_log(drafter_dir: str | Path) -> dict:
+    """The `train.json` written beside a trained drafter (loss curve, trained parameter names)."""
+    path = Path(drafter_dir).parent / LOG_FILE
+    if not path.is_file():
+        raise PipelineError(f"{path} does not exist; expected a drafter folder produced by ready.train.pipeline")
+    return json.loads(path.read_text())
+
+
+__all__ = ["ensure_base_drafter", "train_variant", "read_train_log", "TrainResult", "PipelineError"]

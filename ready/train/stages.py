@@ -1,0 +1,344 @@
+"""One training stage of a drafter against the frozen target: base, stage1, or stage2.
+
+- `base`:   DSpark from scratch: every drafter parameter except the target's shared,
+            frozen embeddings and LM head (plus the reader's, if the drafter has one).
+- `stage1`: ReaDy stage 1: the reader only; the drafter is frozen.
+- `stage2`: ReaDy stage 2: the reader plus LoRA adapters on the drafter backbone (peft).
+
+The no-state control (Table 2, `reader.enabled=false`) runs the same two stages with the
+same budgets, and LoRA is the only thing it can train: stage 1 trains LoRA adapters with
+stage 1's budget (samples, lr, batch, schedule), they are merged, and stage 2 trains fresh
+adapters with stage 2's budget. So the control sees exactly as many samples and optimizer
+steps as ReaDy; the only difference is state access (and that its stage-1 updates land in
+the backbone rather than in a reader).
+
+Each step: sample a batch (a deterministic function of seed, stage and step), sample anchors
+in the response part, run the frozen target under no_grad for context features (and the
+committed GDN states at anchors-1 when the drafter reads state), run the drafter's training
+forward, and minimise L_CE + λ L_L1 (ready.train.loss). AdamW on fp32 master weights, linear
+warmup then cosine decay, gradient clipping, bf16 autocast on CUDA. Every
+`train.checkpoint_every` steps (and at the end) the trainable weights, optimizer, scheduler,
+RNG and step are saved atomically in `out_dir/checkpoint.pt`; calling the stage again with
+the same inputs resumes from there and ends with the same weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+from tqdm.auto import tqdm
+
+from ready.artifacts import atomic_torch_save
+from ready.config import config_hash, to_container
+from ready.train.anchors import gather_blocks, sample_anchors
+from ready.train.lora import inject_lora, lora_parameters
+from ready.train.loss import draft_loss
+from ready.train.regen import RegenData
+
+STAGES = ("base", "stage1", "stage2")
+CHECKPOINT = "checkpoint.pt"
+MetricsCallback = Callable[[str, float, int], None]
+
+
+class TrainStageError(ValueError):
+    """A stage asked for something the drafter/config cannot do; the message says what."""
+
+
+@dataclass
+class TrainResult:
+    """What a stage did: its budget, its loss curve, and which parameters it trained."""
+
+    stage: str
+    steps: int
+    samples: int
+    trainable: list[str] = field(default_factory=list)  # parameter names (as in the trained module)
+    losses: list[float] = field(default_factory=list)  # per step
+    resumed_from: int = 0  # step the run resumed at (0 = fresh)
+    seconds: float = 0.0
+    skipped: bool = False
+
+    @property
+    def first_loss(self) -> float:
+        return _window_mean(self.losses[: max(1, len(self.losses) // 10)])
+
+    @property
+    def last_loss(self) -> float:
+        return _window_mean(self.losses[-max(1, len(self.losses) // 10) :])
+
+
+def _window_mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+# --- what a stage trains -----------------------------------------------------------------------
+
+def stage_seed(seed: int, stage: str) -> int:
+    return int(seed) * 1000 + STAGES.index(stage) + 1
+
+
+def reader_on(drafter: Any) -> bool:
+    return len(list(drafter.reader_parameters())) > 0
+
+
+def select_trainable(stage: str, drafter: nn.Module, cfg: Any) -> list[tuple[str, nn.Parameter]]:
+    """Set requires_grad for `stage` (injecting LoRA where it needs it); returns the trainable
+    (name, parameter) pairs in a fixed order."""
+    if stage not in STAGES:
+        raise TrainStageError(f"unknown training stage {stage!r}; expected one of {list(STAGES)}")
+    has_reader = reader_on(drafter)
+    if stage == "base":
+        wanted = {id(p) for p in drafter.backbone_parameters()} | {id(p) for p in drafter.reader_parameters()}
+    elif stage == "stage1" and has_reader:
+        wanted = {id(p) for p in drafter.reader_parameters()}
+    else:  # stage2, or stage1 of the no-state control: LoRA (+ reader when there is one)
+        inject_lora(drafter, cfg.train.lora)
+        wanted = {id(p) for _, p in lora_parameters(drafter)} | {id(p) for p in drafter.reader_parameters()}
+    out = []
+    for name, p in drafter.named_parameters():
+        p.requires_grad_(id(p) in wanted)
+        if id(p) in wanted:
+            out.append((name, p))
+    if not out:
+        raise TrainStageError(f"stage {stage!r} finds no parameter to train in the drafter")
+    return out
+
+
+# --- optimisation -----------------------------------------------------------------------------
+
+def num_steps(samples: int, batch_size: int) -> int:
+    """Optimizer steps for a budget of `samples` training sequences (last batch rounded up)."""
+    return int(math.ceil(int(samples) / max(1, int(batch_size))))
+
+
+def warmup_cosine(step: int, total: int, warmup: float) -> float:
+    """LR multiplier: linear warmup over `warmup`·total steps, then cosine decay to 0."""
+    w = int(round(warmup * total))
+    if step < w:
+        return (step + 1) / (w + 1)
+    t = (step - w) / max(1, total - w)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+
+
+def make_optimizer(params: list[tuple[str, nn.Parameter]], sc: Any) -> torch.optim.AdamW:
+    """AdamW on the fp32 parameters; no weight decay on vectors (norms, biases)."""
+    decay = [p for _, p in params if p.dim() >= 2]
+    plain = [p for _, p in params if p.dim() < 2]
+    groups = [g for g in ({"params": decay, "weight_decay": float(sc.weight_decay)}, {"params": plain, "weight_decay": 0.0}) if g["params"]]
+    return torch.optim.AdamW(groups, lr=float(sc.lr), betas=(0.9, 0.95), eps=1e-8)
+
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int) -> torch.Tensor:
+    """Sequence ids of batch `step`: consecutive slices of per-epoch shuffles (deterministic)."""
+    pos = torch.arange(step * batch_size, (step + 1) * batch_size)
+    epochs = (pos // n).unique().tolist()
+    perms = {}
+    for e in epochs:
+        g = torch.Generator().manual_seed(seed * 7919 + int(e))
+        perms[e] = torch.randperm(n, generator=g)
+    return torch.stack([perms[int(p // n)][int(p % n)] for p in pos])
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fingerprint(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter]], data: RegenData, seed: int) -> str:
+    sc = getattr(cfg.train, stage)
+    return config_hash(
+        {
+            "stage": stage,
+            "stage_cfg": to_container(sc) if OmegaConf.is_config(sc) else dict(vars(sc)),
+            "loss": [float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)],
+            "lora": [int(cfg.train.lora.rank), int(cfg.train.lora.alpha), float(cfg.train.lora.dropout)],
+            "params": [(n, list(p.shape)) for n, p in params],
+            "data": [len(data), int(data.tokens.shape[1]), int(data.tokens.sum())],
+            "seed": seed,
+        }
+    )
+
+
+def save_checkpoint(path: Path, step: int, params, opt, sched, losses: list[float], fingerprint: str) -> None:
+    atomic_torch_save(
+        {
+            "step": step,
+            "params": {n: p.detach().cpu().clone() for n, p in params},
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "rng": _rng_state(),
+            "losses": list(losses),
+            "fingerprint": fingerprint,
+        },
+        path,
+    )
+
+
+def load_checkpoint(path: Path, params, opt, sched, fingerprint: str) -> Optional[dict]:
+    """Restore a matching checkpoint in place; None when there is none or it is for other inputs."""
+    if not path.is_file():
+        return None
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    if ck.get("fingerprint") != fingerprint:
+        tqdm.write(f"ignoring checkpoint {path}: it was written for another stage config, drafter or data")
+        return None
+    with torch.no_grad():
+        for n, p in params:
+            p.copy_(ck["params"][n].to(p.device, p.dtype))
+    opt.load_state_dict(ck["optimizer"])
+    sched.load_state_dict(ck["scheduler"])
+    _set_rng_state(ck["rng"])
+    return ck
+
+
+# --- evaluation -------------------------------------------------------------------------------
+
+@torch.no_grad()
+def evaluate_loss(drafter: nn.Module, target: nn.Module, data: RegenData, cfg: Any, num: int = 64,
+                  anchors_per_sample: int = 8, seed: int = 0) -> float:
+    """Loss of the drafter on the first `num` sequences of `data` with fixed anchors (no update)."""
+    K = int(drafter.block_size)
+    idx = torch.arange(min(num, len(data)))
+    device = next(drafter.parameters()).device
+    tokens = data.tokens[idx].to(device)
+    anchors, mask = sample_anchors(data.lengths[idx], data.prompt_len, K, anchors_per_sample,
+                                   torch.Generator().manual_seed(seed))
+    anchors, mask = anchors.to(device), mask.to(device)
+    was_training = drafter.training
+    drafter.eval()
+    tout, states = _target_forward(target, drafter, tokens, anchors)
+    logits = drafter.forward_train(tokens, tout.hidden, anchors, states)
+    terms = draft_loss(logits, gather_blocks(tokens, anchors, K, 1), gather_blocks(tout.logits, anchors, K, 0), mask,
+                       float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma))
+    drafter.train(was_training)
+    return float(terms.loss)
+
+
+@torch.no_grad()
+def _target_forward(target: nn.Module, drafter: nn.Module, tokens: torch.Tensor, anchors: torch.Tensor):
+    """The frozen target's logits, context features and (when the drafter reads state) states at anchors-1."""
+    kw: dict = dict(capture_layers=list(drafter.capture_layers))
+    if drafter.state_layers:
+        kw.update(state_layers=list(drafter.state_layers), state_positions=anchors - 1)
+    out = target(tokens, **kw)
+    return out, (out.states if drafter.state_layers else None)
+
+
+# --- the stage --------------------------------------------------------------------------------
+
+def train_stage(
+    stage: str,
+    drafter: nn.Module,
+    target: nn.Module,
+    data: RegenData,
+    cfg: Any,
+    out_dir: str | Path,
+    callback: Optional[MetricsCallback] = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train `drafter` in place for one stage (see module doc); checkpoints go to `out_dir`.
+
+    For stages that use LoRA the adapters stay injected (merge them with
+    `ready.train.lora.merge_lora_` before saving). The callback receives
+    (`train/<stage>/<metric>`, value, step) after every optimizer step.
+    """
+    if stage not in STAGES:
+        raise TrainStageError(f"unknown training stage {stage!r}; expected one of {list(STAGES)}")
+    sc = getattr(cfg.train, stage)
+    seed = stage_seed(int(cfg.train.base_seed) if stage == "base" else int(cfg.seed), stage)
+    torch.manual_seed(seed)
+    params = select_trainable(stage, drafter, cfg)
+    names = [n for n, _ in params]
+    steps = num_steps(sc.samples, sc.batch_size)
+    if steps == 0:
+        return TrainResult(stage=stage, steps=0, samples=0, trainable=names, skipped=True)
+    if len(data) == 0:
+        raise TrainStageError("training data is empty; expected regenerated sequences (regen.num_samples > 0)")
+
+    device = next(drafter.parameters()).device
+    for p in target.parameters():
+        p.requires_grad_(False)
+    target.eval()
+    drafter.train()
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    )
+    opt = make_optimizer(params, sc)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, float(sc.warmup)))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ck_path = out_dir / CHECKPOINT
+    fingerprint = _fingerprint(stage, cfg, params, data, seed)
+    ck = load_checkpoint(ck_path, params, opt, sched, fingerprint)
+    start = int(ck["step"]) if ck else 0
+    losses: list[float] = list(ck["losses"]) if ck else []
+
+    K = int(drafter.block_size)
+    trainable = [p for _, p in params]
+    every = max(1, int(cfg.train.checkpoint_every))
+    l1_weight, gamma = float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)
+    t0 = time.perf_counter()
+    bar = tqdm(range(start, steps), desc=f"train {stage}", unit="step", initial=start, total=steps, disable=not progress)
+    for step in bar:
+        idx = batch_indices(step, int(sc.batch_size), len(data), seed)
+        tokens = data.tokens[idx].to(device)
+        gen = torch.Generator().manual_seed(seed * 104729 + step)
+        anchors, mask = sample_anchors(data.lengths[idx], data.prompt_len, K, int(sc.anchors_per_sample), gen)
+        anchors, mask = anchors.to(device), mask.to(device)
+        tout, states = _target_forward(target, drafter, tokens, anchors)
+        labels = gather_blocks(tokens, anchors, K, offset=1)
+        teacher = gather_blocks(tout.logits, anchors, K, offset=0)
+        with autocast:
+            logits = drafter.forward_train(tokens, tout.hidden, anchors, states)
+        terms = draft_loss(logits, labels, teacher, mask, l1_weight, gamma)
+        opt.zero_grad(set_to_none=True)
+        terms.loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(trainable, float(sc.grad_clip))
+        opt.step()
+        lr = opt.param_groups[0]["lr"]
+        sched.step()
+        loss = float(terms.loss.detach())
+        losses.append(loss)
+        done = step + 1
+        if done % every == 0 or done == steps:
+            save_checkpoint(ck_path, done, params, opt, sched, losses, fingerprint)
+        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{terms.accuracy:.2f}")
+        if callback is not None:
+            for key, value in (
+                ("loss", loss),
+                ("ce", terms.ce),
+                ("l1", terms.l1),
+                ("accuracy", terms.accuracy),
+                ("tau_hat", terms.tau_hat),
+                ("lr", lr),
+                ("grad_norm", float(gnorm)),
+            ):
+                callback(f"train/{stage}/{key}", float(value), done)
+    bar.close()
+    drafter.eval()
+    return TrainResult(
+        stage=stage,
+        steps=steps,
+        samples=int(sc.samples),
+        trainable=names,
+        losses=losses,
+        resumed_from=start,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,103 @@
+"""The training loss and the anchor sampler, against hand computations."""
+
+import math
+
+import pytest
+import torch
+
+from ready.train.anchors import anchor_range, gather_blocks, sample_anchors
+from ready.train.loss import draft_loss, position_weights
+
+
+def _softmax(xs):
+    m = max(xs)
+    e = [math.exp(x - m) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+def test_position_weights_decay_as_exp_minus_j_over_gamma():
+    w = position_weights(3, gamma=4.0)
+    assert torch.allclose(w, torch.tensor([math.exp(-1 / 4), math.exp(-2 / 4), math.exp(-3 / 4)]))
+
+
+def test_loss_equals_ce_plus_lambda_l1_with_position_weights_by_hand():
+    draft = [[2.0, 0.5, -1.0], [0.0, 1.0, 0.0], [-0.5, 0.3, 1.2]]  # K=3 positions, V=3
+    target = [[1.0, 1.0, 0.0], [0.2, 2.0, -1.0], [3.0, 0.0, 0.0]]
+    labels = [0, 1, 2]
+    lam, gamma = 0.3, 2.0
+    w = [math.exp(-j / gamma) for j in (1, 2, 3)]
+    ce = [-math.log(_softmax(draft[j])[labels[j]]) for j in range(3)]
+    l1 = [sum(abs(p - q) for p, q in zip(_softmax(draft[j]), _softmax(target[j]))) for j in range(3)]
+    want_ce = sum(wj * c for wj, c in zip(w, ce)) / sum(w)
+    want_l1 = sum(wj * d for wj, d in zip(w, l1)) / sum(w)
+
+    terms = draft_loss(torch.tensor([[draft]]), torch.tensor([[labels]]), torch.tensor([[target]]), None, lam, gamma)
+    assert terms.ce == pytest.approx(want_ce, rel=1e-5)
+    assert terms.l1 == pytest.approx(want_l1, rel=1e-5)
+    assert float(terms.loss) == pytest.approx(want_ce + lam * want_l1, rel=1e-5)
+    # argmax hits: pos1 (0 == 0), pos2 (1 == 1), pos3 (2 == 2) -> whole block accepted
+    assert terms.accuracy == 1.0 and terms.tau_hat == 4.0
+
+
+def test_masked_positions_do_not_count():
+    g = torch.Generator().manual_seed(0)
+    d, t = torch.randn(1, 1, 3, 5, generator=g), torch.randn(1, 1, 3, 5, generator=g)
+    labels = torch.tensor([[[1, 2, 3]]])
+    full = draft_loss(d[..., :2, :], labels[..., :2], t[..., :2, :], None, 0.1, 4.0)
+    mask = torch.tensor([[[True, True, False]]])
+    d2 = d.clone()
+    d2[..., 2, :] = 100.0  # garbage at the masked position must not matter
+    masked = draft_loss(d2, labels, t, mask, 0.1, 4.0)
+    assert float(masked.loss) == pytest.approx(float(full.loss), rel=1e-6)
+
+
+def test_loss_gradient_reaches_draft_logits_only():
+    d = torch.randn(2, 2, 3, 7, requires_grad=True)
+    t = torch.randn(2, 2, 3, 7, requires_grad=True)
+    draft_loss(d, torch.zeros(2, 2, 3, dtype=torch.long), t).loss.backward()
+    assert d.grad is not None and d.grad.abs().sum() > 0
+    assert t.grad is None
+
+
+def test_anchors_lie_in_the_response_and_labels_past_the_end_are_masked():
+    lengths = torch.tensor([20, 14, 20])  # row 1 ended with EOS at index 13
+    g = torch.Generator().manual_seed(3)
+    anchors, mask = sample_anchors(lengths, prompt_len=8, block_size=4, num_anchors=5, generator=g)
+    assert anchors.shape == (3, 5) and mask.shape == (3, 5, 4)
+    lo, hi = anchor_range(8, lengths)
+    assert lo == 7
+    for b in range(3):
+        kept = anchors[b][mask[b, :, 0]]
+        assert len(set(kept.tolist())) == len(kept)  # distinct
+        assert bool((kept >= lo).all()) and bool((kept <= hi[b]).all())
+        for a_i, a in enumerate(anchors[b].tolist()):
+            if mask[b, a_i, 0]:
+                for j in range(4):
+                    assert bool(mask[b, a_i, j]) == (a + j + 1 < int(lengths[b]))
+    # row 1 has anchors 7..12 only: 6 candidates >= 5, all kept
+    assert bool(mask[1, :, 0].all())
+
+
+def test_too_few_anchor_candidates_are_padded_and_masked():
+    g = torch.Generator().manual_seed(0)
+    anchors, mask = sample_anchors(torch.tensor([10]), prompt_len=8, block_size=3, num_anchors=4, generator=g)
+    # valid anchors: 7 and 8 (first label 8, 9 < 10)
+    assert sorted(anchors[0][mask[0, :, 0]].tolist()) == [7, 8]
+    assert int(mask[0, :, 0].sum()) == 2
+
+
+def test_anchor_draws_repeat_with_the_same_generator_seed():
+    lengths = torch.full((4,), 30)
+    a1, _ = sample_anchors(lengths, 10, 4, 6, torch.Generator().manual_seed(11))
+    a2, _ = sample_anchors(lengths, 10, 4, 6, torch.Generator().manual_seed(11))
+    assert torch.equal(a1, a2)
+
+
+def test_gather_blocks_takes_labels_and_the_teacher_positions_that_predict_them():
+    tokens = torch.arange(100, 112).view(1, 12)
+    anchors = torch.tensor([[3, 7]])
+    labels = gather_blocks(tokens, anchors, 3, offset=1)
+    assert labels.tolist() == [[[104, 105, 106], [108, 109, 110]]]
+    logits = torch.arange(12).view(1, 12, 1).float().expand(1, 12, 2)
+    teacher = gather_blocks(logits, anchors, 3, offset=0)
+    assert teacher[0, :, :, 0].tolist() == [[3, 4, 5], [7, 8, 9]]

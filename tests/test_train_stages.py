@@ -1,0 +1,174 @@
+"""Training stages on a micro random target: what each stage may change, resume, loss goes down."""
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ready.drafter import DSparkDrafter
+from ready.train import greedy_responses, train_stage
+from ready.train.lora import LoraSetupError, base_name, merge_lora_
+from ready.train.stages import TrainStageError, evaluate_loss
+from test_train_helpers import micro_cfg, micro_prompts, micro_target
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():  # the shared 2-core box is oversubscribed; 2 spinning threads only slow it down
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return micro_target()
+
+
+@pytest.fixture(scope="module")
+def data(target):
+    return greedy_responses(target, micro_prompts(16, 12), 12, eos_id=None, batch_size=8, progress=False)
+
+
+def _drafter(cfg, target, reader: bool, seed: int = 0) -> DSparkDrafter:
+    torch.manual_seed(seed)
+    rcfg = OmegaConf.merge(cfg.reader, {"enabled": reader})
+    return DSparkDrafter(cfg.drafter, rcfg, target)
+
+
+def _snapshot(module) -> dict[str, torch.Tensor]:
+    return {base_name(n): p.detach().clone() for n, p in module.named_parameters()}
+
+
+def _changed(before: dict, module) -> set[str]:
+    after = {base_name(n): p.detach() for n, p in module.named_parameters()}
+    changed = {n for n, p in after.items() if n in before and not torch.equal(before[n], p)}
+    new = {n for n in after if n not in before}
+    return changed | {n for n in new if not _is_lora_init_unchanged(n, after[n])}
+
+
+def _is_lora_init_unchanged(name, p) -> bool:  # lora_B starts at zero: still zero = untouched
+    return ".lora_B." in name and bool((p == 0).all())
+
+
+def _target_unchanged(target, before) -> bool:
+    return all(torch.equal(p, before[n]) for n, p in target.state_dict().items())
+
+
+def test_stage1_updates_only_reader_parameters(tmp_path, target, data):
+    cfg = micro_cfg(tmp_path)
+    d = _drafter(cfg, target, reader=True)
+    tgt_before = copy.deepcopy(target.state_dict())
+    before = _snapshot(d)
+    res = train_stage("stage1", d, target, data, cfg, tmp_path / "s1", progress=False)
+    changed = _changed(before, d)
+    reader = {n for n, _ in d.named_parameters() if n.startswith("readers.")}
+    assert changed and changed <= reader
+    assert changed == reader  # every reader tensor moved (the output projection starts at zero)
+    assert set(res.trainable) == reader
+    assert _target_unchanged(target, tgt_before)
+
+
+def test_stage2_updates_only_reader_and_lora(tmp_path, target, data):
+    cfg = micro_cfg(tmp_path)
+    d = _drafter(cfg, target, reader=True)
+    before = _snapshot(d)
+    train_stage("stage2", d, target, data, cfg, tmp_path / "s2", progress=False)
+    changed = _changed(before, d)
+    lora = {n for n, _ in d.named_parameters() if ".lora_" in n}
+    reader = {n for n, _ in d.named_parameters() if n.startswith("readers.")}
+    assert lora and changed <= lora | reader
+    assert any(n in changed for n in lora) and any(n in changed for n in reader)
+    for n, p in d.named_parameters():  # backbone base weights stay put
+        if ".lora_" not in n and not n.startswith("readers."):
+            assert torch.equal(p, before[base_name(n)]), n
+
+
+@pytest.mark.parametrize("stage", ["stage1", "stage2"])
+def test_no_state_control_updates_only_lora(tmp_path, target, data, stage):
+    cfg = micro_cfg(tmp_path)
+    d = _drafter(cfg, target, reader=False)
+    assert d.reader_parameters() == []
+    before = _snapshot(d)
+    res = train_stage(stage, d, target, data, cfg, tmp_path / stage, progress=False)
+    changed = _changed(before, d)
+    lora = {n for n, _ in d.named_parameters() if ".lora_" in n}
+    assert changed and changed <= lora
+    assert res.steps == 6  # the same budget as ReaDy's stage (24 samples / batch 4)
+
+
+def test_merged_lora_drafter_equals_the_adapted_one(tmp_path, target, data):
+    cfg = micro_cfg(tmp_path)
+    d = _drafter(cfg, target, reader=True)
+    train_stage("stage2", d, target, data, cfg, tmp_path / "s2", progress=False)
+    tokens = data.tokens[:2]
+    feats = target(tokens, capture_layers=d.capture_layers, state_layers=d.state_layers,
+                   state_positions=torch.tensor([[12, 15], [13, 18]]) - 1)
+    anchors = torch.tensor([[12, 15], [13, 18]])
+    with torch.no_grad():
+        adapted = d.forward_train(tokens, feats.hidden, anchors, feats.states)
+        merge_lora_(d)
+        merged = d.forward_train(tokens, feats.hidden, anchors, feats.states)
+    assert not any(".lora_" in n for n, _ in d.named_parameters())
+    assert set(d.state_dict()) == set(_drafter(cfg, target, reader=True).state_dict())
+    assert torch.allclose(adapted, merged, atol=1e-5)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_interrupted_stage_resumes_to_the_same_weights(tmp_path, target, data):
+    cfg = micro_cfg(tmp_path, checkpoint_every=2)  # 6 steps, checkpoints after steps 2, 4, 6
+    start = _drafter(cfg, target, reader=True, seed=5).state_dict()
+
+    def fresh():
+        d = _drafter(cfg, target, reader=True, seed=99)  # different init: the checkpoint must restore it all
+        d.load_state_dict(start)
+        return d
+
+    whole = fresh()
+    ref = train_stage("stage2", whole, target, data, cfg, tmp_path / "whole", progress=False)
+
+    def boom(name, value, step):
+        if step == 5:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        train_stage("stage2", fresh(), target, data, cfg, tmp_path / "cut", callback=boom, progress=False)
+    seen = []
+    resumed_model = fresh()
+    res = train_stage("stage2", resumed_model, target, data, cfg, tmp_path / "cut",
+                      callback=lambda n, v, s: seen.append(s), progress=False)
+    assert res.resumed_from == 4
+    assert min(seen) == 5 and max(seen) == 6
+    a, b = dict(whole.named_parameters()), dict(resumed_model.named_parameters())
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+    assert res.losses == ref.losses
+
+
+def test_base_training_lowers_the_loss(tmp_path, target, data):
+    cfg = micro_cfg(tmp_path)
+    cfg.train.base.update(samples=160, lr=1e-2, anchors_per_sample=6)
+    d = _drafter(cfg, target, reader=False)
+    before = evaluate_loss(d, target, data, cfg)
+    curve = []
+    res = train_stage("base", d, target, data, cfg, tmp_path / "base", progress=False,
+                      callback=lambda n, v, s: curve.append(v) if n == "train/base/loss" else None)
+    after = evaluate_loss(d, target, data, cfg)
+    assert res.steps == 40 and curve == res.losses
+    assert after < before - 0.2  # ln(128) = 4.85 at the start
+    assert res.last_loss < res.first_loss
+    assert set(res.trainable) == {n for n, _ in d.named_parameters()}  # everything but the shared embeddings/head
+
+
+def test_unknown_stage_and_lora_matching_nothing_say_what_was_expected(tmp_path, target, data):
+    cfg = micro_cfg(tmp_path)
+    with pytest.raises(TrainStageError, match="stage1"):
+        train_stage("stage3", _drafter(cfg, target, True), target, data, cfg, tmp_path / "x", progress=False)
+    cfg.train.lora.target_modules = ["attn_qkv"]
+    with pytest.raises(LoraSetupError, match="train.lora.target_modules"):
+        train_stage("stage2", _drafter(cfg, target, True), target, data, cfg, tmp_path / "y", progress=False)
