@@ -21,6 +21,7 @@ from reports.tables import BENCHMARK_NAMES, SUMMARY
 
 _SURVIVAL = re.compile(r"^(?P<bench>[^/]+)/survival_(?P<j>\d+)$")
 METHODS = ("dspark", "ready")
+MAX_COLUMNS = 4  # panels per row
 
 
 @dataclass(frozen=True)
@@ -87,14 +88,19 @@ def plot_survival(curves: dict[str, list[Curve]], title: str, out_stem: Path) ->
     import matplotlib.pyplot as plt
 
     n = len(curves)
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 0.4, 3.0), squeeze=False, sharey=True)
+    ncols = min(n, MAX_COLUMNS)
+    nrows = -(-n // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(3.2 * ncols + 0.4, 2.8 * nrows + 0.3), squeeze=False, sharey=True)
+    axes = [ax for row in grid for ax in row]
+    for ax in axes[n:]:
+        ax.set_visible(False)
     styles = [dict(color="0.45", linestyle="--", marker="s"), dict(color="tab:red", linestyle="-", marker="o")]
-    for ax, (bench, pair) in zip(axes[0], curves.items()):
+    for ax, (bench, pair) in zip(axes, curves.items()):
         for curve, style in zip(pair, styles):
             xs = [x for x, y in zip(curve.positions, curve.mean) if y is not None]
             ys = [y for y in curve.mean if y is not None]
             ax.plot(xs, ys, label=curve.label, markersize=4, **style)
-            band = [(x, y, s) for x, y, s in zip(curve.positions, curve.mean, curve.std) if y is not None and s]
+            band = [(x, y, s) for x, y, s in zip(curve.positions, curve.mean, curve.std) if y is not None and s is not None]
             if band:
                 bx, by, bs = zip(*band)
                 ax.fill_between(bx, [y - s for y, s in zip(by, bs)], [y + s for y, s in zip(by, bs)],
@@ -104,8 +110,9 @@ def plot_survival(curves: dict[str, list[Curve]], title: str, out_stem: Path) ->
         ax.set_xticks(pair[0].positions)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("Prefix survival $P_j$")
-    axes[0][0].legend(loc="lower left", fontsize=8)
+    for row in grid:
+        row[0].set_ylabel("Prefix survival $P_j$")
+    axes[0].legend(loc="lower left", fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     written = []

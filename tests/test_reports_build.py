@@ -162,6 +162,8 @@ def test_latex_table_uses_booktabs_bold_caption_and_label(built):
     assert r"\begin{tabular}{lrrrr}" in tex and "|" not in tex.split(r"\begin{tabular}")[1]
     assert r"$\mathbf{119.00 \pm 1.41}$" in tex and r"$4.5000 \pm 0.1414$" in tex
     assert r"\label{tab:ready-rank}" in tex
+    wide = (out / "table1.tex").read_text()  # 12 columns: a two-column float scaled to the text width
+    assert r"\begin{table*}" in wide and r"\resizebox{\textwidth}{!}{%" in wide
     caption = tex.split(r"\caption{")[1].split("\n")[0]
     assert r"\texttt{rank}" in caption and rf"\texttt{{{latex.escape(MODEL)}}}" in caption and "2 seeds" in caption
 
@@ -234,13 +236,14 @@ def test_figure_and_every_table_file_are_written(built):
 
 def _compile(tmp: Path, body: str) -> str:
     doc = tmp / "doc.tex"
-    doc.write_text("\\documentclass{article}\n\\usepackage[margin=1cm]{geometry}\n\\usepackage{booktabs}\n"
+    doc.write_text("\\documentclass{article}\n\\usepackage[margin=1cm]{geometry}\n\\usepackage{booktabs}\n\\usepackage{graphicx}\n"
                    f"\\begin{{document}}\n{body}\n\\end{{document}}\n")
     proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp,
                           capture_output=True, text=True, timeout=120)
     log = (tmp / "doc.log").read_text(errors="replace")
     assert proc.returncode == 0, log[-3000:]
     assert "! " not in log and "Output written on doc.pdf (1 page" in log
+    assert "Overfull \\hbox" not in log  # every table fits the page (Table 1 is scaled to it)
     txt = subprocess.run(["pdftotext", "-layout", "doc.pdf", "-"], cwd=tmp, capture_output=True, text=True)
     return txt.stdout
 
