@@ -58,6 +58,7 @@ class RegenConfig:
     num_samples: int = 2000
     prompt_len: int = 64
     response_len: int = 64
+    batch_size: int = 64  # prompts decoded together while regenerating
     seed: int = 0
 
 
@@ -134,6 +135,8 @@ class TrainConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     checkpoint_every: int = 200  # optimizer steps between resumable checkpoints
+    # seed of the base DSpark drafter, which every variant and seed of a sweep shares
+    base_seed: int = 0
 
 
 @dataclass
