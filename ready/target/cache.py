@@ -8,11 +8,30 @@ past `length`; `commit(n)` installs the state after the n-th verified token and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from ready.target.config import HybridConfig
+
+
+class GDNSlot(NamedTuple):
+    """One GDN layer's views into the cache."""
+
+    ssm: torch.Tensor  # [B, H_v, d_k, d_v]
+    conv: torch.Tensor  # [B, conv_dim, kernel-1]
+    pending_ssm: torch.Tensor  # [B, max_verify, H_v, d_k, d_v]
+    pending_conv: torch.Tensor  # [B, max_verify, conv_dim, kernel-1]
+
+
+class KVSlot(NamedTuple):
+    """One attention layer's views into the cache."""
+
+    key: torch.Tensor  # [B, H_kv, max_len, head_dim]
+    value: torch.Tensor
+    length_t: torch.Tensor
+    static: bool
 
 
 @dataclass
@@ -29,6 +48,13 @@ class HybridCache:
     # static: attention reads the whole preallocated KV with a mask from `length_t`, so every
     # pass has fixed shapes and can be captured once in a CUDA graph and replayed at any length
     static: bool = False
+    gdn_slots: list[GDNSlot] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.gdn_slots = [GDNSlot(*t) for t in zip(self.ssm, self.conv, self.pending_ssm, self.pending_conv)]
+
+    def kv_slot(self, i: int) -> KVSlot:
+        return KVSlot(self.key[i], self.value[i], self.length_t, self.static)
 
     @property
     def batch_size(self) -> int:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ready.target.cache import HybridCache
+from ready.target.cache import GDNSlot, KVSlot
 from ready.target.config import HybridConfig
 from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
 
@@ -88,7 +88,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, start: int, cache: Optional[HybridCache] = None, idx: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, gate = self.q_proj(x).view(B, T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
         gate = gate.reshape(B, T, -1)
@@ -105,13 +105,13 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             if cache.static:  # fixed shapes: write at device positions, attend over the whole buffer
-                cache.key[idx].index_copy_(2, pos, k)
-                cache.value[idx].index_copy_(2, pos, v)
-                keys, values = cache.key[idx], cache.value[idx]
+                cache.key.index_copy_(2, pos, k)
+                cache.value.index_copy_(2, pos, v)
+                keys, values = cache.key, cache.value
             else:
-                cache.key[idx, :, :, start : start + T] = k
-                cache.value[idx, :, :, start : start + T] = v
-                keys, values = cache.key[idx, :, :, : start + T], cache.value[idx, :, :, : start + T]
+                cache.key[:, :, start : start + T] = k
+                cache.value[:, :, start : start + T] = v
+                keys, values = cache.key[:, :, : start + T], cache.value[:, :, : start + T]
             # query at absolute position p sees keys 0..p
             mask = torch.arange(keys.shape[2], device=x.device)[None, :] <= pos[:, None]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
@@ -119,13 +119,21 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-def _fla_chunk():
-    """flash-linear-attention's chunked GDN kernel when the optional GPU extra is installed."""
+def _optional_kernels():
+    """flash-linear-attention's chunked GDN (optional GPU extra) and our fused verify kernel."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk  # type: ignore
     except Exception:
-        return None
-    return fla_chunk
+        fla_chunk = None
+    try:
+        import ready.fastops  # noqa: F401  (registers ready_kernels)
+        from ready_kernels.gdn_verify import gdn_verify
+    except Exception:
+        gdn_verify = None
+    return fla_chunk, gdn_verify
+
+
+FLA_CHUNK, GDN_VERIFY_KERNEL = _optional_kernels()
 
 
 class GatedDeltaNet(nn.Module):
@@ -181,25 +189,23 @@ class GatedDeltaNet(nn.Module):
         self,
         x: torch.Tensor,
         mode: str = "full",
-        cache: Optional[HybridCache] = None,
-        idx: int = 0,
+        cache: Optional[GDNSlot] = None,
         state_positions: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """mode: `full` (no cache), `prefill` (append to the committed state and commit),
         `verify` (per-token states into cache.pending_*, live state untouched)."""
-        prefix = None if cache is None else cache.conv[idx]
+        prefix = None if cache is None else cache.conv
         mixed, full = self._conv(self.in_proj_qkv(x), prefix)
         q, k, v, g, beta = self._heads(mixed, x)
-        init = None if cache is None else cache.ssm[idx]
+        init = None if cache is None else cache.ssm
         at = None
         if mode == "verify":
             T = x.shape[1]
-            o, states = _verify_states(q, k, v, g, beta, init)
-            cache.pending_ssm[idx, :, :T] = states
+            o = _verify_states(q, k, v, g, beta, init, cache.pending_ssm[:, :T])
             windows = full.unfold(-1, self.kernel - 1, 1)[:, :, 1:]  # window after each token
-            cache.pending_conv[idx, :, :T] = windows.permute(0, 2, 1, 3)
+            cache.pending_conv[:, :T] = windows.permute(0, 2, 1, 3)
         else:
-            fla = _fla_chunk() if (q.is_cuda and state_positions is None) else None
+            fla = FLA_CHUNK if (q.is_cuda and state_positions is None) else None
             if fla is not None:
                 o, final = fla(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2),
                                scale=1.0, initial_state=init, output_final_state=True)
@@ -207,23 +213,21 @@ class GatedDeltaNet(nn.Module):
             else:
                 o, final, at = chunk_gated_delta_rule(q, k, v, g, beta, init, state_positions=state_positions)
             if mode == "prefill":
-                cache.ssm[idx] = final
-                cache.conv[idx] = full[:, :, -(self.kernel - 1):]
+                cache.ssm.copy_(final)
+                cache.conv.copy_(full[:, :, -(self.kernel - 1):])
         return self._output(o, x), at
 
 
-def _verify_states(q, k, v, g, beta, init):
-    """Outputs [B,H,T,dv] and the state after every token [B,T,H,dk,dv]; fused kernel on CUDA."""
-    if q.is_cuda:
-        try:
-            from ready_kernels.gdn_verify import gdn_verify  # registered by ready.fastops
-        except ImportError:
-            gdn_verify = None
-        if gdn_verify is not None:
-            t = lambda a: a.transpose(1, 2).contiguous()  # noqa: E731
-            o, states = gdn_verify(t(q), t(k), t(v), t(g), t(beta), init, 1.0)
-            return o.transpose(1, 2), states
-    return recurrent_gated_delta_rule(q, k, v, g, beta, init, all_states=True)
+def _verify_states(q, k, v, g, beta, init, out_states: torch.Tensor) -> torch.Tensor:
+    """Outputs [B,H,T,dv]; writes the state after every token into out_states [B,T,H,dk,dv].
+    On CUDA the fused Triton kernel writes the states in place (kernels/gdn_verify.py)."""
+    if q.is_cuda and GDN_VERIFY_KERNEL is not None:
+        t = lambda a: a.transpose(1, 2).contiguous()  # noqa: E731
+        o, _ = GDN_VERIFY_KERNEL(t(q), t(k), t(v), t(g), t(beta), init, 1.0, out_states=out_states)
+        return o.transpose(1, 2)
+    o, states = recurrent_gated_delta_rule(q, k, v, g, beta, init, all_states=True)
+    out_states.copy_(states)
+    return o
 
 
 class DecoderLayer(nn.Module):
@@ -243,9 +247,7 @@ def decoder_layer_forward(
     layer: DecoderLayer,
     x: torch.Tensor,
     mode: str,
-    cache: Optional[HybridCache],
-    gdn_idx: int,
-    attn_idx: int,
+    cache: Optional[GDNSlot | KVSlot],
     start: int,
     state_positions: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -253,9 +255,9 @@ def decoder_layer_forward(
     h = layer.input_layernorm(x)
     at = None
     if layer.layer_type == "linear_attention":
-        h, at = layer.linear_attn(h, mode, cache, gdn_idx, state_positions)
+        h, at = layer.linear_attn(h, mode, cache, state_positions)
     else:
-        h = layer.self_attn(h, start, cache, attn_idx)
+        h = layer.self_attn(h, start, cache)
     x = x + h
     return x + layer.mlp(layer.post_attention_layernorm(x)), at
 

@@ -123,13 +123,17 @@ class HybridLM(nn.Module):
             raise TargetError(f"input ids must be a non-empty [batch, tokens] tensor; got shape {tuple(ids.shape)}")
         capture = self._check_capture(capture_layers)
         state_set = {self.gdn_index(int(i)): k for k, i in enumerate(state_layers)}
-        start = 0 if cache is None else cache.length
+        # a static cache takes positions from cache.length_t (fixed shapes, CUDA graphs)
+        start = 0 if cache is None or cache.static else cache.length
         x = self.model.embed_tokens(ids)
         hidden, states = [], [None] * len(state_set)
         for lid, layer in enumerate(self.model.layers):
-            gi, ai = self._gdn_index.get(lid, -1), self._attn_index.get(lid, -1)
+            gi = self._gdn_index.get(lid, -1)
             pos = state_positions if gi in state_set else None
-            x, at = self._layer_fn(layer, x, mode, cache, gi, ai, start, pos)
+            slot = None
+            if cache is not None:
+                slot = cache.gdn_slots[gi] if gi >= 0 else cache.kv_slot(self._attn_index[lid])
+            x, at = self._layer_fn(layer, x, mode, slot, start, pos)
             if gi in state_set:
                 states[state_set[gi]] = at
             if lid in capture:
