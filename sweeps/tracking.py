@@ -11,6 +11,7 @@ gains vs DSpark) need the baselines of the same sweep setting, so they are (re)c
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -179,6 +180,7 @@ class ChildRun:
         import mlflow
 
         self._mlflow = mlflow
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         self.client = client(uri)
         mlflow.set_tracking_uri(uri)
         run_name = f"{job.variant.label} s{job.seed}" if job.variant.method not in ("ar", "dspark") else job.variant.label

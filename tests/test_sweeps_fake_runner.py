@@ -27,7 +27,7 @@ def _log(event: str, cfg, method: str) -> None:
     path = os.environ.get("FAKE_RUN_LOG")
     if path:
         line = json.dumps({"event": event, "pid": os.getpid(), "name": str(cfg.name), "method": method,
-                           "hash": job_hash(cfg, method), "t": time.time()})
+                           "hash": job_hash(cfg, method) if method != "prepare" else "", "t": time.time()})
         with open(path, "a") as f:
             f.write(line + "\n")
 

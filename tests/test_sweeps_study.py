@@ -1,0 +1,228 @@
+"""The sweep runner end to end with a cheap injected run function (tests/test_sweeps_fake_runner.py):
+MLflow runs follow the contract, re-runs skip finished rows and redo failed or interrupted
+ones, and two worker processes on one study never run the same row (journal file storage and,
+where a PostgreSQL server can be started here, PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweeps import study as st
+from sweeps import tracking
+from sweeps.run import main
+from sweeps.spec import load_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+RUNNER = "test_sweeps_fake_runner"
+
+
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory) -> Path:
+    """An initialised mlflow.db (creating the schema takes seconds; copying it does not)."""
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    tracking.ensure_experiment(tracking.client(f"sqlite:///{path}"), "warmup")
+    return path
+
+
+@pytest.fixture
+def ws(tmp_path: Path, mlflow_template: Path, monkeypatch) -> Path:
+    """A working directory with its own mlflow.db; the fake runner logs to ws/calls.jsonl."""
+    shutil.copy(mlflow_template, tmp_path / "mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FAKE_RUN_LOG", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(TESTS)]))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "calls.jsonl").touch()
+    return tmp_path
+
+
+def calls(ws: Path, event: str = "start") -> list[dict]:
+    return [json.loads(x) for x in (ws / "calls.jsonl").read_text().splitlines() if json.loads(x)["event"] == event]
+
+
+def sweep_args(ws: Path, *extra: str) -> list[str]:
+    return [*extra, "--runner", RUNNER, "--tracking-uri", f"sqlite:///{ws / 'mlflow.db'}", "--no-report", "--quiet"]
+
+
+def child_runs(ws: Path, sweep: str, status: str | None = None) -> list:
+    c = tracking.client(f"sqlite:///{ws / 'mlflow.db'}")
+    exp = c.get_experiment_by_name(f"ready-{sweep}")
+    filt = "tags.`ready.kind` = 'variant'" + (f" and attributes.status = '{status}'" if status else "")
+    return list(c.search_runs([exp.experiment_id], filter_string=filt, max_results=1000))
+
+
+def test_child_runs_follow_the_mlflow_contract(ws: Path):
+    assert main(sweep_args(ws, "rank")) == 0
+    runs = child_runs(ws, "rank", "FINISHED")
+    sweep = load_sweep("rank")
+    assert sorted(r.data.tags["ready.config_hash"] for r in runs) == sorted(j.config_hash for j in sweep.jobs())
+    c = tracking.client(f"sqlite:///{ws / 'mlflow.db'}")
+    parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
+    assert len(parents) == 1 and c.get_run(parents.pop()).data.tags["ready.kind"] == "sweep"
+    by_label = {r.data.tags["ready.label"]: r for r in runs}
+    assert set(by_label) == {"AR", "DSpark", "r=8", "r=16", "r=32", "r=64", "r=128"}
+    r128 = by_label["r=128"]
+    tags = r128.data.tags
+    for key in ("ready.sweep", "ready.table", "ready.method", "ready.order", "ready.variant_id", "ready.model",
+                "ready.seed", "ready.git_commit", "ready.resolved_layers"):
+        assert tags[key], key
+    assert (tags["ready.table"], tags["ready.method"], tags["ready.order"]) == ("table3", "ready", "6")
+    assert r128.data.params["reader.rank"] == "128" and r128.data.params["reader.layers"] == "[30, 62]"
+    assert r128.data.params["reader.rank_resolved"] == "64" and tags["ready.resolved_rank"] == "64"
+    m = r128.data.metrics
+    for bench in ("humaneval", "heldout", "overall"):
+        for name in ("tau", "tps", "speedup", "tau_gain_pct", "tps_gain_pct", "lossless", "survival_1",
+                     "survival_7", "rounds", "new_tokens"):
+            assert f"{bench}/{name}" in m, f"{bench}/{name}"
+    assert m["overall/lossless"] == 1.0
+    ar, ds = by_label["AR"].data.metrics, by_label["DSpark"].data.metrics
+    assert m["heldout/speedup"] == pytest.approx(m["heldout/tps"] / ar["heldout/tps"])
+    assert m["overall/tau_gain_pct"] == pytest.approx(100 * (m["overall/tau"] / ds["overall/tau"] - 1))
+    assert by_label["AR"].data.tags["ready.method"] == "ar" and ar["overall/tau"] == 1.0
+    history = c.get_metric_history(r128.info.run_id, "train/stage1/loss")
+    assert [h.step for h in history] == [1, 2, 3]
+    assert {a.path for a in c.list_artifacts(r128.info.run_id)} == {"config.yaml", "evaluation.json", "survival.png"}
+
+
+def test_rerun_skips_finished_rows_and_reruns_failed_ones(ws: Path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_RUN_FAIL", "pre-attention")
+    assert main(sweep_args(ws, "inject_pos")) == 1
+    assert Counter(c["name"] for c in calls(ws)) == Counter(
+        {"inject_pos": 2, "inject_pos:pre-attention": 1, "inject_pos:post-attention": 1})
+    assert len(child_runs(ws, "inject_pos", "FAILED")) == 1
+    capsys.readouterr()
+
+    monkeypatch.delenv("FAKE_RUN_FAIL")
+    assert main(sweep_args(ws, "inject_pos")) == 0
+    second = calls(ws)[4:]
+    assert [c["name"] for c in second] == ["inject_pos:pre-attention"]
+    out = capsys.readouterr().out
+    assert out.count(" skipped ") == 3 and out.count(" ran ") == 1
+
+    assert main(sweep_args(ws, "inject_pos")) == 0
+    assert len(calls(ws)) == 5  # nothing ran a third time
+    finished = child_runs(ws, "inject_pos", "FINISHED")
+    assert len(finished) == 4 and len({r.data.tags["ready.config_hash"] for r in finished}) == 4
+
+
+def test_killed_sweep_finishes_the_rest_on_rerun(ws: Path, monkeypatch):
+    env = dict(os.environ, FAKE_RUN_SLEEP="1.5")
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *sweep_args(ws, "inject_pos")], env=env, cwd=ws,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (len(calls(ws, "end")) >= 2 and len(calls(ws)) >= 3):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = {c["hash"] for c in calls(ws, "end")}
+    interrupted = {c["hash"] for c in calls(ws)} - done_before
+    assert len(done_before) >= 2 and len(interrupted) == 1
+    n_before = len(calls(ws))
+
+    assert main(sweep_args(ws, "inject_pos")) == 0
+    rerun = {c["hash"] for c in calls(ws)[n_before:]}
+    assert interrupted <= rerun and not (rerun & done_before)
+    finished = child_runs(ws, "inject_pos", "FINISHED")
+    assert len(finished) == 4 and len({r.data.tags["ready.config_hash"] for r in finished}) == 4
+    statuses = Counter(r.info.status for r in child_runs(ws, "inject_pos"))
+    assert statuses["RUNNING"] == 0 and statuses["KILLED"] >= 1  # the run it was in is marked, not left running
+
+
+def _two_workers(ws: Path, monkeypatch, storage: list[str]) -> None:
+    monkeypatch.setenv("FAKE_RUN_BARRIER", "2")
+    monkeypatch.setenv("FAKE_RUN_SLEEP", "0.3")
+    assert main(sweep_args(ws, "rank", "--workers", "2", *storage)) == 0
+    starts = calls(ws)
+    sweep = load_sweep("rank")
+    assert Counter(c["hash"] for c in starts) == Counter({j.config_hash: 1 for j in sweep.jobs()})
+    assert len({c["pid"] for c in starts}) == 2 and os.getpid() not in {c["pid"] for c in starts}
+    finished = child_runs(ws, "rank", "FINISHED")
+    assert len(finished) == 7 and len({r.data.tags["ready.config_hash"] for r in finished}) == 7
+
+
+def test_two_worker_processes_never_run_the_same_row_journal_file(ws: Path, monkeypatch):
+    _two_workers(ws, monkeypatch, [])
+    assert (ws / "runs" / "rank" / "optuna.journal").is_file()
+
+
+def _postgres(tmp: Path):
+    """Start a throw-away PostgreSQL server on a unix socket in `tmp`; None when that is impossible."""
+    initdb = shutil.which("initdb") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
+    if initdb is None:
+        return None
+    bindir = Path(initdb).parent
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if os.geteuid() == 0:
+        shutil.chown(tmp, "postgres")
+    data, port = tmp / "data", 54000 + os.getpid() % 1000
+    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(tmp / "log"), "-o",
+                    f"-k {tmp} -p {port} -c listen_addresses=''", "start"], check=True, capture_output=True)
+    stop = [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]
+    return f"postgresql+psycopg2://postgres@/postgres?host={tmp}&port={port}", stop
+
+
+@pytest.fixture
+def postgres_url():
+    url = os.environ.get("READY_TEST_POSTGRES_URL")
+    if url:
+        yield url
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="ready-pg-"))
+    try:
+        started = _postgres(tmp)
+    except (subprocess.CalledProcessError, OSError, LookupError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        pytest.skip(f"cannot start a PostgreSQL server here: {e}")
+    if started is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        pytest.skip("no PostgreSQL server binaries (initdb) here; set READY_TEST_POSTGRES_URL to use one")
+    url, stop = started
+    yield url
+    subprocess.run(stop, capture_output=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_two_worker_processes_never_run_the_same_row_postgresql(ws: Path, monkeypatch, postgres_url: str):
+    _two_workers(ws, monkeypatch, ["--storage", postgres_url])
+    assert not (ws / "runs" / "rank" / "optuna.journal").exists()
+
+
+def test_a_worker_yields_a_row_claimed_earlier_by_another():
+    sweep = load_sweep("inject_pos")
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    job = sweep.jobs()[-1]
+    for _ in range(2):  # two coordinators enqueued the same row
+        study.enqueue_trial({}, user_attrs=st.job_attrs(job, sweep))
+    first, second = st.claim(study), st.claim(study)
+    assert first.number != second.number and st.claim(study) is None
+    assert st.earlier_claim(study, second) == first.number
+    assert st.earlier_claim(study, first) is None
+
+
+def test_search_sweep_runs_tpe_trials_from_the_paper_values(ws: Path):
+    assert main(sweep_args(ws, "search_loss", "search.n_trials=3")) == 0
+    runs = child_runs(ws, "search_loss", "FINISHED")
+    assert sorted(r.data.tags["ready.method"] for r in runs) == ["ar", "dspark", "ready", "ready", "ready"]
+    trials = sorted((r for r in runs if r.data.tags["ready.method"] == "ready"), key=lambda r: int(r.data.tags["ready.order"]))
+    assert float(trials[0].data.params["train.loss.l1_weight"]) == 0.1
+    assert float(trials[0].data.params["train.loss.decay_gamma"]) == 4.0
+    assert len({r.data.params["train.loss.l1_weight"] for r in trials}) == 3
+    n = len(calls(ws))
+    assert main(sweep_args(ws, "search_loss", "search.n_trials=3")) == 0
+    assert len(calls(ws)) == n  # the budget is spent; nothing runs again
