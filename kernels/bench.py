@@ -137,17 +137,15 @@ def bench_reader(size: str, s: dict, state_dtype: torch.dtype, timer: Timer, cal
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        configs = [(bk, w, "ieee") for bk in (16, 32, 64, 128) for w in (4, 8)]
-        configs += [(bk, 4, p) for p in ("tf32x3", "tf32") for bk in (32, 64, 128)]
-        for bk, w, prec in configs:
-            t = timer.measure([lambda i=i: sr.state_reader_triton(ssm, layer_idx, slots[i], z, U, V, out=outs[i],
-                                                                  block_k=bk, num_warps=w, precision=prec)
+        configs = [(1, bk, 4, "ieee") for bk in (16, 32)]
+        configs += [(ns, None, w, p) for ns in (2, 4, 8) for w in (2, 4, 8) for p in ("ieee", "tf32")]
+        for ns, bk, w, prec in configs:
+            kw = dict(splits=ns, block_k=bk, num_warps=w, precision=prec)
+            t = timer.measure([lambda i=i: sr.state_reader_triton(ssm, layer_idx, slots[i], z, U, V, out=outs[i], **kw)
                                for i in range(calls)])
-            e = rel_err(sr.state_reader_triton(ssm, layer_idx, slots[0], z, U, V, block_k=bk, num_warps=w,
-                                               precision=prec),
+            e = rel_err(sr.state_reader_triton(ssm, layer_idx, slots[0], z, U, V, **kw),
                         sr.state_reader_reference(ssm, layer_idx, slots[0], z, U, V))
-            extra["sweep"].append({"block_k": bk, "num_warps": w, "precision": prec, "graph_us": t["graph_us"],
-                                   "rel_err": e})
+            extra["sweep"].append({**kw, "graph_us": t["graph_us"], "rel_err": e})
     shape = dict(B=1, P=P, Ls=Ls, H=H, d_k=d, d_v=d, r=r, state_dtype=str(state_dtype).replace("torch.", ""))
     return record("state_reader", size, shape, nbytes, ours, ref, err, **extra)
 
@@ -177,11 +175,14 @@ def bench_verify(size: str, s: dict, dtype: torch.dtype, timer: Timer, calls: in
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        for bv in (16, 32, 64):
-            for w in (1, 2, 4, 8):
-                t = timer.measure([lambda i=i: gv.gdn_verify_triton(*ins[i % n_in], h0[i], out_states=pend[i],
-                                                                    block_v=bv, num_warps=w) for i in range(calls)])
-                extra["sweep"].append({"block_v": bv, "num_warps": w, "graph_us": t["graph_us"]})
+        configs = [("recurrent", 16, 2), ("recurrent", 32, 4)]
+        configs += [("chunk", bv, w) for bv in (16, 32, 64) for w in (2, 4, 8)]
+        for method, bv, w in configs:
+            kw = dict(method=method, block_v=bv, num_warps=w)
+            t = timer.measure([lambda i=i: gv.gdn_verify_triton(*ins[i % n_in], h0[i], out_states=pend[i], **kw)
+                               for i in range(calls)])
+            e = rel_err(gv.gdn_verify_triton(*ins[0], h0[0], **kw)[1], st2)
+            extra["sweep"].append({**kw, "graph_us": t["graph_us"], "states_rel_err": e})
     shape = dict(B=1, T=T, H=H, d_k=d, d_v=d, qkv_dtype=str(dtype).replace("torch.", ""))
     return record("gdn_verify", size, shape, nbytes, ours, ref, err, **extra)
 

@@ -11,9 +11,12 @@ S is d_k x d_v and the readout sums over d_k):
 `conv_windows` gives the matching causal-conv windows after every token (torch: it is pure
 indexing). Inference only: none of these ops is differentiable.
 
-The Triton kernel runs one program per (batch row, head, d_v block): the d_v columns of S are
+The Triton kernels run one program per (batch row, head, d_v block): the d_v columns of S are
 independent in this recurrence, so each program keeps its S[:, block] in registers for all T tokens
-and streams every intermediate state out once.
+and streams every intermediate state out once. The "recurrent" kernel follows the recurrence token
+by token (two reductions over d_k per token, a serial chain of latencies); the "chunk" kernel first
+solves every token's correction with a few small matrix products (see its docstring), after which
+the state updates are elementwise.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from typing import Optional, Union
 import torch
 
 from ._common import HAS_TRITON, last_dim_contiguous, next_pow2, require, require_triton, use_triton
+
+# Default Triton verify algorithm ("chunk" or "recurrent"), chosen from the H200 benchmark.
+VERIFY_METHOD = "chunk"
 
 if HAS_TRITON:
     import triton
@@ -72,13 +78,93 @@ if HAS_TRITON:
             tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
 
     @triton.jit
-    def _gdn_commit_kernel(dst_ptr, src_ptr, n_ptr, d_l, d_b, s_l, s_b, s_t, B, T, E, BLOCK: tl.constexpr):
+    def _gdn_verify_chunk_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, h0_ptr, o_ptr, st_ptr,
+        q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h,
+        g_b, g_t, g_h, be_b, be_t, be_h,
+        h0_b, h0_h, h0_k, h0_v,
+        o_b, o_t, o_h,
+        st_b, st_t, st_h, st_k,
+        T, H, DK, DV, scale,
+        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr,
+    ):
+        """All T tokens at once: the delta-rule corrections u_t solved as one small triangular system.
+
+        With G_t = g_0 + .. + g_t and S_0 the live state, the recurrence unrolls to
+            u = (I + L)^-1 beta (v - e^G (K S_0)),   L_ti = beta_t e^(G_t - G_i) k_t.k_i  (i < t)
+            o = e^G (Q S_0) + (e^(G_t - G_i) q_t.k_i)_(i <= t) u
+            S_t = e^(g_t) S_(t-1) + k_t u_t^T
+        so the only reductions over d_k are four small matrix products, and the serial part
+        (the states written after every token) is elementwise. L is strictly lower triangular,
+        hence (I + L)^-1 = (I - L)(I + L^2)(I + L^4)... (LOG2_BT factors).
+        """
+        i_bh = tl.program_id(0)
+        i_v = tl.program_id(1)
+        b = (i_bh // H).to(tl.int64)
+        h = (i_bh % H).to(tl.int64)
+        offs_t = tl.arange(0, BT)
+        offs_k = tl.arange(0, BK)
+        offs_v = i_v * BV + tl.arange(0, BV)
+        mask_t = offs_t < T
+        mask_k = offs_k < DK
+        mask_v = offs_v < DV
+        mask_s = mask_k[:, None] & mask_v[None, :]
+
+        s0 = tl.load(h0_ptr + b * h0_b + h * h0_h + offs_k[:, None] * h0_k + offs_v[None, :] * h0_v,
+                     mask=mask_s, other=0.0).to(tl.float32)
+        k_base = k_ptr + b * k_b + h * k_h
+        g_base = g_ptr + b * g_b + h * g_h
+        mask_tk = mask_t[:, None] & mask_k[None, :]
+        kt = tl.load(k_base + offs_t[:, None] * k_t + offs_k[None, :], mask=mask_tk, other=0.0).to(tl.float32)
+        qt = tl.load(q_ptr + b * q_b + h * q_h + offs_t[:, None] * q_t + offs_k[None, :],
+                     mask=mask_tk, other=0.0).to(tl.float32) * scale
+        vt = tl.load(v_ptr + b * v_b + h * v_h + offs_t[:, None] * v_t + offs_v[None, :],
+                     mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        g = tl.load(g_base + offs_t * g_t, mask=mask_t, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + b * be_b + h * be_h + offs_t * be_t, mask=mask_t, other=0.0).to(tl.float32)
+
+        gc = tl.cumsum(g, 0)
+        incl = offs_t[:, None] >= offs_t[None, :]
+        decay = tl.where(incl, tl.exp(tl.where(incl, gc[:, None] - gc[None, :], 0.0)), 0.0)   # e^(G_t - G_i)
+        e_g = tl.exp(gc)
+        ks = tl.dot(kt, s0, input_precision="ieee")                                           # K S_0  [T, BV]
+        qs = tl.dot(qt, s0, input_precision="ieee")                                           # Q S_0  [T, BV]
+        kk = tl.dot(kt, tl.trans(kt), input_precision="ieee")                                 # [T, T]
+        qk = tl.dot(qt, tl.trans(kt), input_precision="ieee")                                 # [T, T]
+
+        eye = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0)
+        n = -tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * decay * kk, 0.0)    # -L
+        inv = eye + n
+        for _ in tl.static_range(LOG2_BT - 1):
+            n = tl.dot(n, n, input_precision="ieee")
+            inv = tl.dot(inv, eye + n, input_precision="ieee")
+        u = tl.dot(inv, beta[:, None] * (vt - e_g[:, None] * ks), input_precision="ieee")    # [T, BV]
+        o = e_g[:, None] * qs + tl.dot(decay * qk, u, input_precision="ieee")
+        tl.store(o_ptr + b * o_b + h * o_h + offs_t[:, None] * o_t + offs_v[None, :], o,
+                 mask=mask_t[:, None] & mask_v[None, :])
+
+        st_base = st_ptr + b * st_b + h * st_h
+        s = s0
+        for t in range(T):
+            k_row = tl.load(k_base + t * k_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            u_row = tl.sum(tl.where(offs_t[:, None] == t, u, 0.0), 0)
+            s = s * tl.exp(tl.load(g_base + t * g_t).to(tl.float32)) + k_row[:, None] * u_row[None, :]
+            tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
+
+    @triton.jit
+    def _gdn_commit_kernel(dst_ptr, src_ptr, n_ptr, n_all, d_l, d_b, s_l, s_b, s_t, B, T, E,
+                           PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
         i_lb = tl.program_id(0)
         i_e = tl.program_id(1)
         l = (i_lb // B).to(tl.int64)
         b = (i_lb % B).to(tl.int64)
-        # state after token n (1-based); clamped so a bad n can never read out of bounds
-        t = tl.minimum(tl.maximum(tl.load(n_ptr + b).to(tl.int64) - 1, 0), T - 1)
+        # state after token n (1-based; per row from n_ptr, else n_all); clamped so a bad n can
+        # never read out of bounds
+        if PER_ROW:
+            n = tl.load(n_ptr + b).to(tl.int64)
+        else:
+            n = n_all.to(tl.int64)
+        t = tl.minimum(tl.maximum(n - 1, 0), T - 1)
         offs = i_e * BLOCK + tl.arange(0, BLOCK)
         mask = offs < E
         x = tl.load(src_ptr + l * s_l + b * s_b + t * s_t + offs, mask=mask)
@@ -130,9 +216,12 @@ def gdn_verify_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
 def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                       initial_state: torch.Tensor, scale: Optional[float] = None,
-                      out_states: Optional[torch.Tensor] = None, *, block_v: Optional[int] = None,
+                      out_states: Optional[torch.Tensor] = None, *, method: Optional[str] = None,
+                      block_v: Optional[int] = None,
                       num_warps: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused recurrence; `block_v`/`num_warps` override the launch heuristics (benchmarks only)."""
+    """Fused verify. `method`: "chunk" (corrections solved for all tokens at once, then the states
+    streamed out; T <= 64) or "recurrent" (token by token); default `VERIFY_METHOD`.
+    `block_v`/`num_warps` override the launch heuristics (benchmarks and tests)."""
     require_triton()
     B, T, H, dk, dv = _check_verify(q, k, v, g, beta, initial_state, out_states)
     scale = dk ** -0.5 if scale is None else scale
@@ -140,10 +229,19 @@ def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     states = out_states if out_states is not None else q.new_empty(B, T, H, dk, dv, dtype=torch.float32)
     require(states.stride(-1) == 1, "gdn_verify: out_states' last dimension must be contiguous")
     o = torch.empty(B, T, H, dv, device=q.device, dtype=v.dtype)
+    method = method or VERIFY_METHOD
+    require(method in ("chunk", "recurrent"), f"gdn_verify: method must be 'chunk' or 'recurrent', got {method!r}")
+    if method == "chunk" and T > 64:
+        method = "recurrent"
     BK = max(16, next_pow2(dk))
     BV = block_v or max(16, min(32, next_pow2(dv)))
     grid = (B * H, triton.cdiv(dv, BV))
-    _gdn_verify_kernel[grid](
+    if method == "chunk":
+        BT = max(16, next_pow2(T))
+        kernel, meta = _gdn_verify_chunk_kernel, dict(BT=BT, LOG2_BT=BT.bit_length() - 1)
+    else:
+        kernel, meta = _gdn_verify_kernel, {}
+    kernel[grid](
         q, k, v, g, beta, initial_state, o, states,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -152,7 +250,7 @@ def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         o.stride(0), o.stride(1), o.stride(2),
         states.stride(0), states.stride(1), states.stride(2), states.stride(3),
         T, H, dk, dv, float(scale),
-        BK=BK, BV=BV, num_warps=num_warps or 4,
+        BK=BK, BV=BV, num_warps=num_warps or 4, **meta,
     )
     return o, states
 
@@ -192,16 +290,16 @@ def _commit_one_reference(dst: torch.Tensor, src: torch.Tensor, n: Union[int, to
 
 
 def _commit_one_triton(dst: torch.Tensor, src: torch.Tensor, n: Union[int, torch.Tensor], block: int = 4096) -> None:
-    if not isinstance(n, torch.Tensor):  # one plain strided copy is already at the bound
-        dst.copy_(src[:, :, int(n) - 1])
-        return
     L, B, T = src.shape[:3]
     E = dst[0, 0].numel()
-    require(dst[0, 0].is_contiguous() and src[0, 0, 0].is_contiguous(),
-            "gdn_commit: the per-(layer, row) state blocks must be contiguous")
+    if not (dst[0, 0].is_contiguous() and src[0, 0, 0].is_contiguous()):
+        _commit_one_reference(dst, src, n)  # unusual layouts: torch's strided copy
+        return
+    per_row = isinstance(n, torch.Tensor)
     grid = (L * B, triton.cdiv(E, block))
-    _gdn_commit_kernel[grid](dst, src, n, dst.stride(0), dst.stride(1), src.stride(0), src.stride(1), src.stride(2),
-                             B, T, E, BLOCK=block)
+    _gdn_commit_kernel[grid](dst, src, n if per_row else dst, 0 if per_row else int(n),
+                             dst.stride(0), dst.stride(1), src.stride(0), src.stride(1), src.stride(2),
+                             B, T, E, PER_ROW=per_row, BLOCK=block)
 
 
 def gdn_commit_reference(ssm: torch.Tensor, pending_ssm: torch.Tensor, n: Union[int, torch.Tensor],

@@ -53,10 +53,11 @@ SMALL = [
 ]
 
 
+@pytest.mark.parametrize("splits", [1, 4], ids=["fused", "split"])
 @pytest.mark.parametrize("L,S,H,dk,dv,layers,B,P,r,dtype", SMALL)
-def test_features_and_gradients_match_reference(L, S, H, dk, dv, layers, B, P, r, dtype):
+def test_features_and_gradients_match_reference(L, S, H, dk, dv, layers, B, P, r, dtype, splits):
     ssm, layer_idx, slots, z, U, V = make_inputs(L, S, H, dk, dv, layers, B, P, r, dtype)
-    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V)
+    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, splits=splits)
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
     M = len(layers) * H
     assert got.shape == (B, P, M * r + M)
@@ -86,10 +87,12 @@ def test_reference_matches_the_method_written_per_pair():
 
 def test_writes_every_element_of_a_preallocated_buffer_in_place():
     ssm, layer_idx, slots, z, U, V = make_inputs(2, 3, 3, 16, 16, [1, 0], 2, 7, 8, torch.float32, grad=False)
-    out = torch.full((2, 7, 6 * 8 + 6), float("nan"), device=DEVICE)
-    ret = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, out=out)
-    assert ret is out
-    assert rel_err(out, sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)) < 1e-4
+    want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
+    for splits in (1, 2):
+        out = torch.full((2, 7, 6 * 8 + 6), float("nan"), device=DEVICE)
+        ret = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, out=out, splits=splits)
+        assert ret is out
+        assert rel_err(out, want) < 1e-4
 
 
 def test_reads_teacher_states_through_a_strided_view_without_copy():
@@ -100,7 +103,7 @@ def test_reads_teacher_states_through_a_strided_view_without_copy():
     z = torch.randn(B * A, P, Ls * H, r, device=DEVICE)
     U = torch.randn(Ls * H, r, dk, device=DEVICE)
     V = torch.randn(Ls * H, dv, r, device=DEVICE)
-    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V)
+    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, splits=2)
     want = sr.state_reader_reference(ssm.contiguous(), layer_idx, slots, z, U, V)
     assert rel_err(got, want) < 1e-4
 
@@ -131,10 +134,10 @@ def test_wrong_projection_shape_is_one_clear_error():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("r", [8, 64])
-def test_paper_size_on_cuda(dtype, r):
+@pytest.mark.parametrize("r,B", [(8, 1), (8, 4), (64, 2)])
+def test_paper_size_on_cuda(dtype, r, B):
     """2 source layers x 48 value heads, d_k = d_v = 128, block of 7, read from a 6-layer cache."""
-    ssm, layer_idx, slots, z, U, V = make_inputs(6, 4, 48, 128, 128, [4, 1], 2, 7, r, dtype, device="cuda")
+    ssm, layer_idx, slots, z, U, V = make_inputs(6, 4, 48, 128, 128, [4, 1], B, 7, r, dtype, device="cuda")
     got = sr.state_reader(ssm, layer_idx, slots, z, U, V)
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
     assert rel_err(got, want) < 1e-4
