@@ -68,7 +68,12 @@ def build_reports(
     names = list(dict.fromkeys(sweeps or [])) or collect.list_sweeps(tracking_uri)
     if not names:
         raise ReportError(f"tracking URI {tracking_uri!r}: no experiments named ready-<sweep>; run a sweep first")
-    loaded = {name: collect.load_runs(tracking_uri, name) for name in names}
+    loaded = {}
+    for name in names:
+        runs, msg = collect.latest_setting(collect.load_runs(tracking_uri, name))
+        if msg:
+            say(f"sweep {name}: {msg}")
+        loaded[name] = runs
     written: list[Path] = []
     for sweep, runs in loaded.items():
         if runs.height == 0:

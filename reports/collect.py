@@ -32,6 +32,7 @@ TAGS = (
     "ready.config_hash",
     "ready.model",
     "ready.seed",
+    "ready.setting",  # hash of the sweep's common config (written by sweeps/, one baseline set each)
 )
 INT_TAGS = ("ready.order", "ready.seed")
 
@@ -282,10 +283,32 @@ def aggregate(runs: pl.DataFrame) -> list[Variant]:
     return sorted(out, key=lambda v: (v.order if v.order is not None else big, v.name))
 
 
+def latest_setting(runs: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
+    """Keep the runs of the sweep setting that ran last; a message when older settings were dropped.
+
+    One experiment can hold several settings of a sweep (say a smoke run, then the full one);
+    each has its own baselines, so a table never mixes them.
+    """
+    settings = runs["ready.setting"].drop_nulls().unique()
+    if len(settings) < 2:
+        return runs, None
+    latest = runs.filter(pl.col("ready.setting").is_not_null()).sort("start_time", nulls_last=False)["ready.setting"][-1]
+    kept = runs.filter(pl.col("ready.setting") == latest)
+    older = sorted(set(settings.to_list()) - {latest})
+    msg = (f"{len(settings)} settings in the store; reporting the latest, {latest} ({kept.height} runs); "
+           f"left out: {', '.join(older)}")
+    return kept, msg
+
+
+def short_model(name: str) -> str:
+    """A checkpoint path as its folder name; a preset name as it is."""
+    return Path(name.rstrip("/")).name if "/" in name else name
+
+
 def models(runs: pl.DataFrame) -> list[str]:
-    """Distinct `ready.model` tags of the finished runs."""
+    """Distinct `ready.model` tags of the finished runs (paths shortened to their last part)."""
     fin = runs.filter(pl.col("status") == FINISHED)
-    return sorted(set(fin["ready.model"].drop_nulls().to_list()))
+    return sorted({short_model(m) for m in fin["ready.model"].drop_nulls().to_list()})
 
 
 def seed_counts(variants: Iterable[Variant]) -> tuple[int, int]:

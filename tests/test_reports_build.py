@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reports import latex, markdown
+from reports import latex
 from reports.build import build_reports, main
 from reports.collect import load_runs
 from reports.errors import ReportError
@@ -258,7 +258,7 @@ def test_every_table_compiles_with_pdflatex_and_reads_back(built, tmp_path):
     for stem in ("table1", "table3", "table4", "table6"):
         shutil.copy(out / f"{stem}.tex", tmp_path / f"{stem}.tex")
         text = _compile(tmp_path, f"\\input{{{stem}}}")
-        assert f"Table 1: " in text  # the caption
+        assert "Table 1: " in text  # the caption
         if stem == "table3":
             assert "119.00 ± 1.41" in text and "+13.41" in text and "Sweep rank" in text
         if stem == "table4":

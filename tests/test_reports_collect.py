@@ -99,3 +99,19 @@ def test_mean_over_benchmarks_is_missing_when_one_is():
     runs = collect.runs_frame([rec("a", 0, **{"x/tps": 2.0, "y/tps": 4.0}), rec("b", 0, **{"x/tps": 2.0})], "s")
     out = collect.with_mean_over(runs, "avg", ["x/tps", "y/tps"])
     assert out["avg"].to_list() == [3.0, None]
+
+
+def test_only_the_latest_sweep_setting_is_reported():
+    old = rec("a", 0, start=1, **{"overall/tps": 1.0})
+    new = rec("a", 0, start=5, **{"overall/tps": 2.0})
+    old["ready.setting"], new["ready.setting"] = "smoke", "full"
+    kept, msg = collect.latest_setting(collect.runs_frame([new, old], "rank"))
+    assert kept["overall/tps"].to_list() == [2.0]
+    assert msg == "2 settings in the store; reporting the latest, full (1 runs); left out: smoke"
+    same, none = collect.latest_setting(collect.runs_frame([new], "rank"))
+    assert same.height == 1 and none is None
+
+
+def test_a_checkpoint_path_is_named_by_its_folder():
+    assert collect.short_model("/data/ckpt/Qwen3.5-27B/") == "Qwen3.5-27B"
+    assert collect.short_model("tiny") == "tiny"
