@@ -25,8 +25,12 @@ FIGURE_STEM = "fig5_survival"
 MAIN_SWEEP = "main"
 
 
-def _figure(loaded: dict[str, pl.DataFrame], out_dir: Path, echo: Callable[[str], None]) -> list[Path]:
-    """Figure 5 from the `main` sweep when it has DSpark and ReaDy survival, else the first sweep that does."""
+def _figure(tracking_uri: str, loaded: dict[str, pl.DataFrame], out_dir: Path,
+            echo: Callable[[str], None]) -> list[Path]:
+    """Figure 5 from the `main` sweep (of the store, even when not asked for) when it has DSpark
+    and ReaDy survival metrics, else from the first of the reported sweeps that does."""
+    if MAIN_SWEEP not in loaded and MAIN_SWEEP in collect.list_sweeps(tracking_uri):
+        loaded = {MAIN_SWEEP: collect.latest_setting(collect.load_runs(tracking_uri, MAIN_SWEEP))[0], **loaded}
     order = sorted(loaded, key=lambda s: s != MAIN_SWEEP)
     for sweep in order:
         runs = loaded[sweep]
@@ -87,7 +91,7 @@ def build_reports(
         atomic_write_text(md, text)
         written += [tex, md]
         say(text)
-    written += _figure(loaded, out, say)
+    written += _figure(tracking_uri, loaded, out, say)
     return written
 
 

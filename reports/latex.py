@@ -52,8 +52,9 @@ def caption(table: Table) -> str:
     n_models = "models" if len(table.models) > 1 else "model"
     seeds = escape(seeds_text(table.seeds))
     spread = r" (mean $\pm$ std over seeds)" if table.seeds[1] > 1 else ""
+    title = escape(table.spec.title) + " " if table.spec.title else ""
     return (
-        f"{escape(table.spec.title)} Sweep \\texttt{{{escape(table.sweep)}}}, {n_models} {model}, "
+        f"{title}Sweep \\texttt{{{escape(table.sweep)}}}, {n_models} {model}, "
         f"{seeds}{spread}; gains relative to DSpark of the same sweep."
     )
 

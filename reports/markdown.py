@@ -24,7 +24,7 @@ def render(table: Table) -> str:
     models = ", ".join(f"`{m}`" for m in table.models) or "unknown"
     spread = " (mean ± std over seeds)" if table.seeds[1] > 1 else ""
     lines = [
-        f"**{table.spec.name}** — {table.spec.title} Sweep `{table.sweep}`, model {models}, "
+        f"**{table.spec.name}** — {table.spec.title + ' ' if table.spec.title else ''}Sweep `{table.sweep}`, model {models}, "
         f"{seeds_text(table.seeds)}{spread}; gains relative to DSpark of the same sweep.",
         "",
         "| " + " | ".join(c.markdown for c in table.columns) + " |",

@@ -8,6 +8,7 @@ never read from the gains the runner logged. A value that cannot be computed is 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -26,7 +27,7 @@ class TableSpec:
 
     name: str  # output file stem (table1 .. table6)
     layout: str  # "main" | "ablation"
-    title: str
+    title: str  # the paper's caption ("" for a sweep the paper does not have)
     row_header: str = "Variant"
 
 
@@ -63,9 +64,10 @@ def spec_for(sweep: str, runs: pl.DataFrame) -> TableSpec:
     if sweep in TABLES:
         return TABLES[sweep]
     tags = runs["ready.table"].drop_nulls()
-    tag = tags.mode().sort()[0] if len(tags) else "table"
+    tag = tags.mode().sort()[0] if len(tags) else ""
     layout = "main" if tag == "table1" else "ablation"
-    return TableSpec(f"{tag}_{sweep}", layout, f"Sweep {sweep}.")
+    name = f"{tag}_{sweep}" if re.fullmatch(r"table\d+", tag) else sweep
+    return TableSpec(name, layout, "")
 
 
 @dataclass

@@ -274,11 +274,22 @@ def test_cli_fragment_prints_markdown_and_compiles_inside_a_table(store, tmp_pat
     assert "| r=8 | 4.5000 ± 0.1414 | **119.00 ± 1.41** |" in printed
     tex = (out / "table3.tex").read_text()
     assert tex.lstrip("%").count(r"\begin{table}") == 0 and r"\caption" not in tex.replace("% caption", "")
-    # the rank sweep logged no survival metrics: the figure is skipped with a message, not faked
-    assert sorted(p.name for p in out.iterdir()) == ["table3.md", "table3.tex"]
-    assert "fig5_survival: not written; no sweep among rank has survival metrics" in printed
+    # the rank sweep has no survival metrics, Figure 5 comes from the store's main sweep
+    assert sorted(p.name for p in out.iterdir()) == ["fig5_survival.pdf", "fig5_survival.png", "table3.md", "table3.tex"]
+    assert "fig5_survival: sweep main ->" in printed
     text = _compile(out, "\\begin{table}\\centering\\caption{By hand}\\input{table3}\\end{table}")
     assert "By hand" in text and "4.6500 ± 0.0707" in text
+
+
+def test_no_survival_anywhere_skips_the_figure_with_a_message(store, tmp_path, monkeypatch):
+    import reports.build
+
+    assert survival_curves(load_runs(store, "rank")) == {}  # DSpark and ReaDy rows, no survival metrics
+    monkeypatch.setattr(reports.build, "MAIN_SWEEP", "no-such-sweep")  # do not fall back to `main`
+    messages = []
+    paths = build_reports(store, ["rank", "layers"], tmp_path, echo=messages.append)
+    assert sorted(p.name for p in paths) == ["table3.md", "table3.tex", "table4.md", "table4.tex"]
+    assert messages[-1].startswith("fig5_survival: not written; no sweep among rank, layers has survival metrics")
 
 
 def test_unknown_sweep_and_missing_store_are_one_clear_error(store, tmp_path, capsys):
