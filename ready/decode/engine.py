@@ -1,0 +1,316 @@
+"""Greedy decoding engine: autoregressive and block speculative decoding over the hybrid target.
+
+One speculative round (batch 1, the paper's setting):
+
+1. the drafter proposes K tokens d_1..d_K after the last committed token x;
+2. one target forward verifies the block [x, d_1..d_K] and gives K+1 greedy argmaxes p_0..p_K
+   (states after each verified token go to `cache.pending_*`, the live state is untouched);
+3. A = the longest prefix with d_j == p_{j-1}; the round appends d_1..d_A and the target's
+   correction p_A (the bonus token when A = K): exactly the next A+1 tokens that greedy
+   autoregressive decoding would produce, so the output is lossless by construction;
+4. `target.commit(cache, A+1)` keeps the states of x, d_1..d_A only: rejected drafts leave no
+   trace in the GDN states or the attention KV.
+
+The token budget and EOS truncate the appended tokens; the round's horizon h (draft positions
+that could still be observed, see `ready.metrics`) is min(K, tokens left, position of the first
+accepted EOS draft), and A is capped at h; drafts past the budget are not even verified (the
+block is shortened in the last round), so the cache never holds more than prompt + budget
+tokens. Timing follows `ready.metrics`: the clock covers
+prefill through the last token, with a device synchronisation at both ends on CUDA.
+
+On CUDA, `Engine(cuda_graphs=True)` replays the fixed-shape verify ([1, K+1]) and AR step
+([1, 1]) forwards from captured CUDA graphs when the target supports it
+(`ready.decode.graphs`); prefill, drafting and the bookkeeping run eagerly. On CPU everything
+runs eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from ready.decode.errors import DecodeError
+from ready.decode.protocol import DraftStep, Drafter, describe
+from ready.metrics import SequenceLog
+
+# an acceptance rule: (drafts [K], target argmaxes [K+1]) -> accepted count A in 0..K
+AcceptFn = Callable[[torch.Tensor, torch.Tensor], int]
+
+
+@dataclass
+class Generation:
+    """The outcome of decoding one prompt."""
+
+    prompt_len: int
+    tokens: list[int]  # new tokens (first one from the prefill)
+    block_size: int  # K (0 for autoregressive decoding)
+    accepted: list[int] = field(default_factory=list)  # A_i per round (AR: one 0 per step)
+    horizons: list[int] = field(default_factory=list)  # h_i per round
+    wall_s: float = 0.0  # prefill .. last token
+    prefill_s: float = 0.0
+    stop: str = "budget"  # "budget" | "eos"
+
+    def log(self) -> SequenceLog:
+        return SequenceLog(
+            new_tokens=len(self.tokens), wall_s=self.wall_s, accepted=list(self.accepted),
+            horizons=list(self.horizons), prefill_s=self.prefill_s,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def greedy_accept(drafts: torch.Tensor, argmax: torch.Tensor) -> int:
+    """Length of the longest prefix of `drafts` [K] equal to the target argmaxes `argmax[:K]`."""
+    k = drafts.shape[-1]
+    match = (drafts == argmax[:k]).to(torch.int32)
+    return int(match.cumprod(0).sum())
+
+
+@dataclass
+class RoundOutcome:
+    accepted: int  # A, capped at the horizon
+    horizon: int  # h
+    tokens: list[int]  # tokens appended to the sequence this round
+    commit: int  # verified tokens whose states the cache keeps (A + 1)
+    eos: bool  # the sequence ended with EOS
+
+
+def settle_round(drafts: list[int], argmax: list[int], accepted: int, remaining: int,
+                 eos_token_id: Optional[int]) -> RoundOutcome:
+    """Turn one verification into appended tokens, the horizon and the capped A.
+
+    `drafts` [K], `argmax` [K+1] (target greedy tokens after each verified token), `accepted`
+    the raw accepted count, `remaining` the token budget left (>= 1).
+    """
+    k = len(drafts)
+    horizon = min(k, remaining)
+    if eos_token_id is not None:
+        for j in range(1, accepted + 1):  # an accepted EOS draft ends the sequence at position j
+            if drafts[j - 1] == eos_token_id:
+                horizon = min(horizon, j)
+                break
+    a = min(accepted, horizon)
+    tokens = (drafts[:a] + [argmax[a]])[:remaining]
+    eos = False
+    if eos_token_id is not None and eos_token_id in tokens:
+        tokens = tokens[: tokens.index(eos_token_id) + 1]
+        eos = True
+    return RoundOutcome(accepted=a, horizon=horizon, tokens=tokens, commit=a + 1, eos=eos)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def target_device(target: Any) -> torch.device:
+    return next(target.parameters()).device
+
+
+def as_prompt(prompt: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """A prompt as a 1-D LongTensor (a [1, P] tensor is accepted too)."""
+    ids = prompt if isinstance(prompt, torch.Tensor) else torch.tensor(list(prompt), dtype=torch.long)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise DecodeError(f"prompt has shape {tuple(ids.shape)}; expected a 1-D list of token ids (batch 1)")
+    return ids.long()
+
+
+def check_prompt(target: Any, prompt: torch.Tensor, max_new_tokens: int) -> None:
+    """Raise DecodeError for an empty prompt, ids outside the vocabulary or too long a sequence."""
+    cfg = target.config
+    if prompt.numel() == 0:
+        raise DecodeError("prompt is empty; expected at least one token id")
+    if max_new_tokens < 1:
+        raise DecodeError(f"max_new_tokens={max_new_tokens}; expected an integer >= 1")
+    lo, hi = int(prompt.min()), int(prompt.max())
+    if lo < 0 or hi >= cfg.vocab_size:
+        raise DecodeError(f"prompt holds token id {lo if lo < 0 else hi}; expected ids in 0..{cfg.vocab_size - 1}")
+    ctx = int(cfg.max_position_embeddings)
+    if prompt.numel() + max_new_tokens > ctx:
+        raise DecodeError(
+            f"prompt of {prompt.numel()} tokens + max_new_tokens {max_new_tokens} exceeds the model's context of "
+            f"{ctx} tokens (config.max_position_embeddings); shorten the prompt or lower max_new_tokens"
+        )
+
+
+def check_drafter(target: Any, drafter: Drafter) -> None:
+    """Raise DecodeError if the drafter cannot work with this target."""
+    k = getattr(drafter, "block_size", None)
+    if not isinstance(k, int) or k < 1:
+        raise DecodeError(f"drafter {describe(drafter)} has block size K={k!r}; expected an integer >= 1")
+    vocab = getattr(drafter, "vocab_size", None)
+    if vocab != target.config.vocab_size:
+        raise DecodeError(
+            f"drafter {describe(drafter)} has vocabulary size {vocab}; expected the target's {target.config.vocab_size}"
+        )
+    n_layers = target.config.num_hidden_layers
+    bad = [i for i in getattr(drafter, "capture_layers", []) if not 0 <= i < n_layers]
+    if bad:
+        raise DecodeError(f"drafter {describe(drafter)} asks for target layers {bad}; expected ids in 0..{n_layers - 1}")
+
+
+def _check_drafts(drafts: Any, k: int, vocab: int, drafter: Drafter) -> torch.Tensor:
+    if not isinstance(drafts, torch.Tensor) or tuple(drafts.shape) != (1, k) or drafts.dtype != torch.long:
+        got = (tuple(drafts.shape), drafts.dtype) if isinstance(drafts, torch.Tensor) else type(drafts).__name__
+        raise DecodeError(f"drafter {describe(drafter)} proposed {got}; expected a LongTensor of shape (1, {k})")
+    lo, hi = int(drafts.min()), int(drafts.max())
+    if lo < 0 or hi >= vocab:
+        raise DecodeError(f"drafter {describe(drafter)} proposed token id {lo if lo < 0 else hi}; expected ids in 0..{vocab - 1}")
+    return drafts
+
+
+class Engine:
+    """Decodes prompts one at a time with one target (and optionally one drafter), reusing
+    one static cache and token/feature buffers across prompts."""
+
+    def __init__(self, target: Any, drafter: Optional[Drafter] = None, *, eos_token_id: Optional[int] = None,
+                 cuda_graphs: Optional[bool] = None, accept_fn: Optional[AcceptFn] = None) -> None:
+        """`eos_token_id` defaults to `target.config.eos_token_id`. `cuda_graphs` (default: on
+        CUDA) replays captured verify/step graphs. `accept_fn` replaces greedy matching (only
+        for engine benchmarks that force acceptance lengths: the output is then not lossless)."""
+        if drafter is not None:
+            check_drafter(target, drafter)
+        self.target = target
+        self.drafter = drafter
+        self.k = drafter.block_size if drafter is not None else 0
+        self.capture = list(getattr(drafter, "capture_layers", []) or []) if drafter is not None else []
+        self.eos = target.config.eos_token_id if eos_token_id is None else eos_token_id
+        self.device = target_device(target)
+        self.accept_fn = accept_fn or greedy_accept
+        self.cache: Any = None
+        self.tokens: Optional[torch.Tensor] = None  # [1, max_len] committed tokens
+        self.features: Optional[torch.Tensor] = None  # [1, max_len, C, D] target features
+        use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.graphs = None
+        if use_graphs:
+            from ready.decode.graphs import GraphRunner
+
+            self.graphs = GraphRunner(target, self.k, self.capture)
+
+    # --- buffers ---------------------------------------------------------------------
+    def reserve(self, max_len: int) -> None:
+        """Size the cache and buffers for sequences of up to `max_len` tokens (prompt + new)."""
+        self._prepare(max_len)
+
+    def _prepare(self, need: int) -> None:
+        """Allocate (or reuse and reset) a cache and buffers for `need` positions."""
+        if self.cache is None or self.cache.max_len < need:
+            self.cache = self.target.new_cache(batch_size=1, max_len=need, max_verify=self.k + 1)
+            self.tokens = torch.zeros(1, need, dtype=torch.long, device=self.device)
+            self.features = None
+            if self.graphs is not None:
+                self.graphs.invalidate()
+        else:
+            self.cache.reset()
+
+    def _store_features(self, start: int, hidden: Optional[torch.Tensor]) -> None:
+        if not self.capture:
+            return
+        if hidden is None:
+            raise RuntimeError("target returned no hidden features although capture_layers were requested")
+        if self.features is None:
+            shape = (1, self.tokens.shape[1]) + tuple(hidden.shape[2:])
+            self.features = torch.zeros(shape, dtype=hidden.dtype, device=hidden.device)
+        self.features[:, start:start + hidden.shape[1]] = hidden
+
+    # --- forwards (eager, or replayed from CUDA graphs) -------------------------------
+    def _verify(self, block: torch.Tensor) -> Any:
+        if self.graphs is not None and block.shape[1] == self.k + 1:  # the last, shortened round runs eagerly
+            return self.graphs.verify(block, self.cache)
+        return self.target.verify(block, self.cache, capture_layers=self.capture)
+
+    def _step(self, tok: torch.Tensor) -> Any:
+        if self.graphs is not None:
+            return self.graphs.step(tok, self.cache)
+        return self.target.step(tok, self.cache)
+
+    # --- decoding -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int) -> Generation:
+        """Greedy-decode up to `max_new_tokens` new tokens (speculatively if a drafter is set)."""
+        ids = as_prompt(prompt)
+        check_prompt(self.target, ids, max_new_tokens)
+        p = ids.numel()
+        self._prepare(p + max_new_tokens)  # a round never verifies past the budget (see below)
+        ids = ids.to(self.device)
+        self.tokens[0, :p] = ids
+        if self.drafter is not None:
+            self.drafter.begin(ids[None])
+        _sync(self.device)
+        t0 = time.perf_counter()
+        out = self.target.prefill(ids[None], self.cache, capture_layers=self.capture)
+        first = int(out.logits[0, -1].argmax())
+        self._store_features(0, out.hidden)
+        self.tokens[0, p] = first
+        _sync(self.device)
+        prefill_s = time.perf_counter() - t0
+        gen = Generation(prompt_len=p, tokens=[first], block_size=self.k, prefill_s=prefill_s)
+        if first == self.eos:
+            gen.stop = "eos"
+        elif self.drafter is None:
+            self._ar_loop(gen, max_new_tokens)
+        else:
+            self._speculative_loop(gen, max_new_tokens)
+        _sync(self.device)
+        gen.wall_s = time.perf_counter() - t0
+        return gen
+
+    def _ar_loop(self, gen: Generation, budget: int) -> None:
+        last = self.tokens[:, gen.prompt_len:gen.prompt_len + 1]
+        while len(gen.tokens) < budget:
+            out = self._step(last)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            tok = int(nxt)
+            gen.tokens.append(tok)
+            gen.accepted.append(0)
+            gen.horizons.append(0)
+            if tok == self.eos:
+                gen.stop = "eos"
+                return
+            last = nxt
+
+    def _speculative_loop(self, gen: Generation, budget: int) -> None:
+        k, vocab = self.k, self.target.config.vocab_size
+        t = gen.prompt_len + 1  # committed tokens (the cache holds the first t - 1)
+        while len(gen.tokens) < budget:
+            step = DraftStep(
+                tokens=self.tokens[:, :t],
+                features=self.features[:, : t - 1] if self.capture else None,
+                target=self.target,
+                cache=self.cache,
+            )
+            drafts = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)
+            # drafts past the budget can never be committed: verify at most `remaining` of them,
+            # so the sequence (and the cache) never grows past prompt + max_new_tokens
+            remaining = budget - len(gen.tokens)
+            block = torch.cat([self.tokens[:, t - 1:t], drafts[:, : min(k, remaining)].to(self.device)], dim=1)
+            out = self._verify(block)
+            argmax = out.logits[0].argmax(-1)
+            raw = min(self.accept_fn(block[0, 1:], argmax), block.shape[1] - 1)
+            res = settle_round(block[0, 1:].tolist(), argmax.tolist(), raw, remaining, self.eos)
+            self.target.commit(self.cache, res.commit)
+            if self.capture:
+                self._store_features(t - 1, out.hidden[:, : res.commit])
+            n = len(res.tokens)
+            self.tokens[0, t:t + n] = torch.tensor(res.tokens, dtype=torch.long, device=self.device)
+            t += n
+            gen.tokens.extend(res.tokens)
+            gen.accepted.append(res.accepted)
+            gen.horizons.append(res.horizon)
+            if res.eos:
+                gen.stop = "eos"
+                return
+
+
+def generate(target: Any, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int,
+             drafter: Optional[Drafter] = None, eos_token_id: Optional[int] = None) -> Generation:
+    """One-off greedy generation (AR without a drafter, speculative with one)."""
+    return Engine(target, drafter, eos_token_id=eos_token_id).generate(prompt, max_new_tokens)
