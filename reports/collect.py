@@ -118,8 +118,10 @@ def runs_frame(records: Sequence[dict], sweep: str) -> pl.DataFrame:
     schema.setdefault("status", pl.String())
     schema.setdefault("start_time", pl.Int64())
     df = pl.DataFrame([{c: rec.get(c) for c in schema} for rec in records], schema=schema)
+    metric_cols = [c for c, t in schema.items() if t == pl.Float64()]
     df = df.with_columns(
         *(pl.col(t).cast(pl.Int64, strict=False) for t in INT_TAGS),
+        *(pl.col(c).fill_nan(None) for c in metric_cols),  # a NaN is a missing value, not a number
         pl.col("ready.sweep").fill_null(sweep),
         # a run without a variant id still groups with itself, never with another variant
         pl.coalesce("ready.variant_id", "ready.config_hash", "run_id").alias("ready.variant_id"),

@@ -115,3 +115,9 @@ def test_only_the_latest_sweep_setting_is_reported():
 def test_a_checkpoint_path_is_named_by_its_folder():
     assert collect.short_model("/data/ckpt/Qwen3.5-27B/") == "Qwen3.5-27B"
     assert collect.short_model("tiny") == "tiny"
+
+
+def test_a_nan_metric_counts_as_missing():
+    runs = collect.runs_frame([rec("a", 0, **{"overall/tps": float("nan"), "overall/tau": 4.0})], "s")
+    (v,) = collect.aggregate(runs)
+    assert v.stat("overall/tps") == (None, "a: metric overall/tps not logged in any run")
