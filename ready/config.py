@@ -36,8 +36,12 @@ class PretrainConfig:
     batch_size: int = 16
     seq_len: int = 256
     lr: float = 2e-3
-    warmup: float = 0.05
+    warmup: float = 0.05  # fraction of steps with linear warmup, then cosine decay
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
     weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    heldout_windows: int = 64  # seq_len windows of the held-out split for the held-out loss
+    sample_tokens: int = 48  # greedy continuation of a held-out prompt stored with the metrics
     seed: int = 0
 
 
@@ -48,6 +52,7 @@ class CorpusConfig:
     vocab_size: int = 4096
     heldout_fraction: float = 0.05
     max_files: int = 4000
+    max_file_kb: int = 256  # larger files (generated tables) are skipped
     seed: int = 0
 
 

