@@ -224,6 +224,15 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec) -> Table:
                  rule_before={1} if len(rows) > 1 else set(), notes=notes.items)
 
 
+def _tps_tau(v: Variant | None, bench: str, notes: _Notes) -> tuple[Stat | None, Stat | None]:
+    """A variant's TPS and tau on one benchmark (None for an absent variant or missing metric)."""
+    if v is None:
+        return None, None
+    if bench == AVERAGE:  # the average row's note names the cause (a missing benchmark), added below
+        return v.stat(f"{bench}/tps")[0], v.stat(f"{bench}/tau")[0]
+    return notes.stat(v, f"{bench}/tps"), notes.stat(v, f"{bench}/tau")
+
+
 def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec) -> Table:
     """Table 1: per benchmark and their average, TPS / speedup vs AR / tau for each method, gains vs DSpark.
 
@@ -245,49 +254,32 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec) -> Table:
     for name in group_names:
         columns += [Column("TPS", f"{name} TPS", name), Column(r"$\times$", f"{name} ×", name),
                     Column(r"$\tau$", f"{name} τ", name)]
-    gain_group = lambda v: "Gain vs DSpark" if len(others) == 1 else f"{v.name} vs DSpark"  # noqa: E731
     for v in others:
-        columns += [Column(r"TPS (\%)", f"{gain_group(v)} TPS (%)", gain_group(v)),
-                    Column(r"$\tau$ (\%)", f"{gain_group(v)} τ (%)", gain_group(v))]
+        gain = "Gain vs DSpark" if len(others) == 1 else f"{v.name} vs DSpark"
+        columns += [Column(r"TPS (\%)", f"{gain} TPS (%)", gain), Column(r"$\tau$ (\%)", f"{gain} τ (%)", gain)]
 
     rows: list[list[Cell]] = []
     for b in [*benches, AVERAGE]:
-        stats = {}
-        for v in groups:
-            if v is None:
-                stats[id(v)] = (None, None)
-                continue
-            if b == AVERAGE:  # its own note below, naming the cause rather than the derived metric
-                stats[id(v)] = (v.stat(f"{b}/tps")[0], v.stat(f"{b}/tau")[0])
-            else:
-                stats[id(v)] = (notes.stat(v, f"{b}/tps"), notes.stat(v, f"{b}/tau"))
-        ar_tps = stats[id(ar)][0] if ar else None
-        row = [Cell("text", text=BENCHMARK_NAMES.get(b, b))]
-        tps_cells, x_cells, tau_cells = [], [], []
-        for v in groups:
-            tps, tau = stats[id(v)]
-            speed = _ratio(tps, ar_tps)
-            cells = [_num(tps, 2), Cell("speedup", speed, decimals=2), _num(tau, 2)]
-            tps_cells.append(cells[0]); x_cells.append(cells[1]); tau_cells.append(cells[2])  # noqa: E702
-            row += cells
-        for cells in (tps_cells, x_cells, tau_cells):
+        stats = [_tps_tau(v, b, notes) for v in groups]
+        ar_tps, (ds_tps, ds_tau) = stats[0][0], stats[1]
+        tps_cells = [_num(tps, 2) for tps, _ in stats]
+        x_cells = [Cell("speedup", _ratio(tps, ar_tps), decimals=2) for tps, _ in stats]
+        tau_cells = [_num(tau, 2) for _, tau in stats]
+        gain_tps = [_gain(tps, ds_tps) for tps, _ in stats[2:]]
+        gain_tau = [_gain(tau, ds_tau) for _, tau in stats[2:]]
+        for cells in (tps_cells, x_cells, tau_cells, gain_tps, gain_tau):
             mark_best(cells)
-        ds_tps, ds_tau = stats[id(ds)] if ds else (None, None)
-        gain_tps, gain_tau = [], []
-        for v in others:
-            tps, tau = stats[id(v)]
-            gain_tps.append(_gain(tps, ds_tps))
-            gain_tau.append(_gain(tau, ds_tau))
-            row += [gain_tps[-1], gain_tau[-1]]
-        mark_best(gain_tps)
-        mark_best(gain_tau)
+        row = [Cell("text", text=BENCHMARK_NAMES.get(b, b))]
+        for group in zip(tps_cells, x_cells, tau_cells):
+            row += group
+        for pair in zip(gain_tps, gain_tau):
+            row += pair
         rows.append(row)
     if not benches:
         notes.add(f"no benchmark metrics (<benchmark>/tps) in sweep {sweep}")
-    else:
-        for v in groups:
-            if v is not None and v.n_finished and any(v.stat(f"{b}/{m}")[0] is None for b in benches for m in ("tps", "tau")):
-                notes.add(f"{v.name}: Average needs every benchmark")
+    for v in groups:
+        if v is not None and v.n_finished and any(v.stat(f"{b}/{m}")[0] is None for b in benches for m in ("tps", "tau")):
+            notes.add(f"{v.name}: Average needs every benchmark")
     _seed_notes(variants, notes)
     return Table(spec, sweep, collect.models(runs), collect.seed_counts(variants), columns, rows,
                  rule_before={len(rows) - 1} if len(rows) > 1 else set(), notes=notes.items)

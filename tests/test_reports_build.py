@@ -114,6 +114,14 @@ def store(tmp_path_factory):
         ("dspark", "DSpark", 1, [_bench(150, 4.0, 100, 3.0, [0.8, 0.6, 0.4]), _bench(160, 4.2, 110, 3.2, [0.8, 0.5, 0.3])]),
         ("ready", "ReaDy", 2, [_bench(165, 4.4, 108, 3.3, [0.9, 0.7, 0.5]), _bench(171, 4.6, 116, 3.5, [0.9, 0.7, 0.5])]),
     ])
+    # a Table-1 sweep the paper does not name, with no AR run and a ReaDy run missing a benchmark
+    ready = _bench(66, 5.5, 50, 5.0)
+    for key in ("heldout/tps", "heldout/tau"):
+        del ready[key]
+    _sweep(client, "main_gaps", "table1", [
+        ("dspark", "DSpark", 1, [_bench(60, 5.0, 50, 4.0)]),
+        ("ready", "ReaDy", 2, [ready]),
+    ])
     return uri
 
 
@@ -206,6 +214,19 @@ def test_missing_run_and_metric_render_dashes_and_footnotes(built):
     assert r"--$^{\dagger}$" in tex and r"\{30,62\}: no finished run (status FAILED)" in tex
 
 
+def test_main_table_with_missing_baseline_and_benchmark(built):
+    out, _ = built
+    md = (out / "table1_main_gaps.md").read_text()
+    rows = _rows(md)
+    # no AR run: AR cells and every speedup are dashes; DSpark vs ReaDy still compare (66/60 - 1 = +10.00)
+    assert rows["HumanEval"] == ["—†"] * 3 + ["60.00", "—†", "5.00"] + ["**66.00**", "—†", "**5.50**"] + ["+10.00", "+10.00"]
+    assert rows["Held-out"] == ["—†"] * 3 + ["50.00", "—†", "4.00"] + ["—†"] * 3 + ["—†", "—†"]
+    assert rows["Average"] == ["—†"] * 3 + ["55.00", "—†", "4.50"] + ["—†"] * 3 + ["—†", "—†"]
+    for note in ("no AR run in sweep main_gaps: speedups not computed", "ReaDy: metric heldout/tps not logged in any run",
+                 "ReaDy: Average needs every benchmark"):
+        assert note in md
+
+
 def test_sweep_without_dspark_keeps_a_dash_reference_row(built):
     out, _ = built
     md = (out / "table6.md").read_text()
@@ -227,7 +248,7 @@ def test_survival_curves_average_seeds_per_position(store):
 def test_figure_and_every_table_file_are_written(built):
     out, paths = built
     names = sorted(p.name for p in paths)
-    for stem in ("table1", "table3", "table4", "table6"):
+    for stem in ("table1", "table3", "table4", "table6", "table1_main_gaps"):
         assert f"{stem}.tex" in names and f"{stem}.md" in names
     pdf, png = out / "fig5_survival.pdf", out / "fig5_survival.png"
     assert pdf.read_bytes()[:5] == b"%PDF-" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -255,7 +276,7 @@ needs_tex = pytest.mark.skipif(shutil.which("pdflatex") is None or shutil.which(
 @needs_tex
 def test_every_table_compiles_with_pdflatex_and_reads_back(built, tmp_path):
     out, _ = built
-    for stem in ("table1", "table3", "table4", "table6"):
+    for stem in ("table1", "table3", "table4", "table6", "table1_main_gaps"):
         shutil.copy(out / f"{stem}.tex", tmp_path / f"{stem}.tex")
         text = _compile(tmp_path, f"\\input{{{stem}}}")
         assert "Table 1: " in text  # the caption
@@ -293,7 +314,7 @@ def test_no_survival_anywhere_skips_the_figure_with_a_message(store, tmp_path, m
 
 
 def test_unknown_sweep_and_missing_store_are_one_clear_error(store, tmp_path, capsys):
-    with pytest.raises(ReportError, match=r"sweep 'nope': no MLflow experiment 'ready-nope'.*sweeps found: inject_pos, layers, main, rank"):
+    with pytest.raises(ReportError, match=r"sweep 'nope': no MLflow experiment 'ready-nope'.*sweeps found: inject_pos, layers, main, main_gaps, rank"):
         build_reports(store, ["nope"], tmp_path, echo=None)
     assert main(["--tracking-uri", f"sqlite:///{tmp_path}/absent.db", "--out", str(tmp_path)]) == 2
     assert "no MLflow database at" in capsys.readouterr().err
