@@ -1,0 +1,265 @@
+"""Generate with the target, greedily, autoregressively or with a drafter.
+
+    python -m ready.generate --target tiny --method ngram --prompt-ids 1,2,3 --max-new-tokens 32 --json
+    python -m ready.generate --target default --method ngram -k 7 --prompt "def parse(" --max-new-tokens 64
+    python -m ready.generate --target DIR --drafter DRAFTER_DIR --method ready --prompts prompts.jsonl \
+        --max-new-tokens 256 --device cuda --json --check-lossless
+
+`--target` is a preset (`tiny`, `qwen3_5_27b`: random weights), `default` (the embedded target
+pretrained on the stdlib corpus, built and cached on first use), or a Hugging Face checkpoint
+directory (its tokenizer, when present, encodes `--prompt` and decodes the output).
+`--prompts FILE.jsonl`: one prompt per line, an object with `prompt_ids` (token ids) or `prompt`
+/ `text` (a string), or a bare JSON string or list of ids. TPS and the clock are defined in
+`ready.metrics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ready.decode.errors import DecodeError
+
+METHODS = ("ar", "ngram", "dspark", "ready")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ready.generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="preset name, 'default', or a checkpoint directory")
+    p.add_argument("--drafter", help="drafter checkpoint directory (methods dspark and ready)")
+    p.add_argument("--method", required=True, choices=METHODS)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (needs a tokenizer beside the target)")
+    src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
+    src.add_argument("--prompts", help="JSONL file, one prompt per line")
+    p.add_argument("--max-new-tokens", type=int, required=True)
+    p.add_argument("-k", "--block-size", type=int, default=7, help="draft tokens per round for ngram (default 7)")
+    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the ngram drafter looks up")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--eos-id", type=int, help="stop token (default: the target config's eos_token_id)")
+    p.add_argument("--warmup", type=int, help="untimed warm-up generations (default: 1 on CUDA, 0 on CPU)")
+    p.add_argument("--check-lossless", action="store_true", help="also decode with AR and compare token for token")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random weights of a preset target (default 0)")
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own choice)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return p.parse_args(argv)
+
+
+# --- inputs -----------------------------------------------------------------------------------------
+def parse_prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise DecodeError(f"--prompt-ids {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
+    return ids
+
+
+def read_prompts_file(path: str) -> list[Any]:
+    """Each line: {"prompt_ids": [...]} | {"prompt"/"text": "..."} | [ids] | "text"."""
+    file = Path(path)
+    if not file.is_file():
+        raise DecodeError(f"--prompts {path}: no such file; expected a JSONL file with one prompt per line")
+    out: list[Any] = []
+    for n, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DecodeError(f"--prompts {path}, line {n}: not valid JSON ({e.msg})") from None
+        if isinstance(row, dict):
+            key = next((k for k in ("prompt_ids", "input_ids", "ids", "prompt", "text") if k in row), None)
+            row = row.get(key) if key else None
+            if (key in ("prompt", "text")) != isinstance(row, str):
+                row = None  # text keys hold a string, id keys a list of ints
+        is_ids = isinstance(row, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in row)
+        if not (isinstance(row, str) or is_ids):
+            raise DecodeError(f"--prompts {path}, line {n}: expected an object with 'prompt_ids' (list of ints) or "
+                              "'prompt'/'text' (string), a list of ints, or a string")
+        out.append(row)
+    if not out:
+        raise DecodeError(f"--prompts {path}: the file holds no prompts")
+    return out
+
+
+def load_target_and_tokenizer(spec: str, device: str, dtype: str) -> tuple[Any, Any, str]:
+    """(target, tokenizer or None, resolved directory or preset name)."""
+    from ready.target import load_target
+
+    source = spec
+    if spec == "default":
+        from omegaconf import OmegaConf
+
+        from ready.config import merge, schema
+        from ready.data.default import ensure_default_target
+
+        base = Path(__file__).resolve().parent.parent / "experiments" / "base.yaml"
+        cfg = merge(schema(), OmegaConf.load(base), source=str(base)) if base.is_file() else schema()
+        source = str(ensure_default_target(cfg))
+    target = load_target(source, device=device, dtype=dtype)
+    tokenizer = None
+    path = Path(source)
+    if path.is_dir() and ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
+        from ready.data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(path)
+    return target, tokenizer, source
+
+
+def encode_prompts(raw: list[Any], tokenizer: Any) -> list[list[int]]:
+    out = []
+    for item in raw:
+        if isinstance(item, str):
+            if tokenizer is None:
+                raise DecodeError("a text prompt needs a tokenizer, and this target has none (no tokenizer.json beside "
+                                  "the checkpoint); pass token ids with --prompt-ids or 'prompt_ids' in --prompts")
+            item = tokenizer.encode(item, add_special_tokens=False)
+        out.append(list(item))
+    return out
+
+
+def build_drafter(method: str, args: argparse.Namespace, target: Any) -> Any:
+    """None for AR, a prompt-lookup drafter for ngram, a loaded checkpoint for dspark/ready."""
+    if method == "ar":
+        return None
+    if method == "ngram":
+        from ready.decode.ngram import NgramDrafter
+
+        return NgramDrafter(target.config.vocab_size, args.block_size, max_ngram=args.ngram_max)
+    if not args.drafter:
+        raise DecodeError(f"--method {method} needs a drafter checkpoint (--drafter PATH), e.g. one written by the "
+                          "training pipeline")
+    try:
+        from ready.drafter import load_drafter
+    except ImportError as e:
+        raise DecodeError(f"--method {method} needs the drafter package (ready.drafter), which failed to import: {e}") from None
+    drafter = load_drafter(args.drafter, target).to(target.device).eval()
+    has_reader = bool(getattr(drafter, "state_layers", []))
+    if method == "ready" and not has_reader:
+        raise DecodeError(f"--drafter {args.drafter} has no state reader (a DSpark checkpoint); use --method dspark, "
+                          "or pass a ReaDy checkpoint")
+    if method == "dspark" and has_reader:
+        raise DecodeError(f"--drafter {args.drafter} has a state reader (a ReaDy checkpoint); use --method ready")
+    return drafter
+
+
+# --- run ----------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ready.decode.engine import as_prompt, check_prompt
+    from ready.decode.evaluate import evaluate, run_ar
+    from ready.decode.engine import Engine
+    from ready.metrics import summarize
+
+    if args.block_size < 1:
+        raise DecodeError(f"-k/--block-size {args.block_size}; expected an integer >= 1")
+    if args.max_new_tokens < 1:
+        raise DecodeError(f"--max-new-tokens {args.max_new_tokens}; expected an integer >= 1")
+    if args.prompt_ids is not None:
+        raw: list[Any] = [parse_prompt_ids(args.prompt_ids)]
+    elif args.prompts is not None:
+        raw = read_prompts_file(args.prompts)
+    else:
+        raw = [args.prompt]
+    torch.manual_seed(args.seed)
+    target, tokenizer, source = load_target_and_tokenizer(args.target, args.device, args.dtype)
+    prompts = encode_prompts(raw, tokenizer)
+    for i, p in enumerate(prompts):
+        try:
+            check_prompt(target, as_prompt(p), args.max_new_tokens)
+        except DecodeError as e:
+            raise DecodeError(f"prompt {i}: {e}") from None
+    drafter = build_drafter(args.method, args, target)
+    on_cuda = target.device.type == "cuda"
+    warmup = args.warmup if args.warmup is not None else int(on_cuda)
+    k = drafter.block_size if drafter is not None else 0
+
+    lossless = None
+    if args.check_lossless:
+        res = evaluate(target, drafter, prompts, args.max_new_tokens, benchmark="cli", method=args.method,
+                       eos_token_id=args.eos_id, warmup=warmup, progress=False)
+        gens = [dict(tokens=r.tokens, accepted=r.accepted, horizons=r.horizons, wall_s=r.wall_s, prompt_len=r.prompt_len)
+                for r in res.prompts]
+        summary, lossless = res.metrics, {"lossless": res.lossless,
+                                          "mismatch": None if res.mismatch is None else vars(res.mismatch)}
+    else:
+        if drafter is None:
+            out = run_ar(target, prompts, args.max_new_tokens, eos_token_id=args.eos_id, warmup=warmup, progress=False)
+        else:
+            engine = Engine(target, drafter, eos_token_id=args.eos_id)
+            for _ in range(warmup):
+                engine.generate(prompts[0], args.max_new_tokens)
+            out = [engine.generate(p, args.max_new_tokens) for p in prompts]
+        gens = [dict(tokens=g.tokens, accepted=g.accepted, horizons=g.horizons, wall_s=g.wall_s, prompt_len=g.prompt_len,
+                     prefill_s=g.prefill_s, stop=g.stop) for g in out]
+        summary = summarize([g.log() for g in out], "cli", args.method, k)
+
+    from ready.metrics import tau as tau_of, tps as tps_of
+
+    results = []
+    for i, g in enumerate(gens):
+        results.append({
+            "index": i,
+            "prompt_len": g["prompt_len"],
+            "token_ids": g["tokens"],
+            "text": tokenizer.decode(g["tokens"]) if tokenizer is not None else None,
+            "new_tokens": len(g["tokens"]),
+            "tau": tau_of(g["accepted"]),
+            "tps": tps_of(len(g["tokens"]), g["wall_s"]),
+            "wall_s": g["wall_s"],
+            "accepted": g["accepted"] if drafter is not None else [],
+            "horizons": g["horizons"] if drafter is not None else [],
+        })
+    report: dict[str, Any] = {
+        "target": source, "method": args.method, "block_size": k, "device": str(target.device),
+        "dtype": str(target.dtype).replace("torch.", ""), "max_new_tokens": args.max_new_tokens,
+        "results": results, "summary": summary.to_dict(),
+    }
+    if lossless is not None:
+        report.update(lossless)
+    return report
+
+
+def print_text(report: dict[str, Any]) -> None:
+    for r in report["results"]:
+        body = r["text"] if r["text"] is not None else " ".join(map(str, r["token_ids"]))
+        tau = f"{r['tau']:.2f}" if r["tau"] is not None else "-"
+        print(f"--- prompt {r['index']} ({r['prompt_len']} tokens) -> {r['new_tokens']} new tokens, "
+              f"tau {tau}, {r['tps']:.1f} tokens/s")
+        print(body)
+    s = report["summary"]
+    line = f"=== {report['method']}: {s['new_tokens']} tokens, {s['tps']:.1f} tokens/s"
+    if s["tau"] is not None and report["method"] != "ar":
+        line += f", tau {s['tau']:.3f}"
+    if "lossless" in report:
+        line += f", lossless {report['lossless']}"
+    print(line)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        report = run(args)
+    except ValueError as e:
+        if not type(e).__module__.startswith("ready"):  # our input errors only; anything else is a bug
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_text(report)
+    if report.get("lossless") == 0:
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
