@@ -29,10 +29,29 @@ from ._common import HAS_TRITON, last_dim_contiguous, next_pow2, require, requir
 
 # Default Triton verify algorithm ("chunk" or "recurrent"), chosen from the H200 benchmark.
 VERIFY_METHOD = "chunk"
+# Blocks of at most this many tokens are unrolled at compile time (one compile per block length).
+MAX_UNROLL = 16
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def _recurrent_token(s, t, q_base, k_base, v_base, g_base, be_base, o_base, st_base,
+                         q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v, mask_k, mask_v, mask_s, scale):
+        """One token of the recurrence on a [d_k, BV] slice of the state; writes o_t and S_t."""
+        q = tl.load(q_base + t * q_t + offs_k, mask=mask_k, other=0.0).to(tl.float32) * scale
+        k = tl.load(k_base + t * k_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(v_base + t * v_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        decay = tl.exp(tl.load(g_base + t * g_t).to(tl.float32))
+        beta = tl.load(be_base + t * be_t).to(tl.float32)
+        s = s * decay
+        delta = (v - tl.sum(s * k[:, None], 0)) * beta
+        s = s + k[:, None] * delta[None, :]
+        o = tl.sum(s * q[:, None], 0)
+        tl.store(o_base + t * o_t + offs_v, o, mask=mask_v)
+        tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
+        return s
 
     @triton.jit
     def _gdn_verify_kernel(
@@ -43,7 +62,7 @@ if HAS_TRITON:
         o_b, o_t, o_h,
         st_b, st_t, st_h, st_k,
         T, H, DK, DV, scale,
-        BK: tl.constexpr, BV: tl.constexpr,
+        BK: tl.constexpr, BV: tl.constexpr, T_UNROLL: tl.constexpr,
     ):
         i_bh = tl.program_id(0)
         i_v = tl.program_id(1)
@@ -64,18 +83,26 @@ if HAS_TRITON:
         be_base = beta_ptr + b * be_b + h * be_h
         o_base = o_ptr + b * o_b + h * o_h
         st_base = st_ptr + b * st_b + h * st_h
-        for t in range(T):
-            q = tl.load(q_base + t * q_t + offs_k, mask=mask_k, other=0.0).to(tl.float32) * scale
-            k = tl.load(k_base + t * k_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            v = tl.load(v_base + t * v_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-            decay = tl.exp(tl.load(g_base + t * g_t).to(tl.float32))
-            beta = tl.load(be_base + t * be_t).to(tl.float32)
-            s = s * decay
-            delta = (v - tl.sum(s * k[:, None], 0)) * beta
-            s = s + k[:, None] * delta[None, :]
-            o = tl.sum(s * q[:, None], 0)
-            tl.store(o_base + t * o_t + offs_v, o, mask=mask_v)
-            tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
+        if T_UNROLL > 0:  # T known at compile time: unrolled, so all tokens' loads are issued up front
+            for t in tl.static_range(T_UNROLL):
+                s = _recurrent_token(s, t, q_base, k_base, v_base, g_base, be_base, o_base, st_base,
+                                     q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v,
+                                     mask_k, mask_v, mask_s, scale)
+        else:
+            for t in range(T):
+                s = _recurrent_token(s, t, q_base, k_base, v_base, g_base, be_base, o_base, st_base,
+                                     q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v,
+                                     mask_k, mask_v, mask_s, scale)
+
+    @triton.jit
+    def _chunk_state(s, t, kt, u, e_step, offs_t, st_base, st_t, st_k, offs_k, offs_v, mask_s):
+        """S_t = e^(g_t) S_(t-1) + k_t u_t^T from the [T, .] tiles; writes S_t."""
+        sel = offs_t == t
+        k_row = tl.sum(tl.where(sel[:, None], kt, 0.0), 0)
+        u_row = tl.sum(tl.where(sel[:, None], u, 0.0), 0)
+        s = s * tl.sum(tl.where(sel, e_step, 0.0), 0) + k_row[:, None] * u_row[None, :]
+        tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
+        return s
 
     @triton.jit
     def _gdn_verify_chunk_kernel(
@@ -86,7 +113,7 @@ if HAS_TRITON:
         o_b, o_t, o_h,
         st_b, st_t, st_h, st_k,
         T, H, DK, DV, scale,
-        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr,
+        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr, T_UNROLL: tl.constexpr,
     ):
         """All T tokens at once: the delta-rule corrections u_t solved as one small triangular system.
 
@@ -143,13 +170,16 @@ if HAS_TRITON:
         tl.store(o_ptr + b * o_b + h * o_h + offs_t[:, None] * o_t + offs_v[None, :], o,
                  mask=mask_t[:, None] & mask_v[None, :])
 
+        # S_t = e^(g_t) S_(t-1) + k_t u_t^T: rows of the register tiles, no memory round trip
         st_base = st_ptr + b * st_b + h * st_h
+        e_step = tl.exp(g)
         s = s0
-        for t in range(T):
-            k_row = tl.load(k_base + t * k_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            u_row = tl.sum(tl.where(offs_t[:, None] == t, u, 0.0), 0)
-            s = s * tl.exp(tl.load(g_base + t * g_t).to(tl.float32)) + k_row[:, None] * u_row[None, :]
-            tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
+        if T_UNROLL > 0:
+            for t in tl.static_range(T_UNROLL):
+                s = _chunk_state(s, t, kt, u, e_step, offs_t, st_base, st_t, st_k, offs_k, offs_v, mask_s)
+        else:
+            for t in range(T):
+                s = _chunk_state(s, t, kt, u, e_step, offs_t, st_base, st_t, st_k, offs_k, offs_v, mask_s)
 
     @triton.jit
     def _gdn_commit_kernel(dst_ptr, src_ptr, n_ptr, n_all, d_l, d_b, s_l, s_b, s_t, B, T, E,
@@ -217,11 +247,11 @@ def gdn_verify_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                       initial_state: torch.Tensor, scale: Optional[float] = None,
                       out_states: Optional[torch.Tensor] = None, *, method: Optional[str] = None,
-                      block_v: Optional[int] = None,
-                      num_warps: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      block_v: Optional[int] = None, num_warps: Optional[int] = None,
+                      unroll: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused verify. `method`: "chunk" (corrections solved for all tokens at once, then the states
     streamed out; T <= 64) or "recurrent" (token by token); default `VERIFY_METHOD`.
-    `block_v`/`num_warps` override the launch heuristics (benchmarks and tests)."""
+    `block_v`/`num_warps`/`unroll` override the launch heuristics (benchmarks and tests)."""
     require_triton()
     B, T, H, dk, dv = _check_verify(q, k, v, g, beta, initial_state, out_states)
     scale = dk ** -0.5 if scale is None else scale
@@ -236,11 +266,12 @@ def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     BK = max(16, next_pow2(dk))
     BV = block_v or max(16, min(32, next_pow2(dv)))
     grid = (B * H, triton.cdiv(dv, BV))
+    unroll = T if (T <= MAX_UNROLL if unroll is None else unroll) else 0
     if method == "chunk":
         BT = max(16, next_pow2(T))
-        kernel, meta = _gdn_verify_chunk_kernel, dict(BT=BT, LOG2_BT=BT.bit_length() - 1)
+        kernel, meta = _gdn_verify_chunk_kernel, dict(BT=BT, LOG2_BT=BT.bit_length() - 1, T_UNROLL=unroll)
     else:
-        kernel, meta = _gdn_verify_kernel, {}
+        kernel, meta = _gdn_verify_kernel, dict(T_UNROLL=unroll)
     kernel[grid](
         q, k, v, g, beta, initial_state, o, states,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

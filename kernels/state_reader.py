@@ -92,19 +92,34 @@ if HAS_TRITON:
         H, M, P, R, DK, DV,
         eps, inv_sqrt_dk,
         BP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+        NCHUNK: tl.constexpr,
     ):
-        """One program per (b, m): the whole state in BK-row chunks, then the features."""
+        """One program per (b, m): the whole state in NCHUNK blocks of BK rows (unrolled, so every
+        block's loads can be in flight at once), W = U S accumulated, then G = W V and the features."""
         pid = tl.program_id(0)
         b = pid // M
         m = pid % M
         s_base = _pair_state_base(ssm_ptr, layer_ptr, slot_ptr, b, m, H, s_l, s_s, s_h)
-        g = tl.zeros([BR, BR], dtype=tl.float32)
-        sumsq = 0.0
-        for k0 in range(0, DK, BK):
-            g_c, sq_c = _partial_g(s_base, u_ptr, v_ptr, m, k0, s_k, s_v, R, DK, DV, BR, BK, BV, PRECISION)
-            g += g_c
-            sumsq += sq_c
-        _write_features(g, sumsq, z_ptr, out_ptr, b, m, z_b, z_p, z_m, o_b, o_p, M, P, R, DK, DV,
+        offs_r = tl.arange(0, BR)
+        offs_v = tl.arange(0, BV)
+        mask_r = offs_r < R
+        mask_v = offs_v < DV
+        u_base = u_ptr + m.to(tl.int64) * R * DK
+        w = tl.zeros([BR, BV], dtype=tl.float32)
+        sq = tl.zeros([BK, BV], dtype=tl.float32)
+        for c in tl.static_range(NCHUNK):
+            kk = c * BK + tl.arange(0, BK)
+            mask_k = kk < DK
+            s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
+                        mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+            uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
+                         mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            w += tl.dot(uc, s, input_precision=PRECISION)
+            sq += s * s
+        vt = tl.load(v_ptr + m.to(tl.int64) * DV * R + offs_v[:, None] * R + offs_r[None, :],
+                     mask=mask_v[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+        g = tl.dot(w, vt, input_precision="ieee")
+        _write_features(g, tl.sum(sq), z_ptr, out_ptr, b, m, z_b, z_p, z_m, o_b, o_p, M, P, R, DK, DV,
                         eps, inv_sqrt_dk, BP, BR)
 
     @triton.jit
@@ -228,7 +243,8 @@ def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None
             ssm, layer_idx, slots, z, U, V, out,
             *ssm.stride(), z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
             ssm.shape[2], M, P, r, dk, dv, float(eps), inv,
-            BP=BP, BR=BR, BK=BK, BV=BV, PRECISION=prec, num_warps=num_warps or (4 if BR * BV <= 4096 else 8),
+            BP=BP, BR=BR, BK=BK, BV=BV, PRECISION=prec, NCHUNK=-(-dk // BK),
+            num_warps=num_warps or (4 if BR * BV <= 4096 else 8),
         )
         return out
     BK = max(16, next_pow2(-(-dk // ns)))

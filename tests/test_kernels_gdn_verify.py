@@ -54,12 +54,12 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("method", ["chunk", "recurrent"])
+@pytest.mark.parametrize("method,unroll", [("chunk", True), ("chunk", False), ("recurrent", True), ("recurrent", False)])
 @pytest.mark.parametrize("B,T,H,dk,dv,dtype", SHAPES)
-def test_outputs_and_every_state_match_reference(B, T, H, dk, dv, dtype, method):
+def test_outputs_and_every_state_match_reference(B, T, H, dk, dv, dtype, method, unroll):
     q, k, v, g, beta, h0 = make_inputs(B, T, H, dk, dv, dtype)
     live = h0.clone()
-    o, states = gv.gdn_verify_triton(q, k, v, g, beta, h0, 0.3, method=method)
+    o, states = gv.gdn_verify_triton(q, k, v, g, beta, h0, 0.3, method=method, unroll=unroll)
     o_ref, states_ref = gv.gdn_verify_reference(q, k, v, g, beta, h0, 0.3)
     assert o.dtype == v.dtype and states.dtype == torch.float32
     assert states.shape == (B, T, H, dk, dv)
