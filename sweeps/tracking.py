@@ -10,6 +10,7 @@ gains vs DSpark) need the baselines of the same sweep setting, so they are (re)c
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -76,6 +77,7 @@ def ensure_experiment(c, sweep: str) -> str:
         return exp.experiment_id
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str:
     """The commit of the code that runs (with `-dirty` when the work tree has changes)."""
     root = Path(__file__).resolve().parent.parent
