@@ -18,10 +18,10 @@ block is shortened in the last round), so the cache never holds more than prompt
 tokens. Timing follows `ready.metrics`: the clock covers
 prefill through the last token, with a device synchronisation at both ends on CUDA.
 
-On CUDA, `Engine(cuda_graphs=True)` replays the fixed-shape verify ([1, K+1]) and AR step
-([1, 1]) forwards from captured CUDA graphs when the target supports it
-(`ready.decode.graphs`); prefill, drafting and the bookkeeping run eagerly. On CPU everything
-runs eagerly.
+On CUDA (default there), `Engine(cuda_graphs=True)` replays the fixed-shape verify ([1, K+1])
+and AR step ([1, 1]) forwards from captured CUDA graphs (`ready.decode.graphs`); prefill,
+drafting and the bookkeeping run eagerly. On CPU everything runs eagerly (cuda_graphs=True
+there runs the graphs' static-cache path without capturing, for tests).
 """
 
 from __future__ import annotations
@@ -190,10 +190,10 @@ class Engine:
         self.features: Optional[torch.Tensor] = None  # [1, max_len, C, D] target features
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.graphs = None
-        if use_graphs:
+        if use_graphs:  # on CPU this runs the same static-cache path eagerly (tests)
             from ready.decode.graphs import GraphRunner
 
-            self.graphs = GraphRunner(target, self.k, self.capture)
+            self.graphs = GraphRunner(target, self.capture)
 
     # --- buffers ---------------------------------------------------------------------
     def reserve(self, max_len: int) -> None:
@@ -206,10 +206,10 @@ class Engine:
             self.cache = self.target.new_cache(batch_size=1, max_len=need, max_verify=self.k + 1)
             self.tokens = torch.zeros(1, need, dtype=torch.long, device=self.device)
             self.features = None
-            if self.graphs is not None:
-                self.graphs.invalidate()
         else:
             self.cache.reset()
+        if self.graphs is not None:
+            self.graphs.prepare(self.cache)  # static cache mode from the prefill on
 
     def _store_features(self, start: int, hidden: Optional[torch.Tensor]) -> None:
         if not self.capture:

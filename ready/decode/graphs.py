@@ -1,0 +1,48 @@
+"""CUDA graphs for the engine's fixed-shape target forwards.
+
+Where they apply: the verify forward of a full round ([1, K+1] tokens) and the AR step
+([1, 1]) are captured once per cache (`ready.target.GraphedVerify` over a `static` cache:
+attention reads the whole preallocated KV with positions from `cache.length_t`) and replayed
+every round. Prefill, the shortened last round at the token budget, the drafter, the
+argmax/acceptance bookkeeping and `commit` (a state copy) run eagerly. On CPU the same runner
+calls the static-cache verify eagerly (no graph), which is how the CPU tests cover this path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ready.target import GraphedVerify
+
+
+class GraphRunner:
+    """verify/step for one engine: one captured graph per block length, per cache."""
+
+    def __init__(self, target: Any, capture_layers: list[int]) -> None:
+        self.target, self.capture = target, list(capture_layers)
+        self.graphs: dict[int, GraphedVerify] = {}
+        self.cache_id: Optional[int] = None
+
+    def invalidate(self) -> None:
+        """Forget captured graphs (the cache they point at was replaced)."""
+        self.graphs.clear()
+        self.cache_id = None
+
+    def prepare(self, cache: Any) -> None:
+        """Put a freshly allocated cache in static mode before anything runs on it."""
+        if self.cache_id != id(cache):
+            self.invalidate()
+            self.cache_id = id(cache)
+        cache.static = True
+
+    def verify(self, block: Any, cache: Any) -> Any:
+        self.prepare(cache)
+        t = block.shape[1]
+        if t not in self.graphs:
+            self.graphs[t] = GraphedVerify(self.target, cache, t, self.capture)
+        return self.graphs[t](block)
+
+    def step(self, tok: Any, cache: Any) -> Any:
+        out = self.verify(tok, cache)
+        self.target.commit(cache, 1)
+        return out
