@@ -65,8 +65,10 @@ def dry_run_table(sweep: Sweep) -> str:
     return out
 
 
-def summary_table(sweep: Sweep, c, experiment_id: str, ran: set[str], failed: set[str]) -> tuple[str, int]:
-    """Every row of this setting with its status and headline numbers; also counts what is missing."""
+def summary_table(sweep: Sweep, c, experiment_id: str, ran: set[str], failed: set[str],
+                  elsewhere: set[str] = frozenset()) -> tuple[str, int]:
+    """Every row of this setting with its status and headline numbers; also counts what is missing
+    (a row another worker or host is still running is not missing)."""
     runs = {r.data.tags.get("ready.config_hash"): r for r in tracking.setting_runs(c, experiment_id, sweep.setting)}
     hashes = [j.config_hash for j in sweep.jobs()]
     jobs = {j.config_hash: j for j in sweep.jobs()}
@@ -81,8 +83,10 @@ def summary_table(sweep: Sweep, c, experiment_id: str, ran: set[str], failed: se
             t = run.data.tags
             label, method, seed = t.get("ready.label"), t.get("ready.method"), t.get("ready.seed")
         status = "failed" if h in failed else ("ran" if h in ran else ("skipped" if run is not None else "missing"))
+        if run is None and h in elsewhere and h not in failed:
+            status = "running elsewhere"
         if run is None:
-            missing += 1
+            missing += status != "running elsewhere"
             rows.append([label, method, seed, status, None, None, None, None, None, h])
             continue
         m = run.data.metrics
@@ -236,7 +240,7 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
         if args.workers > 1:  # the workers' own records are in the study
             more_ran, more_failed = _outcomes(grid, parent_id)
             ran, failed = ran | more_ran, failed | more_failed
-        text, missing = summary_table(sweep, c, experiment_id, ran, failed)
+        text, missing = summary_table(sweep, c, experiment_id, ran, failed, _running_elsewhere(grid))
         print(text, flush=True)
         if status == "FINISHED" and (code or missing):
             status = "FAILED"
@@ -245,6 +249,14 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     if not args.no_report and status == "FINISHED":
         _report(uri, sweep, Path(args.reports_dir) if args.reports_dir else run_dir / "reports")
     return 0 if status == "FINISHED" else 1
+
+
+def _running_elsewhere(grid) -> set[str]:
+    """Jobs whose trial is RUNNING under a live worker (another host, or one this run did not start)."""
+    from optuna.trial import TrialState
+
+    return {t.user_attrs["job"] for t in grid.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if "job" in t.user_attrs and not st.is_stale(t)}
 
 
 def _outcomes(grid, parent_id: str) -> tuple[set[str], set[str]]:
