@@ -1,0 +1,62 @@
+"""The engine benchmark: accepted-length distributions parse as written, forced acceptance
+replays them, and the script prints one consistent JSON object on CPU."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from ready.bench_engine import forced_acceptance, main, parse_accept_dist
+from ready.decode import DecodeError
+from ready.target import HybridConfig, HybridLM, save_target
+
+torch.set_num_threads(1)  # tiny models: one thread beats two on a shared machine
+
+
+def test_accept_dist_is_parsed_and_normalised():
+    assert parse_accept_dist("0:1,3:1,7:2", 7) == {0: 0.25, 3: 0.25, 7: 0.5}
+    assert parse_accept_dist("2:0.5,2:0.5", 3) == {2: 1.0}
+
+
+@pytest.mark.parametrize("text", ["0:0.5,8:0.5", "a:1", "3", "0:-1,1:2", "0:0"])
+def test_bad_accept_dist_is_refused(text):
+    with pytest.raises(DecodeError, match="--accept-dist"):
+        parse_accept_dist(text, 7)
+
+
+def test_forced_acceptance_draws_from_the_distribution():
+    draw = forced_acceptance({0: 0.2, 7: 0.8}, seed=1)
+    counts = Counter(draw(None, None) for _ in range(2000))
+    assert set(counts) == {0, 7}
+    assert 0.75 < counts[7] / 2000 < 0.85
+
+
+def test_benchmark_prints_consistent_json_on_cpu(tmp_path, capsys):
+    torch.manual_seed(0)
+    cfg = HybridConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=128,
+    )
+    path = save_target(HybridLM(cfg), tmp_path / "t")
+    code = main(["--target", str(path), "--device", "cpu", "--prompt-len", "8", "--new-tokens", "40", "-k", "3",
+                 "--accept-dist", "3:1", "--accept-dist", "0:1", "--repeats", "1", "--verify-iters", "3",
+                 "--bandwidth", "1e10", "--json"])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ar"]["new_tokens"] == 40 and res["ar"]["tau"] == 1.0 and res["ar"]["tokens_per_s"] > 0
+    assert res["verify"]["tokens"] == [1, 2, 4] and res["verify"]["ratio"] > 0
+    always, never = res["forced"]
+    # all 3 drafts accepted every round: 1 + 9 x 4 tokens, then 3 left -> a 10th round with
+    # A = h = 3 whose bonus token falls outside the budget; tau = mean(A + 1) = 4
+    assert always["tau"] == 4.0 and always["rounds"] == 10
+    assert never["tau"] == 1.0 and never["rounds"] == 39
+    assert res["bound"]["tokens_per_s"] > 0
+
+
+def test_benchmark_refuses_a_bad_distribution(capsys):
+    assert main(["--target", "tiny", "--device", "cpu", "-k", "3", "--accept-dist", "5:1"]) == 2
+    assert "accepted lengths must lie in 0..K=3" in capsys.readouterr().err
