@@ -83,6 +83,9 @@ def test_stage2_updates_only_reader_and_lora(tmp_path, target, data):
     for n, p in d.named_parameters():  # backbone base weights stay put
         if ".lora_" not in n and not n.startswith("readers."):
             assert torch.equal(p, before[base_name(n)]), n
+    n_lora = len(lora)
+    train_stage("stage2", d, target, data, cfg, tmp_path / "again", progress=False)  # keeps the same adapters
+    assert len([n for n, _ in d.named_parameters() if ".lora_" in n]) == n_lora
 
 
 @pytest.mark.parametrize("stage", ["stage1", "stage2"])

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from ready.artifacts import atomic_torch_save
 from ready.config import config_hash, to_container
 from ready.train.anchors import gather_blocks, sample_anchors
-from ready.train.lora import inject_lora, lora_parameters
+from ready.train.lora import has_lora, inject_lora, lora_parameters
 from ready.train.loss import draft_loss
 from ready.train.regen import RegenData
 
@@ -99,7 +99,8 @@ def select_trainable(stage: str, drafter: nn.Module, cfg: Any) -> list[tuple[str
     elif stage == "stage1" and has_reader:
         wanted = {id(p) for p in drafter.reader_parameters()}
     else:  # stage2, or stage1 of the no-state control: LoRA (+ reader when there is one)
-        inject_lora(drafter, cfg.train.lora)
+        if not has_lora(drafter):  # a drafter that already carries adapters keeps training them
+            inject_lora(drafter, cfg.train.lora)
         wanted = {id(p) for _, p in lora_parameters(drafter)} | {id(p) for p in drafter.reader_parameters()}
     out = []
     for name, p in drafter.named_parameters():
