@@ -137,10 +137,9 @@ def bench_reader(size: str, s: dict, state_dtype: torch.dtype, timer: Timer, cal
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        configs = [(1, bk, w, "ieee") for bk in (16, 32, 64) for w in (4, 8)]
-        configs += [(1, 32, 4, "tf32"), (2, None, 4, "ieee"), (4, None, 4, "ieee"), (4, None, 4, "tf32")]
-        for ns, bk, w, prec in configs:
-            kw = dict(splits=ns, block_k=bk, num_warps=w, precision=prec)
+        configs = [(bk, w, p) for bk, w in ((64, 8), (32, 8), (32, 4)) for p in ("ieee", "tf32")]
+        for bk, w, prec in configs:
+            kw = dict(block_k=bk, num_warps=w, precision=prec)
             t = timer.measure([lambda i=i: sr.state_reader_triton(ssm, layer_idx, slots[i], z, U, V, out=outs[i], **kw)
                                for i in range(calls)])
             e = rel_err(sr.state_reader_triton(ssm, layer_idx, slots[0], z, U, V, **kw),
@@ -175,10 +174,8 @@ def bench_verify(size: str, s: dict, dtype: torch.dtype, timer: Timer, calls: in
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        configs = [("recurrent", bv, w, un) for bv, w in ((16, 2), (32, 4), (16, 4)) for un in (True, False)]
-        configs += [("chunk", bv, w, True) for bv in (16, 32, 64) for w in (4, 8)] + [("chunk", 32, 4, False)]
-        for method, bv, w, un in configs:
-            kw = dict(method=method, block_v=bv, num_warps=w, unroll=un)
+        for bv, w in ((16, 2), (8, 1), (16, 4), (32, 4)):
+            kw = dict(block_v=bv, num_warps=w)
             t = timer.measure([lambda i=i: gv.gdn_verify_triton(*ins[i % n_in], h0[i], out_states=pend[i], **kw)
                                for i in range(calls)])
             e = rel_err(gv.gdn_verify_triton(*ins[0], h0[0], **kw)[1], st2)

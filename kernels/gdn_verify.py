@@ -11,12 +11,11 @@ S is d_k x d_v and the readout sums over d_k):
 `conv_windows` gives the matching causal-conv windows after every token (torch: it is pure
 indexing). Inference only: none of these ops is differentiable.
 
-The Triton kernels run one program per (batch row, head, d_v block): the d_v columns of S are
+The Triton kernel runs one program per (batch row, head, d_v block): the d_v columns of S are
 independent in this recurrence, so each program keeps its S[:, block] in registers for all T tokens
-and streams every intermediate state out once. The "recurrent" kernel follows the recurrence token
-by token (two reductions over d_k per token, a serial chain of latencies); the "chunk" kernel first
-solves every token's correction with a few small matrix products (see its docstring), after which
-the state updates are elementwise.
+and streams every intermediate state out once. (A chunk form that solves all tokens' corrections
+with small matrix products first, and a compile-time-unrolled token loop, were both measured no
+faster on the H200 and removed; see kernels/NOTES.md.)
 """
 
 from __future__ import annotations
@@ -27,10 +26,6 @@ import torch
 
 from ._common import HAS_TRITON, last_dim_contiguous, next_pow2, require, require_triton, use_triton
 
-# Default Triton verify algorithm ("chunk" or "recurrent"), chosen from the H200 benchmark.
-VERIFY_METHOD = "chunk"
-# Blocks of at most this many tokens are unrolled at compile time (one compile per block length).
-MAX_UNROLL = 16
 
 if HAS_TRITON:
     import triton
@@ -62,7 +57,7 @@ if HAS_TRITON:
         o_b, o_t, o_h,
         st_b, st_t, st_h, st_k,
         T, H, DK, DV, scale,
-        BK: tl.constexpr, BV: tl.constexpr, T_UNROLL: tl.constexpr,
+        BK: tl.constexpr, BV: tl.constexpr,
     ):
         i_bh = tl.program_id(0)
         i_v = tl.program_id(1)
@@ -83,103 +78,10 @@ if HAS_TRITON:
         be_base = beta_ptr + b * be_b + h * be_h
         o_base = o_ptr + b * o_b + h * o_h
         st_base = st_ptr + b * st_b + h * st_h
-        if T_UNROLL > 0:  # T known at compile time: unrolled, so all tokens' loads are issued up front
-            for t in tl.static_range(T_UNROLL):
-                s = _recurrent_token(s, t, q_base, k_base, v_base, g_base, be_base, o_base, st_base,
-                                     q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v,
-                                     mask_k, mask_v, mask_s, scale)
-        else:
-            for t in range(T):
-                s = _recurrent_token(s, t, q_base, k_base, v_base, g_base, be_base, o_base, st_base,
-                                     q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v,
-                                     mask_k, mask_v, mask_s, scale)
-
-    @triton.jit
-    def _chunk_state(s, t, kt, u, e_step, offs_t, st_base, st_t, st_k, offs_k, offs_v, mask_s):
-        """S_t = e^(g_t) S_(t-1) + k_t u_t^T from the [T, .] tiles; writes S_t."""
-        sel = offs_t == t
-        k_row = tl.sum(tl.where(sel[:, None], kt, 0.0), 0)
-        u_row = tl.sum(tl.where(sel[:, None], u, 0.0), 0)
-        s = s * tl.sum(tl.where(sel, e_step, 0.0), 0) + k_row[:, None] * u_row[None, :]
-        tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
-        return s
-
-    @triton.jit
-    def _gdn_verify_chunk_kernel(
-        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, h0_ptr, o_ptr, st_ptr,
-        q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h,
-        g_b, g_t, g_h, be_b, be_t, be_h,
-        h0_b, h0_h, h0_k, h0_v,
-        o_b, o_t, o_h,
-        st_b, st_t, st_h, st_k,
-        T, H, DK, DV, scale,
-        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr, T_UNROLL: tl.constexpr,
-    ):
-        """All T tokens at once: the delta-rule corrections u_t solved as one small triangular system.
-
-        With G_t = g_0 + .. + g_t and S_0 the live state, the recurrence unrolls to
-            u = (I + L)^-1 beta (v - e^G (K S_0)),   L_ti = beta_t e^(G_t - G_i) k_t.k_i  (i < t)
-            o = e^G (Q S_0) + (e^(G_t - G_i) q_t.k_i)_(i <= t) u
-            S_t = e^(g_t) S_(t-1) + k_t u_t^T
-        so the only reductions over d_k are four small matrix products, and the serial part
-        (the states written after every token) is elementwise. L is strictly lower triangular,
-        hence (I + L)^-1 = (I - L)(I + L^2)(I + L^4)... (LOG2_BT factors).
-        """
-        i_bh = tl.program_id(0)
-        i_v = tl.program_id(1)
-        b = (i_bh // H).to(tl.int64)
-        h = (i_bh % H).to(tl.int64)
-        offs_t = tl.arange(0, BT)
-        offs_k = tl.arange(0, BK)
-        offs_v = i_v * BV + tl.arange(0, BV)
-        mask_t = offs_t < T
-        mask_k = offs_k < DK
-        mask_v = offs_v < DV
-        mask_s = mask_k[:, None] & mask_v[None, :]
-
-        s0 = tl.load(h0_ptr + b * h0_b + h * h0_h + offs_k[:, None] * h0_k + offs_v[None, :] * h0_v,
-                     mask=mask_s, other=0.0).to(tl.float32)
-        k_base = k_ptr + b * k_b + h * k_h
-        g_base = g_ptr + b * g_b + h * g_h
-        mask_tk = mask_t[:, None] & mask_k[None, :]
-        kt = tl.load(k_base + offs_t[:, None] * k_t + offs_k[None, :], mask=mask_tk, other=0.0).to(tl.float32)
-        qt = tl.load(q_ptr + b * q_b + h * q_h + offs_t[:, None] * q_t + offs_k[None, :],
-                     mask=mask_tk, other=0.0).to(tl.float32) * scale
-        vt = tl.load(v_ptr + b * v_b + h * v_h + offs_t[:, None] * v_t + offs_v[None, :],
-                     mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        g = tl.load(g_base + offs_t * g_t, mask=mask_t, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + b * be_b + h * be_h + offs_t * be_t, mask=mask_t, other=0.0).to(tl.float32)
-
-        gc = tl.cumsum(g, 0)
-        incl = offs_t[:, None] >= offs_t[None, :]
-        decay = tl.where(incl, tl.exp(tl.where(incl, gc[:, None] - gc[None, :], 0.0)), 0.0)   # e^(G_t - G_i)
-        e_g = tl.exp(gc)
-        ks = tl.dot(kt, s0, input_precision="ieee")                                           # K S_0  [T, BV]
-        qs = tl.dot(qt, s0, input_precision="ieee")                                           # Q S_0  [T, BV]
-        kk = tl.dot(kt, tl.trans(kt), input_precision="ieee")                                 # [T, T]
-        qk = tl.dot(qt, tl.trans(kt), input_precision="ieee")                                 # [T, T]
-
-        eye = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0)
-        n = -tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * decay * kk, 0.0)    # -L
-        inv = eye + n
-        for _ in tl.static_range(LOG2_BT - 1):
-            n = tl.dot(n, n, input_precision="ieee")
-            inv = tl.dot(inv, eye + n, input_precision="ieee")
-        u = tl.dot(inv, beta[:, None] * (vt - e_g[:, None] * ks), input_precision="ieee")    # [T, BV]
-        o = e_g[:, None] * qs + tl.dot(decay * qk, u, input_precision="ieee")
-        tl.store(o_ptr + b * o_b + h * o_h + offs_t[:, None] * o_t + offs_v[None, :], o,
-                 mask=mask_t[:, None] & mask_v[None, :])
-
-        # S_t = e^(g_t) S_(t-1) + k_t u_t^T: rows of the register tiles, no memory round trip
-        st_base = st_ptr + b * st_b + h * st_h
-        e_step = tl.exp(g)
-        s = s0
-        if T_UNROLL > 0:
-            for t in tl.static_range(T_UNROLL):
-                s = _chunk_state(s, t, kt, u, e_step, offs_t, st_base, st_t, st_k, offs_k, offs_v, mask_s)
-        else:
-            for t in range(T):
-                s = _chunk_state(s, t, kt, u, e_step, offs_t, st_base, st_t, st_k, offs_k, offs_v, mask_s)
+        for t in range(T):
+            s = _recurrent_token(s, t, q_base, k_base, v_base, g_base, be_base, o_base, st_base,
+                                 q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v,
+                                 mask_k, mask_v, mask_s, scale)
 
     @triton.jit
     def _gdn_commit_kernel(dst_ptr, src_ptr, n_ptr, n_all, d_l, d_b, s_l, s_b, s_t, B, T, E,
@@ -246,12 +148,9 @@ def gdn_verify_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
 def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                       initial_state: torch.Tensor, scale: Optional[float] = None,
-                      out_states: Optional[torch.Tensor] = None, *, method: Optional[str] = None,
-                      block_v: Optional[int] = None, num_warps: Optional[int] = None,
-                      unroll: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused verify. `method`: "chunk" (corrections solved for all tokens at once, then the states
-    streamed out; T <= 64) or "recurrent" (token by token); default `VERIFY_METHOD`.
-    `block_v`/`num_warps`/`unroll` override the launch heuristics (benchmarks and tests)."""
+                      out_states: Optional[torch.Tensor] = None, *, block_v: Optional[int] = None,
+                      num_warps: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused recurrence; `block_v`/`num_warps` override the launch heuristics (benchmarks and tests)."""
     require_triton()
     B, T, H, dk, dv = _check_verify(q, k, v, g, beta, initial_state, out_states)
     scale = dk ** -0.5 if scale is None else scale
@@ -259,20 +158,11 @@ def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     states = out_states if out_states is not None else q.new_empty(B, T, H, dk, dv, dtype=torch.float32)
     require(states.stride(-1) == 1, "gdn_verify: out_states' last dimension must be contiguous")
     o = torch.empty(B, T, H, dv, device=q.device, dtype=v.dtype)
-    method = method or VERIFY_METHOD
-    require(method in ("chunk", "recurrent"), f"gdn_verify: method must be 'chunk' or 'recurrent', got {method!r}")
-    if method == "chunk" and T > 64:
-        method = "recurrent"
     BK = max(16, next_pow2(dk))
-    BV = block_v or max(16, min(32, next_pow2(dv)))
+    # H200 sweep (H = 48, d = 128, T = 8): 16-column slices with 2 warps were fastest (kernels/NOTES.md)
+    BV = block_v or 16
     grid = (B * H, triton.cdiv(dv, BV))
-    unroll = T if (T <= MAX_UNROLL if unroll is None else unroll) else 0
-    if method == "chunk":
-        BT = max(16, next_pow2(T))
-        kernel, meta = _gdn_verify_chunk_kernel, dict(BT=BT, LOG2_BT=BT.bit_length() - 1, T_UNROLL=unroll)
-    else:
-        kernel, meta = _gdn_verify_kernel, dict(T_UNROLL=unroll)
-    kernel[grid](
+    _gdn_verify_kernel[grid](
         q, k, v, g, beta, initial_state, o, states,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -281,7 +171,7 @@ def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         o.stride(0), o.stride(1), o.stride(2),
         states.stride(0), states.stride(1), states.stride(2), states.stride(3),
         T, H, dk, dv, float(scale),
-        BK=BK, BV=BV, num_warps=num_warps or 4, **meta,
+        BK=BK, BV=BV, num_warps=num_warps or 2,
     )
     return o, states
 

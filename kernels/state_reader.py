@@ -12,9 +12,9 @@ and the features are [u for m in 0..M-1 (m-major, r each), log(rms_m) for m in 0
 `[B, P, M*r + M]`. The states are read straight out of the cache tensor by (layer, slot) index:
 no gather copy. The Triton forward computes, per (b, m), the r x r matrix
 G = U_m (S_m / (rms_m sqrt(d_k))) V_m once (one pass over the state) and then u = G^T z for every
-position, so the state is touched exactly once per batch row. G and the sum of squares are sums
-over the rows of S_m, so when B*M programs would leave the GPU idle (batch 1) each state is split
-into row blocks reduced by separate programs, and a second tiny kernel adds the partials.
+position, so the state is touched exactly once per batch row. (Splitting each state into row
+blocks over more programs plus a second kernel that adds the partials was measured slower at
+batch 1 on the H200, 9.7 vs 8.4 µs, and removed; see kernels/NOTES.md.)
 
 Training: `state_reader` is differentiable w.r.t. z, U and V (the states are frozen inputs);
 the backward is written in torch (einsums), checked against autograd through the reference.
@@ -30,8 +30,8 @@ import torch
 
 from ._common import HAS_TRITON, last_dim_contiguous, next_pow2, require, require_triton, use_triton
 
-# tl.dot input precision of the one large product U_m S_m ("ieee": exact fp32 FMAs; "tf32x3":
-# tensor cores at about fp32 accuracy). Chosen from the H200 benchmark sweep (kernels/bench.py).
+# tl.dot input precision of the one large product U_m S_m. "ieee" (exact fp32 FMAs) is the
+# default; "tf32" was ~15% faster on the H200 at ~8e-4 relative error (kernels/NOTES.md).
 DOT_PRECISION = "ieee"
 
 if HAS_TRITON:
@@ -43,26 +43,6 @@ if HAS_TRITON:
         layer = tl.load(layer_ptr + m // H).to(tl.int64)
         slot = tl.load(slot_ptr + b).to(tl.int64)
         return ssm_ptr + layer * s_l + slot * s_s + (m % H).to(tl.int64) * s_h
-
-    @triton.jit
-    def _partial_g(s_base, u_ptr, v_ptr, m, k0, s_k, s_v, R, DK, DV,
-                   BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
-        """(U_m[:, rows] S_m[rows, :] V_m, sum of squares of S_m[rows, :]) for rows k0 .. k0+BK."""
-        offs_r = tl.arange(0, BR)
-        offs_v = tl.arange(0, BV)
-        kk = k0 + tl.arange(0, BK)
-        mask_r = offs_r < R
-        mask_v = offs_v < DV
-        mask_k = kk < DK
-        s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
-                    mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        uc = tl.load(u_ptr + m.to(tl.int64) * R * DK + offs_r[:, None] * DK + kk[None, :],
-                     mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        vt = tl.load(v_ptr + m.to(tl.int64) * DV * R + offs_v[:, None] * R + offs_r[None, :],
-                     mask=mask_v[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
-        w = tl.dot(uc, s, input_precision=PRECISION)                  # U S   [r, d_v]
-        g = tl.dot(w, vt, input_precision="ieee")                      # U S V [r, r]
-        return g, tl.sum(s * s)
 
     @triton.jit
     def _write_features(g, sumsq, z_ptr, out_ptr, b, m, z_b, z_p, z_m, o_b, o_p, M, P, R, DK, DV,
@@ -122,39 +102,6 @@ if HAS_TRITON:
         _write_features(g, tl.sum(sq), z_ptr, out_ptr, b, m, z_b, z_p, z_m, o_b, o_p, M, P, R, DK, DV,
                         eps, inv_sqrt_dk, BP, BR)
 
-    @triton.jit
-    def _state_reader_partial_kernel(
-        ssm_ptr, layer_ptr, slot_ptr, u_ptr, v_ptr, g_ws_ptr, sq_ws_ptr,
-        s_l, s_s, s_h, s_k, s_v, H, M, R, DK, DV, NS,
-        BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
-    ):
-        """Split pass: program (b*M + m, c) reduces rows c*BK .. of S_m into a partial G and sum of squares."""
-        pid = tl.program_id(0)
-        c = tl.program_id(1)
-        s_base = _pair_state_base(ssm_ptr, layer_ptr, slot_ptr, pid // M, pid % M, H, s_l, s_s, s_h)
-        g, sq = _partial_g(s_base, u_ptr, v_ptr, pid % M, c * BK, s_k, s_v, R, DK, DV, BR, BK, BV, PRECISION)
-        offs_r = tl.arange(0, BR)
-        slot = (pid * NS + c).to(tl.int64)
-        tl.store(g_ws_ptr + slot * BR * BR + offs_r[:, None] * BR + offs_r[None, :], g)
-        tl.store(sq_ws_ptr + slot, sq)
-
-    @triton.jit
-    def _state_reader_finish_kernel(
-        g_ws_ptr, sq_ws_ptr, z_ptr, out_ptr, z_b, z_p, z_m, o_b, o_p, M, P, R, DK, DV, NS,
-        eps, inv_sqrt_dk, BP: tl.constexpr, BR: tl.constexpr,
-    ):
-        """Split pass 2: sum the NS partials of pair (b, m) and write its features."""
-        pid = tl.program_id(0)
-        offs_r = tl.arange(0, BR)
-        g = tl.zeros([BR, BR], dtype=tl.float32)
-        sumsq = 0.0
-        for c in range(NS):
-            slot = (pid * NS + c).to(tl.int64)
-            g += tl.load(g_ws_ptr + slot * BR * BR + offs_r[:, None] * BR + offs_r[None, :])
-            sumsq += tl.load(sq_ws_ptr + slot)
-        _write_features(g, sumsq, z_ptr, out_ptr, pid // M, pid % M, z_b, z_p, z_m, o_b, o_p, M, P, R, DK, DV,
-                        eps, inv_sqrt_dk, BP, BR)
-
 
 def _check_inputs(ssm, layer_idx, slots, z, U, V, out) -> tuple[int, int, int, int, int, int]:
     """Validate shapes/dtypes; returns (B, P, M, r, d_k, d_v)."""
@@ -209,22 +156,8 @@ def state_reader_reference(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: to
     return out
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _default_splits(dev: torch.device, pairs: int, dk: int) -> int:
-    """Row splits per state so that about four programs run per multiprocessor (1 = one fused kernel)."""
-    if dev.type != "cuda":
-        return 1
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    want = -(-4 * _SM_COUNT[idx] // max(pairs, 1))
-    return max(1, min(next_pow2(want) if want > 1 else 1, max(dk // 16, 1)))
-
-
 def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None, num_warps=None,
-                    precision=None, splits=None) -> torch.Tensor:
+                    precision=None) -> torch.Tensor:
     B, P, M, r, dk, dv = dims
     z = last_dim_contiguous(z)
     U = U.contiguous()
@@ -234,30 +167,15 @@ def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None
     BR = max(16, next_pow2(r))
     BV = max(16, next_pow2(dv))
     BP = max(16, next_pow2(P))
-    prec = precision or DOT_PRECISION
-    ns = splits or _default_splits(z.device, B * M, dk)
-    inv = 1.0 / math.sqrt(dk)
-    if ns == 1:
-        BK = block_k or max(16, min(next_pow2(dk), 4096 // BV))
-        _state_reader_fwd_kernel[(B * M,)](
-            ssm, layer_idx, slots, z, U, V, out,
-            *ssm.stride(), z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
-            ssm.shape[2], M, P, r, dk, dv, float(eps), inv,
-            BP=BP, BR=BR, BK=BK, BV=BV, PRECISION=prec, NCHUNK=-(-dk // BK),
-            num_warps=num_warps or (4 if BR * BV <= 4096 else 8),
-        )
-        return out
-    BK = max(16, next_pow2(-(-dk // ns)))
-    ns = -(-dk // BK)
-    g_ws = torch.empty(B * M * ns * BR * BR, device=z.device, dtype=torch.float32)
-    sq_ws = torch.empty(B * M * ns, device=z.device, dtype=torch.float32)
-    _state_reader_partial_kernel[(B * M, ns)](
-        ssm, layer_idx, slots, U, V, g_ws, sq_ws, *ssm.stride(), ssm.shape[2], M, r, dk, dv, ns,
-        BR=BR, BK=BK, BV=BV, PRECISION=prec, num_warps=num_warps or 4,
-    )
-    _state_reader_finish_kernel[(B * M,)](
-        g_ws, sq_ws, z, out, z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
-        M, P, r, dk, dv, ns, float(eps), inv, BP=BP, BR=BR, num_warps=1,
+    # H200 sweep (d_k = d_v = 128, r = 8): 64-row blocks with 8 warps were fastest (kernels/NOTES.md)
+    BK = block_k or max(16, min(next_pow2(dk), 8192 // BV))
+    warps = num_warps or (8 if BR * BV >= 2048 else 4)
+    _state_reader_fwd_kernel[(B * M,)](
+        ssm, layer_idx, slots, z, U, V, out,
+        *ssm.stride(), z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
+        ssm.shape[2], M, P, r, dk, dv, float(eps), 1.0 / math.sqrt(dk),
+        BP=BP, BR=BR, BK=BK, BV=BV, PRECISION=precision or DOT_PRECISION, NCHUNK=-(-dk // BK),
+        num_warps=warps,
     )
     return out
 
@@ -314,19 +232,17 @@ class _StateReaderFn(torch.autograd.Function):
 def state_reader_triton(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
                         U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
                         *, block_k: Optional[int] = None, num_warps: Optional[int] = None,
-                        precision: Optional[str] = None, splits: Optional[int] = None) -> torch.Tensor:
+                        precision: Optional[str] = None) -> torch.Tensor:
     """Fused reader: one Triton program per (batch row, layer-head pair), states read in place.
 
-    Differentiable w.r.t. z, U, V when grad mode is on (torch backward). `splits` cuts each state
-    into that many row blocks reduced by separate programs (more of the GPU busy when B*M is small;
-    a second tiny kernel sums the partials); 1 = one fused kernel. `block_k`, `num_warps` and
-    `precision` (tl.dot input precision of U S) override the defaults (benchmarks and tests).
+    Differentiable w.r.t. z, U, V when grad mode is on (torch backward). `block_k`, `num_warps`
+    and `precision` (tl.dot input precision of U S) override the defaults (benchmarks and tests).
     """
     require_triton()
     dims = _check_inputs(ssm, layer_idx, slots, z, U, V, out)
     if torch.is_grad_enabled() and (z.requires_grad or U.requires_grad or V.requires_grad):
         return _StateReaderFn.apply(ssm.detach(), layer_idx, slots, z, U, V, float(eps), out, dims)
-    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision, splits)
+    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision)
 
 
 def state_reader(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,

@@ -53,11 +53,11 @@ SMALL = [
 ]
 
 
-@pytest.mark.parametrize("splits", [1, 4], ids=["fused", "split"])
+@pytest.mark.parametrize("block_k", [16, None], ids=["16-row-blocks", "default-blocks"])
 @pytest.mark.parametrize("L,S,H,dk,dv,layers,B,P,r,dtype", SMALL)
-def test_features_and_gradients_match_reference(L, S, H, dk, dv, layers, B, P, r, dtype, splits):
+def test_features_and_gradients_match_reference(L, S, H, dk, dv, layers, B, P, r, dtype, block_k):
     ssm, layer_idx, slots, z, U, V = make_inputs(L, S, H, dk, dv, layers, B, P, r, dtype)
-    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, splits=splits)
+    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, block_k=block_k)
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
     M = len(layers) * H
     assert got.shape == (B, P, M * r + M)
@@ -88,11 +88,10 @@ def test_reference_matches_the_method_written_per_pair():
 def test_writes_every_element_of_a_preallocated_buffer_in_place():
     ssm, layer_idx, slots, z, U, V = make_inputs(2, 3, 3, 16, 16, [1, 0], 2, 7, 8, torch.float32, grad=False)
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
-    for splits in (1, 2):
-        out = torch.full((2, 7, 6 * 8 + 6), float("nan"), device=DEVICE)
-        ret = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, out=out, splits=splits)
-        assert ret is out
-        assert rel_err(out, want) < 1e-4
+    out = torch.full((2, 7, 6 * 8 + 6), float("nan"), device=DEVICE)
+    ret = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, out=out)
+    assert ret is out
+    assert rel_err(out, want) < 1e-4
 
 
 def test_reads_teacher_states_through_a_strided_view_without_copy():
@@ -103,7 +102,7 @@ def test_reads_teacher_states_through_a_strided_view_without_copy():
     z = torch.randn(B * A, P, Ls * H, r, device=DEVICE)
     U = torch.randn(Ls * H, r, dk, device=DEVICE)
     V = torch.randn(Ls * H, dv, r, device=DEVICE)
-    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, splits=2)
+    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V)
     want = sr.state_reader_reference(ssm.contiguous(), layer_idx, slots, z, U, V)
     assert rel_err(got, want) < 1e-4
 
