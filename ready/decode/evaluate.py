@@ -70,17 +70,24 @@ class EvalResult:
         return asdict(self)
 
 
-def _warm_up(engine: Engine, prompt: torch.Tensor, max_new_tokens: int, runs: int) -> None:
+def _warm_up(engine: Engine, prompts: Sequence[torch.Tensor], max_new_tokens: int, runs: int) -> None:
+    """Size the cache for the longest prompt (so no timed run reallocates it or recaptures CUDA
+    graphs), then run `runs` untimed generations of the first prompt."""
+    engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
     for _ in range(runs):
-        engine.generate(prompt, max_new_tokens)
+        engine.generate(prompts[0], max_new_tokens)
 
 
-def run_ar(target: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
-           warmup: int = 1, progress: bool = True, desc: str = "AR") -> list[Generation]:
+def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
+           warmup: int = 1, progress: bool = True, desc: str = "AR",
+           cuda_graphs: Optional[bool] = None) -> list[Generation]:
     """Greedy AR generations of every prompt (the lossless reference and the speed baseline)."""
-    engine = Engine(target, None, eos_token_id=eos_token_id)
+    prompts = [as_prompt(p) for p in prompts]
+    for p in prompts:
+        check_prompt(target, p, max_new_tokens)
+    engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
     if prompts:
-        _warm_up(engine, prompts[0], max_new_tokens, warmup)
+        _warm_up(engine, prompts, max_new_tokens, warmup)
     return [engine.generate(p, max_new_tokens) for p in tqdm(prompts, desc=desc, disable=not progress, leave=False)]
 
 
@@ -111,14 +118,14 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     method = method or ("ar" if drafter is None else type(drafter).__name__.lower())
     if ar is None:
         ar = run_ar(target, ids, max_new_tokens, eos_token_id=eos_token_id, warmup=warmup, progress=progress,
-                    desc=f"{benchmark} AR")
+                    desc=f"{benchmark} AR", cuda_graphs=cuda_graphs)
     elif len(ar) != len(ids):
         raise DecodeError(f"got {len(ar)} AR generations for {len(ids)} prompts; expected one per prompt")
     if drafter is None:
         spec = list(ar)
     else:
         engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
-        _warm_up(engine, ids[0], max_new_tokens, warmup)
+        _warm_up(engine, ids, max_new_tokens, warmup)
         spec = [engine.generate(p, max_new_tokens)
                 for p in tqdm(ids, desc=f"{benchmark} {method}", disable=not progress, leave=False)]
 
