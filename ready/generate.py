@@ -151,10 +151,9 @@ def build_drafter(method: str, args: argparse.Namespace, target: Any) -> Any:
 
 # --- run ----------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ready.decode.engine import as_prompt, check_prompt
+    from ready.decode.engine import Engine, as_prompt, check_prompt
     from ready.decode.evaluate import evaluate, run_ar
-    from ready.decode.engine import Engine
-    from ready.metrics import summarize
+    from ready.metrics import summarize, tau as tau_of, tps as tps_of
 
     if args.block_size < 1:
         raise DecodeError(f"-k/--block-size {args.block_size}; expected an integer >= 1")
@@ -192,14 +191,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out = run_ar(target, prompts, args.max_new_tokens, eos_token_id=args.eos_id, warmup=warmup, progress=False)
         else:
             engine = Engine(target, drafter, eos_token_id=args.eos_id)
+            engine.reserve(max(len(p) for p in prompts) + args.max_new_tokens)  # no realloc while timed
             for _ in range(warmup):
                 engine.generate(prompts[0], args.max_new_tokens)
             out = [engine.generate(p, args.max_new_tokens) for p in prompts]
         gens = [dict(tokens=g.tokens, accepted=g.accepted, horizons=g.horizons, wall_s=g.wall_s, prompt_len=g.prompt_len,
                      prefill_s=g.prefill_s, stop=g.stop) for g in out]
         summary = summarize([g.log() for g in out], "cli", args.method, k)
-
-    from ready.metrics import tau as tau_of, tps as tps_of
 
     results = []
     for i, g in enumerate(gens):

@@ -161,7 +161,7 @@ def _check_drafts(drafts: Any, k: int, vocab: int, drafter: Drafter) -> torch.Te
     if not isinstance(drafts, torch.Tensor) or tuple(drafts.shape) != (1, k) or drafts.dtype != torch.long:
         got = (tuple(drafts.shape), drafts.dtype) if isinstance(drafts, torch.Tensor) else type(drafts).__name__
         raise DecodeError(f"drafter {describe(drafter)} proposed {got}; expected a LongTensor of shape (1, {k})")
-    lo, hi = int(drafts.min()), int(drafts.max())
+    lo, hi = (int(v) for v in torch.stack([drafts.min(), drafts.max()]).tolist())
     if lo < 0 or hi >= vocab:
         raise DecodeError(f"drafter {describe(drafter)} proposed token id {lo if lo < 0 else hi}; expected ids in 0..{vocab - 1}")
     return drafts
@@ -293,9 +293,11 @@ class Engine:
             remaining = budget - len(gen.tokens)
             block = torch.cat([self.tokens[:, t - 1:t], drafts[:, : min(k, remaining)].to(self.device)], dim=1)
             out = self._verify(block)
-            argmax = out.logits[0].argmax(-1)
-            raw = min(self.accept_fn(block[0, 1:], argmax), block.shape[1] - 1)
-            res = settle_round(block[0, 1:].tolist(), argmax.tolist(), raw, remaining, self.eos)
+            # one device->host copy of drafts and argmaxes per round; the rest is host bookkeeping
+            both = torch.cat([block[0, 1:], out.logits[0].argmax(-1)]).cpu()
+            drafted, argmax = both[: block.shape[1] - 1], both[block.shape[1] - 1:]
+            raw = min(self.accept_fn(drafted, argmax), block.shape[1] - 1)
+            res = settle_round(drafted.tolist(), argmax.tolist(), raw, remaining, self.eos)
             self.target.commit(self.cache, res.commit)
             if self.capture:
                 self._store_features(t - 1, out.hidden[:, : res.commit])
