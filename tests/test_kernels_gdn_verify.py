@@ -5,25 +5,24 @@ Triton's interpreter (small sizes), on CUDA compiled (the `cuda` test adds the p
 """
 
 import importlib
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-INTERPRET = not torch.cuda.is_available()
-if INTERPRET:  # must precede the kernel module's import: @triton.jit picks the interpreter then
-    os.environ["TRITON_INTERPRET"] = "1"
-
 import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
+from ready_kernels._testing import prepare_interpreter  # noqa: E402
+
+# On CPU: Triton's interpreter, switched on before the kernel module imports triton. If another
+# module imported triton first, these tests skip here and test_kernels_fresh_process runs them.
+RUNNABLE = prepare_interpreter()
 
 gv = importlib.import_module("ready_kernels.gdn_verify")
-if INTERPRET and gv.HAS_TRITON and type(gv._gdn_verify_kernel).__name__ != "InterpretedFunction":
-    gv = importlib.reload(gv)  # imported earlier without the interpreter
-
 from ready_kernels._common import KernelInputError  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not gv.HAS_TRITON, reason="needs triton")
+pytestmark = [pytest.mark.skipif(not gv.HAS_TRITON, reason="needs triton"),
+              pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
+                                 "tests/test_kernels_fresh_process.py runs these in a fresh process")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -5,24 +5,23 @@ with CUDA it is compiled, and the `cuda` tests add the paper's full size.
 """
 
 import importlib
-import os
 
 import pytest
 import torch
 
-INTERPRET = not torch.cuda.is_available()
-if INTERPRET:  # must precede the kernel module's import: @triton.jit picks the interpreter then
-    os.environ["TRITON_INTERPRET"] = "1"
-
 import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
+from ready_kernels._testing import prepare_interpreter  # noqa: E402
+
+# On CPU: Triton's interpreter, switched on before the kernel module imports triton. If another
+# module imported triton first, these tests skip here and test_kernels_fresh_process runs them.
+RUNNABLE = prepare_interpreter()
 
 sr = importlib.import_module("ready_kernels.state_reader")
-if INTERPRET and sr.HAS_TRITON and type(sr._state_reader_fwd_kernel).__name__ != "InterpretedFunction":
-    sr = importlib.reload(sr)  # imported earlier without the interpreter
-
 from ready_kernels._common import KernelInputError  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not sr.HAS_TRITON, reason="needs triton")
+pytestmark = [pytest.mark.skipif(not sr.HAS_TRITON, reason="needs triton"),
+              pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
+                                 "tests/test_kernels_fresh_process.py runs these in a fresh process")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -1,0 +1,38 @@
+"""Test support: run the Triton kernels on CPU tensors through Triton's interpreter.
+
+`@triton.jit` (and Triton's own `triton.language` helpers) pick the interpreter when the module
+is imported, so `TRITON_INTERPRET=1` must be set before the first `import triton` of the process.
+`prepare_interpreter()` does that on machines without CUDA and reports whether it was in time;
+when some earlier import (say, the target model pulling in `ready_kernels.gdn_verify` during test
+collection) came first, the kernel tests run again in a fresh process instead
+(tests/test_kernels_fresh_process.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+KERNEL_TEST_FILES = ("tests/test_kernels_state_reader.py", "tests/test_kernels_gdn_verify.py",
+                     "tests/test_kernels_rmsnorm.py")
+
+
+def interpreter_active() -> bool:
+    """True when Triton was imported with its interpreter switched on (its own jit helpers are interpreted)."""
+    import triton.language.standard as std
+
+    kinds = {type(v).__name__ for v in vars(std).values()} & {"JITFunction", "InterpretedFunction"}
+    return kinds <= {"InterpretedFunction"}
+
+
+def prepare_interpreter() -> bool:
+    """Switch Triton to its interpreter when there is no CUDA. Returns whether Triton kernels can run
+    in this process: on CUDA always; on CPU only if Triton was not imported before the switch."""
+    if torch.cuda.is_available():
+        return True
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" not in sys.modules:
+        return True
+    return interpreter_active()
