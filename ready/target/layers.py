@@ -127,13 +127,13 @@ def _optional_kernels():
         fla_chunk = None
     try:
         import ready.fastops  # noqa: F401  (registers ready_kernels)
-        from ready_kernels.gdn_verify import gdn_verify
+        from ready_kernels.gdn_verify import gdn_commit, gdn_verify
     except Exception:
-        gdn_verify = None
-    return fla_chunk, gdn_verify
+        gdn_verify = gdn_commit = None
+    return fla_chunk, gdn_verify, gdn_commit
 
 
-FLA_CHUNK, GDN_VERIFY_KERNEL = _optional_kernels()
+FLA_CHUNK, GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL = _optional_kernels()
 
 
 class GatedDeltaNet(nn.Module):
@@ -222,7 +222,7 @@ def _verify_states(q, k, v, g, beta, init, out_states: torch.Tensor) -> torch.Te
     """Outputs [B,H,T,dv]; writes the state after every token into out_states [B,T,H,dk,dv].
     On CUDA the fused Triton kernel writes the states in place (kernels/gdn_verify.py)."""
     if q.is_cuda and GDN_VERIFY_KERNEL is not None:
-        t = lambda a: a.transpose(1, 2).contiguous()  # noqa: E731
+        t = lambda a: a.transpose(1, 2)  # noqa: E731  (the kernel takes strided views)
         o, _ = GDN_VERIFY_KERNEL(t(q), t(k), t(v), t(g), t(beta), init, 1.0, out_states=out_states)
         return o.transpose(1, 2)
     o, states = recurrent_gated_delta_rule(q, k, v, g, beta, init, all_states=True)

@@ -15,7 +15,7 @@ from torch import nn
 
 from ready.target.cache import HybridCache
 from ready.target.config import HybridConfig, TargetError
-from ready.target.layers import DecoderLayer, RMSNorm, decoder_layer_forward, init_weights
+from ready.target.layers import GDN_COMMIT_KERNEL, DecoderLayer, RMSNorm, decoder_layer_forward, init_weights
 
 
 @dataclass
@@ -191,8 +191,11 @@ class HybridLM(nn.Module):
         """Keep the first n verified tokens: live state = state after the n-th, KV truncated to match."""
         if not 1 <= n <= cache.pending:
             raise TargetError(f"commit(n={n}) but {cache.pending} tokens are pending; expected 1..{cache.pending}")
-        cache.ssm.copy_(cache.pending_ssm[:, :, n - 1])
-        cache.conv.copy_(cache.pending_conv[:, :, n - 1])
+        if GDN_COMMIT_KERNEL is not None:  # one fused copy over all GDN layers on CUDA
+            GDN_COMMIT_KERNEL(cache.ssm, cache.pending_ssm, n, cache.conv, cache.pending_conv)
+        else:
+            cache.ssm.copy_(cache.pending_ssm[:, :, n - 1])
+            cache.conv.copy_(cache.pending_conv[:, :, n - 1])
         cache.advance(n)
         cache.pending = 0
 
