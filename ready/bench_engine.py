@@ -205,12 +205,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
     dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if a.block_size == 7 else [])
-    torch.set_grad_enabled(False)
     try:
         if a.block_size < 1 or a.new_tokens < 2 or a.prompt_len < 1 or a.repeats < 1:
             raise DecodeError("expected -k >= 1, --new-tokens >= 2, --prompt-len >= 1 and --repeats >= 1")
-        res = bench(a.target, a.device, dtype, a.prompt_len, a.new_tokens, a.block_size, dists, a.repeats,
-                    a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed)
+        with torch.no_grad():
+            res = bench(a.target, a.device, dtype, a.prompt_len, a.new_tokens, a.block_size, dists, a.repeats,
+                        a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise

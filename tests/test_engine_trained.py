@@ -42,6 +42,12 @@ def trained() -> HybridLM:
     model = HybridLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(0)
+    with torch.enable_grad():
+        model.final_loss = _train(model, opt, gen)
+    return model.eval()
+
+
+def _train(model: HybridLM, opt: torch.optim.Optimizer, gen: torch.Generator) -> float:
     for _ in range(60):
         ids = patterned_batch(gen)
         logits = model(ids[:, :-1]).logits
@@ -49,8 +55,7 @@ def trained() -> HybridLM:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.final_loss = float(loss.detach())
-    return model.eval()
+    return float(loss.detach())
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
