@@ -122,13 +122,13 @@ def _load(cfg: DictConfig, progress: bool) -> _Loaded:
 
     device = pick_device(cfg)
     path = target_dir(cfg, progress=progress)
+    if not Path(path).is_dir():
+        raise PipelineConfigError(f"bad value at key 'target.source': preset {path!r} with target.pretrain=false "
+                                  "has no tokenizer or weights; expected target.pretrain=true or a checkpoint directory")
     dtype = getattr(torch, str(cfg.target.dtype))
     target = load_target(path, device=device, dtype=dtype)
     for p in target.parameters():
         p.requires_grad_(False)
-    if not Path(path).is_dir():
-        raise PipelineConfigError(f"bad value at key 'target.source': preset {path!r} with target.pretrain=false "
-                                  "has no tokenizer or weights; expected target.pretrain=true or a checkpoint directory")
     from ready.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(path)

@@ -173,6 +173,18 @@ def _prepare(runner: str, sweep: Sweep, progress: bool) -> None:
         prepare(sweep.common, methods, progress=progress)
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM unwinds like Ctrl-C, so runs and trials are marked KILLED/FAIL rather than left RUNNING."""
+    import signal
+    import threading
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.list:
@@ -192,10 +204,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dry_run:
         print(dry_run_table(sweep))
         return 0
+    _sigterm_as_interrupt()
     try:
         return run_sweep(sweep, args)
-    except (st.StudyError, SpecError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("[sweeps] interrupted; a re-run picks up the unfinished rows", file=sys.stderr, flush=True)
+        return 130
+    except ValueError as e:  # the project's user errors (bad path, bad benchmark file, bad checkpoint)
+        print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)
         return 2
 
 

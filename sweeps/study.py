@@ -337,7 +337,8 @@ def _run_trial(study: optuna.Study, trial_id: int, number: int, job: Job, ctx: W
     except Exception as e:
         ctx.failed.append(job.config_hash)
         print(f"[sweeps] FAILED {job.variant.label} (seed {job.seed}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        traceback.print_exc()
+        if not isinstance(e, ValueError):  # ValueErrors are the user's mistakes, already one clear line
+            traceback.print_exc()
         storage.set_trial_user_attr(trial_id, "failure", f"{type(e).__name__}: {e}"[:2000])
         study.tell(number, state=TrialState.FAIL)
         return

@@ -28,7 +28,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sweep = load_sweep(args.name, args.overrides, Path(args.experiments_dir))
     ctx = st.WorkerContext(tracking_uri=args.tracking_uri, experiment_id=args.experiment_id,
                            parent_run_id=args.parent_run_id or None, runner=args.runner, progress=True)
-    return st.worker_main(sweep, args.storage or None, Path(args.run_dir), ctx)
+    from sweeps.run import _sigterm_as_interrupt
+
+    _sigterm_as_interrupt()
+    try:
+        return st.worker_main(sweep, args.storage or None, Path(args.run_dir), ctx)
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
