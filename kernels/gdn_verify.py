@@ -83,7 +83,9 @@ if HAS_TRITON:
                                  q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v,
                                  mask_k, mask_v, mask_s, scale)
 
-    @triton.jit
+    # n_all must stay a runtime value: Triton specialises an int argument equal to 1 into a
+    # constant, which has no `.to` (the AR step commits n = 1)
+    @triton.jit(do_not_specialize=["n_all"])
     def _gdn_commit_kernel(dst_ptr, src_ptr, n_ptr, n_all, d_l, d_b, s_l, s_b, s_t, B, T, E,
                            PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
         i_lb = tl.program_id(0)

@@ -98,13 +98,13 @@ def test_writes_into_the_pending_buffer_of_one_layer():
     assert torch.isnan(pending[0]).all() and torch.isnan(pending[2]).all()
 
 
-@pytest.mark.parametrize("per_row", [False, True])
-def test_commit_installs_the_state_after_the_accepted_token(per_row):
+@pytest.mark.parametrize("per_row,count", [(False, 4), (False, 1), (True, None)])  # n = 1: an AR step
+def test_commit_installs_the_state_after_the_accepted_token(per_row, count):
     L, B, T, H, dk, dv, C, W = 2, 3, 5, 2, 8, 8, 6, 3
     pending = torch.randn(L, B, T, H, dk, dv, device=DEVICE)
     pending_conv = torch.randn(L, B, T, C, W, device=DEVICE)
-    n = torch.tensor([1, 5, 3], device=DEVICE) if per_row else 4
-    rows = [1, 5, 3] if per_row else [4, 4, 4]
+    n = torch.tensor([1, 5, 3], device=DEVICE) if per_row else count
+    rows = [1, 5, 3] if per_row else [count] * 3
     for commit in (gv.gdn_commit_triton, gv.gdn_commit_reference):
         ssm = torch.zeros(L, B, H, dk, dv, device=DEVICE)
         conv = torch.zeros(L, B, C, W, device=DEVICE)
