@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ready.target.layers import MLP as SwiGLU  # the target's SwiGLU block, same parameter names
+
 Hook = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -78,17 +80,6 @@ class ContextAttention(nn.Module):
         v = torch.cat([context_kv[1], vb], dim=2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(o.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, hidden: int, intermediate: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DraftLayer(nn.Module):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,6 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ready.artifacts import atomic_dir
 from ready.target.config import PRESETS, HybridConfig, TargetError, preset_config
 from ready.target.model import HybridLM
 
@@ -116,9 +115,7 @@ def load_target(
 def save_target(model: HybridLM, out_dir: str | os.PathLike, tokenizer: Any = None) -> Path:
     """Write config.json + model.safetensors atomically (loadable by transformers' Qwen3_5ForCausalLM)."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         cfg = model.config.to_hf_dict()
         cfg["torch_dtype"] = str(model.dtype).replace("torch.", "")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -128,10 +125,4 @@ def save_target(model: HybridLM, out_dir: str | os.PathLike, tokenizer: Any = No
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
