@@ -288,7 +288,7 @@ def _outcomes(grid, parent_id: str) -> tuple[set[str], set[str]]:
 
 def _report(uri: str, sweep: Sweep, out_dir: Path) -> None:
     try:
-        from reports import build_reports
+        from reports.build import build_reports
     except ImportError:
         print("[sweeps] reports/ not available; skipping the tables", flush=True)
         return

@@ -144,7 +144,7 @@ def test_killed_sweep_finishes_the_rest_on_rerun(ws: Path, monkeypatch):
 
 def _two_workers(ws: Path, monkeypatch, storage: list[str]) -> None:
     monkeypatch.setenv("FAKE_RUN_BARRIER", "2")
-    monkeypatch.setenv("FAKE_RUN_SLEEP", "0.3")
+    monkeypatch.setenv("FAKE_RUN_SLEEP", "0.2")
     assert main(sweep_args(ws, "inject_pos", "--workers", "2", *storage)) == 0
     starts = calls(ws)
     sweep = load_sweep("inject_pos")
