@@ -231,6 +231,8 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     print(f"[sweeps] {len(rows)} runs: {counts['finished']} finished (skipped), {counts['queued']} queued, "
           f"{counts['waiting']} already queued, {counts['running']} running elsewhere", flush=True)
     searching = sweep.spec.search is not None and int(sweep.spec.search.n_trials) > 0
+    if searching:
+        st.seed_search(storage, sweep)
     todo = counts["queued"] + counts["waiting"] > 0 or searching
     parent_id = tracking.start_parent(c, experiment_id, sweep, st.describe_storage(args.storage, run_dir), args.workers)
     ctx = st.WorkerContext(tracking_uri=uri, experiment_id=experiment_id, parent_run_id=parent_id,

@@ -378,8 +378,6 @@ def drain_search(study: optuna.Study, sweep: Sweep, ctx: WorkerContext) -> None:
     """Ask TPE for trials until the study holds `search.n_trials` of them (shared by all workers)."""
     search = sweep.spec.search
     c = tracking.client(ctx.tracking_uri)
-    if not study.get_trials(deepcopy=False) and search.start:
-        study.enqueue_trial({k: float(v) for k, v in search.start.items()}, skip_if_exists=True)
     reap_stale(study, c)
     while search_budget_left(study, int(search.n_trials)):
         trial = study.ask()
@@ -400,6 +398,14 @@ def drain_search(study: optuna.Study, sweep: Sweep, ctx: WorkerContext) -> None:
             continue
         _run_trial(study, trial._trial_id, trial.number, job, ctx, c, sweep.name, "search", sweep.setting,  # noqa: SLF001
                    str(search.objective))
+
+
+def seed_search(storage, sweep: Sweep) -> None:
+    """Enqueue the search's start point (e.g. the paper's values) once, before any worker asks."""
+    search = sweep.spec.search
+    study = open_search_study(storage, sweep)
+    if search.start and not study.get_trials(deepcopy=False):
+        study.enqueue_trial({k: float(v) for k, v in search.start.items()}, skip_if_exists=True)
 
 
 def worker_main(sweep: Sweep, storage_url: Optional[str], run_dir: Path, ctx: WorkerContext) -> int:
