@@ -45,6 +45,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--reports-dir", default=None, help="where the tables go (default <run-dir>/reports)")
     p.add_argument("--no-report", action="store_true", help="skip reports.build_reports at the end")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads per process (default: torch's; 1 on a shared machine)")
     return p.parse_intermixed_args(argv)
 
 
@@ -205,6 +207,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(dry_run_table(sweep))
         return 0
     _sigterm_as_interrupt()
+    if args.threads:
+        if args.threads < 1:
+            print(f"error: --threads {args.threads}: expected an integer >= 1", file=sys.stderr)
+            return 2
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # worker processes read it when torch starts
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         return run_sweep(sweep, args)
     except KeyboardInterrupt:
