@@ -1,0 +1,39 @@
+"""ready.pipeline's checks that need no model: rank clamping and method / config agreement."""
+
+from __future__ import annotations
+
+import pytest
+
+from ready.pipeline import PipelineConfigError, VariantResult, resolve_rank, run_variant
+from ready.metrics import SequenceLog, overall, summarize
+from sweeps.spec import load_sweep
+
+
+def test_a_rank_above_d_k_is_clamped_and_the_request_kept():
+    rows = {v.label: v.cfg for v in load_sweep("rank").variants}
+    assert resolve_rank(rows["r=128"], d_k=64).reader.rank == 64
+    assert rows["r=128"].reader.rank == 128  # the row's own config is untouched
+    assert resolve_rank(rows["r=32"], d_k=64).reader.rank == 32
+    assert resolve_rank(rows["r=128"], d_k=128).reader.rank == 128
+
+
+@pytest.mark.parametrize("method, enabled, expected", [
+    ("ft", True, "reader.enabled=false"), ("ready", False, "reader.enabled=true"), ("medusa", True, "unknown"),
+])
+def test_method_and_reader_switch_must_agree(method, enabled, expected):
+    cfg = load_sweep("main").common.copy()
+    cfg.reader.enabled = enabled
+    with pytest.raises(PipelineConfigError, match=expected):
+        run_variant(cfg, method)
+
+
+def test_variant_result_flattens_to_the_mlflow_metric_names():
+    logs = [SequenceLog(new_tokens=9, wall_s=1.0, accepted=[3, 7, 0], horizons=[7, 7, 2])]
+    per = [summarize(logs, b, "ready", 7) for b in ("humaneval", "heldout")]
+    for m in per:
+        m.lossless = 1
+    result = VariantResult(method="ready", benchmarks=per, overall=overall(per))
+    m = result.metrics()
+    assert m["humaneval/tau"] == pytest.approx((4 + 8 + 1) / 3) and m["overall/lossless"] == 1.0
+    assert m["heldout/survival_1"] == pytest.approx(2 / 3) and "heldout/survival_3" in m
+    assert result.lossless and set(result.survival()) == {"humaneval", "heldout", "overall"}
