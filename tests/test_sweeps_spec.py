@@ -129,3 +129,14 @@ def test_command_line_mistakes_name_the_key(capsys):
         assert main(["rank", override, "--dry-run"]) == 2
         err = capsys.readouterr().err
         assert key in err and err.strip().count("\n") == 0
+
+
+def test_presets_resolve_and_the_paper_preset_reads_the_checkpoint_from_the_environment(monkeypatch):
+    monkeypatch.setenv("READY_TARGET_DIR", "/models/qwen3.5-27b")
+    paper = load_sweep("main", ["preset=qwen3_5_27b"]).common
+    assert paper.target.source == "/models/qwen3.5-27b" and paper.target.pretrain is False
+    assert len(paper.bench.suites) == 7 and paper.drafter.block_size == 7
+    template = load_sweep("rank", ["preset=local_checkpoint_template", "target.source=/models/mine"]).common
+    assert template.target.source == "/models/mine" and set(template.bench.paths) == set(template.bench.suites)
+    with pytest.raises(SpecError, match="preset 'nope' not found"):
+        load_sweep("rank", ["preset=nope"])
