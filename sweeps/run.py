@@ -42,7 +42,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--run-dir", default=None, help="run folder (default runs/<sweep>)")
     p.add_argument("--runner", default=st.DEFAULT_RUNNER, help="module providing run_variant(cfg, method) [and prepare_shared]")
     p.add_argument("--experiments-dir", default=str(EXPERIMENTS_DIR), help=argparse.SUPPRESS)
-    p.add_argument("--reports-dir", default=None, help="where the tables go (default <run-dir>/reports)")
+    p.add_argument("--reports-dir", default="reports/out", help="where the tables go (default reports/out, as python -m reports.build)")
     p.add_argument("--no-report", action="store_true", help="skip reports.build_reports at the end")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--threads", type=int, default=None,
@@ -275,7 +275,7 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
         retry_end = lambda: c.set_terminated(parent_id, status=status)  # noqa: E731
         tracking.retry(retry_end)
     if not args.no_report and status == "FINISHED":
-        _report(uri, sweep, Path(args.reports_dir) if args.reports_dir else run_dir / "reports")
+        _report(uri, sweep, Path(args.reports_dir))
     return 0 if status == "FINISHED" else 1
 
 
