@@ -60,7 +60,8 @@ class CorpusConfig:
 class RegenConfig:
     """Training data: prompts whose responses the target regenerates greedily."""
 
-    num_samples: int = 2000
+    # sized with train.base so the embedded default's whole `rank` sweep stays well under 30 min on 2 cores
+    num_samples: int = 1000
     prompt_len: int = 64
     response_len: int = 64
     batch_size: int = 64  # prompts decoded together while regenerating
@@ -113,13 +114,14 @@ class LossConfig:
 class StageConfig:
     """One training stage's optimisation budget."""
 
-    samples: int = 2000
-    lr: float = 1e-4
+    samples: int = 2000  # training sequences seen (steps = samples / batch_size, rounded up)
+    lr: float = 1e-4  # peak learning rate (AdamW, linear warmup then cosine decay to 0)
     batch_size: int = 16
-    warmup: float = 0.04
+    warmup: float = 0.04  # fraction of the steps spent warming up
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    anchors_per_sample: int = 4
+    # draft blocks sampled per sequence (in its response part): one target forward feeds them all
+    anchors_per_sample: int = 16
 
 
 @dataclass
@@ -134,12 +136,14 @@ class LoraConfig:
 class TrainConfig:
     """Base DSpark training (from scratch) and ReaDy's two adaptation stages."""
 
-    base: StageConfig = field(default_factory=lambda: StageConfig(samples=8000, lr=6e-4, batch_size=32))
-    stage1: StageConfig = field(default_factory=lambda: StageConfig(samples=2000, lr=1e-3))
-    stage2: StageConfig = field(default_factory=lambda: StageConfig(samples=4000, lr=5e-4))
+    # CPU-sized budgets for the embedded default (the paper: stage 1 20k samples at 1e-4, stage 2
+    # 50k at 5e-5); a GPU run on a real target should scale samples up and lr down
+    base: StageConfig = field(default_factory=lambda: StageConfig(samples=3200, lr=2e-3))
+    stage1: StageConfig = field(default_factory=lambda: StageConfig(samples=256, lr=1e-3))
+    stage2: StageConfig = field(default_factory=lambda: StageConfig(samples=384, lr=5e-4))
     lora: LoraConfig = field(default_factory=LoraConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    checkpoint_every: int = 200  # optimizer steps between resumable checkpoints
+    checkpoint_every: int = 50  # optimizer steps between resumable checkpoints
     # seed of the base DSpark drafter, which every variant and seed of a sweep shares
     base_seed: int = 0
 
