@@ -25,9 +25,9 @@ Embedded suites: `humaneval` without a path reads the 164 problems shipped in th
 PyPI package; `heldout` cuts prompts from the held-out split of the corpus (`ready.data.corpus`).
 
 Prompts go through the tokenizer's chat template when it has one (`bench.thinking` is passed as
-`enable_thinking`), plainly otherwise. Each suite keeps its first `bench.limit` records; prompts
-longer than `bench.max_prompt_tokens` keep their last tokens (the end of a prompt is what the
-model continues).
+`enable_thinking`), plainly otherwise. Each suite keeps its first `bench.limit` records (0: all);
+prompts longer than `bench.max_prompt_tokens` (0: no limit) keep their last tokens (the end of a
+prompt is what the model continues).
 """
 
 from __future__ import annotations

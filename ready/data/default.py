@@ -23,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -68,7 +69,7 @@ def ensure_tokenizer(cfg: Any, progress: bool = True) -> Path:
         t0 = time.perf_counter()
         if progress:
             print(f"[ready] training the byte-level BPE ({cfg.corpus.vocab_size} tokens) on "
-                  f"{len(corpus.train)} stdlib files ({corpus.train_bytes() / 1e6:.1f} MB)", flush=True)
+                  f"{len(corpus.train)} stdlib files ({corpus.train_bytes() / 1e6:.1f} MB)", file=sys.stderr, flush=True)
         ids = build_tokenizer(corpus.train, int(cfg.corpus.vocab_size), tmp)
         ids["build_time_s"] = time.perf_counter() - t0
         (tmp / "special_tokens.json").write_text(json.dumps(ids, indent=2) + "\n")
@@ -133,7 +134,7 @@ def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
             n = sum(p.numel() for p in model.parameters())
             print(f"[ready] pretraining the '{spec['preset']}' target ({n / 1e6:.1f}M params) on "
                   f"{train.numel() / 1e6:.2f}M train tokens: {cfg.pretrain.steps} steps x "
-                  f"{cfg.pretrain.batch_size} x {cfg.pretrain.seq_len}", flush=True)
+                  f"{cfg.pretrain.batch_size} x {cfg.pretrain.seq_len}", file=sys.stderr, flush=True)
         metrics = pretrain(model, train, held, cfg.pretrain, progress=progress)
         sample = heldout_suite(tokenizer, cfg.corpus, limit=1, max_tokens=64)[0]
         cont = greedy_continue(model, sample.ids, int(cfg.pretrain.sample_tokens))
@@ -149,7 +150,7 @@ def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if progress:
             print(f"[ready] target pretrained: held-out loss {metrics['heldout_loss']:.3f} "
-                  f"in {metrics['build_time_s']:.0f}s", flush=True)
+                  f"in {metrics['build_time_s']:.0f}s", file=sys.stderr, flush=True)
 
     return cached(cfg.artifacts_dir, "target", spec, build)
 
