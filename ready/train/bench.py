@@ -5,7 +5,7 @@
 Builds (or reuses) the pretrained tiny target, the regenerated data and the base DSpark
 drafter, evaluates AR, the n-gram drafter and the base drafter on the configured suites
 (HumanEval prompts and held-out corpus slices), then trains N ReaDy variants (reader ranks
-8, 16, ...; stage 1 + stage 2) and evaluates each. Reports tau per suite, whether every
+8, 16, ... up to d_k; stage 1 + stage 2) and evaluates each. Reports tau per suite, whether every
 speculative output was token-identical to AR greedy, the training losses, and the wall time
 of every phase (cold when the artifacts folder is empty, warm otherwise).
 """
@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
     result["dspark"]["train_first_loss"] = base_log.get("first_loss")
     result["dspark"]["train_last_loss"] = base_log.get("last_loss")
 
-    runs = [("ready_r%d" % (8 * 2**i), {"reader": {"rank": 8 * 2**i}}) for i in range(args.variants)]
+    d_k = int(target.config.linear_key_head_dim)  # ranks above d_k do not exist: take the next ones that do
+    ranks = [r for r in (8, 16, 32, 64, 128, 4, 2, 1) if r <= d_k][: args.variants]
+    runs = [(f"ready_r{r}", {"reader": {"rank": r}}) for r in ranks]
     if args.control:
         runs.append(("control", {"reader": {"enabled": False}}))
     for name, layer in runs:
