@@ -24,3 +24,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_mlflow_uri(monkeypatch):
+    """mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; keep one test's store out of the next."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # recorded, so teardown restores the original
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
