@@ -36,3 +36,10 @@ def prepare_interpreter() -> bool:
     if "triton" not in sys.modules:
         return True
     return interpreter_active()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative error ||a - b|| / ||b|| in float64; fails on non-finite kernel outputs."""
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values in the kernel output"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
-from ready_kernels._testing import prepare_interpreter  # noqa: E402
+from ready_kernels._testing import prepare_interpreter, rel_err  # noqa: E402
 
 # On CPU: Triton's interpreter, switched on before the kernel module imports triton. If another
 # module imported triton first, these tests skip here and test_kernels_fresh_process runs them.
@@ -24,12 +24,6 @@ pytestmark = [pytest.mark.skipif(not gv.HAS_TRITON, reason="needs triton"),
               pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
                                  "tests/test_kernels_fresh_process.py runs these in a fresh process")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "non-finite values in the kernel output"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def make_inputs(B, T, H, dk, dv, dtype=torch.float32, device=DEVICE):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
-from ready_kernels._testing import prepare_interpreter  # noqa: E402
+from ready_kernels._testing import prepare_interpreter, rel_err  # noqa: E402
 
 # On CPU: Triton's interpreter, switched on before the kernel module imports triton. If another
 # module imported triton first, these tests skip here and test_kernels_fresh_process runs them.
@@ -23,12 +23,6 @@ pytestmark = [pytest.mark.skipif(not sr.HAS_TRITON, reason="needs triton"),
               pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
                                  "tests/test_kernels_fresh_process.py runs these in a fresh process")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "non-finite values in the kernel output"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def make_inputs(L, S, H, dk, dv, layers, B, P, r, state_dtype, device=DEVICE, grad=True):
