@@ -204,7 +204,7 @@ def merge(base: DictConfig, *layers: Any, source: str = "config") -> DictConfig:
             out = OmegaConf.merge(out, layer)
         except Exception as e:  # omegaconf raises several error types; all mean "bad input"
             key = getattr(e, "full_key", None) or ""
-            msg = getattr(e, "msg", None) or str(e).splitlines()[0]
+            msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]  # one line, not OmegaConf's block
             raise ConfigError(f"{source}: bad value at key '{key}': {msg}") from None
     return out
 
