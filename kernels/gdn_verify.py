@@ -225,30 +225,30 @@ def _commit_one_triton(dst: torch.Tensor, src: torch.Tensor, n: Union[int, torch
                              B, T, E, PER_ROW=per_row, BLOCK=block)
 
 
+def _commit_pairs(copy_one, ssm, pending_ssm, n, conv, pending_conv) -> None:
+    """Check and install the ssm pair, then the conv pair when given, with one copy routine."""
+    _check_commit(ssm, pending_ssm, n, "ssm")
+    copy_one(ssm, pending_ssm, n)
+    if conv is not None:
+        require(pending_conv is not None, "gdn_commit: conv given without pending_conv")
+        _check_commit(conv, pending_conv, n, "conv")
+        copy_one(conv, pending_conv, n)
+
+
 def gdn_commit_reference(ssm: torch.Tensor, pending_ssm: torch.Tensor, n: Union[int, torch.Tensor],
                          conv: Optional[torch.Tensor] = None, pending_conv: Optional[torch.Tensor] = None) -> None:
     """Install the state (and conv window) after token n (1-based; int or LongTensor [B]) into the live cache.
 
     ssm [L, B, ...] <- pending_ssm[L, B, n-1, ...]; the same for conv / pending_conv when given.
     """
-    _check_commit(ssm, pending_ssm, n, "ssm")
-    _commit_one_reference(ssm, pending_ssm, n)
-    if conv is not None:
-        require(pending_conv is not None, "gdn_commit: conv given without pending_conv")
-        _check_commit(conv, pending_conv, n, "conv")
-        _commit_one_reference(conv, pending_conv, n)
+    _commit_pairs(_commit_one_reference, ssm, pending_ssm, n, conv, pending_conv)
 
 
 def gdn_commit_triton(ssm: torch.Tensor, pending_ssm: torch.Tensor, n: Union[int, torch.Tensor],
                       conv: Optional[torch.Tensor] = None, pending_conv: Optional[torch.Tensor] = None) -> None:
     """As `gdn_commit_reference`; a per-row n is read on the device (no host sync, graph-safe)."""
     require_triton()
-    _check_commit(ssm, pending_ssm, n, "ssm")
-    _commit_one_triton(ssm, pending_ssm, n)
-    if conv is not None:
-        require(pending_conv is not None, "gdn_commit: conv given without pending_conv")
-        _check_commit(conv, pending_conv, n, "conv")
-        _commit_one_triton(conv, pending_conv, n)
+    _commit_pairs(_commit_one_triton, ssm, pending_ssm, n, conv, pending_conv)
 
 
 def gdn_commit(ssm: torch.Tensor, pending_ssm: torch.Tensor, n: Union[int, torch.Tensor],
