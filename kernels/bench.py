@@ -137,9 +137,11 @@ def bench_reader(size: str, s: dict, state_dtype: torch.dtype, timer: Timer, cal
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        configs = [(bk, w, p) for bk, w in ((64, 8), (32, 8), (32, 4)) for p in ("ieee", "tf32")]
-        for bk, w, prec in configs:
-            kw = dict(block_k=bk, num_warps=w, precision=prec)
+        # (programs per state, rows per block, warps): one program per state, or shares + last-arriver
+        configs = [(1, 64, 8), (1, 32, 8), (2, 64, 8), (2, 64, 4), (2, 32, 4), (4, 32, 8), (4, 32, 4),
+                   (4, 32, 2), (4, 16, 4), (8, 16, 4), (8, 16, 2), (8, 16, 1), (16, 16, 1), (16, 16, 2)]
+        for split, bk, w in configs:
+            kw = dict(split=split, block_k=bk, num_warps=w, precision="ieee")
             t = timer.measure([lambda i=i: sr.state_reader_triton(ssm, layer_idx, slots[i], z, U, V, out=outs[i], **kw)
                                for i in range(calls)])
             e = rel_err(sr.state_reader_triton(ssm, layer_idx, slots[0], z, U, V, **kw),
@@ -174,7 +176,7 @@ def bench_verify(size: str, s: dict, dtype: torch.dtype, timer: Timer, calls: in
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        for bv, w in ((16, 2), (8, 1), (16, 4), (32, 4)):
+        for bv, w in ((4, 1), (8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 4), (64, 4)):
             kw = dict(block_v=bv, num_warps=w)
             t = timer.measure([lambda i=i: gv.gdn_verify_triton(*ins[i % n_in], h0[i], out_states=pend[i], **kw)
                                for i in range(calls)])
@@ -255,7 +257,7 @@ def main(argv=None) -> None:
         sweep = name == "paper" and not args.no_sweep
         ops = result["ops"]
         for sd in (torch.float32, torch.bfloat16):
-            ops.append(bench_reader(name, s, sd, timer, calls, dev, sweep and sd == torch.float32))
+            ops.append(bench_reader(name, s, sd, timer, calls, dev, sweep))
         ops.append(bench_verify(name, s, torch.bfloat16, timer, calls, dev, sweep))
         ops.extend(bench_commit(name, s, timer, dev))
         for rows in (1, 8):

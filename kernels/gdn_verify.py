@@ -13,7 +13,7 @@ indexing). Inference only: none of these ops is differentiable.
 
 The Triton kernel runs one program per (batch row, head, d_v block): the d_v columns of S are
 independent in this recurrence, so each program keeps its S[:, block] in registers for all T tokens
-and streams every intermediate state out once. (A chunk form that solves all tokens' corrections
+and streams every intermediate state out once; the next token's inputs are prefetched. (A chunk form that solves all tokens' corrections
 with small matrix products first, and a compile-time-unrolled token loop, were both measured no
 faster on the H200 and removed; see kernels/NOTES.md.)
 """
@@ -32,21 +32,15 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _recurrent_token(s, t, q_base, k_base, v_base, g_base, be_base, o_base, st_base,
-                         q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v, mask_k, mask_v, mask_s, scale):
-        """One token of the recurrence on a [d_k, BV] slice of the state; writes o_t and S_t."""
-        q = tl.load(q_base + t * q_t + offs_k, mask=mask_k, other=0.0).to(tl.float32) * scale
+    def _load_token(t, q_base, k_base, v_base, g_base, be_base, q_t, k_t, v_t, g_t, be_t,
+                    offs_k, offs_v, mask_k, mask_v):
+        """Token t's q, k, v, g and beta."""
+        q = tl.load(q_base + t * q_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         k = tl.load(k_base + t * k_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         v = tl.load(v_base + t * v_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        decay = tl.exp(tl.load(g_base + t * g_t).to(tl.float32))
+        g = tl.load(g_base + t * g_t).to(tl.float32)
         beta = tl.load(be_base + t * be_t).to(tl.float32)
-        s = s * decay
-        delta = (v - tl.sum(s * k[:, None], 0)) * beta
-        s = s + k[:, None] * delta[None, :]
-        o = tl.sum(s * q[:, None], 0)
-        tl.store(o_base + t * o_t + offs_v, o, mask=mask_v)
-        tl.store(st_base + t * st_t + offs_k[:, None] * st_k + offs_v[None, :], s, mask=mask_s)
-        return s
+        return q, k, v, g, beta
 
     @triton.jit
     def _gdn_verify_kernel(
@@ -59,6 +53,10 @@ if HAS_TRITON:
         T, H, DK, DV, scale,
         BK: tl.constexpr, BV: tl.constexpr,
     ):
+        """One program per (batch row, head, d_v block); S[:, block] stays in registers for all T
+        tokens. Token t+1's inputs are loaded while token t is computed, so the per-token chain
+        never waits on memory. Both reductions of a token run on the previous state, side by side:
+        with S' = d S + k delta^T,  delta = beta (v - d S^T k)  and  o = S'^T q = d S^T q + (k.q) delta."""
         i_bh = tl.program_id(0)
         i_v = tl.program_id(1)
         b = (i_bh // H).to(tl.int64)
@@ -68,20 +66,32 @@ if HAS_TRITON:
         mask_k = offs_k < DK
         mask_v = offs_v < DV
         mask_s = mask_k[:, None] & mask_v[None, :]
-
-        s = tl.load(h0_ptr + b * h0_b + h * h0_h + offs_k[:, None] * h0_k + offs_v[None, :] * h0_v,
-                    mask=mask_s, other=0.0).to(tl.float32)
         q_base = q_ptr + b * q_b + h * q_h
         k_base = k_ptr + b * k_b + h * k_h
         v_base = v_ptr + b * v_b + h * v_h
         g_base = g_ptr + b * g_b + h * g_h
         be_base = beta_ptr + b * be_b + h * be_h
         o_base = o_ptr + b * o_b + h * o_h
-        st_base = st_ptr + b * st_b + h * st_h
+        st_base = st_ptr + b * st_b + h * st_h + offs_k[:, None] * st_k + offs_v[None, :]
+
+        s = tl.load(h0_ptr + b * h0_b + h * h0_h + offs_k[:, None] * h0_k + offs_v[None, :] * h0_v,
+                    mask=mask_s, other=0.0).to(tl.float32)
+        q_n, k_n, v_n, g_n, be_n = _load_token(0, q_base, k_base, v_base, g_base, be_base,
+                                               q_t, k_t, v_t, g_t, be_t, offs_k, offs_v, mask_k, mask_v)
         for t in range(T):
-            s = _recurrent_token(s, t, q_base, k_base, v_base, g_base, be_base, o_base, st_base,
-                                 q_t, k_t, v_t, g_t, be_t, o_t, st_t, st_k, offs_k, offs_v,
-                                 mask_k, mask_v, mask_s, scale)
+            q, k, v, g, beta = q_n, k_n, v_n, g_n, be_n
+            # the prefetch after the last token wraps to token 0: in bounds, never used
+            q_n, k_n, v_n, g_n, be_n = _load_token((t + 1) % T, q_base, k_base, v_base, g_base, be_base,
+                                                   q_t, k_t, v_t, g_t, be_t, offs_k, offs_v, mask_k, mask_v)
+            q = q * scale
+            decay = tl.exp(g)
+            sk = tl.sum(s * k[:, None], 0)
+            sq = tl.sum(s * q[:, None], 0)
+            delta = (v - decay * sk) * beta
+            o = decay * sq + tl.sum(k * q) * delta
+            s = s * decay + k[:, None] * delta[None, :]
+            tl.store(o_base + t * o_t + offs_v, o, mask=mask_v)
+            tl.store(st_base + t * st_t, s, mask=mask_s)
 
     # n_all must stay a runtime value: Triton specialises an int argument equal to 1 into a
     # constant, which has no `.to` (the AR step commits n = 1)

@@ -63,6 +63,33 @@ def test_features_and_gradients_match_reference(L, S, H, dk, dv, layers, B, P, r
         assert rel_err(a, b) < 1e-4, f"gradient w.r.t. {name}"
 
 
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("L,S,H,dk,dv,layers,B,P,r,dtype", [SMALL[0], SMALL[2], SMALL[4]])
+def test_states_split_over_several_programs_give_the_same_features(L, S, H, dk, dv, layers, B, P, r, dtype, split):
+    """Each state's rows shared by `split` programs; the last to arrive adds the shares up."""
+    ssm, layer_idx, slots, z, U, V = make_inputs(L, S, H, dk, dv, layers, B, P, r, dtype, grad=False)
+    want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
+    assert rel_err(sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, split=split, block_k=16), want) < 1e-4
+
+
+def test_split_reader_leaves_its_arrival_counters_ready_for_the_next_call():
+    """Back-to-back calls on new states: a counter left non-zero would finish a pair too early."""
+    for seed in range(3):
+        torch.manual_seed(seed)
+        ssm, layer_idx, slots, z, U, V = make_inputs(2, 3, 2, 32, 16, [1, 0], 2, 5, 8, torch.float32, grad=False)
+        want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
+        assert rel_err(sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, split=2), want) < 1e-4
+    for (_, _), (part, count) in sr._SCRATCH.items():
+        if count.device.type == DEVICE:
+            assert int(count.abs().sum()) == 0
+
+
+def test_split_that_is_not_a_power_of_two_is_one_clear_error():
+    ssm, layer_idx, slots, z, U, V = make_inputs(2, 3, 2, 16, 16, [1], 2, 3, 8, torch.float32, grad=False)
+    with pytest.raises(KernelInputError, match="split must be a power of two, got 3"):
+        sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, split=3)
+
+
 def test_reference_matches_the_method_written_per_pair():
     """One (b, p, m) computed by hand from the formulas in the module docstring."""
     ssm, layer_idx, slots, z, U, V = make_inputs(3, 4, 2, 16, 16, [2, 1], 2, 3, 4, torch.float32, device="cpu", grad=False)
@@ -133,6 +160,9 @@ def test_paper_size_on_cuda(dtype, r, B):
     got = sr.state_reader(ssm, layer_idx, slots, z, U, V)
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
     assert rel_err(got, want) < 1e-4
+    for split in (1, 2, 4, 8):
+        assert rel_err(sr.state_reader_triton(ssm, layer_idx, slots, z.detach(), U.detach(), V.detach(), split=split),
+                       want) < 1e-4, f"split={split}"
     grad = torch.randn_like(want)
     for name, a, b in zip("zUV", torch.autograd.grad(got, (z, U, V), grad), torch.autograd.grad(want, (z, U, V), grad)):
         assert rel_err(a, b) < 1e-4, f"gradient w.r.t. {name}"
