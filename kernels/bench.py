@@ -137,11 +137,10 @@ def bench_reader(size: str, s: dict, state_dtype: torch.dtype, timer: Timer, cal
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        # (programs per state, rows per block, warps): one program per state, or shares + last-arriver
-        configs = [(1, 64, 8), (1, 32, 8), (2, 64, 8), (2, 64, 4), (2, 32, 4), (4, 32, 8), (4, 32, 4),
-                   (4, 32, 2), (4, 16, 4), (8, 16, 4), (8, 16, 2), (8, 16, 1), (16, 16, 1), (16, 16, 2)]
-        for split, bk, w in configs:
-            kw = dict(split=split, block_k=bk, num_warps=w, precision="ieee")
+        precisions = ["ieee", "tf32", "tf32x3"] + (["tf32x2"] if state_dtype != torch.float32 else [])
+        configs = [(128, w, p) for w in (4, 8, 16) for p in precisions] + [(64, 8, p) for p in precisions]
+        for bk, w, prec in configs:
+            kw = dict(block_k=bk, num_warps=w, precision=prec)
             t = timer.measure([lambda i=i: sr.state_reader_triton(ssm, layer_idx, slots[i], z, U, V, out=outs[i], **kw)
                                for i in range(calls)])
             e = rel_err(sr.state_reader_triton(ssm, layer_idx, slots[0], z, U, V, **kw),
@@ -176,8 +175,9 @@ def bench_verify(size: str, s: dict, dtype: torch.dtype, timer: Timer, calls: in
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        for bv, w in ((4, 1), (8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 4), (64, 4)):
-            kw = dict(block_v=bv, num_warps=w)
+        for bv, w, unroll in ((16, 2, False), (16, 4, False), (8, 1, False), (8, 2, False), (32, 4, False),
+                              (16, 2, True), (16, 4, True), (8, 1, True), (8, 2, True), (32, 4, True)):
+            kw = dict(block_v=bv, num_warps=w, unroll=unroll)
             t = timer.measure([lambda i=i: gv.gdn_verify_triton(*ins[i % n_in], h0[i], out_states=pend[i], **kw)
                                for i in range(calls)])
             e = rel_err(gv.gdn_verify_triton(*ins[0], h0[0], **kw)[1], st2)

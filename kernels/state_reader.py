@@ -30,10 +30,6 @@ import torch
 
 from ._common import HAS_TRITON, last_dim_contiguous, next_pow2, require, require_triton, use_triton
 
-# tl.dot input precision of the one large product U_m S_m. "ieee" (exact fp32 FMAs) is the
-# default; "tf32" was ~15% faster on the H200 at ~8e-4 relative error (kernels/NOTES.md).
-DOT_PRECISION = "ieee"
-
 if HAS_TRITON:
     import triton
     import triton.language as tl
@@ -45,84 +41,80 @@ if HAS_TRITON:
         return ssm_ptr + layer * s_l + slot * s_s + (m % H).to(tl.int64) * s_h
 
     @triton.jit
-    def _write_features(g, sumsq, z_ptr, out_ptr, b, m, z_b, z_p, z_m, o_b, o_p, M, P, R, DK, DV,
-                        eps, inv_sqrt_dk, BP: tl.constexpr, BR: tl.constexpr):
-        """u[p] = (G / (rms sqrt(d_k)))^T z[b, p, m] for every position, and log(rms)."""
-        rms = tl.sqrt(sumsq / (DK * DV) + eps)
-        g = g * (inv_sqrt_dk / rms)
+    def _tf32_high(x):
+        """x with its low 13 mantissa bits cleared: exact in tf32, and x - high is exact in fp32."""
+        return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _rank_times_state(uc, s, TERMS: tl.constexpr):
+        """W = U S on tensor cores in tf32 with split operands (TERMS = 2: U as high + low part, exact
+        for 16-bit states; 3: both split, the error of fp32 FMAs), or on FMAs (TERMS = 0)."""
+        if TERMS == 0:
+            w = tl.dot(uc, s, input_precision="ieee")
+        elif TERMS == 1:
+            w = tl.dot(uc, s, input_precision="tf32")
+        else:
+            u_hi = _tf32_high(uc)
+            u_lo = uc - u_hi
+            if TERMS == 2:
+                w = tl.dot(u_hi, s, input_precision="tf32") + tl.dot(u_lo, s, input_precision="tf32")
+            else:
+                s_hi = _tf32_high(s)
+                s_lo = s - s_hi
+                w = tl.dot(u_hi, s_hi, input_precision="tf32")
+                w += tl.dot(u_hi, s_lo, input_precision="tf32")
+                w += tl.dot(u_lo, s_hi, input_precision="tf32")
+        return w
+
+    @triton.jit
+    def _state_reader_fwd_kernel(
+        ssm_ptr, layer_ptr, slot_ptr, z_ptr, u_ptr, v_ptr, out_ptr,
+        s_l, s_s, s_h, s_k, s_v,          # ssm strides (elements)
+        z_b, z_p, z_m,                    # z strides; its last (rank) dim is contiguous
+        o_b, o_p,                         # out strides; its last dim is contiguous
+        H, M, P, R, DK, DV,
+        eps, inv_sqrt_dk,
+        BP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NCHUNK: tl.constexpr,
+        TERMS: tl.constexpr,
+    ):
+        """One program per (b, m). The small operands (z, V, and U for the first block) are loaded
+        before the state so their latency hides behind the index lookup; at d_k <= 128 the whole
+        state is one block, so all of its loads are in flight together."""
+        pid = tl.program_id(0)
+        b = pid // M
+        m = pid % M
         offs_r = tl.arange(0, BR)
+        offs_v = tl.arange(0, BV)
         offs_p = tl.arange(0, BP)
         mask_r = offs_r < R
+        mask_v = offs_v < DV
         mask_p = offs_p < P
         zt = tl.load(z_ptr + b.to(tl.int64) * z_b + m * z_m + offs_p[:, None] * z_p + offs_r[None, :],
                      mask=mask_p[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+        vt = tl.load(v_ptr + m.to(tl.int64) * DV * R + offs_v[:, None] * R + offs_r[None, :],
+                     mask=mask_v[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+        u_base = u_ptr + m.to(tl.int64) * R * DK
+        s_base = _pair_state_base(ssm_ptr, layer_ptr, slot_ptr, b, m, H, s_l, s_s, s_h)
+        w = tl.zeros([BR, BV], dtype=tl.float32)
+        sq = tl.zeros([BK, BV], dtype=tl.float32)
+        for c in tl.static_range(NCHUNK):
+            kk = c * BK + tl.arange(0, BK)
+            mask_k = kk < DK
+            uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
+                         mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
+                        mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+            w += _rank_times_state(uc, s, TERMS)
+            sq += s * s
+        # G = U S V / (rms sqrt(d_k)) (r x r), then u = G^T z for every position, and log(rms)
+        rms = tl.sqrt(tl.sum(sq) / (DK * DV) + eps)
+        g = tl.dot(w, vt, input_precision="ieee") * (inv_sqrt_dk / rms)
         u = tl.dot(zt, g, input_precision="ieee")                     # [P, r]
         o_base = out_ptr + b.to(tl.int64) * o_b
         tl.store(o_base + offs_p[:, None] * o_p + m * R + offs_r[None, :], u,
                  mask=mask_p[:, None] & mask_r[None, :])
         log_rms = tl.zeros([BP], dtype=tl.float32) + tl.log(rms)
         tl.store(o_base + offs_p * o_p + M * R + m, log_rms, mask=mask_p)
-
-    @triton.jit
-    def _state_reader_fwd_kernel(
-        ssm_ptr, layer_ptr, slot_ptr, z_ptr, u_ptr, v_ptr, out_ptr, part_ptr, count_ptr,
-        s_l, s_s, s_h, s_k, s_v,          # ssm strides (elements)
-        z_b, z_p, z_m,                    # z strides; its last (rank) dim is contiguous
-        o_b, o_p,                         # out strides; its last dim is contiguous
-        H, M, P, R, DK, DV, ROWS,         # ROWS: state rows per program (DK when SPLIT == 1)
-        eps, inv_sqrt_dk,
-        BP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
-        NCHUNK: tl.constexpr, SPLIT: tl.constexpr,
-    ):
-        """Program (pair, c) reads rows [c*ROWS, (c+1)*ROWS) of one state in NCHUNK blocks of BK rows
-        (unrolled, so all blocks' loads are in flight at once) and forms its share of G = U S V and
-        of sum(S^2); both are sums over rows. With SPLIT > 1 each program parks its share in
-        `part`, and the last of the pair's SPLIT programs to arrive (an atomic counter) adds them
-        up and writes the features, then resets the counter for the next call."""
-        pid = tl.program_id(0)
-        c = tl.program_id(1)
-        b = pid // M
-        m = pid % M
-        s_base = _pair_state_base(ssm_ptr, layer_ptr, slot_ptr, b, m, H, s_l, s_s, s_h)
-        offs_r = tl.arange(0, BR)
-        offs_v = tl.arange(0, BV)
-        mask_r = offs_r < R
-        mask_v = offs_v < DV
-        u_base = u_ptr + m.to(tl.int64) * R * DK
-        w = tl.zeros([BR, BV], dtype=tl.float32)
-        sq = tl.zeros([BK, BV], dtype=tl.float32)
-        for i in tl.static_range(NCHUNK):
-            local = i * BK + tl.arange(0, BK)
-            kk = c * ROWS + local
-            mask_k = (local < ROWS) & (kk < DK)
-            s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
-                        mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-            uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
-                         mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-            w += tl.dot(uc, s, input_precision=PRECISION)
-            sq += s * s
-        vt = tl.load(v_ptr + m.to(tl.int64) * DV * R + offs_v[:, None] * R + offs_r[None, :],
-                     mask=mask_v[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
-        g = tl.dot(w, vt, input_precision="ieee")
-        sumsq = tl.sum(sq)
-        if SPLIT == 1:
-            _write_features(g, sumsq, z_ptr, out_ptr, b, m, z_b, z_p, z_m, o_b, o_p, M, P, R, DK, DV,
-                            eps, inv_sqrt_dk, BP, BR)
-        else:
-            stride = BR * BR + BR                      # one share: G (BR x BR), then sum(S^2)
-            p_base = part_ptr + pid.to(tl.int64) * SPLIT * stride
-            tl.store(p_base + c * stride + offs_r[:, None] * BR + offs_r[None, :], g)
-            tl.store(p_base + c * stride + BR * BR, sumsq)
-            tl.debug_barrier()                         # every thread's share is out before the count
-            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT - 1:                   # the last program of this pair finishes it
-                offs_c = tl.arange(0, SPLIT)
-                shares = tl.load(p_base + offs_c[:, None, None] * stride + offs_r[None, :, None] * BR
-                                 + offs_r[None, None, :], volatile=True)
-                total = tl.sum(tl.load(p_base + offs_c * stride + BR * BR, volatile=True))
-                tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed", scope="gpu")
-                _write_features(tl.sum(shares, 0), total, z_ptr, out_ptr, b, m, z_b, z_p, z_m, o_b, o_p,
-                                M, P, R, DK, DV, eps, inv_sqrt_dk, BP, BR)
 
 
 def _check_inputs(ssm, layer_idx, slots, z, U, V, out) -> tuple[int, int, int, int, int, int]:
@@ -178,58 +170,36 @@ def state_reader_reference(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: to
     return out
 
 
-# Per-device scratch of the split reader: each pair's SPLIT shares of G and sum(S^2), and one
-# arrival counter per pair. The counters start at zero and the finishing program resets its own,
-# so nothing needs clearing between calls (or graph replays). Calls on one device must not overlap
-# in time on different streams.
-_SCRATCH: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+# Products U S per state dtype, in tf32 terms on tensor cores (see _rank_times_state): 16-bit states
+# are exact in tf32, so U alone is split; fp32 states split both. Both keep fp32-FMA accuracy.
+PRECISIONS = {"ieee": 0, "tf32": 1, "tf32x2": 2, "tf32x3": 3}
 
 
-def _scratch(device: torch.device, pairs: int, split: int, br: int) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (str(device), split * (br * br + br))
-    part, count = _SCRATCH.get(key, (None, None))
-    if count is None or count.numel() < pairs:
-        part = torch.empty(pairs * key[1], device=device, dtype=torch.float32)
-        count = torch.zeros(pairs, device=device, dtype=torch.int32)
-        _SCRATCH[key] = (part, count)
-    return part, count
-
-
-def default_split(device: torch.device, pairs: int, dk: int) -> int:
-    """Programs per state: enough that the pairs' programs fill every SM twice (1 off CUDA)."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    split = 1
-    while pairs * split < 2 * sms and split * 2 * 16 <= dk:
-        split *= 2
-    return split
+def _default_precision(state_dtype: torch.dtype) -> str:
+    return "tf32x3" if state_dtype == torch.float32 else "tf32x2"
 
 
 def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None, num_warps=None,
-                    precision=None, split=None) -> torch.Tensor:
+                    precision=None) -> torch.Tensor:
     B, P, M, r, dk, dv = dims
     z = last_dim_contiguous(z)
     U = U.contiguous()
     V = V.contiguous()
     if out is None:
         out = torch.empty(B, P, M * r + M, device=z.device, dtype=z.dtype)
-    split = split or default_split(z.device, B * M, dk)
-    require(split >= 1 and split & (split - 1) == 0, f"state_reader: split must be a power of two, got {split}")
-    rows = -(-dk // split)
+    precision = precision or _default_precision(ssm.dtype)
+    require(precision in PRECISIONS, f"state_reader: precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     BR = max(16, next_pow2(r))
     BV = max(16, next_pow2(dv))
     BP = max(16, next_pow2(P))
-    # H200 sweep (d_k = d_v = 128, r = 8, one program per state): 64-row blocks with 8 warps (NOTES.md)
-    BK = block_k or max(16, min(next_pow2(rows), 8192 // BV))
+    # the whole state in one block up to 128 x 128 (all loads in flight at once; kernels/NOTES.md)
+    BK = block_k or max(16, min(next_pow2(dk), 16384 // BV))
     warps = num_warps or (8 if BK * BV >= 8192 else 4)
-    part, count = _scratch(z.device, B * M, split, BR) if split > 1 else (out, out)
-    _state_reader_fwd_kernel[(B * M, split)](
-        ssm, layer_idx, slots, z, U, V, out, part, count,
+    _state_reader_fwd_kernel[(B * M,)](
+        ssm, layer_idx, slots, z, U, V, out,
         *ssm.stride(), z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
-        ssm.shape[2], M, P, r, dk, dv, rows, float(eps), 1.0 / math.sqrt(dk),
-        BP=BP, BR=BR, BK=BK, BV=BV, PRECISION=precision or DOT_PRECISION, NCHUNK=-(-rows // BK),
-        SPLIT=split, num_warps=warps,
+        ssm.shape[2], M, P, r, dk, dv, float(eps), 1.0 / math.sqrt(dk),
+        BP=BP, BR=BR, BK=BK, BV=BV, NCHUNK=-(-dk // BK), TERMS=PRECISIONS[precision], num_warps=warps,
     )
     return out
 
@@ -286,18 +256,18 @@ class _StateReaderFn(torch.autograd.Function):
 def state_reader_triton(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
                         U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
                         *, block_k: Optional[int] = None, num_warps: Optional[int] = None,
-                        precision: Optional[str] = None, split: Optional[int] = None) -> torch.Tensor:
+                        precision: Optional[str] = None) -> torch.Tensor:
     """Fused reader: one Triton program per (batch row, layer-head pair), states read in place.
 
     Differentiable w.r.t. z, U, V when grad mode is on (torch backward). `block_k`, `num_warps`
-    `precision` (tl.dot input precision of U S) and `split` (programs per state) override the
-    defaults (benchmarks and tests).
+    and `precision` (how U S is multiplied: a key of PRECISIONS) override the defaults
+    (benchmarks and tests).
     """
     require_triton()
     dims = _check_inputs(ssm, layer_idx, slots, z, U, V, out)
     if torch.is_grad_enabled() and (z.requires_grad or U.requires_grad or V.requires_grad):
         return _StateReaderFn.apply(ssm.detach(), layer_idx, slots, z, U, V, float(eps), out, dims)
-    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision, split)
+    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision)
 
 
 def state_reader(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,

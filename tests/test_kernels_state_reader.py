@@ -63,31 +63,19 @@ def test_features_and_gradients_match_reference(L, S, H, dk, dv, layers, B, P, r
         assert rel_err(a, b) < 1e-4, f"gradient w.r.t. {name}"
 
 
-@pytest.mark.parametrize("split", [2, 4])
-@pytest.mark.parametrize("L,S,H,dk,dv,layers,B,P,r,dtype", [SMALL[0], SMALL[2], SMALL[4]])
-def test_states_split_over_several_programs_give_the_same_features(L, S, H, dk, dv, layers, B, P, r, dtype, split):
-    """Each state's rows shared by `split` programs; the last to arrive adds the shares up."""
+@pytest.mark.parametrize("precision", ["ieee", "tf32x2", "tf32x3"])
+@pytest.mark.parametrize("L,S,H,dk,dv,layers,B,P,r,dtype", [SMALL[0], SMALL[1], SMALL[4]])
+def test_every_product_precision_gives_the_reference_features(L, S, H, dk, dv, layers, B, P, r, dtype, precision):
+    """U S on FMAs or as split tf32 terms (high + low parts add back to the fp32 operands)."""
     ssm, layer_idx, slots, z, U, V = make_inputs(L, S, H, dk, dv, layers, B, P, r, dtype, grad=False)
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
-    assert rel_err(sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, split=split, block_k=16), want) < 1e-4
+    assert rel_err(sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, precision=precision), want) < 1e-4
 
 
-def test_split_reader_leaves_its_arrival_counters_ready_for_the_next_call():
-    """Back-to-back calls on new states: a counter left non-zero would finish a pair too early."""
-    for seed in range(3):
-        torch.manual_seed(seed)
-        ssm, layer_idx, slots, z, U, V = make_inputs(2, 3, 2, 32, 16, [1, 0], 2, 5, 8, torch.float32, grad=False)
-        want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
-        assert rel_err(sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, split=2), want) < 1e-4
-    for (_, _), (part, count) in sr._SCRATCH.items():
-        if count.device.type == DEVICE:
-            assert int(count.abs().sum()) == 0
-
-
-def test_split_that_is_not_a_power_of_two_is_one_clear_error():
+def test_unknown_precision_is_one_clear_error():
     ssm, layer_idx, slots, z, U, V = make_inputs(2, 3, 2, 16, 16, [1], 2, 3, 8, torch.float32, grad=False)
-    with pytest.raises(KernelInputError, match="split must be a power of two, got 3"):
-        sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, split=3)
+    with pytest.raises(KernelInputError, match="precision must be one of .*got 'fp64'"):
+        sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, precision="fp64")
 
 
 def test_reference_matches_the_method_written_per_pair():
@@ -160,9 +148,12 @@ def test_paper_size_on_cuda(dtype, r, B):
     got = sr.state_reader(ssm, layer_idx, slots, z, U, V)
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
     assert rel_err(got, want) < 1e-4
-    for split in (1, 2, 4, 8):
-        assert rel_err(sr.state_reader_triton(ssm, layer_idx, slots, z.detach(), U.detach(), V.detach(), split=split),
-                       want) < 1e-4, f"split={split}"
+    # fp32-accurate products: FMAs, three tf32 terms, and two terms where the states are 16-bit
+    # (plain tf32 rounds U to 10 mantissa bits, ~1e-3, so it is left out)
+    exact = ["ieee", "tf32x3"] + (["tf32x2"] if dtype == torch.bfloat16 else [])
+    for precision in exact:
+        got_p = sr.state_reader_triton(ssm, layer_idx, slots, z.detach(), U.detach(), V.detach(), precision=precision)
+        assert rel_err(got_p, want) < 1e-5, precision
     grad = torch.randn_like(want)
     for name, a, b in zip("zUV", torch.autograd.grad(got, (z, U, V), grad), torch.autograd.grad(want, (z, U, V), grad)):
         assert rel_err(a, b) < 1e-4, f"gradient w.r.t. {name}"
