@@ -46,25 +46,28 @@ if HAS_TRITON:
         return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _rank_times_state(uc, s, TERMS: tl.constexpr):
-        """W = U S on tensor cores in tf32 with split operands (TERMS = 2: U as high + low part, exact
-        for 16-bit states; 3: both split, the error of fp32 FMAs), or on FMAs (TERMS = 0)."""
+    def _split_dot(a, b, TERMS: tl.constexpr, WEIGHT_IS_A: tl.constexpr):
+        """a @ b for a state operand and a weight operand: on FMAs (TERMS = 0), or on tensor cores in
+        tf32 with split operands (TERMS = 2: the weight as high + low part, exact for 16-bit states;
+        3: both split, the error of fp32 FMAs; 1: plain tf32, ~1e-3)."""
         if TERMS == 0:
-            w = tl.dot(uc, s, input_precision="ieee")
+            out = tl.dot(a, b, input_precision="ieee")
         elif TERMS == 1:
-            w = tl.dot(uc, s, input_precision="tf32")
-        else:
-            u_hi = _tf32_high(uc)
-            u_lo = uc - u_hi
-            if TERMS == 2:
-                w = tl.dot(u_hi, s, input_precision="tf32") + tl.dot(u_lo, s, input_precision="tf32")
+            out = tl.dot(a, b, input_precision="tf32")
+        elif TERMS == 2:
+            if WEIGHT_IS_A:
+                a_hi = _tf32_high(a)
+                out = tl.dot(a_hi, b, input_precision="tf32") + tl.dot(a - a_hi, b, input_precision="tf32")
             else:
-                s_hi = _tf32_high(s)
-                s_lo = s - s_hi
-                w = tl.dot(u_hi, s_hi, input_precision="tf32")
-                w += tl.dot(u_hi, s_lo, input_precision="tf32")
-                w += tl.dot(u_lo, s_hi, input_precision="tf32")
-        return w
+                b_hi = _tf32_high(b)
+                out = tl.dot(a, b_hi, input_precision="tf32") + tl.dot(a, b - b_hi, input_precision="tf32")
+        else:
+            a_hi = _tf32_high(a)
+            b_hi = _tf32_high(b)
+            out = tl.dot(a_hi, b_hi, input_precision="tf32")
+            out += tl.dot(a_hi, b - b_hi, input_precision="tf32")
+            out += tl.dot(a - a_hi, b_hi, input_precision="tf32")
+        return out
 
     @triton.jit
     def _state_reader_fwd_kernel(
@@ -75,7 +78,7 @@ if HAS_TRITON:
         H, M, P, R, DK, DV,
         eps, inv_sqrt_dk,
         BP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NCHUNK: tl.constexpr,
-        TERMS: tl.constexpr,
+        TERMS: tl.constexpr, ORDER: tl.constexpr,
     ):
         """One program per (b, m). The small operands (z, V, and U for the first block) are loaded
         before the state so their latency hides behind the index lookup; at d_k <= 128 the whole
@@ -95,21 +98,34 @@ if HAS_TRITON:
                      mask=mask_v[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
         u_base = u_ptr + m.to(tl.int64) * R * DK
         s_base = _pair_state_base(ssm_ptr, layer_ptr, slot_ptr, b, m, H, s_l, s_s, s_h)
-        w = tl.zeros([BR, BV], dtype=tl.float32)
         sq = tl.zeros([BK, BV], dtype=tl.float32)
-        for c in tl.static_range(NCHUNK):
-            kk = c * BK + tl.arange(0, BK)
-            mask_k = kk < DK
-            uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
-                         mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-            s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
-                        mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-            w += _rank_times_state(uc, s, TERMS)
-            sq += s * s
-        # G = U S V / (rms sqrt(d_k)) (r x r), then u = G^T z for every position, and log(rms)
+        if ORDER == 0:   # W = U S (r x d_v), then G = W V, then u = z G
+            w = tl.zeros([BR, BV], dtype=tl.float32)
+            for c in tl.static_range(NCHUNK):
+                kk = c * BK + tl.arange(0, BK)
+                mask_k = kk < DK
+                uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
+                             mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+                s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
+                            mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+                w += _split_dot(uc, s, TERMS, True)
+                sq += s * s
+            u = tl.dot(zt, tl.dot(w, vt, input_precision="ieee"), input_precision="ieee")
+        else:            # Q = z U before the state arrives, then S V (d_k x r), then u = Q (S V)
+            u = tl.zeros([BP, BR], dtype=tl.float32)
+            for c in tl.static_range(NCHUNK):
+                kk = c * BK + tl.arange(0, BK)
+                mask_k = kk < DK
+                uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
+                             mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+                qc = tl.dot(zt, uc, input_precision="ieee")                   # [P, BK]
+                s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
+                            mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+                u += tl.dot(qc, _split_dot(s, vt, TERMS, False), input_precision="ieee")
+                sq += s * s
+        # u = z^T U S V / (rms sqrt(d_k)) for every position, and log(rms)
         rms = tl.sqrt(tl.sum(sq) / (DK * DV) + eps)
-        g = tl.dot(w, vt, input_precision="ieee") * (inv_sqrt_dk / rms)
-        u = tl.dot(zt, g, input_precision="ieee")                     # [P, r]
+        u = u * (inv_sqrt_dk / rms)
         o_base = out_ptr + b.to(tl.int64) * o_b
         tl.store(o_base + offs_p[:, None] * o_p + m * R + offs_r[None, :], u,
                  mask=mask_p[:, None] & mask_r[None, :])
@@ -180,7 +196,7 @@ def _default_precision(state_dtype: torch.dtype) -> str:
 
 
 def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None, num_warps=None,
-                    precision=None) -> torch.Tensor:
+                    precision=None, order=0) -> torch.Tensor:
     B, P, M, r, dk, dv = dims
     z = last_dim_contiguous(z)
     U = U.contiguous()
@@ -199,7 +215,8 @@ def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None
         ssm, layer_idx, slots, z, U, V, out,
         *ssm.stride(), z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
         ssm.shape[2], M, P, r, dk, dv, float(eps), 1.0 / math.sqrt(dk),
-        BP=BP, BR=BR, BK=BK, BV=BV, NCHUNK=-(-dk // BK), TERMS=PRECISIONS[precision], num_warps=warps,
+        BP=BP, BR=BR, BK=BK, BV=BV, NCHUNK=-(-dk // BK), TERMS=PRECISIONS[precision], ORDER=order,
+        num_warps=warps,
     )
     return out
 
@@ -256,7 +273,7 @@ class _StateReaderFn(torch.autograd.Function):
 def state_reader_triton(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
                         U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
                         *, block_k: Optional[int] = None, num_warps: Optional[int] = None,
-                        precision: Optional[str] = None) -> torch.Tensor:
+                        precision: Optional[str] = None, order: int = 0) -> torch.Tensor:
     """Fused reader: one Triton program per (batch row, layer-head pair), states read in place.
 
     Differentiable w.r.t. z, U, V when grad mode is on (torch backward). `block_k`, `num_warps`
@@ -267,7 +284,7 @@ def state_reader_triton(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch
     dims = _check_inputs(ssm, layer_idx, slots, z, U, V, out)
     if torch.is_grad_enabled() and (z.requires_grad or U.requires_grad or V.requires_grad):
         return _StateReaderFn.apply(ssm.detach(), layer_idx, slots, z, U, V, float(eps), out, dims)
-    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision)
+    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision, order)
 
 
 def state_reader(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,

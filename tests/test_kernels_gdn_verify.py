@@ -47,13 +47,13 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("block_v,unroll", [(None, False), (32, False), (None, True)],
-                         ids=["default", "32-columns", "unrolled-tokens"])
+@pytest.mark.parametrize("block_v,stream", [(None, False), (32, False), (None, True)],
+                         ids=["default", "32-columns", "streaming-stores"])
 @pytest.mark.parametrize("B,T,H,dk,dv,dtype", SHAPES)
-def test_outputs_and_every_state_match_reference(B, T, H, dk, dv, dtype, block_v, unroll):
+def test_outputs_and_every_state_match_reference(B, T, H, dk, dv, dtype, block_v, stream):
     q, k, v, g, beta, h0 = make_inputs(B, T, H, dk, dv, dtype)
     live = h0.clone()
-    o, states = gv.gdn_verify_triton(q, k, v, g, beta, h0, 0.3, block_v=block_v, unroll=unroll)
+    o, states = gv.gdn_verify_triton(q, k, v, g, beta, h0, 0.3, block_v=block_v, stream=stream)
     o_ref, states_ref = gv.gdn_verify_reference(q, k, v, g, beta, h0, 0.3)
     assert o.dtype == v.dtype and states.dtype == torch.float32
     assert states.shape == (B, T, H, dk, dv)
