@@ -138,10 +138,9 @@ def bench_reader(size: str, s: dict, state_dtype: torch.dtype, timer: Timer, cal
     if sweep and not timer.smoke:
         extra["sweep"] = []
         precisions = ["ieee", "tf32", "tf32x3"] + (["tf32x2"] if state_dtype != torch.float32 else [])
-        configs = [(128, w, p, o) for o in (0, 1) for w in (4, 8) for p in precisions]
-        configs += [(64, 8, p, 1) for p in precisions[1:]] + [(128, 16, p, 1) for p in precisions[1:]]
-        for bk, w, prec, order in configs:
-            kw = dict(block_k=bk, num_warps=w, precision=prec, order=order)
+        configs = [(128, w, p) for w in (4, 8) for p in precisions] + [(64, 8, p) for p in precisions]
+        for bk, w, prec in configs:
+            kw = dict(block_k=bk, num_warps=w, precision=prec)
             t = timer.measure([lambda i=i: sr.state_reader_triton(ssm, layer_idx, slots[i], z, U, V, out=outs[i], **kw)
                                for i in range(calls)])
             e = rel_err(sr.state_reader_triton(ssm, layer_idx, slots[0], z, U, V, **kw),
@@ -176,9 +175,8 @@ def bench_verify(size: str, s: dict, dtype: torch.dtype, timer: Timer, calls: in
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        for bv, w, stream in ((16, 2, False), (16, 4, False), (8, 2, False), (32, 4, False),
-                              (16, 2, True), (16, 4, True), (8, 2, True), (32, 4, True)):
-            kw = dict(block_v=bv, num_warps=w, stream=stream)
+        for bv, w in ((16, 2), (16, 4), (8, 1), (8, 2), (32, 4)):
+            kw = dict(block_v=bv, num_warps=w)
             t = timer.measure([lambda i=i: gv.gdn_verify_triton(*ins[i % n_in], h0[i], out_states=pend[i], **kw)
                                for i in range(calls)])
             e = rel_err(gv.gdn_verify_triton(*ins[0], h0[0], **kw)[1], st2)

@@ -13,9 +13,10 @@ indexing). Inference only: none of these ops is differentiable.
 
 The Triton kernel runs one program per (batch row, head, d_v block): the d_v columns of S are
 independent in this recurrence, so each program keeps its S[:, block] in registers for all T tokens
-and streams every intermediate state out once; the next token's inputs are prefetched. (A chunk form that solves all tokens' corrections
-with small matrix products first, and a compile-time-unrolled token loop, were both measured no
-faster on the H200 and removed; see kernels/NOTES.md.)
+and streams every intermediate state out once. The next token's inputs are loaded while the current
+one is computed, and both reductions of a token read the previous state, side by side. (A chunk
+form, a compile-time-unrolled token loop and other column splits were measured slower on the H200;
+see kernels/NOTES.md.)
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ if HAS_TRITON:
         return q, k, v, g, beta
 
     @triton.jit
-    def _token_step(s, t, q, k, v, g, beta, scale, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s,
-                    STREAM: tl.constexpr):
+    def _token_step(s, t, q, k, v, g, beta, scale, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s):
         """One token on the [d_k, BV] slice: writes o_t and S_t, returns S_t."""
         q = q * scale
         decay = tl.exp(g)
@@ -54,10 +54,8 @@ if HAS_TRITON:
         o = decay * sq + tl.sum(k * q) * delta
         s = s * decay + k[:, None] * delta[None, :]
         tl.store(o_base + t * o_t + offs_v, o, mask=mask_v)
-        if STREAM:
-            tl.store(st_base + t * st_t, s, mask=mask_s, cache_modifier=".cs")
-        else:
-            tl.store(st_base + t * st_t, s, mask=mask_s)
+        # streaming store (evict first): only the accepted token's state is read again, by the commit
+        tl.store(st_base + t * st_t, s, mask=mask_s, cache_modifier=".cs")
         return s
 
     @triton.jit
@@ -69,7 +67,7 @@ if HAS_TRITON:
         o_b, o_t, o_h,
         st_b, st_t, st_h, st_k,
         H, DK, DV, scale,
-        T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STREAM: tl.constexpr,
+        T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     ):
         """One program per (batch row, head, d_v block); S[:, block] stays in registers for all T
         tokens. Token t+1's inputs are loaded while token t is computed, so the per-token chain
@@ -101,8 +99,7 @@ if HAS_TRITON:
             # the prefetch after the last token wraps to token 0: in bounds, never used
             q_n, k_n, v_n, g_n, be_n = _load_token((t + 1) % T, q_base, k_base, v_base, g_base, be_base,
                                                    q_t, k_t, v_t, g_t, be_t, offs_k, offs_v, mask_k, mask_v)
-            s = _token_step(s, t, q, k, v, g, beta, scale, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s,
-                            STREAM)
+            s = _token_step(s, t, q, k, v, g, beta, scale, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s)
 
     # n_all must stay a runtime value: Triton specialises an int argument equal to 1 into a
     # constant, which has no `.to` (the AR step commits n = 1)
@@ -172,7 +169,7 @@ def gdn_verify_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                       initial_state: torch.Tensor, scale: Optional[float] = None,
                       out_states: Optional[torch.Tensor] = None, *, block_v: Optional[int] = None,
-                      num_warps: Optional[int] = None, stream: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      num_warps: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused recurrence; `block_v`/`num_warps` override the launch heuristics (benchmarks and tests)."""
     require_triton()
     B, T, H, dk, dv = _check_verify(q, k, v, g, beta, initial_state, out_states)
@@ -194,7 +191,7 @@ def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         o.stride(0), o.stride(1), o.stride(2),
         states.stride(0), states.stride(1), states.stride(2), states.stride(3),
         H, dk, dv, float(scale),
-        T=T, BK=BK, BV=BV, STREAM=stream, num_warps=num_warps or 2,
+        T=T, BK=BK, BV=BV, num_warps=num_warps or 2,
     )
     return o, states
 

@@ -21,6 +21,7 @@ from ready_kernels import state_reader as sr  # noqa: E402
 def main() -> None:
     dev, H, d, r, P, T = "cuda", 48, 128, 8, 7, 8
     ssm = torch.randn(4, 8, H, d, d, device=dev)
+    ssm16 = ssm.bfloat16()
     li, sl = torch.tensor([1, 3], device=dev), torch.tensor([5], device=dev)
     z = torch.randn(1, P, 2 * H, r, device=dev)
     U, V = torch.randn(2 * H, r, d, device=dev), torch.randn(2 * H, d, r, device=dev)
@@ -31,7 +32,7 @@ def main() -> None:
     h0 = torch.randn(1, H, d, d, device=dev)
     calls = [
         lambda: sr.state_reader_triton(ssm, li, sl, z, U, V),
-        lambda: sr.state_reader_triton(ssm, li, sl, z, U, V, precision="tf32"),
+        lambda: sr.state_reader_triton(ssm16, li, sl, z, U, V),
         lambda: gv.gdn_verify_triton(q, k, v, g, beta, h0),
     ]
     for c in calls:  # compile outside the profiled range

@@ -10,11 +10,11 @@ For every (source layer, value head) pair m and every draft position p of batch 
 
 and the features are [u for m in 0..M-1 (m-major, r each), log(rms_m) for m in 0..M-1], i.e.
 `[B, P, M*r + M]`. The states are read straight out of the cache tensor by (layer, slot) index:
-no gather copy. The Triton forward computes, per (b, m), the r x r matrix
-G = U_m (S_m / (rms_m sqrt(d_k))) V_m once (one pass over the state) and then u = G^T z for every
-position, so the state is touched exactly once per batch row. (Splitting each state into row
-blocks over more programs plus a second kernel that adds the partials was measured slower at
-batch 1 on the H200, 9.7 vs 8.4 µs, and removed; see kernels/NOTES.md.)
+no gather copy. The Triton forward computes, per (b, m), W = U_m S_m on tensor cores (tf32 with
+split operands, as accurate as fp32 FMAs), G = W V_m / (rms_m sqrt(d_k)) and u = G^T z for every
+position, so the state is touched exactly once per batch row. One program per state: spreading a
+state over several programs read it faster but cost more in the cross-program finish, and plain
+FMA products were slower (kernels/NOTES.md has the measurements).
 
 Training: `state_reader` is differentiable w.r.t. z, U and V (the states are frozen inputs);
 the backward is written in torch (einsums), checked against autograd through the reference.
@@ -78,7 +78,7 @@ if HAS_TRITON:
         H, M, P, R, DK, DV,
         eps, inv_sqrt_dk,
         BP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NCHUNK: tl.constexpr,
-        TERMS: tl.constexpr, ORDER: tl.constexpr,
+        TERMS: tl.constexpr,
     ):
         """One program per (b, m). The small operands (z, V, and U for the first block) are loaded
         before the state so their latency hides behind the index lookup; at d_k <= 128 the whole
@@ -99,30 +99,17 @@ if HAS_TRITON:
         u_base = u_ptr + m.to(tl.int64) * R * DK
         s_base = _pair_state_base(ssm_ptr, layer_ptr, slot_ptr, b, m, H, s_l, s_s, s_h)
         sq = tl.zeros([BK, BV], dtype=tl.float32)
-        if ORDER == 0:   # W = U S (r x d_v), then G = W V, then u = z G
-            w = tl.zeros([BR, BV], dtype=tl.float32)
-            for c in tl.static_range(NCHUNK):
-                kk = c * BK + tl.arange(0, BK)
-                mask_k = kk < DK
-                uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
-                             mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-                s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
-                            mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-                w += _split_dot(uc, s, TERMS, True)
-                sq += s * s
-            u = tl.dot(zt, tl.dot(w, vt, input_precision="ieee"), input_precision="ieee")
-        else:            # Q = z U before the state arrives, then S V (d_k x r), then u = Q (S V)
-            u = tl.zeros([BP, BR], dtype=tl.float32)
-            for c in tl.static_range(NCHUNK):
-                kk = c * BK + tl.arange(0, BK)
-                mask_k = kk < DK
-                uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
-                             mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-                qc = tl.dot(zt, uc, input_precision="ieee")                   # [P, BK]
-                s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
-                            mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-                u += tl.dot(qc, _split_dot(s, vt, TERMS, False), input_precision="ieee")
-                sq += s * s
+        w = tl.zeros([BR, BV], dtype=tl.float32)
+        for c in tl.static_range(NCHUNK):
+            kk = c * BK + tl.arange(0, BK)
+            mask_k = kk < DK
+            uc = tl.load(u_base + offs_r[:, None] * DK + kk[None, :],
+                         mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
+                        mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+            w += _split_dot(uc, s, TERMS, True)                            # W = U S   [r, d_v]
+            sq += s * s
+        u = tl.dot(zt, tl.dot(w, vt, input_precision="ieee"), input_precision="ieee")  # z^T (W V)
         # u = z^T U S V / (rms sqrt(d_k)) for every position, and log(rms)
         rms = tl.sqrt(tl.sum(sq) / (DK * DV) + eps)
         u = u * (inv_sqrt_dk / rms)
@@ -196,7 +183,7 @@ def _default_precision(state_dtype: torch.dtype) -> str:
 
 
 def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None, num_warps=None,
-                    precision=None, order=0) -> torch.Tensor:
+                    precision=None) -> torch.Tensor:
     B, P, M, r, dk, dv = dims
     z = last_dim_contiguous(z)
     U = U.contiguous()
@@ -215,8 +202,7 @@ def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None
         ssm, layer_idx, slots, z, U, V, out,
         *ssm.stride(), z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
         ssm.shape[2], M, P, r, dk, dv, float(eps), 1.0 / math.sqrt(dk),
-        BP=BP, BR=BR, BK=BK, BV=BV, NCHUNK=-(-dk // BK), TERMS=PRECISIONS[precision], ORDER=order,
-        num_warps=warps,
+        BP=BP, BR=BR, BK=BK, BV=BV, NCHUNK=-(-dk // BK), TERMS=PRECISIONS[precision], num_warps=warps,
     )
     return out
 
@@ -273,7 +259,7 @@ class _StateReaderFn(torch.autograd.Function):
 def state_reader_triton(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
                         U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
                         *, block_k: Optional[int] = None, num_warps: Optional[int] = None,
-                        precision: Optional[str] = None, order: int = 0) -> torch.Tensor:
+                        precision: Optional[str] = None) -> torch.Tensor:
     """Fused reader: one Triton program per (batch row, layer-head pair), states read in place.
 
     Differentiable w.r.t. z, U, V when grad mode is on (torch backward). `block_k`, `num_warps`
@@ -284,7 +270,7 @@ def state_reader_triton(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch
     dims = _check_inputs(ssm, layer_idx, slots, z, U, V, out)
     if torch.is_grad_enabled() and (z.requires_grad or U.requires_grad or V.requires_grad):
         return _StateReaderFn.apply(ssm.detach(), layer_idx, slots, z, U, V, float(eps), out, dims)
-    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision, order)
+    return _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k, num_warps, precision)
 
 
 def state_reader(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,

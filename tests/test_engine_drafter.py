@@ -63,3 +63,29 @@ def test_generate_cli_loads_a_saved_drafter(target, tmp_path, capsys):
                  "1,2", "--max-new-tokens", "4", "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 2 and "has no state reader" in err and err.count("\n") == 1
+
+
+@pytest.mark.cuda
+def test_fused_kernels_leave_the_greedy_tokens_unchanged_on_cuda(target, monkeypatch):
+    """ReaDy on CUDA through the Triton verify, commit and state-reader kernels gives exactly the
+    tokens of the same engine on the torch references, and of plain autoregressive decoding."""
+    import copy
+
+    import ready.reader as reader_mod
+    import ready.target.layers as layers_mod
+    import ready.target.model as model_mod
+
+    tgt = copy.deepcopy(target).cuda()
+    drafter = make_drafter(tgt, reader=True).cuda()
+    assert layers_mod.GDN_VERIFY_KERNEL is not None and model_mod.GDN_COMMIT_KERNEL is not None
+    assert reader_mod.fused_state_reader() is not None
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (1, 6, 15, 40)]
+    fused = [Engine(tgt, drafter).generate(p, 40).tokens for p in prompts]
+    autoregressive = [Engine(tgt).generate(p, 40).tokens for p in prompts]
+
+    monkeypatch.setattr(layers_mod, "GDN_VERIFY_KERNEL", None)
+    monkeypatch.setattr(model_mod, "GDN_COMMIT_KERNEL", None)
+    monkeypatch.setattr(reader_mod, "fused_state_reader", lambda: None)
+    references = [Engine(tgt, drafter).generate(p, 40).tokens for p in prompts]
+    assert fused == references == autoregressive

@@ -63,15 +63,13 @@ def test_features_and_gradients_match_reference(L, S, H, dk, dv, layers, B, P, r
         assert rel_err(a, b) < 1e-4, f"gradient w.r.t. {name}"
 
 
-@pytest.mark.parametrize("order", [0, 1], ids=["US-first", "SV-first"])
 @pytest.mark.parametrize("precision", ["ieee", "tf32x2", "tf32x3"])
 @pytest.mark.parametrize("L,S,H,dk,dv,layers,B,P,r,dtype", [SMALL[0], SMALL[1], SMALL[4]])
-def test_every_product_precision_gives_the_reference_features(L, S, H, dk, dv, layers, B, P, r, dtype, precision,
-                                                               order):
+def test_every_product_precision_gives_the_reference_features(L, S, H, dk, dv, layers, B, P, r, dtype, precision):
     """The state product on FMAs or as split tf32 terms (high + low parts add back to the fp32 operands)."""
     ssm, layer_idx, slots, z, U, V = make_inputs(L, S, H, dk, dv, layers, B, P, r, dtype, grad=False)
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
-    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, precision=precision, order=order, block_k=16)
+    got = sr.state_reader_triton(ssm, layer_idx, slots, z, U, V, precision=precision, block_k=16)
     assert rel_err(got, want) < 1e-4
 
 
@@ -155,10 +153,8 @@ def test_paper_size_on_cuda(dtype, r, B):
     # (plain tf32 rounds U to 10 mantissa bits, ~1e-3, so it is left out)
     exact = ["ieee", "tf32x3"] + (["tf32x2"] if dtype == torch.bfloat16 else [])
     for precision in exact:
-        for order in (0, 1):
-            got_p = sr.state_reader_triton(ssm, layer_idx, slots, z.detach(), U.detach(), V.detach(),
-                                           precision=precision, order=order)
-            assert rel_err(got_p, want) < 1e-5, (precision, order)
+        got_p = sr.state_reader_triton(ssm, layer_idx, slots, z.detach(), U.detach(), V.detach(), precision=precision)
+        assert rel_err(got_p, want) < 1e-5, precision
     grad = torch.randn_like(want)
     for name, a, b in zip("zUV", torch.autograd.grad(got, (z, U, V), grad), torch.autograd.grad(want, (z, U, V), grad)):
         assert rel_err(a, b) < 1e-4, f"gradient w.r.t. {name}"
