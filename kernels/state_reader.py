@@ -195,9 +195,10 @@ def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None
     BR = max(16, next_pow2(r))
     BV = max(16, next_pow2(dv))
     BP = max(16, next_pow2(P))
-    # the whole state in one block up to 128 x 128 (all loads in flight at once; kernels/NOTES.md)
+    # the whole state in one block up to 128 x 128 (all loads in flight at once); 8 warps for a
+    # 64 KB fp32 block, 4 for a 32 KB 16-bit one (H200 sweeps, kernels/NOTES.md)
     BK = block_k or max(16, min(next_pow2(dk), 16384 // BV))
-    warps = num_warps or (8 if BK * BV >= 8192 else 4)
+    warps = num_warps or (8 if BK * BV * ssm.element_size() >= 65536 else 4)
     _state_reader_fwd_kernel[(B * M,)](
         ssm, layer_idx, slots, z, U, V, out,
         *ssm.stride(), z.stride(0), z.stride(1), z.stride(2), out.stride(0), out.stride(1),
