@@ -1,4 +1,4 @@
-"""ready.pipeline's checks that need no model: rank clamping and method / config agreement."""
+"""ready.pipeline: rank clamping, method / config agreement, metric names, and where the AR row's timing comes from."""
 
 from __future__ import annotations
 
@@ -37,3 +37,22 @@ def test_variant_result_flattens_to_the_mlflow_metric_names():
     assert m["humaneval/tau"] == pytest.approx((4 + 8 + 1) / 3) and m["overall/lossless"] == 1.0
     assert m["heldout/survival_1"] == pytest.approx(2 / 3) and "heldout/survival_3" in m
     assert result.lossless and set(result.survival()) == {"humaneval", "heldout", "overall"}
+
+
+@pytest.mark.slow
+def test_the_ar_row_times_its_own_decoding_even_with_cached_generations(tmp_path, monkeypatch):
+    """Cached AR generations serve the drafting rows' lossless checks and speedups; the AR row's
+    own TPS must come from decoding in that run, not from the cache's old timing."""
+    import importlib
+
+    ev = importlib.import_module("ready.decode.evaluate")  # the module (the package re-exports a function of that name)
+    cfg = load_sweep("rank", ["profile=smoke"]).common.copy()
+    cfg.artifacts_dir = str(tmp_path / "artifacts")
+    calls = []
+    real_run_ar = ev.run_ar
+    monkeypatch.setattr(ev, "run_ar", lambda *a, **k: calls.append(k.get("desc")) or real_run_ar(*a, **k))
+    first = run_variant(cfg, "ar", progress=False)
+    calls.clear()
+    second = run_variant(cfg, "ar", progress=False)  # the generations are cached by now
+    assert len(calls) == len(cfg.bench.suites)  # one fresh timed decode per suite, none to rebuild the cache
+    assert first.lossless and second.lossless
