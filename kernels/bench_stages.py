@@ -56,7 +56,7 @@ def _reader_stage_kernel(ssm_ptr, layer_ptr, slot_ptr, z_ptr, u_ptr, v_ptr, out_
     if STAGE == 1:
         tl.store(o_base + m, rms)
     else:
-        w = sr._split_dot(uc, s, TERMS, True)
+        w = sr._split_dot(uc, s, TERMS)
         if STAGE == 2:
             tl.store(o_base + m, tl.sum(w) * rms)
         else:

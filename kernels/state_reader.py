@@ -46,27 +46,23 @@ if HAS_TRITON:
         return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _split_dot(a, b, TERMS: tl.constexpr, WEIGHT_IS_A: tl.constexpr):
-        """a @ b for a state operand and a weight operand: on FMAs (TERMS = 0), or on tensor cores in
-        tf32 with split operands (TERMS = 2: the weight as high + low part, exact for 16-bit states;
-        3: both split, the error of fp32 FMAs; 1: plain tf32, ~1e-3)."""
+    def _split_dot(w, s, TERMS: tl.constexpr):
+        """w @ s for a weight w and a state s: on FMAs (TERMS = 0), or on tensor cores in tf32 with
+        split operands (TERMS = 2: w as high + low part, exact for 16-bit states; 3: both split,
+        the error of fp32 FMAs; 1: plain tf32, ~1e-3)."""
         if TERMS == 0:
-            out = tl.dot(a, b, input_precision="ieee")
+            out = tl.dot(w, s, input_precision="ieee")
         elif TERMS == 1:
-            out = tl.dot(a, b, input_precision="tf32")
+            out = tl.dot(w, s, input_precision="tf32")
         elif TERMS == 2:
-            if WEIGHT_IS_A:
-                a_hi = _tf32_high(a)
-                out = tl.dot(a_hi, b, input_precision="tf32") + tl.dot(a - a_hi, b, input_precision="tf32")
-            else:
-                b_hi = _tf32_high(b)
-                out = tl.dot(a, b_hi, input_precision="tf32") + tl.dot(a, b - b_hi, input_precision="tf32")
+            w_hi = _tf32_high(w)
+            out = tl.dot(w_hi, s, input_precision="tf32") + tl.dot(w - w_hi, s, input_precision="tf32")
         else:
-            a_hi = _tf32_high(a)
-            b_hi = _tf32_high(b)
-            out = tl.dot(a_hi, b_hi, input_precision="tf32")
-            out += tl.dot(a_hi, b - b_hi, input_precision="tf32")
-            out += tl.dot(a - a_hi, b_hi, input_precision="tf32")
+            w_hi = _tf32_high(w)
+            s_hi = _tf32_high(s)
+            out = tl.dot(w_hi, s_hi, input_precision="tf32")
+            out += tl.dot(w_hi, s - s_hi, input_precision="tf32")
+            out += tl.dot(w - w_hi, s_hi, input_precision="tf32")
         return out
 
     @triton.jit
@@ -107,7 +103,7 @@ if HAS_TRITON:
                          mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             s = tl.load(s_base + kk[:, None] * s_k + offs_v[None, :] * s_v,
                         mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-            w += _split_dot(uc, s, TERMS, True)                            # W = U S   [r, d_v]
+            w += _split_dot(uc, s, TERMS)                            # W = U S   [r, d_v]
             sq += s * s
         u = tl.dot(zt, tl.dot(w, vt, input_precision="ieee"), input_precision="ieee")  # z^T (W V)
         # u = z^T U S V / (rms sqrt(d_k)) for every position, and log(rms)
@@ -173,8 +169,9 @@ def state_reader_reference(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: to
     return out
 
 
-# Products U S per state dtype, in tf32 terms on tensor cores (see _rank_times_state): 16-bit states
-# are exact in tf32, so U alone is split; fp32 states split both. Both keep fp32-FMA accuracy.
+# How U S is multiplied (see _split_dot). The default per state dtype keeps fp32-FMA accuracy on
+# tensor cores: 16-bit states are exact in tf32, so only U is split (tf32x2); fp32 states split
+# both operands (tf32x3).
 PRECISIONS = {"ieee": 0, "tf32": 1, "tf32x2": 2, "tf32x3": 3}
 
 
