@@ -31,9 +31,9 @@ STAGES = {"load": 1, "us": 2, "wv": 3, "full": 4}
 
 
 @triton.jit
-def _reader_stage_kernel(ssm_ptr, layer_ptr, slot_ptr, z_ptr, u_ptr, v_ptr, out_ptr, s_l, s_s, s_h, H, M, P, R,
-                         DK, DV, eps, inv_sqrt_dk, BP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, TERMS: tl.constexpr, STAGE: tl.constexpr):
+def _reader_stage_kernel(ssm_ptr, layer_ptr, slot_ptr, z_ptr, u_ptr, v_ptr, out_ptr, s_l, s_s, s_h, z_b, z_p, z_m,
+                         H, M, P, R, DK, DV, eps, inv_sqrt_dk, BP: tl.constexpr, BR: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr, TERMS: tl.constexpr, STAGE: tl.constexpr):
     """The reader for d_k = BK, d_v = BV (one block), cut after STAGE (see the module docstring)."""
     pid = tl.program_id(0)
     b = pid // M
@@ -43,10 +43,7 @@ def _reader_stage_kernel(ssm_ptr, layer_ptr, slot_ptr, z_ptr, u_ptr, v_ptr, out_
     offs_p = tl.arange(0, BP)
     mask_r = offs_r < R
     mask_p = offs_p < P
-    zt = tl.load(z_ptr + m * R + offs_p[:, None] * M * R + offs_r[None, :], mask=mask_p[:, None] & mask_r[None, :],
-                 other=0.0)
-    vt = tl.load(v_ptr + m.to(tl.int64) * DV * R + offs_v[:, None] * R + offs_r[None, :], mask=mask_r[None, :],
-                 other=0.0)
+    zt, vt = sr._load_z_and_v(z_ptr, v_ptr, b, m, z_b, z_p, z_m, P, R, DV, BP, BR, BV)
     s_base = sr._pair_state_base(ssm_ptr, layer_ptr, slot_ptr, b, m, H, s_l, s_s, s_h)
     kk = tl.arange(0, BK)
     uc = tl.load(u_ptr + m.to(tl.int64) * R * DK + offs_r[:, None] * DK + kk[None, :], mask=mask_r[:, None], other=0.0)
@@ -95,7 +92,8 @@ def reader_stages(timer: Timer, state_dtype: torch.dtype, calls: int = 16) -> di
     res = {}
     for name, stage in STAGES.items():
         res[name] = timer.measure([lambda i=i: _reader_stage_kernel[(M,)](
-            ssm, layer_idx, slots[i], z, U, V, outs[i], *ssm.stride()[:3], H, M, P, r, d, d, 1e-6, d**-0.5,
+            ssm, layer_idx, slots[i], z, U, V, outs[i], *ssm.stride()[:3], *z.stride()[:3], H, M, P, r, d, d, 1e-6,
+            d**-0.5,
             BP=16, BR=16, BK=d, BV=d, TERMS=terms, STAGE=stage, num_warps=8) for i in range(calls)])["graph_us"]
     res["state_reader"] = timer.measure([lambda i=i: sr.state_reader_triton(ssm, layer_idx, slots[i], z, U, V,
                                                                             out=outs[i]) for i in range(calls)])["graph_us"]

@@ -41,6 +41,20 @@ if HAS_TRITON:
         return ssm_ptr + layer * s_l + slot * s_s + (m % H).to(tl.int64) * s_h
 
     @triton.jit
+    def _load_z_and_v(z_ptr, v_ptr, b, m, z_b, z_p, z_m, P, R, DV, BP: tl.constexpr, BR: tl.constexpr,
+                      BV: tl.constexpr):
+        """z[b, :, m] as [BP, BR] and V_m as [BV, BR], float32, zero-padded."""
+        offs_r = tl.arange(0, BR)
+        offs_v = tl.arange(0, BV)
+        offs_p = tl.arange(0, BP)
+        mask_r = offs_r < R
+        zt = tl.load(z_ptr + b.to(tl.int64) * z_b + m * z_m + offs_p[:, None] * z_p + offs_r[None, :],
+                     mask=(offs_p < P)[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+        vt = tl.load(v_ptr + m.to(tl.int64) * DV * R + offs_v[:, None] * R + offs_r[None, :],
+                     mask=(offs_v < DV)[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+        return zt, vt
+
+    @triton.jit
     def _tf32_high(x):
         """x with its low 13 mantissa bits cleared: exact in tf32, and x - high is exact in fp32."""
         return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
@@ -88,10 +102,7 @@ if HAS_TRITON:
         mask_r = offs_r < R
         mask_v = offs_v < DV
         mask_p = offs_p < P
-        zt = tl.load(z_ptr + b.to(tl.int64) * z_b + m * z_m + offs_p[:, None] * z_p + offs_r[None, :],
-                     mask=mask_p[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
-        vt = tl.load(v_ptr + m.to(tl.int64) * DV * R + offs_v[:, None] * R + offs_r[None, :],
-                     mask=mask_v[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+        zt, vt = _load_z_and_v(z_ptr, v_ptr, b, m, z_b, z_p, z_m, P, R, DV, BP, BR, BV)
         u_base = u_ptr + m.to(tl.int64) * R * DK
         s_base = _pair_state_base(ssm_ptr, layer_ptr, slot_ptr, b, m, H, s_l, s_s, s_h)
         sq = tl.zeros([BK, BV], dtype=tl.float32)

@@ -3,11 +3,15 @@ stays lossless, and `python -m ready.generate --method dspark|ready --drafter DI
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 
+import ready.reader as reader_mod
+import ready.target.layers as layers_mod
+import ready.target.model as model_mod
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import Engine, evaluate
 from ready.generate import main
@@ -69,12 +73,6 @@ def test_generate_cli_loads_a_saved_drafter(target, tmp_path, capsys):
 def test_fused_kernels_leave_the_greedy_tokens_unchanged_on_cuda(target, monkeypatch):
     """ReaDy on CUDA through the Triton verify, commit and state-reader kernels gives exactly the
     tokens of the same engine on the torch references, and of plain autoregressive decoding."""
-    import copy
-
-    import ready.reader as reader_mod
-    import ready.target.layers as layers_mod
-    import ready.target.model as model_mod
-
     tgt = copy.deepcopy(target).cuda()
     drafter = make_drafter(tgt, reader=True).cuda()
     assert layers_mod.GDN_VERIFY_KERNEL is not None and model_mod.GDN_COMMIT_KERNEL is not None

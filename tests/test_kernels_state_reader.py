@@ -166,7 +166,8 @@ def test_stage_benchmark_kernel_run_to_the_end_is_the_reader():
     H, d, r, P, M = 2, 16, 8, 3, 4
     ssm, layer_idx, slots, z, U, V = make_inputs(3, 2, H, d, d, [2, 0], 1, P, r, torch.float32, grad=False)
     out = torch.zeros(1, P, M * r + M, device=DEVICE)
-    stages._reader_stage_kernel[(M,)](ssm, layer_idx, slots, z, U, V, out, *ssm.stride()[:3], H, M, P, r, d, d, 1e-6,
-                                      d**-0.5, BP=16, BR=16, BK=d, BV=d, TERMS=3, STAGE=stages.STAGES["full"])
+    stages._reader_stage_kernel[(M,)](ssm, layer_idx, slots, z, U, V, out, *ssm.stride()[:3], *z.stride()[:3], H, M,
+                                      P, r, d, d, 1e-6, d**-0.5, BP=16, BR=16, BK=d, BV=d, TERMS=3,
+                                      STAGE=stages.STAGES["full"])
     want = sr.state_reader_reference(ssm, layer_idx, slots, z, U, V)
     assert rel_err(out[..., : M * r], want[..., : M * r]) < 1e-5
