@@ -84,6 +84,10 @@ class DrafterConfig:
     checkpoint: Optional[str] = None
     # id space of context_layers: "paper" (64-layer ids, mapped by relative depth) | "model" (target ids as given)
     layer_space: str = "paper"
+    # the drafter's attention over target features sees only the last W committed tokens; 0 = all
+    # (the paper's setting). A small W is the positive control: what lies further back reaches the
+    # drafter only through the committed states the reader reads
+    context_window: int = 0
 
 
 @dataclass
@@ -102,6 +106,10 @@ class ReaderConfig:
     eps: float = 1e-6
     # id space of layers: "paper" (64-layer ids, mapped to the nearest GDN layer) | "model" (GDN ids as given)
     layer_space: str = "paper"
+    # own | shuffled. shuffled = the state placebo: the reader is trained and evaluated on the
+    # committed states of another sequence (another batch row in training, another prompt at
+    # decode), so adapter capacity is matched and state information removed
+    states: str = "own"
 
 
 @dataclass
@@ -218,6 +226,8 @@ def validate(cfg: DictConfig | Config) -> None:
         ("drafter.head", c.drafter.head in ("vanilla", "gated", "rnn"), "'vanilla', 'gated' or 'rnn'"),
         ("drafter.block_size", c.drafter.block_size >= 1, "an integer >= 1"),
         ("drafter.num_layers", c.drafter.num_layers >= 1, "an integer >= 1"),
+        ("drafter.context_window", c.drafter.context_window >= 0, "an integer >= 0 (0 = unlimited)"),
+        ("reader.states", c.reader.states in ("own", "shuffled"), "'own' or 'shuffled' (the state placebo)"),
         ("reader.layers", len(c.reader.layers) >= 1, "a non-empty list of layer ids"),
         ("reader.inject_layers", len(c.reader.inject_layers) >= 1, "a non-empty list of draft layer ids"),
         ("train.loss.decay_gamma", c.train.loss.decay_gamma > 0, "a positive number"),

@@ -104,6 +104,9 @@ class DSparkDrafter(nn.Module):
                                "expected integers >= 1")
         self.capture_layers = map_context_layers(d["context_layers"], int(c.num_hidden_layers),
                                                  space=d.get("layer_space", "paper"))
+        self.context_window = int(d.get("context_window", 0) or 0)  # 0 = every committed token
+        if self.context_window < 0:
+            raise DrafterError(f"drafter.context_window = {self.context_window}; expected an integer >= 0 (0 = unlimited)")
         self.head_dim, self.rope_theta = int(c.head_dim), float(c.rope_theta)
         eps = float(c.rms_norm_eps)
 
@@ -213,7 +216,10 @@ class DSparkDrafter(nn.Module):
         cos, sin = self._rope(pos)
         first = tokens.gather(1, anchors)  # [B, A]
         x = self._block_input(first).reshape(B, A * K, D)
-        sees_ctx = torch.arange(T, device=dev).view(1, 1, T) < anchors.unsqueeze(-1)  # [B, A, T]
+        t_ids = torch.arange(T, device=dev).view(1, 1, T)
+        sees_ctx = t_ids < anchors.unsqueeze(-1)  # [B, A, T]
+        if self.context_window:  # only the last W committed tokens (as `draft` slices its context)
+            sees_ctx &= t_ids >= anchors.unsqueeze(-1) - self.context_window
         sees_ctx = sees_ctx.repeat_interleave(K, dim=1)  # [B, A*K, T]
         blk = torch.arange(A * K, device=dev) // K
         same_block = (blk.view(-1, 1) == blk.view(1, -1)).expand(B, A * K, A * K)
@@ -286,6 +292,8 @@ class DSparkDrafter(nn.Module):
             raise DrafterError(f"DraftStep.features covers {feats.shape[1]} tokens; expected T-1 = {T - 1} "
                                "(features of every committed token but the last)")
         context_kv = self._context_kv(feats, B, dev)
+        if self.context_window:  # the last W context positions, as forward_train masks them
+            context_kv = [(k[:, :, -self.context_window:], v[:, :, -self.context_window:]) for k, v in context_kv]
         read = None
         if self.reader_enabled:
             src = self._cache_source(step.cache.ssm, B)
