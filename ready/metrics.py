@@ -4,14 +4,17 @@ What every number in every table means:
 
 - Round i is one target verification of a drafted block of K tokens. A_i in 0..K is the
   number of drafts accepted (the longest prefix equal to the target's greedy argmax); the
-  round commits A_i + 1 tokens (the accepted drafts plus the target's correction, or its
-  bonus token when all K match). Autoregressive decoding is the K = 0 case: every step is
-  a round with A_i = 0 that commits one token.
+  round commits c_i = A_i + 1 tokens (the accepted drafts plus the target's correction, or its
+  bonus token when all K match), fewer when the token budget or EOS cuts the last round
+  (a round whose accepted drafts exhaust the budget appends no correction: c_i = A_i).
+  Autoregressive decoding is the K = 0 case: every step is a round with A_i = 0 that commits
+  one token.
 - The horizon h_i in 0..K is the number of draft positions that could still be observed in
   round i: K, unless the token budget or an accepted EOS ended the sequence inside the
   block. Positions past the horizon are *censored* (nobody can tell whether they would have
   been accepted) and A_i is capped at h_i.
-- tau = mean_i (A_i + 1), pooled over every round of every sequence of a benchmark.
+- tau = sum_i c_i / #rounds, committed tokens per round pooled over every round of every
+  sequence of a benchmark (the first token, from the prefill, belongs to no round).
 - Draft-prefix survival (cumulative, not conditional):
       P_j = (1 / N_j) * sum_{i : h_i >= j} 1{A_i >= j},   N_j = #{i : h_i >= j},
   for j = 1..K. A round with h_i < j is left out of N_j, never counted as a rejection.
@@ -44,6 +47,7 @@ class SequenceLog:
     accepted: list[int] = field(default_factory=list)  # A_i per round
     horizons: list[int] = field(default_factory=list)  # h_i per round
     prefill_s: float = 0.0
+    committed: list[int] = field(default_factory=list)  # c_i per round; empty = A_i + 1 (older logs)
 
     @property
     def rounds(self) -> int:
@@ -59,10 +63,15 @@ def check_rounds(accepted: Sequence[int], horizons: Sequence[int], block_size: i
             raise ValueError(f"round {i}: expected 0 <= A <= h <= K, got A={a}, h={h}, K={block_size}")
 
 
-def tau(accepted: Sequence[int]) -> Optional[float]:
-    """Mean tokens committed per round, mean(A_i + 1); None when there was no round."""
+def tau(accepted: Sequence[int], committed: Optional[Sequence[int]] = None) -> Optional[float]:
+    """Mean tokens committed per round, sum(c_i) / rounds (c_i = A_i + 1 when `committed` is not
+    given); None when there was no round."""
     if len(accepted) == 0:
         return None
+    if committed:
+        if len(committed) != len(accepted):
+            raise ValueError(f"committed ({len(committed)} rounds) and accepted ({len(accepted)} rounds) differ in length")
+        return sum(committed) / len(accepted)
     return sum(a + 1 for a in accepted) / len(accepted)
 
 
@@ -144,6 +153,7 @@ def summarize(logs: Sequence[SequenceLog], benchmark: str, method: str, block_si
     """Pool the rounds of every sequence of one benchmark into its metrics."""
     accepted = [a for log in logs for a in log.accepted]
     horizons = [h for log in logs for h in log.horizons]
+    committed = [c for log in logs for c in (log.committed or [a + 1 for a in log.accepted])]
     hits, observed = survival_counts(accepted, horizons, block_size)
     hist = [0] * (block_size + 1)
     for a in accepted:
@@ -159,7 +169,7 @@ def summarize(logs: Sequence[SequenceLog], benchmark: str, method: str, block_si
         new_tokens=new_tokens,
         wall_s=wall,
         prefill_s=sum(log.prefill_s for log in logs),
-        tau=tau(accepted),
+        tau=tau(accepted, committed),
         tps=tps(new_tokens, wall),
         survival=[h / n if n else None for h, n in zip(hits, observed)],
         survival_n=observed,

@@ -18,6 +18,12 @@ block is shortened in the last round), so the cache never holds more than prompt
 tokens. Timing follows `ready.metrics`: the clock covers
 prefill through the last token, with a device synchronisation at both ends on CUDA.
 
+The state placebo (`generate(..., donor=ids)`): the drafter's reader is handed the committed
+states of another sequence instead of this one's. The engine keeps a second cache that it feeds
+the donor's tokens (another prompt followed by its AR continuation) so that it always holds as
+many tokens as this sequence's cache (or all of the donor's, when it is shorter): the reader sees
+another text's states at the same position. Verification, and so the output, is untouched.
+
 On CUDA (default there), `Engine(cuda_graphs=True)` replays the fixed-shape verify ([1, K+1])
 and AR step ([1, 1]) forwards from captured CUDA graphs (`ready.decode.graphs`); prefill,
 drafting and the bookkeeping run eagerly. On CPU everything runs eagerly (cuda_graphs=True
@@ -49,6 +55,7 @@ class Generation:
     block_size: int  # K (0 for autoregressive decoding)
     accepted: list[int] = field(default_factory=list)  # A_i per round (AR: one 0 per step)
     horizons: list[int] = field(default_factory=list)  # h_i per round
+    committed: list[int] = field(default_factory=list)  # tokens appended per round (A_i + 1, less at the budget or EOS)
     wall_s: float = 0.0  # prefill .. last token
     prefill_s: float = 0.0
     stop: str = "budget"  # "budget" | "eos"
@@ -56,7 +63,7 @@ class Generation:
     def log(self) -> SequenceLog:
         return SequenceLog(
             new_tokens=len(self.tokens), wall_s=self.wall_s, accepted=list(self.accepted),
-            horizons=list(self.horizons), prefill_s=self.prefill_s,
+            horizons=list(self.horizons), prefill_s=self.prefill_s, committed=list(self.committed),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,6 +193,8 @@ class Engine:
         self.device = target_device(target)
         self.accept_fn = accept_fn or greedy_accept
         self.cache: Any = None
+        self.donor_cache: Any = None  # the placebo's second cache (see the module docstring)
+        self._donor: Optional[torch.Tensor] = None  # the donor's tokens while one is set
         self.tokens: Optional[torch.Tensor] = None  # [1, max_len] committed tokens
         self.features: Optional[torch.Tensor] = None  # [1, max_len, C, D] target features
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
@@ -233,13 +242,45 @@ class Engine:
         return self.target.step(tok, self.cache)
 
     # --- decoding -----------------------------------------------------------------------
+    # --- the state placebo's donor cache ---------------------------------------------
+    def _start_donor(self, donor: Optional[Sequence[int] | torch.Tensor], p: int, max_new_tokens: int) -> None:
+        self._donor = None
+        if donor is None:
+            return
+        if self.drafter is None:
+            raise DecodeError("a donor sequence only matters to a drafter that reads states; this engine has none")
+        ids = as_prompt(donor).to(self.device)
+        check_prompt(self.target, ids, 1)
+        need = min(ids.numel(), p + max_new_tokens)
+        if self.donor_cache is None or self.donor_cache.max_len < need:
+            self.donor_cache = self.target.new_cache(batch_size=1, max_len=max(need, p + max_new_tokens),
+                                                     max_verify=self.k + 1)
+        else:
+            self.donor_cache.reset()
+        self._donor = ids[:need]
+
+    def _donor_cache(self, committed: int) -> Any:
+        """The donor's cache holding min(committed, donor length) of its tokens (this row's cache without a donor)."""
+        if self._donor is None:
+            return self.cache
+        have, want = self.donor_cache.length, min(committed, self._donor.numel())
+        if want > have:
+            self.target.prefill(self._donor[None, have:want], self.donor_cache)
+        return self.donor_cache
+
     @torch.inference_mode()
-    def generate(self, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int) -> Generation:
-        """Greedy-decode up to `max_new_tokens` new tokens (speculatively if a drafter is set)."""
+    def generate(self, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int,
+                 donor: Optional[Sequence[int] | torch.Tensor] = None) -> Generation:
+        """Greedy-decode up to `max_new_tokens` new tokens (speculatively if a drafter is set).
+
+        `donor` (the state placebo): another sequence whose committed states the drafter reads
+        in place of this one's, position for position; the output is unchanged (verification is
+        the target's own), only the drafts and so the acceptance can differ."""
         ids = as_prompt(prompt)
         check_prompt(self.target, ids, max_new_tokens)
         p = ids.numel()
         self._prepare(p + max_new_tokens)  # a round never verifies past the budget (see below)
+        self._start_donor(donor, p, max_new_tokens)
         ids = ids.to(self.device)
         self.tokens[0, :p] = ids
         if self.drafter is not None:
@@ -272,6 +313,7 @@ class Engine:
             gen.tokens.append(tok)
             gen.accepted.append(0)
             gen.horizons.append(0)
+            gen.committed.append(1)
             if tok == self.eos:
                 gen.stop = "eos"
                 return
@@ -285,7 +327,7 @@ class Engine:
                 tokens=self.tokens[:, :t],
                 features=self.features[:, : t - 1] if self.capture else None,
                 target=self.target,
-                cache=self.cache,
+                cache=self._donor_cache(t - 1),
             )
             drafts = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)
             # drafts past the budget can never be committed: verify at most `remaining` of them,
@@ -307,12 +349,14 @@ class Engine:
             gen.tokens.extend(res.tokens)
             gen.accepted.append(res.accepted)
             gen.horizons.append(res.horizon)
+            gen.committed.append(n)
             if res.eos:
                 gen.stop = "eos"
                 return
 
 
 def generate(target: Any, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int,
-             drafter: Optional[Drafter] = None, eos_token_id: Optional[int] = None) -> Generation:
+             drafter: Optional[Drafter] = None, eos_token_id: Optional[int] = None,
+             donor: Optional[Sequence[int] | torch.Tensor] = None) -> Generation:
     """One-off greedy generation (AR without a drafter, speculative with one)."""
-    return Engine(target, drafter, eos_token_id=eos_token_id).generate(prompt, max_new_tokens)
+    return Engine(target, drafter, eos_token_id=eos_token_id).generate(prompt, max_new_tokens, donor=donor)

@@ -52,6 +52,8 @@ class PromptResult:
     wall_s: float
     ar_wall_s: float
     lossless: int
+    committed: list[int] = field(default_factory=list)  # tokens appended per round (tau's numerator)
+    donor: Optional[int] = None  # the state placebo: index of the prompt whose states the reader read
 
 
 @dataclass
@@ -91,6 +93,19 @@ def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new
     return [engine.generate(p, max_new_tokens) for p in tqdm(prompts, desc=desc, disable=not progress, leave=False)]
 
 
+def next_prompt_donors(n: int) -> list[int]:
+    """The placebo's pairing: prompt i reads the states of prompt i + 1 (the last reads the first)."""
+    if n < 2:
+        raise DecodeError(f"the state placebo reads another prompt's states, so it needs at least 2 prompts; got {n} "
+                          "(raise bench.limit)")
+    return [(i + 1) % n for i in range(n)]
+
+
+def donor_tokens(prompts: Sequence[torch.Tensor], ar: Sequence[Generation], j: int) -> torch.Tensor:
+    """Prompt j followed by its greedy AR continuation: the text whose states a placebo reads."""
+    return torch.cat([prompts[j].cpu(), torch.tensor(ar[j].tokens, dtype=torch.long)])
+
+
 def report_lossless_failure(benchmark: str, method: str, mm: Mismatch) -> None:
     msg = (
         f"LOSSLESS FAILURE on {benchmark} ({method}): prompt {mm.prompt_index}, new token {mm.position}: "
@@ -104,11 +119,14 @@ def report_lossless_failure(benchmark: str, method: str, mm: Mismatch) -> None:
 def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence[int] | torch.Tensor],
              max_new_tokens: int, *, benchmark: str = "default", method: Optional[str] = None,
              eos_token_id: Optional[int] = None, warmup: int = 1, progress: bool = True,
-             ar: Optional[Sequence[Generation]] = None, cuda_graphs: Optional[bool] = None) -> EvalResult:
+             ar: Optional[Sequence[Generation]] = None, cuda_graphs: Optional[bool] = None,
+             donors: Optional[Sequence[int]] = None) -> EvalResult:
     """Decode every prompt with `drafter` (AR when None) and with AR, compare them, measure.
 
     `ar` reuses AR generations of the same prompts (the sweep runner decodes AR once per
     benchmark); `warmup` untimed generations of the first prompt precede each timed pass.
+    `donors` (the state placebo): for prompt i, the index of another prompt whose committed
+    states the drafter reads instead of its own (that prompt followed by its AR continuation).
     """
     ids = [as_prompt(p) for p in prompts]
     if not ids:
@@ -121,13 +139,17 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
                     desc=f"{benchmark} AR", cuda_graphs=cuda_graphs)
     elif len(ar) != len(ids):
         raise DecodeError(f"got {len(ar)} AR generations for {len(ids)} prompts; expected one per prompt")
+    if donors is not None and (drafter is None or len(donors) != len(ids)):
+        raise DecodeError(f"got {len(donors)} donors for {len(ids)} prompts and drafter {drafter!r}; expected one "
+                          "donor prompt index per prompt and a drafter")
     if drafter is None:
         spec = list(ar)
     else:
         engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
         _warm_up(engine, ids, max_new_tokens, warmup)
-        spec = [engine.generate(p, max_new_tokens)
-                for p in tqdm(ids, desc=f"{benchmark} {method}", disable=not progress, leave=False)]
+        desc = f"{benchmark} {method}" + (" (donor states)" if donors is not None else "")
+        spec = [engine.generate(p, max_new_tokens, donor=None if donors is None else donor_tokens(ids, ar, donors[i]))
+                for i, p in enumerate(tqdm(ids, desc=desc, disable=not progress, leave=False))]
 
     results, mismatch = [], None
     for i, (a, s) in enumerate(zip(ar, spec)):
@@ -135,7 +157,8 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
         if mm is not None and mismatch is None:
             mismatch = Mismatch(prompt_index=i, position=mm[0], expected=mm[1], got=mm[2])
         results.append(PromptResult(index=i, prompt_len=s.prompt_len, tokens=s.tokens, accepted=s.accepted,
-                                    horizons=s.horizons, wall_s=s.wall_s, ar_wall_s=a.wall_s, lossless=int(mm is None)))
+                                    horizons=s.horizons, wall_s=s.wall_s, ar_wall_s=a.wall_s, lossless=int(mm is None),
+                                    committed=list(s.committed), donor=None if donors is None else int(donors[i])))
     lossless = int(mismatch is None)
     if mismatch is not None:
         report_lossless_failure(benchmark, method, mismatch)
