@@ -232,14 +232,31 @@ def evaluate_loss(drafter: nn.Module, target: nn.Module, data: RegenData, cfg: A
     return float(terms.loss)
 
 
+def reads_shuffled_states(drafter: nn.Module) -> bool:
+    """The state placebo (`reader.states: shuffled`): the reader reads another sequence's states."""
+    return bool(drafter.state_layers) and getattr(drafter, "reader_cfg", {}).get("states", "own") == "shuffled"
+
+
 @torch.no_grad()
 def _target_forward(target: nn.Module, drafter: nn.Module, tokens: torch.Tensor, anchors: torch.Tensor):
-    """The frozen target's logits, context features and (when the drafter reads state) states at anchors-1."""
+    """The frozen target's logits, context features and (when the drafter reads state) states at anchors-1.
+
+    For the state placebo, row b gets the states of row b+1 (the last row: row 0) at row b's own
+    positions: another text's states at the same place, so only the information differs."""
     kw: dict = dict(capture_layers=list(drafter.capture_layers))
+    shuffled = reads_shuffled_states(drafter)
     if drafter.state_layers:
-        kw.update(state_layers=list(drafter.state_layers), state_positions=anchors - 1)
+        positions = anchors - 1
+        if shuffled:
+            if tokens.shape[0] < 2:
+                raise TrainStageError("reader.states=shuffled reads another sequence's states, so it needs batches of "
+                                      "at least 2 sequences; raise train.<stage>.batch_size")
+            positions = positions.roll(1, dims=0)  # row b+1 is asked for row b's positions ...
+        kw.update(state_layers=list(drafter.state_layers), state_positions=positions)
     out = target(tokens, **kw)
-    return out, (out.states if drafter.state_layers else None)
+    if not drafter.state_layers:
+        return out, None
+    return out, (out.states.roll(-1, dims=0) if shuffled else out.states)  # ... and hands them to row b
 
 
 # --- the stage --------------------------------------------------------------------------------
