@@ -1,0 +1,77 @@
+"""Hand-built evaluation.json logs (the shape `ready.pipeline` writes) for the statistics and report
+tests. Prompts have a fixed difficulty; each row draws its own rounds independently, so two rows
+differ by round-level noise the way two drafters on the same prompts do. This file holds no tests."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+K = 7  # block size
+
+
+def difficulty(n_prompts: int) -> np.ndarray:
+    """Per-prompt acceptance probability, the same for every row (prompt i is prompt i)."""
+    return np.random.default_rng(123).uniform(0.55, 0.85, size=n_prompts)
+
+
+def draw_rounds(rng: np.random.Generator, p: float, n_rounds: int, k: int = K) -> list[int]:
+    """Accepted drafts per round: A ~ min(K, Geometric(1 - p) - 1)."""
+    return [int(min(k, rng.geometric(1 - p) - 1)) for _ in range(n_rounds)]
+
+
+def record(index: int, accepted: Sequence[int], k: int = K, wall_s: float = 0.1,
+           horizons: Optional[Sequence[int]] = None, with_committed: bool = True) -> dict:
+    """One prompt record: every round commits A + 1 tokens after the prefill token."""
+    committed = [a + 1 for a in accepted]
+    rec = {"index": index, "prompt_len": 5, "tokens": [1] * (1 + sum(committed)), "accepted": list(accepted),
+           "horizons": list(horizons) if horizons is not None else [k] * len(accepted),
+           "wall_s": wall_s, "ar_wall_s": 2 * wall_s, "lossless": 1}
+    if with_committed:
+        rec["committed"] = committed
+    return rec
+
+
+def shift_to_tau(rounds: list[list[int]], target_committed: int, rng: np.random.Generator, k: int = K) -> None:
+    """Nudge single rounds by ±1 accepted draft until Σ(A + 1) over all prompts equals the target."""
+    total = sum(a + 1 for r in rounds for a in r)
+    cells = [(i, j) for i, r in enumerate(rounds) for j in range(len(r))]
+    while total != target_committed:
+        step = 1 if target_committed > total else -1
+        i, j = cells[rng.integers(len(cells))]
+        if 0 <= rounds[i][j] + step <= k:
+            rounds[i][j] += step
+            total += step
+
+
+def bench_rounds(seed: int, n_prompts: int, n_rounds: int, gain: float = 0.0,
+                 reference: Optional[list[list[int]]] = None) -> list[list[int]]:
+    """Rounds of one row on one benchmark; with `reference`, Σ(A + 1) is exactly (1 + gain) × the
+    reference's (the same number of rounds), i.e. a τ gain of exactly `gain`."""
+    rng = np.random.default_rng(seed)
+    rounds = [draw_rounds(rng, p, n_rounds) for p in difficulty(n_prompts)]
+    if reference is not None:
+        ref = sum(a + 1 for r in reference for a in r)
+        shift_to_tau(rounds, round(ref * (1 + gain)), rng)
+    return rounds
+
+
+def evaluation(method: str, benchmarks: dict[str, list[list[int]]], *, device: str = "cpu", k: int = K,
+               wall_s: float = 0.1, swapped: Optional[dict[str, list[list[int]]]] = None,
+               heldout: Optional[tuple[list[int], list[int]]] = None, lossless: int = 1) -> dict:
+    """An evaluation.json dict: per benchmark, one record per prompt's rounds."""
+    out = {"method": method, "config": {"drafter": {"block_size": k}}, "resolved": {"device": device},
+           "overall": {"lossless": lossless}, "benchmarks": {}}
+    for name, rounds in benchmarks.items():
+        b = {"metrics": {"block_size": k}, "lossless": lossless,
+             "prompts": [record(i, r, k, wall_s) for i, r in enumerate(rounds)]}
+        if swapped and name in swapped:
+            b["state_swap"] = {"prompts": [record(i, r, k, wall_s) for i, r in enumerate(swapped[name])]}
+        out["benchmarks"][name] = b
+    if heldout is not None:
+        committed, blocks = heldout
+        out["heldout_tf"] = {"split": "validation", "block_size": k, "num_sequences": len(blocks),
+                             "sequences": {"committed": list(committed), "blocks": list(blocks)},
+                             "tau": sum(committed) / sum(blocks)}
+    return out
