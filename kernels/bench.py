@@ -6,9 +6,8 @@ Run from the repository root:
     python kernels/bench.py --json --out b.json    # also write it to a file
     python kernels/bench.py --smoke                # CPU: run every case once (Triton interpreter), no timing
 
-It is a script, not `python -m ready_kernels.bench`: `kernels/` is a namespace package that only
-exists after `import ready.fastops`, so this file puts the repository root on sys.path and
-imports that first.
+`kernels/` is the import package `ready_kernels` of the installed project (pyproject.toml maps it;
+`pip install -e .` first). This file also puts the repository root on sys.path, for `ready`.
 
 For each op and size it reports, in µs per call: our Triton kernel and the torch reference,
 each eager and under a CUDA graph, and the bound = bytes the op must touch / 4.8e12 B/s (H200
@@ -36,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
 from ready_kernels import gdn_verify as gv  # noqa: E402
 from ready_kernels import rmsnorm as rn  # noqa: E402
 from ready_kernels import state_reader as sr  # noqa: E402

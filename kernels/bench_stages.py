@@ -23,7 +23,6 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
 from ready_kernels import state_reader as sr  # noqa: E402
 from ready_kernels.bench import Timer  # noqa: E402
 

@@ -13,7 +13,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import ready.fastops  # noqa: E402,F401
 from ready_kernels import gdn_verify as gv  # noqa: E402
 from ready_kernels import state_reader as sr  # noqa: E402
 

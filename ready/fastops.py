@@ -1,27 +1,61 @@
-"""Registers the repository's `kernels/` folder as the import package `ready_kernels`.
+"""Loads the fused kernels for the dispatch points, and says so when they are wanted but missing.
 
-`kernels/` has no `__init__.py` on purpose: the PyPI distribution `kernels` (pulled in by
-sglang and transformers extras) owns the import name `kernels`, and a namespace folder never
-shadows a regular package. We import our Triton kernels under a name of our own instead.
+`kernels/` is installed as the import package `ready_kernels` by pyproject.toml
+(`[tool.setuptools] package-dir`), in editable and wheel installs alike: nothing here registers
+it. The folder has no `__init__.py` on purpose: the PyPI distribution `kernels` (pulled in by
+sglang and transformers extras) owns the import name `kernels`, and a folder without one never
+shadows a regular package, even when the repository root is the working directory.
+
+A fused op is wanted when CUDA is present and Triton imports. If its module cannot be imported
+then, the caller falls back to its torch path (the state reader reads about 25x slower), and
+`load_kernel` says so once on stderr, naming the fix, instead of falling back in silence.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
-import types
-from pathlib import Path
+from types import ModuleType
+from typing import Optional
 
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+import torch
+
+FIX = ("reinstall the project so that kernels/ is installed as `ready_kernels` "
+       "(`pip install -e .` in a clone, or `pip install` of a wheel built from this version)")
+
+_warned = False
 
 
-def register() -> None:
-    """Make `import ready_kernels.<op>` load `kernels/<op>.py` (idempotent)."""
-    if "ready_kernels" in sys.modules:
+def fused_wanted() -> bool:
+    """True when a dispatch would pick a Triton kernel: CUDA is present and Triton can be imported."""
+    return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+
+
+def load_kernel(op: str) -> Optional[ModuleType]:
+    """`ready_kernels.<op>`, or None when it cannot be imported (the caller then uses its torch path).
+
+    A missing module is reported when a fused op is wanted; a module that exists but fails with
+    another error (a broken file, an incompatible Triton) is reported in any case."""
+    name = f"ready_kernels.{op}"
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if fused_wanted():
+            _warn_once(name, e)
+    except Exception as e:  # noqa: BLE001 - any import failure means "no fused op"; never silent
+        _warn_once(name, e)
+    return None
+
+
+def _warn_once(name: str, err: BaseException) -> None:
+    """One line on stderr, the first time only: what failed, what it costs, how to fix it."""
+    global _warned
+    if _warned:
         return
-    pkg = types.ModuleType("ready_kernels")
-    pkg.__path__ = [str(KERNELS_DIR)]  # type: ignore[attr-defined]
-    pkg.__doc__ = "The repository's kernels/ folder (Triton kernels beside their torch references)."
-    sys.modules["ready_kernels"] = pkg
-
-
-register()
+    _warned = True
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    where = "CUDA and Triton are present, but " if fused_wanted() else ""
+    print(f"WARNING (ready): {where}the fused kernel module `{name}` cannot be imported "
+          f"({type(err).__name__}: {reason}); falling back to the torch paths, which are much slower. "
+          f"Fix: {FIX}.", file=sys.stderr, flush=True)

@@ -54,15 +54,14 @@ _FUSED: Any = None
 
 
 def fused_state_reader() -> Optional[Callable[..., torch.Tensor]]:
-    """The kernels package's `state_reader` dispatch, or None while it does not exist."""
+    """`ready_kernels.state_reader.state_reader` (the fused op's dispatch), or None when it cannot be
+    imported (`ready.fastops` says so on stderr when the fused op was wanted)."""
     global _FUSED
     if _FUSED is None:
-        try:
-            import ready.fastops  # noqa: F401  (registers ready_kernels)
-            from ready_kernels.state_reader import state_reader
-            _FUSED = state_reader
-        except ImportError:
-            _FUSED = False
+        from ready.fastops import load_kernel
+
+        mod = load_kernel("state_reader")
+        _FUSED = mod.state_reader if mod is not None else False
     return _FUSED or None
 
 

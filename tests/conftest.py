@@ -7,8 +7,6 @@ if not __import__("torch").cuda.is_available():
 import pytest
 import torch
 
-import ready.fastops  # noqa: F401  (registers ready_kernels)
-
 torch.set_num_threads(1)  # tiny models: one thread beats two (and CI has two cores)
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import ready.fastops  # noqa: F401  (registers ready_kernels)
 from ready_kernels._testing import KERNEL_TEST_FILES, interpreter_active
 
 ROOT = Path(__file__).resolve().parent.parent

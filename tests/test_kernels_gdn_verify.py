@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
 from ready_kernels._testing import prepare_interpreter, rel_err  # noqa: E402
 
 # On CPU: Triton's interpreter, switched on before the kernel module imports triton. If another

@@ -8,7 +8,6 @@ import importlib
 import pytest
 import torch
 
-import ready.fastops  # noqa: E402,F401  (registers ready_kernels)
 from ready_kernels._testing import prepare_interpreter  # noqa: E402
 
 # On CPU: Triton's interpreter, switched on before the kernel module imports triton. If another

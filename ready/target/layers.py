@@ -125,11 +125,10 @@ def _optional_kernels():
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk  # type: ignore
     except Exception:
         fla_chunk = None
-    try:
-        import ready.fastops  # noqa: F401  (registers ready_kernels)
-        from ready_kernels.gdn_verify import gdn_commit, gdn_verify
-    except Exception:
-        gdn_verify = gdn_commit = None
+    from ready.fastops import load_kernel  # stderr note when the fused op is wanted but missing
+
+    gv = load_kernel("gdn_verify")
+    gdn_verify, gdn_commit = (gv.gdn_verify, gv.gdn_commit) if gv is not None else (None, None)
     return fla_chunk, gdn_verify, gdn_commit
 
 
