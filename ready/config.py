@@ -172,9 +172,17 @@ class BenchmarkConfig:
 
 @dataclass
 class EvalConfig:
+    """Greedy speculative decoding measurement, and the cheaper teacher-forced measure beside it."""
+
     max_new_tokens: int = 64
     warmup_rounds: int = 1
     use_kernels: bool = True  # fused Triton kernels on CUDA; torch references elsewhere
+    # every ReaDy row also decodes its prompts with another prompt's states (free: no training)
+    # and logs state_reliance = tau with its own states - tau with the other's
+    state_reliance: bool = True
+    # held-out regenerated sequences (the validation split, regen lengths) on which every drafting
+    # row's teacher-forced acceptance `heldout_tf/tau` is measured over every full-block anchor; 0 = off
+    heldout_tf_samples: int = 256
 
 
 @dataclass
@@ -233,6 +241,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("train.loss.decay_gamma", c.train.loss.decay_gamma > 0, "a positive number"),
         ("train.loss.l1_weight", c.train.loss.l1_weight >= 0, "a number >= 0"),
         ("eval.max_new_tokens", c.eval.max_new_tokens >= 1, "an integer >= 1"),
+        ("eval.heldout_tf_samples", c.eval.heldout_tf_samples >= 0, "an integer >= 0 (0 = no teacher-forced metric)"),
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
     ]

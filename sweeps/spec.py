@@ -25,9 +25,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from ready.config import ConfigError, config_hash, merge, schema, to_container, validate
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
-METHODS = ("ar", "dspark", "ft", "ready")
-BASELINE_LABELS = {"ar": "AR", "dspark": "DSpark"}
-SWEEP_KEYS = ("preset", "profile", "seeds")  # CLI keys that set the sweep, not the run config
+METHODS = ("ar", "dspark", "ft", "placebo", "ready")
+# rows a sweep evaluates once per setting (and seed) beside its own rows: the references its
+# gains are measured against, and the controls that separate their causes
+BASELINE_LABELS = {"ar": "AR", "dspark": "DSpark", "ft": "DSpark + FT", "placebo": "Placebo (shuffled states)"}
+BASELINE_SET = {"ft": {"reader.enabled": False}, "placebo": {"reader.enabled": True, "reader.states": "shuffled"}}
+REPLICATE = ("all", "adaptation")
+SWEEP_KEYS = ("preset", "profile", "seeds", "replicate")  # CLI keys that set the sweep, not the run config
 
 
 class SpecError(ConfigError):
@@ -84,7 +88,14 @@ class SweepSpec:
     preset: str = "tiny"
     profile: Optional[str] = None
     seeds: list[int] = field(default_factory=lambda: [0])
-    baselines: list[str] = field(default_factory=lambda: ["ar", "dspark"])
+    # all: seed s re-trains everything random a row depends on, the base DSpark drafter included
+    # (train.base_seed = s, one base drafter per seed shared by that seed's rows); adaptation:
+    # seeds re-run only the two adaptation stages on one base drafter (train.base_seed as set)
+    replicate: str = "all"
+    # ar (speedups), dspark (the gains' reference), ft (same two stages, reader off: separates state
+    # access from extra fine-tuning), placebo (reader on another sequence's states: separates state
+    # information from adapter capacity)
+    baselines: list[str] = field(default_factory=lambda: ["ar", "dspark", "ft", "placebo"])
     config: dict[str, Any] = field(default_factory=dict)  # overrides shared by every row
     grid: Optional[GridSpec] = None
     variants: list[VariantSpec] = field(default_factory=list)
@@ -105,10 +116,13 @@ class Variant:
     cfg: DictConfig
     variant_id: str  # hash of the config without the seed
     swept: dict[str, Any] = field(default_factory=dict)  # the keys this row sets, for the table
+    replicate: str = "all"  # what a seed re-trains (SweepSpec.replicate)
 
     def job(self, seed: int) -> "Job":
         cfg = self.cfg.copy()
         cfg.seed = seed
+        if self.replicate == "all":  # the base drafter is one more random thing the row depends on
+            cfg.train.base_seed = seed
         return Job(variant=self, seed=seed, cfg=cfg, config_hash=job_hash(cfg, self.method))
 
 
@@ -169,6 +183,7 @@ _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed
     "ft": (),
+    "placebo": (),
     "ready": (),
 }
 
@@ -367,7 +382,11 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
         spec = _merge(spec, nest(sweep_cli), "command line")
     for method in spec.baselines:
         if method not in BASELINE_LABELS:
-            raise SpecError(f"{spec_path}: bad value at key 'baselines': {method!r}; expected 'ar' and/or 'dspark'")
+            raise SpecError(f"{spec_path}: bad value at key 'baselines': {method!r}; expected some of "
+                            f"{', '.join(BASELINE_LABELS)}")
+    if spec.replicate not in REPLICATE:
+        raise SpecError(f"{spec_path}: bad value at key 'replicate': {spec.replicate!r}; expected 'all' (seeds "
+                        "re-train the base drafter too) or 'adaptation' (seeds re-run the two stages only)")
     if not spec.seeds:
         raise SpecError(f"{spec_path}: bad value at key 'seeds': empty; expected a list of integer seeds")
 
@@ -388,15 +407,19 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
     if clash:
         raise SpecError(f"command line: '{clash[0]}' is swept by sweep '{name}'; remove the override or edit {spec_path}")
 
-    baselines = [
-        Variant(label=BASELINE_LABELS[m], order=i, method=m, cfg=cfg, variant_id=variant_hash(cfg, m))
-        for i, m in enumerate(spec.baselines)
-    ]
+    baselines = []
+    for i, m in enumerate(spec.baselines):
+        where = f"{spec_path} (baseline '{m}')"
+        bcfg = _merge(cfg, nest(BASELINE_SET.get(m, {})), where)
+        _validate(bcfg, where)
+        baselines.append(Variant(label=BASELINE_LABELS[m], order=i, method=m, cfg=bcfg, variant_id=variant_hash(bcfg, m),
+                                 replicate=spec.replicate))
     variants: list[Variant] = []
     by_id: dict[str, Variant] = {}
     for i, (label, method, values) in enumerate(rows):
-        if method not in METHODS or method in BASELINE_LABELS:
-            raise SpecError(f"{spec_path}: row '{label}': bad method {method!r}; expected 'ready' or 'ft'")
+        if method not in ("ready", "ft"):
+            raise SpecError(f"{spec_path}: row '{label}': bad method {method!r}; expected 'ready' or 'ft' "
+                            f"(the others are baselines: {', '.join(BASELINE_LABELS)})")
         where = f"{spec_path} (row '{label}')"
         vcfg = _merge(cfg, nest(values), where)
         vcfg.name = f"{name}:{label}"
@@ -405,7 +428,8 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
         if vid in by_id:  # e.g. {0,last} and "all" on a 2-layer drafter: one run, both labels
             by_id[vid].label += f" = {label}"
             continue
-        row = Variant(label=label, order=len(baselines) + i, method=method, cfg=vcfg, variant_id=vid, swept=values)
+        row = Variant(label=label, order=len(baselines) + i, method=method, cfg=vcfg, variant_id=vid, swept=values,
+                      replicate=spec.replicate)
         by_id[vid] = row
         variants.append(row)
     if spec.search is not None:
@@ -435,4 +459,4 @@ def search_config(sweep: Sweep, params: dict[str, Any], label: str) -> Variant:
     vcfg.name = f"{sweep.name}:{label}"
     _validate(vcfg, where)
     return Variant(label=label, order=100 + len(sweep.variants), method="ready", cfg=vcfg,
-                   variant_id=variant_hash(vcfg, "ready"), swept=dict(params))
+                   variant_id=variant_hash(vcfg, "ready"), swept=dict(params), replicate=str(sweep.spec.replicate))

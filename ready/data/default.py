@@ -13,7 +13,8 @@ Builds go through `ready.artifacts.cached` (temp folder + rename + DONE marker),
 is a cache hit and a killed build leaves nothing a later call trusts.
 
 `training_prompts` / `heldout_prompts` cut prompts (token-id lists) out of the corpus splits for
-the drafter trainer's target-regenerated data.
+the drafter trainer's target-regenerated data; the `validation` split (a tenth of the pretraining
+files, never the drafter's training prompts) feeds the held-out teacher-forced metric.
 """
 
 from __future__ import annotations
@@ -160,9 +161,31 @@ def default_metrics(target_dir: str | Path) -> dict:
     return json.loads((Path(target_dir) / "metrics.json").read_text())
 
 
+# Share of the target's pretraining files whose prompts are kept out of the drafter's training:
+# the validation split (held-out regenerated sequences for the teacher-forced tau and the loss
+# search), disjoint from the drafter's training prompts and from the evaluation suites.
+VALIDATION_FRACTION = 0.1
+
+
+def prompt_docs(corpus: Corpus, split: str, seed: int) -> list:
+    """Corpus files the prompts of `split` are cut from, by path.
+
+    `train` (the drafter's training prompts) and `validation` divide the target's pretraining
+    files between them, file by file; `heldout` is the held-out split (the `heldout` suite)."""
+    from ready.data.corpus import is_heldout
+
+    if split in ("train", "validation"):
+        docs = [d for d in corpus.train if is_heldout(d.path, VALIDATION_FRACTION, seed + 1) == (split == "validation")]
+    else:
+        docs = list(corpus.split(split))
+    return sorted(docs, key=lambda d: d.path)
+
+
 def _prompts(tokenizer: Any, regen: Any, corpus_cfg: Any, split: str) -> list[list[int]]:
     corpus = load_corpus(corpus_cfg)
-    docs = sorted(corpus.split(split), key=lambda d: d.path)
+    docs = prompt_docs(corpus, split, int(corpus_cfg.seed) if not isinstance(corpus_cfg, dict) else int(corpus_cfg["seed"]))
+    if not docs:
+        raise ValueError(f"corpus split {split!r} has no files; raise corpus.max_files")
     weights = [len(d.text) for d in docs]
     n, plen = int(regen.num_samples), int(regen.prompt_len)
     if n < 0 or plen < 1:
@@ -188,7 +211,8 @@ def _prompts(tokenizer: Any, regen: Any, corpus_cfg: Any, split: str) -> list[li
 def training_prompts(tokenizer: Any, regen: Any, split: str = "train",
                      corpus_cfg: Any = None) -> list[list[int]]:
     """`regen.num_samples` prompts of `regen.prompt_len` token ids, each starting at a line start
-    of a corpus file of `split` (files drawn in proportion to their length), fixed by `regen.seed`.
+    of a corpus file of `split` (`train`, `validation` or `heldout`, see `prompt_docs`; files drawn
+    in proportion to their length), fixed by `regen.seed`.
 
     `corpus_cfg` defaults to `CorpusConfig()`; pass `cfg.corpus` when the run changes it.
     """

@@ -182,3 +182,16 @@ def build_regen_data(
     folder = cached(cfg.artifacts_dir, "regen", spec, build)
     return RegenData.load(folder / DATA_FILE), folder
 
+
+def build_validation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True) -> Optional[RegenData]:
+    """Held-out regenerated sequences for the teacher-forced metric (None when
+    `eval.heldout_tf_samples` is 0): prompts of the corpus's validation split (never the drafter's
+    training prompts, never an evaluation suite), `regen` lengths, responses by the target (cached)."""
+    n = int(cfg.eval.heldout_tf_samples)
+    if n <= 0:
+        return None
+    from ready.data import training_prompts
+
+    vcfg = OmegaConf.merge(cfg, {"regen": {"num_samples": n}})
+    prompts = training_prompts(tokenizer, vcfg.regen, split="validation", corpus_cfg=cfg.corpus)
+    return build_regen_data(vcfg, target, tokenizer, prompts=prompts, progress=progress)[0]

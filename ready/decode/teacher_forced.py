@@ -1,0 +1,86 @@
+"""Teacher-forced acceptance: the engine's greedy acceptance, computed for every anchor at once.
+
+On target-regenerated sequences the tokens after the prompt are the target's own greedy choices,
+so they are exactly what verification would accept. For an anchor a (the last committed token)
+the drafter's K drafts are its argmaxes at positions a+1..a+K; the accepted length is the longest
+prefix of them equal to the sequence's tokens, and the round would commit A + 1 tokens. The
+drafter's training forward teacher-forces its sequence head on the true tokens, which along the
+accepted prefix are the drafts themselves, so the first mismatch (and so A) is the same as in the
+engine. One target forward and one drafter forward score every anchor of a batch of sequences:
+thousands of blocks in seconds, with no decoding-loop noise. Only anchors with a full block of K
+true tokens after them count (no censoring).
+
+`tau` = sum over blocks of (A + 1) / blocks, per sequence tallies kept for paired resampling
+(`ready.stats`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ready.train.regen import RegenData
+
+
+def full_block_anchors(data: RegenData, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchors [N, A] (every a with a >= prompt_len - 1 and a + K < length) and their validity mask."""
+    lo = max(int(data.prompt_len) - 1, 1)  # the reader reads the state after token a - 1
+    hi = data.lengths.long() - block_size - 1  # inclusive: labels a+1 .. a+K are real tokens
+    span = max(int(hi.max()) - lo + 1, 0) if len(data) else 0
+    anchors = lo + torch.arange(span).expand(len(data), span)
+    valid = anchors <= hi.unsqueeze(1)
+    return anchors.clamp(max=max(lo, int(data.tokens.shape[1]) - block_size - 1)), valid
+
+
+@torch.no_grad()
+def block_acceptance(drafter: Any, target: Any, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """Accepted draft length A [B, A] at each anchor of `tokens` [B, T] (target-greedy after the prompt)."""
+    from ready.train.stages import _target_forward
+
+    K = int(drafter.block_size)
+    out, states = _target_forward(target, drafter, tokens, anchors)
+    logits = drafter.forward_train(tokens, out.hidden, anchors, states)  # [B, A, K, V]
+    T = tokens.shape[1]
+    pos = (anchors.unsqueeze(-1) + torch.arange(1, K + 1, device=tokens.device)).clamp(max=T - 1)
+    labels = tokens.gather(1, pos.flatten(1)).view_as(pos)
+    match = (logits.argmax(-1) == labels).int()
+    return match.cumprod(-1).sum(-1)
+
+
+def _batches(n: int, size: int) -> list[slice]:
+    """Row slices of at most `size`, never a lone last row (the state placebo pairs rows)."""
+    cuts = list(range(0, n, size)) + [n]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
+        del cuts[-2]
+    return [slice(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+@torch.no_grad()
+def teacher_forced_acceptance(drafter: Any, target: Any, data: RegenData, batch_size: int = 8,
+                              progress: bool = True, split: str = "validation") -> dict[str, Any]:
+    """Per-sequence tallies and the pooled tau over every full-block anchor of `data` (JSON-able)."""
+    K = int(drafter.block_size)
+    device = next(drafter.parameters()).device
+    anchors, valid = full_block_anchors(data, K)
+    committed, blocks = [], []
+    was_training = drafter.training
+    drafter.eval()
+    bar = tqdm(total=len(data), desc="teacher-forced acceptance", unit="seq", disable=not progress, leave=False)
+    for rows in _batches(len(data), max(2, batch_size)):
+        tokens, a, ok = data.tokens[rows].to(device), anchors[rows].to(device), valid[rows].to(device)
+        if a.shape[1] == 0:
+            committed += [0] * tokens.shape[0]
+            blocks += [0] * tokens.shape[0]
+        else:
+            acc = block_acceptance(drafter, target, tokens, a)
+            committed += ((acc + 1) * ok).sum(1).tolist()
+            blocks += ok.sum(1).tolist()
+        bar.update(tokens.shape[0])
+    bar.close()
+    drafter.train(was_training)
+    total = sum(blocks)
+    return {"split": split, "block_size": K, "num_sequences": len(data),
+            "sequences": {"committed": [int(c) for c in committed], "blocks": [int(b) for b in blocks]},
+            "tau": sum(committed) / total if total else None}
