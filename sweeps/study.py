@@ -290,6 +290,9 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
         result = run_fn(job.cfg, job.variant.method, progress=ctx.progress)
         metrics = result.metrics()
         metrics["time/run_s"] = time.time() - t0
+        from ready.stats import run_metrics  # intervals from this run's per-prompt logs
+
+        metrics.update(run_metrics(result.evaluation))
         resolved = result.resolved
         tags = {"ready.resolved_layers": str(resolved.get("state_layers", [])),
                 "ready.resolved_context_layers": str(resolved.get("context_layers", [])),
@@ -305,7 +308,7 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
         run = c.get_run(child.run_id)
         tracking.log_relative_metrics(c, ctx.experiment_id, setting, runs=[run])
         child.close("FINISHED")
-        if job.variant.method in ("ar", "dspark"):  # rows that finished before their baseline
+        if job.variant.method in ("ar", "dspark", "ft", "placebo"):  # rows that finished before a reference
             tracking.log_relative_metrics(c, ctx.experiment_id, setting)
         return _objective(metrics, objective)
     except BaseException as e:

@@ -273,10 +273,24 @@ def _benchmarks(metrics: dict[str, float]) -> list[str]:
     return sorted({k.split("/")[0] for k in metrics if k.endswith("/tps") and not k.startswith("train/")})
 
 
+# drafting rows and the reference rows their paired gains are taken against (docs/interfaces.md):
+# reference method -> the gain's name in `ready.stats.relative_metrics` ("" -> tau_gain_pct)
+PAIRED_REFERENCES = {"dspark": "", "ft": "ft", "placebo": "placebo"}
+DRAFTING_METHODS = ("ft", "placebo", "ready")
+
+
 def relative_metrics(metrics: dict[str, float], ar: Optional[dict[str, float]],
-                     dspark: Optional[dict[str, float]]) -> dict[str, float]:
-    """`b/speedup` vs AR and `b/tau_gain_pct`, `b/tps_gain_pct` vs DSpark for every benchmark b."""
+                     dspark: Optional[dict[str, float]], evaluation: Optional[dict] = None,
+                     references: Optional[dict[str, dict]] = None) -> dict[str, float]:
+    """`b/speedup` vs AR and `b/tau_gain_pct`, `b/tps_gain_pct` vs DSpark for every benchmark b.
+
+    With this run's `evaluation` (evaluation.json) and `references` (reference method -> the
+    evaluation.json of that method's run of the same seed), the τ gains become paired per-prompt
+    estimates with 95 % intervals: `tau_gain_pct[_lo|_hi]` vs dspark, `tau_gain_vs_ft_pct[...]`,
+    `tau_gain_vs_placebo_pct[...]` for each benchmark, `overall` and `heldout_tf` (ready.stats).
+    """
     from ready.metrics import gain_pct, speedup
+    from ready.stats import relative_metrics as paired
 
     out: dict[str, float] = {}
     for b in _benchmarks(metrics):
@@ -290,26 +304,76 @@ def relative_metrics(metrics: dict[str, float], ar: Optional[dict[str, float]],
                 value = gain_pct(metrics.get(f"{b}/{name}"), dspark.get(f"{b}/{name}"))
                 if value is not None:
                     out[f"{b}/{name}_gain_pct"] = value
+    if evaluation is not None:
+        for method, reference in (references or {}).items():
+            if method in PAIRED_REFERENCES and reference is not None:
+                out.update(paired(evaluation, reference, PAIRED_REFERENCES[method]))
     return out
+
+
+def _same_seed(runs: list, seed: Optional[str]):
+    """The newest run of `seed`; else the newest run when every run has one seed (a reference shared
+    by all seeds, e.g. a spec that replicates only the adaptation stages); else None."""
+    for run in runs:
+        if run.data.tags.get("ready.seed") == seed:
+            return run
+    if runs and len({r.data.tags.get("ready.seed") for r in runs}) == 1:
+        return runs[0]
+    return None
+
+
+def _evaluation_loader(c) -> Callable[[str], Optional[dict]]:
+    """run id -> its evaluation.json as a dict (None when it has none); each run downloaded once."""
+    cache: dict[str, Optional[dict]] = {}
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run is noise
+
+    def load(run_id: str) -> Optional[dict]:
+        if run_id not in cache:
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = retry(lambda: c.download_artifacts(run_id, "evaluation.json", tmp))
+                    cache[run_id] = json.loads(Path(path).read_text())
+            except Exception:  # no such artifact (older or failed runs): plain gains only
+                cache[run_id] = None
+        return cache[run_id]
+
+    return load
 
 
 def log_relative_metrics(c, experiment_id: str, setting: str, runs: Optional[Iterable] = None) -> int:
     """Fill in speedup / gains for the finished runs of a setting once its baselines exist.
 
+    Gains vs DSpark use the DSpark run of the same seed (the newest DSpark run when none has it).
+    Drafting runs (ft, placebo, ready) also get paired per-prompt gains with intervals against the
+    dspark, ft and placebo runs of the same setting and seed, read from their evaluation.json.
     Idempotent: a metric is logged only when missing or different. Returns how many runs changed.
     """
     from mlflow.entities import Metric
 
+    from ready.stats import StatsError
+
     ar = setting_runs(c, experiment_id, setting, "ar")
-    ds = setting_runs(c, experiment_id, setting, "dspark")
+    refs = {m: setting_runs(c, experiment_id, setting, m) for m in PAIRED_REFERENCES}
     ar_m = ar[0].data.metrics if ar else None
-    ds_m = ds[0].data.metrics if ds else None
-    if ar_m is None and ds_m is None:
+    if ar_m is None and not any(refs.values()):
         return 0
+    load = _evaluation_loader(c)
     changed = 0
     for run in runs if runs is not None else setting_runs(c, experiment_id, setting):
-        have = run.data.metrics
-        new = {k: v for k, v in relative_metrics(have, ar_m, ds_m).items()
+        have, tags = run.data.metrics, run.data.tags
+        seed, method = tags.get("ready.seed"), tags.get("ready.method")
+        ds = _same_seed(refs["dspark"], seed) or (refs["dspark"][0] if refs["dspark"] else None)
+        evaluation, references = None, {}
+        if method in DRAFTING_METHODS:
+            references = {m: _same_seed(rs, seed) for m, rs in refs.items() if m != method}
+            references = {m: load(r.info.run_id) for m, r in references.items() if r is not None}
+            evaluation = load(run.info.run_id) if references else None
+        try:
+            rel = relative_metrics(have, ar_m, ds.data.metrics if ds else None, evaluation, references)
+        except StatsError as e:  # rows that did not decode the same prompts: no paired gains
+            logging.getLogger(__name__).warning("run %s: paired gains not computed: %s", run.info.run_id, e)
+            rel = relative_metrics(have, ar_m, ds.data.metrics if ds else None)
+        new = {k: v for k, v in rel.items()
                if k not in have or not math.isclose(have[k], v, rel_tol=1e-9, abs_tol=1e-12)}
         if new:
             now = int(time.time() * 1000)

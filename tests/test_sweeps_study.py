@@ -226,3 +226,49 @@ def test_search_sweep_runs_tpe_trials_from_the_paper_values(ws: Path):
     n = len(calls(ws))
     assert main(sweep_args(ws, "search_loss", "search.n_trials=3")) == 0
     assert len(calls(ws)) == n  # the budget is spent; nothing runs again
+
+
+def _logged_run(c, exp_id: str, setting: str, method: str, seed: int, evaluation: dict, tau: float) -> str:
+    """A finished child run with its evaluation.json artifact, as `execute` leaves it."""
+    from mlflow.entities import Metric
+
+    tags = {"ready.kind": "variant", "ready.setting": setting, "ready.method": method, "ready.seed": str(seed),
+            "ready.label": f"{method} s{seed}"}
+    run = c.create_run(exp_id, tags=tags)
+    c.log_batch(run.info.run_id, metrics=[Metric("overall/tau", tau, 0, 0), Metric("overall/tps", 100.0, 0, 0)])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "evaluation.json")
+        path.write_text(json.dumps(evaluation))
+        c.log_artifact(run.info.run_id, str(path))
+    c.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def test_relative_metrics_pair_each_drafting_run_with_the_references_of_its_seed(ws: Path):
+    from evaluation_logs import bench_rounds, evaluation
+    from ready import stats
+
+    c = tracking.client(f"sqlite:///{ws / 'mlflow.db'}")
+    exp = tracking.ensure_experiment(c, "paired")
+    evals, ids = {}, {}
+    for seed in (0, 1):
+        ds = {"humaneval": bench_rounds(10 + seed, 8, 20)}
+        rows = {"dspark": ds,
+                "ft": {"humaneval": bench_rounds(20 + seed, 8, 20, 0.02, ds["humaneval"])},
+                "placebo": {"humaneval": bench_rounds(30 + seed, 8, 20, 0.01, ds["humaneval"])},
+                "ready": {"humaneval": bench_rounds(40 + seed, 8, 20, 0.10 + 0.05 * seed, ds["humaneval"])}}
+        for method, r in rows.items():
+            evals[method, seed] = evaluation(method, r)
+            tau = stats.tau([stats.tallies(evals[method, seed])], "overall").value
+            ids[method, seed] = _logged_run(c, exp, "S", method, seed, evals[method, seed], tau)
+    assert tracking.log_relative_metrics(c, exp, "S") == 8
+
+    ready1 = c.get_run(ids["ready", 1]).data.metrics
+    for name, ref in (("", "dspark"), ("ft", "ft"), ("placebo", "placebo")):
+        want = stats.relative_metrics(evals["ready", 1], evals[ref, 1], name)  # seed 1 against seed 1
+        assert want and {k: ready1[k] for k in want} == pytest.approx(want)
+    assert ready1["overall/tau_gain_pct"] == pytest.approx(15.0, abs=0.1)  # not seed 0's +10 %
+    ft0 = c.get_run(ids["ft", 0]).data.metrics
+    assert "overall/tau_gain_pct_lo" in ft0 and "overall/tau_gain_vs_ft_pct" not in ft0  # never against itself
+    assert not any(k.endswith("_lo") for k in c.get_run(ids["dspark", 0]).data.metrics)  # the reference itself
+    assert tracking.log_relative_metrics(c, exp, "S") == 0  # idempotent: same data, same interval
