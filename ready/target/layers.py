@@ -14,6 +14,40 @@ from ready.target.config import HybridConfig
 from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
 
 
+def _small_m_linear():
+    """The tuned small-M linear of kernels/small_m_gemm.py (F.linear off CUDA or with autograd)."""
+    try:
+        import ready.fastops  # noqa: F401  (registers ready_kernels)
+        from ready_kernels.small_m_gemm import small_m_linear
+    except Exception:  # pragma: no cover - kernels folder missing
+        return F.linear
+    return small_m_linear
+
+
+linear = _small_m_linear()
+
+
+def fuse_state_dict_names(module: nn.Module, fused: str, parts: list[tuple[str, int]]) -> None:
+    """`module.<fused>` is one bias-free Linear whose rows are the Hugging Face projections `parts`
+    ([(name, rows)], in order). Its state dict shows the parts under their own names (row views of
+    the fused weight), and loading takes the parts and concatenates them, so checkpoints keep
+    Hugging Face names while the forward runs one GEMM."""
+    sizes = [n for _, n in parts]
+
+    def save(mod, state, prefix, local_metadata):
+        w = state.pop(prefix + fused + ".weight")
+        for (name, _), piece in zip(parts, w.split(sizes)):
+            state[prefix + name + ".weight"] = piece
+
+    def load(mod, state, prefix, local_metadata, strict, missing, unexpected, errors):
+        names = [prefix + name + ".weight" for name, _ in parts]
+        if all(n in state for n in names):
+            state[prefix + fused + ".weight"] = torch.cat([state.pop(n) for n in names])
+
+    module._register_state_dict_hook(save)
+    module._register_load_state_dict_pre_hook(load, with_module=True)
+
+
 class RMSNorm(nn.Module):
     """Qwen3.5's zero-centred RMSNorm: y = x / rms(x) * (1 + weight), computed in fp32."""
 
@@ -56,6 +90,22 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class FusedMLP(nn.Module):
+    """The target's SwiGLU with gate and up projections in one GEMM (`gate_up_proj`); state dicts
+    keep the Hugging Face names gate_proj / up_proj / down_proj."""
+
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.inner = inner
+        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        fuse_state_dict_names(self, "gate_up_proj", [("gate_proj", inner), ("up_proj", inner)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = linear(x, self.gate_up_proj.weight).split(self.inner, dim=-1)
+        return linear(F.silu(gate) * up, self.down_proj.weight)
+
+
 def rotary(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, rot_dim] for the rotated part of each head (partial rotary)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, device=positions.device, dtype=torch.float32) / rot_dim))
@@ -81,20 +131,22 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.rot_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.hd * 2, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=False)
+        # q (with its output gate), k and v in one GEMM; state dicts say q_proj, k_proj, v_proj
+        self.split = [self.n_heads * self.hd * 2, self.n_kv * self.hd, self.n_kv * self.hd]
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        fuse_state_dict_names(self, "qkv_proj", list(zip(("q_proj", "k_proj", "v_proj"), self.split)))
 
     def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q, gate = self.q_proj(x).view(B, T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
+        qg, k, v = linear(x, self.qkv_proj.weight).split(self.split, dim=-1)
+        q, gate = qg.reshape(B, T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
         gate = gate.reshape(B, T, -1)
         q = self.q_norm(q).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.hd)).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        k = self.k_norm(k.reshape(B, T, self.n_kv, self.hd)).transpose(1, 2)
+        v = v.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)
         if cache is not None and cache.static:
             pos = cache.length_t + torch.arange(T, device=x.device)
         else:
@@ -116,7 +168,7 @@ class Attention(nn.Module):
             mask = torch.arange(keys.shape[2], device=x.device)[None, :] <= pos[:, None]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate)
-        return self.o_proj(out)
+        return linear(out, self.o_proj.weight)
 
 
 def _optional_kernels():
@@ -146,15 +198,15 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
         self.kernel = cfg.linear_conv_kernel_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
-        self.in_proj_qkv = nn.Linear(cfg.hidden_size, self.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(cfg.hidden_size, self.nv, bias=False)
-        self.in_proj_a = nn.Linear(cfg.hidden_size, self.nv, bias=False)
+        # in_proj_qkv, in_proj_z, in_proj_b and in_proj_a read the same input: one GEMM, HF names in state dicts
+        self.split = [self.conv_dim, self.value_dim, self.nv, self.nv]
+        self.in_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False, padding=self.kernel - 1)
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
         self.A_log = nn.Parameter(torch.empty(self.nv).uniform_(1.0, 16.0).log())
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        fuse_state_dict_names(self, "in_proj", list(zip(("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), self.split)))
 
     def _conv(self, mixed: torch.Tensor, prefix: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal depthwise conv over [B, T, conv_dim]; returns silu(conv) and the padded input."""
@@ -164,7 +216,7 @@ class GatedDeltaNet(nn.Module):
         y = F.conv1d(full, self.conv1d.weight, groups=self.conv_dim)
         return F.silu(y).transpose(1, 2), full
 
-    def _heads(self, qkv: torch.Tensor, hidden: torch.Tensor):
+    def _heads(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
         B, T, _ = qkv.shape
         q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.nv // self.nk
@@ -173,16 +225,15 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(B, T, self.nv, self.dv)
         q = l2norm(q.float()) * self.dk**-0.5
         k = l2norm(k.float())
-        beta = self.in_proj_b(hidden).float().sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias.float())
+        beta = b.float().sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         # head-major, fp32: [B, H, T, d]
         return q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)
 
-    def _output(self, o: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        B, T, _ = hidden.shape
-        z = self.in_proj_z(hidden).reshape(B, T, self.nv, self.dv)
-        o = self.norm(o.transpose(1, 2).to(hidden.dtype), z)
-        return self.out_proj(o.reshape(B, T, -1))
+    def _output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        B, T, _ = z.shape
+        o = self.norm(o.transpose(1, 2).to(z.dtype), z.reshape(B, T, self.nv, self.dv))
+        return linear(o.reshape(B, T, -1), self.out_proj.weight)
 
     def forward(
         self,
@@ -194,8 +245,9 @@ class GatedDeltaNet(nn.Module):
         """mode: `full` (no cache), `prefill` (append to the committed state and commit),
         `verify` (per-token states into cache.pending_*, live state untouched)."""
         prefix = None if cache is None else cache.conv
-        mixed, full = self._conv(self.in_proj_qkv(x), prefix)
-        q, k, v, g, beta = self._heads(mixed, x)
+        qkv, z, b, a = linear(x, self.in_proj.weight).split(self.split, dim=-1)
+        mixed, full = self._conv(qkv, prefix)
+        q, k, v, g, beta = self._heads(mixed, b, a)
         init = None if cache is None else cache.ssm
         at = None
         if mode == "verify":
@@ -214,7 +266,7 @@ class GatedDeltaNet(nn.Module):
             if mode == "prefill":
                 cache.ssm.copy_(final)
                 cache.conv.copy_(full[:, :, -(self.kernel - 1):])
-        return self._output(o, x), at
+        return self._output(o, z), at
 
 
 def _verify_states(q, k, v, g, beta, init, out_states: torch.Tensor) -> torch.Tensor:
@@ -237,7 +289,7 @@ class DecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(cfg)
         else:
             self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = FusedMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from ready.target.cache import HybridCache
 from ready.target.config import HybridConfig, TargetError
-from ready.target.layers import GDN_COMMIT_KERNEL, DecoderLayer, RMSNorm, decoder_layer_forward, init_weights
+from ready.target.layers import GDN_COMMIT_KERNEL, DecoderLayer, RMSNorm, decoder_layer_forward, init_weights, linear
 
 
 @dataclass
@@ -46,12 +46,36 @@ class HybridLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._gdn_index = {lid: i for i, lid in enumerate(config.gdn_layer_ids)}
         self._attn_index = {lid: i for i, lid in enumerate(config.attn_layer_ids)}
-        self._layer_fn = decoder_layer_forward
+        self._compiled_fn = None
+        # None = auto: the CUDA-graphed passes (GraphedVerify) run compiled layers on CUDA unless
+        # the environment says READY_COMPILE=0; True / False force it (compile_layers sets True)
+        self.compile_in_graphs: Optional[bool] = None
 
-    def compile_layers(self) -> None:
-        """torch.compile the per-layer forward (CUDA): fuses the many small elementwise kernels
-        of a decode step, which otherwise dominate a batch-1 step even under a CUDA graph."""
-        self._layer_fn = torch.compile(decoder_layer_forward, dynamic=False)
+    def compile_layers(self, enable: bool = True) -> None:
+        """torch.compile the per-layer forward (CUDA) for the CUDA-graphed passes: fuses the many
+        small elementwise kernels of a decode step, which otherwise dominate a batch-1 step even
+        under a CUDA graph. Only the captured passes use it (one compile per block length, during
+        the graph's warm-up); prefill and the odd-length last round run eagerly, so no timed
+        region ever waits for a recompile."""
+        self.compile_in_graphs = enable
+        if enable and self._compiled_fn is None:
+            import torch._dynamo
+
+            # one compiled variant per (layer type, block length, cache mode): keep them all
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._compiled_fn = torch.compile(decoder_layer_forward, dynamic=False)
+
+    def graphs_compile(self) -> bool:
+        """Whether graph captures use the compiled layers (see compile_in_graphs); compiles on first use."""
+        import os
+
+        on = self.compile_in_graphs
+        if on is None:
+            on = self.device.type == "cuda" and os.environ.get("READY_COMPILE", "1") != "0"
+        if on and self._compiled_fn is None:
+            self.compile_layers()
+            self.compile_in_graphs = None  # still automatic
+        return bool(on)
 
     # --- structure --------------------------------------------------------------------------
     @property
@@ -118,7 +142,9 @@ class HybridLM(nn.Module):
         capture_layers: Sequence[int] = (),
         state_layers: Sequence[int] = (),
         state_positions: Optional[torch.Tensor] = None,
+        compiled: bool = False,
     ) -> TargetOutput:
+        """One pass over every layer; `compiled` runs the torch.compile'd layer forward (graph captures)."""
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise TargetError(f"input ids must be a non-empty [batch, tokens] tensor; got shape {tuple(ids.shape)}")
         capture = self._check_capture(capture_layers)
@@ -126,6 +152,7 @@ class HybridLM(nn.Module):
         # a static cache takes positions from cache.length_t (fixed shapes, CUDA graphs)
         start = 0 if cache is None or cache.static else cache.length
         x = self.model.embed_tokens(ids)
+        layer_fn = self._compiled_fn if compiled and self._compiled_fn is not None else decoder_layer_forward
         hidden, states = [], [None] * len(state_set)
         for lid, layer in enumerate(self.model.layers):
             gi = self._gdn_index.get(lid, -1)
@@ -133,12 +160,13 @@ class HybridLM(nn.Module):
             slot = None
             if cache is not None:
                 slot = cache.gdn_slots[gi] if gi >= 0 else cache.kv_slot(self._attn_index[lid])
-            x, at = self._layer_fn(layer, x, mode, slot, start, pos)
+            x, at = layer_fn(layer, x, mode, slot, start, pos)
             if gi in state_set:
                 states[state_set[gi]] = at
             if lid in capture:
                 hidden.append((lid, x))
-        logits = self.lm_head(self.model.norm(x))
+        h = self.model.norm(x)
+        logits = linear(h, self.lm_head.weight) if self.lm_head.bias is None else self.lm_head(h)
         hid = torch.stack([h for _, h in sorted(hidden, key=lambda p: capture.index(p[0]))], dim=2) if capture else None
         st = torch.stack(states, dim=2) if state_set else None
         return TargetOutput(logits=logits, hidden=hid, states=st)

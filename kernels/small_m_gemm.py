@@ -1,0 +1,308 @@
+"""Small-M linear: y = x W^T for a handful of rows x (decode M = 1, verify M = K+1, drafting M = K).
+
+At batch 1 every target projection multiplies 1..8 token rows by a weight that is hundreds of MB:
+the op is a stream of W through the GPU, and its speed is the rate at which W is read. cuBLAS
+picks GEMV kernels near that rate for M = 1, but for M = 2..8 its small-M GEMMs read W markedly
+slower (verify of 2 tokens cost 1.4x an AR step on the H200, docs/benchmarks.md).
+
+The Triton kernel here reads every W element once: one program per (BN rows of W, K slice),
+the x rows padded to 16 for `tl.dot`, fp32 accumulation. With SPLIT > 1 the K range is split
+over SPLIT programs that write fp32 partials, and a second small kernel adds them and casts
+(more programs in flight for weights with few rows, e.g. N = 5120).
+
+`small_m_linear` (dispatch) picks, per (M, N, K, dtype), the fastest of cuBLAS (`F.linear`) and
+the Triton configurations, timed once on the device the first time that shape is seen outside
+CUDA-graph capture (`SmallMTuner`); a candidate whose output differs from `F.linear` beyond
+rounding is never picked. Off CUDA, under autograd, for M > MAX_M, or while a CUDA graph is being
+captured before the shape was tuned, it is `F.linear`. `torch.ops.ready_kernels.small_m_linear`
+is the same dispatch as an opaque custom op, so `torch.compile`d code can call it.
+
+Modes (`set_mode` or env `READY_SMALL_M`): `auto` (default: tuned choice), `torch` (always
+`F.linear`), `triton` (always the Triton kernel with the default configuration; tests).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._common import HAS_TRITON, require, require_triton
+
+MAX_M = 16  # rows padded into one 16-row tl.dot tile
+# Triton's CPU interpreter multiplies bf16 tiles wrongly (it has no bf16 dot), so interpreted runs
+# upcast the tiles to fp32 first; compiled runs multiply 16-bit tiles on tensor cores.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _small_m_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_m, w_n, y_s, y_m, K_SPLIT,
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                        EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+        """Program (n block, k slice): acc[BM, BN] = x[:, slice] W[n block, slice]^T in fp32.
+
+        SPLIT == 1 stores acc in y's dtype; otherwise the fp32 partial goes to y + pid_k * y_s."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_m = tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_k = tl.arange(0, BK)
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        k_lo = pid_k * K_SPLIT
+        x_base = x_ptr + offs_m[:, None].to(tl.int64) * x_m
+        w_base = w_ptr + offs_n[:, None].to(tl.int64) * w_n
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            kk = k0 + offs_k
+            if EVEN_K:
+                x = tl.load(x_base + kk[None, :], mask=mask_m[:, None], other=0.0)
+                w = tl.load(w_base + kk[None, :], mask=mask_n[:, None], other=0.0)
+            else:
+                mask_k = kk < K
+                x = tl.load(x_base + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                w = tl.load(w_base + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            if IEEE:  # fp32 operands (or 16-bit ones upcast under the interpreter, whose dot lacks bf16)
+                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        y = y_ptr + pid_k.to(tl.int64) * y_s + offs_m[:, None] * y_m + offs_n[None, :]
+        mask = mask_m[:, None] & mask_n[None, :]
+        if SPLIT == 1:
+            tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(y, acc, mask=mask)
+
+    @triton.jit
+    def _split_sum_kernel(p_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        """y[i] = sum_s p[s, i] (fp32 partials), cast to y's dtype."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < MN
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One Triton launch shape: BN rows of W per program, BK columns per step, SPLIT slices of K."""
+
+    bn: int = 32
+    bk: int = 256
+    split: int = 1
+    warps: int = 4
+    stages: int = 4
+
+    def name(self) -> str:
+        return f"bn{self.bn}_bk{self.bk}_s{self.split}_w{self.warps}_st{self.stages}"
+
+
+DEFAULT = Config()
+# The candidates the tuner times (H200 sweeps: kernels/NOTES.md "Small-M linear").
+CONFIGS = (
+    Config(16, 256, 1, 4, 4), Config(32, 256, 1, 4, 4), Config(64, 128, 1, 4, 4), Config(64, 256, 1, 4, 3),
+    Config(16, 512, 1, 4, 3), Config(32, 512, 1, 4, 3), Config(32, 128, 1, 4, 5), Config(128, 128, 1, 8, 3),
+    Config(32, 256, 2, 4, 4), Config(64, 256, 2, 4, 4), Config(64, 256, 4, 4, 4), Config(128, 128, 4, 8, 3),
+)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
+    require(weight.dim() == 2, f"small_m_linear: weight must be [N, K], got shape {tuple(weight.shape)}")
+    require(x.dim() >= 1 and x.shape[-1] == weight.shape[1],
+            f"small_m_linear: x's last dim must be K={weight.shape[1]}, got shape {tuple(x.shape)}")
+    require(x.device == weight.device, f"small_m_linear: x on {x.device} but weight on {weight.device}")
+    require(x.dtype == weight.dtype, f"small_m_linear: x is {x.dtype} but weight is {weight.dtype}")
+
+
+def small_m_linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Plain torch: F.linear (cuBLAS on CUDA)."""
+    _check(x, weight)
+    return F.linear(x, weight)
+
+
+def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optional[Config] = None,
+                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The Triton kernel for x [..., K] with at most MAX_M rows; y [..., N] in x's dtype (no autograd).
+
+    fp32 inputs multiply in IEEE fp32 (FMA accuracy); 16-bit inputs on tensor cores, fp32 accumulate."""
+    require_triton()
+    _check(x, weight)
+    cfg = config or DEFAULT
+    N, K = weight.shape
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    M = x2.shape[0]
+    require(M <= MAX_M, f"small_m_linear_triton: at most {MAX_M} rows, got {M}")
+    y = out if out is not None else torch.empty(M, N, device=x.device, dtype=x.dtype)
+    if M == 0:
+        return y.reshape(*x.shape[:-1], N)
+    split = max(1, min(cfg.split, -(-K // cfg.bk)))
+    k_split = -(-K // (split * cfg.bk)) * cfg.bk  # every slice a whole number of BK steps
+    split = -(-K // k_split)
+    even = K % cfg.bk == 0
+    grid = (triton.cdiv(N, cfg.bn), split)
+    ieee = x.dtype == torch.float32 or _INTERPRETED
+    if split == 1:
+        _small_m_kernel[grid](x2, weight, y, M, N, K, x2.stride(0), weight.stride(0), 0, N, k_split,
+                              BM=16, BN=cfg.bn, BK=cfg.bk, SPLIT=1, EVEN_K=even, IEEE=ieee,
+                              num_warps=cfg.warps, num_stages=cfg.stages)
+    else:
+        part = torch.empty(split, M, N, device=x.device, dtype=torch.float32)
+        _small_m_kernel[grid](x2, weight, part, M, N, K, x2.stride(0), weight.stride(0), M * N, N, k_split,
+                              BM=16, BN=cfg.bn, BK=cfg.bk, SPLIT=split, EVEN_K=even, IEEE=ieee,
+                              num_warps=cfg.warps, num_stages=cfg.stages)
+        block = 1024
+        _split_sum_kernel[(triton.cdiv(M * N, block),)](part, y, M * N, SPLIT=split, BLOCK=block, num_warps=4)
+    return y.reshape(*x.shape[:-1], N)
+
+
+# --- choosing between cuBLAS and the Triton configurations ---------------------------------------
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+def _device_timer(fn: Callable[[], object]) -> float:
+    """Median ms of fn on the device, L2 flushed between calls (triton.testing.do_bench)."""
+    return float(triton.testing.do_bench(fn, warmup=2, rep=12, return_mode="median"))
+
+
+class SmallMTuner:
+    """Per (M, N, K, dtype, device): the fastest correct candidate, None meaning F.linear."""
+
+    def __init__(self, configs: tuple[Config, ...] = CONFIGS, timer: Optional[Timer] = None, tol: float = 2e-2):
+        self.configs, self.timer, self.tol = configs, timer, tol
+        self.choice: dict[tuple, Optional[Config]] = {}
+        self.timings: dict[tuple, dict[str, float]] = {}
+
+    @staticmethod
+    def key(x2: torch.Tensor, weight: torch.Tensor) -> tuple:
+        return (x2.shape[0], weight.shape[0], weight.shape[1], x2.dtype, x2.device.index)
+
+    def lookup(self, x2: torch.Tensor, weight: torch.Tensor) -> tuple[bool, Optional[Config]]:
+        """(known, choice). A shape tuned only for more rows (the verify block) lends its choice to
+        fewer rows (the shortened last round) without timing again: any configuration runs any M."""
+        k = self.key(x2, weight)
+        if k in self.choice:
+            return True, self.choice[k]
+        more = sorted(m for (m, *rest) in self.choice if tuple(rest) == k[1:] and m > k[0])
+        if more:
+            self.choice[k] = self.choice[(more[0],) + k[1:]]
+            return True, self.choice[k]
+        return False, None
+
+    def tune(self, x2: torch.Tensor, weight: torch.Tensor) -> Optional[Config]:
+        """Time F.linear and every configuration on these operands; remember and return the winner."""
+        k = self.key(x2, weight)
+        timer = self.timer or _device_timer
+        x2 = torch.randn_like(x2)  # never time or check on the caller's (maybe zero) rows
+        want = F.linear(x2, weight).float()
+        scale = want.norm().clamp_min(1e-30)
+        times: dict[str, float] = {"torch": timer(lambda: F.linear(x2, weight))}
+        best, best_t = None, times["torch"]
+        for cfg in self.configs:
+            try:
+                got = small_m_linear_triton(x2, weight, cfg).float()
+            except Exception:  # a configuration this device cannot run (resources): skip it
+                continue
+            if not bool(torch.isfinite(got).all()) or float((got - want).norm() / scale) > self.tol:
+                continue
+            t = timer(lambda c=cfg: small_m_linear_triton(x2, weight, c))
+            times[cfg.name()] = t
+            if t < best_t:
+                best, best_t = cfg, t
+        self.choice[k], self.timings[k] = best, times
+        return best
+
+    def report(self) -> list[dict]:
+        """Every tuned shape with its winner and timings (ms), for benchmark JSON."""
+        rows = []
+        for key, t in self.timings.items():
+            m, n, k, dt, _ = key
+            cfg = self.choice[key]
+            rows.append({"M": m, "N": n, "K": k, "dtype": str(dt).replace("torch.", ""),
+                         "choice": "torch" if cfg is None else cfg.name(),
+                         "us": {name: round(ms * 1e3, 2) for name, ms in t.items()},
+                         "weight_GBps_best": round(n * k * torch.finfo(dt).bits / 8 / (min(t.values()) * 1e-3) / 1e9, 1)})
+        return rows
+
+
+TUNER = SmallMTuner()
+_MODE = os.environ.get("READY_SMALL_M", "auto")
+
+
+def set_mode(mode: str) -> str:
+    """`auto` | `torch` | `triton`; returns the previous mode."""
+    global _MODE
+    require(mode in ("auto", "torch", "triton"), f"small_m_linear mode must be auto, torch or triton, got {mode!r}")
+    prev, _MODE = _MODE, mode
+    return prev
+
+
+def get_mode() -> str:
+    return _MODE
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _dispatch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    N, K = weight.shape
+    x2 = x.reshape(-1, K)
+    if _MODE == "triton":
+        return small_m_linear_triton(x2, weight).reshape(*x.shape[:-1], N)
+    known, cfg = TUNER.lookup(x2, weight)
+    if not known and not _capturing():
+        cfg = TUNER.tune(x2, weight)
+    if cfg is None:
+        return F.linear(x, weight)
+    return small_m_linear_triton(x2, weight, cfg).reshape(*x.shape[:-1], N)
+
+
+def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `small_m_linear` may leave F.linear: CUDA, Triton, no autograd, few rows, 16-bit
+    (fp32 too in `triton` mode, for exactness tests), a contiguous 2-d weight."""
+    if _MODE == "torch" or not HAS_TRITON or not x.is_cuda or weight.dim() != 2:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    if x.dtype != weight.dtype or weight.stride(-1) != 1 or x.shape[-1] != weight.shape[1]:
+        return False
+    if x.dtype not in (torch.bfloat16, torch.float16) and not (_MODE == "triton" and x.dtype == torch.float32):
+        return False
+    return 0 < x.numel() // max(1, x.shape[-1]) <= MAX_M
+
+
+# The op exists everywhere (its CPU path is F.linear), so compiled code can always name it.
+@torch.library.custom_op("ready_kernels::small_m_linear", mutates_args=())
+def _small_m_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if eligible(x, weight):
+        return _dispatch(x, weight)
+    return F.linear(x, weight)
+
+
+@_small_m_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def small_m_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y = x W^T (no bias): the tuned fast path where `eligible`, F.linear otherwise.
+
+    Inside torch.compile it goes through the opaque custom op (the tuner runs eagerly at run time)."""
+    if not eligible(x, weight):
+        return F.linear(x, weight)
+    if torch.compiler.is_compiling():
+        return torch.ops.ready_kernels.small_m_linear(x, weight)
+    return _dispatch(x, weight)

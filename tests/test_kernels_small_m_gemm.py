@@ -1,0 +1,145 @@
+"""The small-M Triton linear equals F.linear over shapes, dtypes and launch configurations; the tuner
+picks the fastest correct candidate; the dispatch and its custom op fall back to F.linear off CUDA.
+
+On CPU the kernel runs through Triton's interpreter; with CUDA it is compiled (the `cuda` tests add
+the 27B projection shapes).
+"""
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ready_kernels._testing import prepare_interpreter, rel_err  # noqa: E402
+
+RUNNABLE = prepare_interpreter()
+
+sm = importlib.import_module("ready_kernels.small_m_gemm")
+from ready_kernels._common import KernelInputError  # noqa: E402
+
+pytestmark = [pytest.mark.skipif(not sm.HAS_TRITON, reason="needs triton"),
+              pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
+                                 "tests/test_kernels_fresh_process.py runs these in a fresh process")]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# (M, N, K): K a multiple of BK or not, N a multiple of BN or not, M from 1 to the 16-row limit
+SHAPES = [(1, 64, 256), (2, 48, 200), (5, 100, 64), (8, 32, 512), (16, 17, 96)]
+CONFIGS = [sm.Config(16, 64, 1, 4, 2), sm.Config(32, 32, 2, 4, 2), sm.Config(16, 32, 3, 4, 2)]
+
+
+def _operands(M, N, K, dtype, lead=()):
+    x = torch.randn(*lead, M, K, device=DEVICE).to(dtype)
+    w = (torch.randn(N, K, device=DEVICE) / K**0.5).to(dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_matches_reference(M, N, K, dtype, cfg):
+    x, w = _operands(M, N, K, dtype)
+    got = sm.small_m_linear_triton(x, w, cfg)
+    want = F.linear(x.double(), w.double())
+    assert got.dtype == dtype and got.shape == (M, N)
+    assert rel_err(got, want) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_leading_dims_and_strided_rows_are_kept():
+    x, w = _operands(3, 40, 128, torch.float32, lead=(2,))  # [2, 3, 128]: 6 rows
+    got = sm.small_m_linear_triton(x, w, sm.Config(16, 64, 2, 4, 2))
+    assert got.shape == (2, 3, 40)
+    assert rel_err(got, F.linear(x.double(), w.double())) < 1e-6
+    xs = torch.randn(4, 256, device=DEVICE)[:, ::2]  # last dim strided: copied, still right
+    assert rel_err(sm.small_m_linear_triton(xs, w), F.linear(xs.double(), w.double())) < 1e-6
+
+
+def test_every_output_element_is_written():
+    x, w = _operands(7, 33, 64, torch.float32)
+    out = torch.full((7, 33), float("nan"), device=DEVICE)
+    sm.small_m_linear_triton(x, w, sm.Config(16, 64, 1, 4, 2), out=out)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, F.linear(x.double(), w.double())) < 1e-6
+
+
+def test_too_many_rows_and_wrong_shapes_are_one_clear_error():
+    x, w = _operands(17, 16, 32, torch.float32)
+    with pytest.raises(KernelInputError, match="at most 16 rows"):
+        sm.small_m_linear_triton(x, w)
+    with pytest.raises(KernelInputError, match="last dim must be K=32"):
+        sm.small_m_linear_triton(torch.randn(2, 31, device=DEVICE), w)
+
+
+def test_tuner_picks_the_fastest_correct_candidate_and_never_a_wrong_one():
+    bad = sm.Config(16, 64, 1, 4, 2)
+    good = sm.Config(32, 32, 2, 4, 2)
+    fast = {"torch": 3.0, good.name(): 2.0, bad.name(): 1.0}
+
+    class Timed:  # a timer that reports the planted times of each candidate in order
+        def __init__(self):
+            self.names = iter(["torch", good.name()])
+
+        def __call__(self, fn):
+            fn()
+            return fast[next(self.names)]
+
+    x, w = _operands(4, 48, 64, torch.float32)
+    real = sm.small_m_linear_triton
+
+    def broken(x2, weight, cfg=None, out=None):  # the "fastest" configuration computes garbage
+        y = real(x2, weight, cfg, out)
+        return y + 1.0 if cfg == bad else y
+
+    tuner = sm.SmallMTuner(configs=(bad, good), timer=Timed())
+    sm.small_m_linear_triton = broken
+    try:
+        assert tuner.tune(x.reshape(-1, 64), w) == good
+    finally:
+        sm.small_m_linear_triton = real
+    assert tuner.lookup(x.reshape(-1, 64), w) == (True, good)
+    assert tuner.report()[0]["choice"] == good.name()
+    slow = sm.SmallMTuner(configs=(good,), timer=lambda fn: (fn(), 5.0)[1])
+    assert slow.tune(x.reshape(-1, 64), w) is None  # nothing beats F.linear: keep it
+
+
+def test_dispatch_and_custom_op_are_f_linear_off_cuda_or_with_gradients():
+    x, w = _operands(3, 20, 32, torch.float32)
+    w.requires_grad_(True)
+    y = sm.small_m_linear(x, w)
+    y.sum().backward()  # the autograd path stays F.linear
+    assert w.grad is not None
+    if DEVICE == "cpu":
+        assert not sm.eligible(x, w.detach())
+        torch.testing.assert_close(torch.ops.ready_kernels.small_m_linear(x, w.detach()), F.linear(x, w.detach()))
+
+
+def test_mode_switch_is_checked():
+    prev = sm.set_mode("torch")
+    try:
+        assert sm.get_mode() == "torch"
+        with pytest.raises(KernelInputError, match="auto, torch or triton"):
+            sm.set_mode("fast")
+    finally:
+        sm.set_mode(prev)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("M", [1, 2, 7, 8])
+@pytest.mark.parametrize("N,K", [(16480, 5120), (5120, 6144), (34816, 5120), (5120, 17408)])
+def test_27b_projection_shapes_on_cuda(M, N, K):
+    x, w = _operands(M, N, K, torch.bfloat16)
+    want = F.linear(x.double(), w.double())
+    for cfg in sm.CONFIGS:
+        assert rel_err(sm.small_m_linear_triton(x, w, cfg), want) < 1e-2, cfg
+    tuner = sm.SmallMTuner()
+    tuner.tune(x.reshape(-1, K), w)
+    assert rel_err(sm.small_m_linear(x, w), want) < 1e-2
+
+
+def test_a_shape_tuned_for_more_rows_lends_its_choice_to_fewer():
+    cfg = sm.Config(32, 32, 2, 4, 2)
+    tuner = sm.SmallMTuner(configs=(cfg,), timer=lambda fn: (fn(), 0.0 if fn.__defaults__ else 1.0)[1])
+    x, w = _operands(8, 48, 64, torch.float32)
+    assert tuner.tune(x, w) == cfg
+    assert tuner.lookup(x[:3], w) == (True, cfg)  # M = 3 reuses M = 8's choice
+    assert tuner.lookup(torch.randn(9, 64, device=DEVICE), w) == (False, None)  # more rows: not known
