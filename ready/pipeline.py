@@ -5,7 +5,13 @@
 - `ar`: greedy autoregressive decoding of the target (the speed and lossless reference);
 - `dspark`: the base DSpark drafter (reader off), trained once per sweep setting and cached;
 - `ft`: DSpark + the two adaptation stages with the reader off (Table 2's control);
+- `placebo`: like `ready`, but the reader is trained and evaluated on another sequence's
+  committed states (`reader.states: shuffled`): adapter capacity without state information;
 - `ready`: DSpark + the reader, stage 1 (reader) then stage 2 (reader + LoRA).
+
+Every drafting row also measures its teacher-forced acceptance on held-out regenerated
+sequences (`heldout_tf`, `ready.decode.teacher_forced`), and every `ready` row decodes its
+prompts a second time reading another prompt's states (`state_swap`, for `state_reliance`).
 
 Every product is a content-hashed artifact (ready/artifacts.py), so rows that share a target, a
 base drafter or AR generations build them once. AR generations of each benchmark are cached per
@@ -27,7 +33,7 @@ from ready.artifacts import cached
 from ready.config import to_container
 from ready.metrics import Metrics, overall
 
-METHODS = ("ar", "dspark", "ft", "ready")
+METHODS = ("ar", "dspark", "ft", "placebo", "ready")
 AR_BUILD_VERSION = 1
 
 
@@ -103,8 +109,10 @@ def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: 
     ar_generations(cfg, loaded, _suites(cfg, loaded.tokenizer), progress)
     if any(m != "ar" for m in methods):
         from ready.train import ensure_base_drafter
+        from ready.train.regen import build_validation_data
 
         ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress)
+        build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
 
 
 @dataclass
@@ -144,26 +152,55 @@ def _suites(cfg: DictConfig, tokenizer: Any) -> dict[str, list[list[int]]]:
 
 
 def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list[int]]], progress: bool) -> dict[str, list]:
-    """Greedy AR generations per benchmark, decoded once per (target, prompts, budget) and cached."""
+    """Greedy AR generations per benchmark, decoded once per (target contents, prompts, budget) and cached.
+
+    The target is checked first (finite weights, finite logits on a probe prompt): a broken target
+    fails the run here rather than leaving generations, or a run, that later rows would trust.
+    Cached generations that do not look like a clean, finished decode are decoded again.
+    """
+    import shutil
+    import sys
+
+    from ready.artifacts import content_id
     from ready.decode.engine import Generation
     from ready.decode.evaluate import run_ar
+    from ready.health import HealthError, check_target, generations_problem
 
+    probe = next((p for prompts in suites.values() for p in prompts), [])
+    check_target(loaded.target, probe, what=f"target {loaded.target_path}")
+    budget = int(cfg.eval.max_new_tokens)
+    target_id = content_id(loaded.target_path) if Path(loaded.target_path).is_dir() else loaded.target_path
     spec = {"kind": "ar_generations", "version": AR_BUILD_VERSION, "target": loaded.target_path,
+            "target_content": target_id, "checked": "health/1",
             "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
-            "max_new_tokens": int(cfg.eval.max_new_tokens), "warmup": int(cfg.eval.warmup_rounds),
+            "max_new_tokens": budget, "warmup": int(cfg.eval.warmup_rounds),
             "eos": loaded.eos}
 
     def build(tmp: Path) -> None:
         out = {}
         for name, prompts in suites.items():
-            gens = run_ar(loaded.target, prompts, int(cfg.eval.max_new_tokens), eos_token_id=loaded.eos,
-                          warmup=int(cfg.eval.warmup_rounds), progress=progress, desc=f"{name} AR")
-            out[name] = [g.to_dict() for g in gens]
-        (tmp / "generations.json").write_text(json.dumps(out))
+            out[name] = run_ar(loaded.target, prompts, budget, eos_token_id=loaded.eos,
+                               warmup=int(cfg.eval.warmup_rounds), progress=progress, desc=f"{name} AR")
+        problem = generations_problem(out, budget)
+        if problem:
+            raise HealthError(f"AR decoding of target {loaded.target_path}: {problem}")
+        (tmp / "generations.json").write_text(json.dumps({n: [g.to_dict() for g in gens] for n, gens in out.items()}))
 
-    folder = cached(cfg.artifacts_dir, "ar", spec, build)
-    raw = json.loads((folder / "generations.json").read_text())
-    return {name: [Generation(**g) for g in gens] for name, gens in raw.items()}
+    for attempt in (1, 2):
+        folder = cached(cfg.artifacts_dir, "ar", spec, build)
+        try:
+            raw = json.loads((folder / "generations.json").read_text())
+            gens = {name: [Generation(**g) for g in gens] for name, gens in raw.items()}
+            problem = generations_problem(gens, budget) if set(gens) == set(suites) else "benchmarks differ"
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            problem = f"generations.json unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        if problem is None:
+            return gens
+        if attempt == 1:
+            print(f"[ready] cached AR generations ar/{folder.name} are unusable ({problem}); decoding again",
+                  file=sys.stderr, flush=True)
+            shutil.rmtree(folder, ignore_errors=True)
+    raise HealthError(f"{folder / 'generations.json'}: {problem}; expected the AR generations of every benchmark")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,19 +246,34 @@ def _drafter(cfg: DictConfig, method: str, loaded: _Loaded, progress: bool):
 # The run
 
 
+def check_method(cfg: DictConfig, method: str) -> None:
+    """The method a row stands for must match its reader settings (one line naming the key)."""
+    if method not in METHODS:
+        raise PipelineConfigError(f"method {method!r} is unknown; expected one of {', '.join(METHODS)}")
+    states = str(cfg.reader.states)
+    if method == "ft" and cfg.reader.enabled:
+        raise PipelineConfigError("method 'ft' is DSpark + fine-tuning without state: expected reader.enabled=false")
+    if method in ("ready", "placebo") and not cfg.reader.enabled:
+        raise PipelineConfigError(f"method {method!r} needs the reader: expected reader.enabled=true")
+    if method == "ready" and states != "own":
+        raise PipelineConfigError("method 'ready' reads its own states: expected reader.states=own "
+                                  "(reader.states=shuffled is the 'placebo' row)")
+    if method == "placebo" and states != "shuffled":
+        raise PipelineConfigError("method 'placebo' reads another sequence's states: expected reader.states=shuffled")
+
+
+def _prompt_records(result: Any) -> list[dict]:
+    return [dict(p.__dict__) for p in result.prompts]
+
+
 def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -> VariantResult:
     """Train (if the method drafts) and evaluate one row on every suite of `cfg.bench.suites`."""
     import torch
 
-    from ready.decode.evaluate import evaluate
+    from ready.decode.evaluate import evaluate, next_prompt_donors
     from ready.drafter import load_drafter
 
-    if method not in METHODS:
-        raise PipelineConfigError(f"method {method!r} is unknown; expected one of {', '.join(METHODS)}")
-    if method == "ft" and cfg.reader.enabled:
-        raise PipelineConfigError("method 'ft' is DSpark + fine-tuning without state: expected reader.enabled=false")
-    if method == "ready" and not cfg.reader.enabled:
-        raise PipelineConfigError("method 'ready' needs the reader: expected reader.enabled=true")
+    check_method(cfg, method)
     torch.manual_seed(int(cfg.seed))
     loaded = _load(cfg, progress)
     d_k = int(loaded.target.config.linear_key_head_dim)
@@ -240,24 +292,51 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
     resolved.update({"target": loaded.target_path, "device": loaded.device, "d_k": d_k,
                      "rank_requested": requested_rank, "rank": int(cfg.reader.rank)})
 
-    results = []
+    def run(name: str, prompts: list, donors: Any = None) -> Any:
+        return evaluate(loaded.target, drafter, prompts, int(cfg.eval.max_new_tokens), benchmark=name,
+                        method=method, eos_token_id=loaded.eos, warmup=int(cfg.eval.warmup_rounds),
+                        progress=progress, cuda_graphs=None, donors=donors,
+                        # the AR row times its own decoding; drafting rows compare with the cache
+                        ar=None if method == "ar" else ar[name])
+
+    results, swaps = [], {}
     with torch.no_grad():
         for name, prompts in suites.items():
-            results.append(evaluate(loaded.target, drafter, prompts, int(cfg.eval.max_new_tokens), benchmark=name,
-                                    method=method, eos_token_id=loaded.eos, warmup=int(cfg.eval.warmup_rounds),
-                                    progress=progress, cuda_graphs=None,
-                                    # the AR row times its own decoding; drafting rows compare with the cache
-                                    ar=None if method == "ar" else ar[name]))
+            results.append(run(name, prompts, next_prompt_donors(len(prompts)) if method == "placebo" else None))
+            if method == "ready" and cfg.eval.state_reliance:
+                swaps[name] = run(name, prompts, next_prompt_donors(len(prompts)))
+        heldout_tf = _heldout_tf(cfg, loaded, drafter, progress) if drafter is not None else None
     per_bench = [r.metrics for r in results]
     total = overall(per_bench, ar=[r.ar for r in results])
+    benchmarks = {}
+    for r in results:
+        benchmarks[r.benchmark] = {"metrics": r.metrics.to_dict(), "ar": r.ar.to_dict(), "lossless": r.lossless,
+                                   "mismatch": None if r.mismatch is None else r.mismatch.__dict__,
+                                   "prompts": _prompt_records(r)}
+        if r.benchmark in swaps:
+            swap = swaps[r.benchmark]
+            benchmarks[r.benchmark]["state_swap"] = {"donor": "the next prompt of the suite (the last reads the first)",
+                                                     "tau": swap.metrics.tau, "lossless": swap.lossless,
+                                                     "prompts": _prompt_records(swap)}
     evaluation = {
         "method": method,
         "config": to_container(cfg) if isinstance(cfg, DictConfig) else OmegaConf.to_container(cfg),
         "resolved": resolved,
         "overall": total.to_dict(),
-        "benchmarks": {r.benchmark: {"metrics": r.metrics.to_dict(), "ar": r.ar.to_dict(), "lossless": r.lossless,
-                                     "mismatch": None if r.mismatch is None else r.mismatch.__dict__,
-                                     "prompts": [p.__dict__ for p in r.prompts]} for r in results},
+        "benchmarks": benchmarks,
     }
+    if heldout_tf is not None:
+        evaluation["heldout_tf"] = heldout_tf
     return VariantResult(method=method, benchmarks=per_bench, overall=total, curves=curves, resolved=resolved,
                          evaluation=evaluation)
+
+
+def _heldout_tf(cfg: DictConfig, loaded: _Loaded, drafter: Any, progress: bool) -> Optional[dict]:
+    """Teacher-forced acceptance on the validation split's regenerated sequences (None when off)."""
+    from ready.decode.teacher_forced import teacher_forced_acceptance
+    from ready.train.regen import build_validation_data
+
+    data = build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
+    if data is None:
+        return None
+    return teacher_forced_acceptance(drafter, loaded.target, data, progress=progress)

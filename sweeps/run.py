@@ -172,7 +172,11 @@ def _prepare(runner: str, sweep: Sweep, progress: bool) -> None:
     prepare = getattr(module, "prepare_shared", None)
     if prepare is not None:
         methods = sorted({v.method for v in sweep.rows} | ({"ready"} if sweep.spec.search else set()))
-        prepare(sweep.common, methods, progress=progress)
+        configs = {int(sweep.common.train.base_seed): sweep.common}
+        for job in sweep.jobs():  # one base drafter per seed when seeds replicate it
+            configs.setdefault(int(job.cfg.train.base_seed), job.cfg)
+        for cfg in configs.values():
+            prepare(cfg, methods, progress=progress)
 
 
 def _sigterm_as_interrupt() -> None:
@@ -198,6 +202,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.workers < 1:
         print(f"error: --workers {args.workers}: expected an integer >= 1", file=sys.stderr)
         return 2
+    if args.threads is not None and args.threads < 1:
+        print(f"error: --threads {args.threads}: expected an integer >= 1", file=sys.stderr)
+        return 2
     try:
         sweep = load_sweep(args.name, args.overrides, Path(args.experiments_dir))
     except SpecError as e:
@@ -208,9 +215,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     _sigterm_as_interrupt()
     if args.threads:
-        if args.threads < 1:
-            print(f"error: --threads {args.threads}: expected an integer >= 1", file=sys.stderr)
-            return 2
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # worker processes read it when torch starts
         import torch
 
@@ -231,6 +235,9 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     c = tracking.client(uri)
     experiment_id = tracking.ensure_experiment(c, sweep.name)
+    reaped = tracking.reap_parents(c, experiment_id)
+    if reaped:
+        print(f"[sweeps] marked {reaped} sweep run(s) KILLED: their process on this host is gone", flush=True)
     storage = st.open_storage(args.storage, run_dir)
     grid = st.open_grid_study(storage, sweep)
     print(f"[sweeps] {sweep.name}: study {st.grid_study_name(sweep)} in {st.describe_storage(args.storage, run_dir)}; "

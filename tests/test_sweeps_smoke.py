@@ -4,6 +4,9 @@ mlflow.db, and a second invocation runs nothing."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from sweeps import tracking
@@ -35,7 +38,13 @@ def test_smoke_sweep_on_the_real_pipeline_is_lossless_and_rerun_skips_it(tmp_pat
         if run.data.tags["ready.method"] == "ready":
             assert {"train/stage1/loss", "train/stage2/loss"} <= set(m)
             assert "overall/speedup" in m and "overall/tau_gain_pct" in m
+        if run.data.tags["ready.method"] != "ar":  # every drafting row: the teacher-forced metric
+            evaluation = json.loads(Path(c.download_artifacts(run.info.run_id, "evaluation.json", str(tmp_path))).read_text())
+            assert evaluation["heldout_tf"]["split"] == "validation" and evaluation["heldout_tf"]["tau"] >= 1.0
+            swapped = [b.get("state_swap") is not None for b in evaluation["benchmarks"].values()]
+            assert all(swapped) if run.data.tags["ready.method"] == "ready" else not any(swapped)
+    assert {r.data.tags["ready.method"] for r in runs} == {"ar", "dspark", "ft", "placebo", "ready"}
     capsys.readouterr()
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert out.count(" skipped ") == 4 and " ran " not in out
+    assert out.count(" skipped ") == len(sweep.jobs()) and " ran " not in out

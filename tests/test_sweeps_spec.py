@@ -38,7 +38,8 @@ def test_every_sweep_resolves_and_starts_with_its_command():
         assert f"python -m sweeps.run {name}" in text.split("\n\n")[0]
         for extra in ([], ["profile=smoke"]):
             sweep = load_sweep(name, extra)
-            assert [b.method for b in sweep.baselines] == ["ar", "dspark"]
+            controls = ["ft", "placebo"] if sweep.table not in ("table1", "") else []
+            assert [b.method for b in sweep.baselines] == ["ar", "dspark", *controls]
             assert len({v.variant_id for v in sweep.rows}) == len(sweep.rows)
 
 
@@ -46,17 +47,21 @@ def test_rank_dry_run_lists_five_ranks_with_hashes(capsys):
     assert main(["rank", "--dry-run"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.split()[1:2] and line.split()[1].startswith("r=")]
-    assert [r[1] for r in rows] == ["r=8", "r=16", "r=32", "r=64", "r=128"]
+    assert [r[1] for r in rows] == [f"r={r}" for r in (8, 16, 32, 64, 128) for _ in range(3)]  # 3 seeds each
     hashes = [r[5] for r in rows]
-    assert len(set(hashes)) == 5 and all(len(h) == 12 for h in hashes)
-    assert "AR" in out and "DSpark" in out
+    assert len(set(hashes)) == 15 and all(len(h) == 12 for h in hashes)
+    assert "AR" in out and "DSpark" in out and "DSpark + FT" in out and "Placebo" in out
 
 
 def test_table_rows_carry_labels_methods_and_order():
     ft = load_sweep("ft_control")
     assert [(v.label, v.method, v.order) for v in ft.rows] == [
-        ("AR", "ar", 0), ("DSpark", "dspark", 1), ("DSpark + FT", "ft", 2), ("ReaDy", "ready", 3)]
-    assert ft.variants[0].cfg.reader.enabled is False
+        ("AR", "ar", 0), ("DSpark", "dspark", 1), ("DSpark + FT", "ft", 2), ("Placebo (shuffled states)", "placebo", 3),
+        ("ReaDy", "ready", 4)]
+    control, placebo, ready = ft.rows[2:]
+    assert control.cfg.reader.enabled is False
+    assert placebo.cfg.reader.enabled is True and placebo.cfg.reader.states == "shuffled"
+    assert ready.cfg.reader.states == "own"
     layers = load_sweep("layers")
     assert [list(v.cfg.reader.layers) for v in layers.variants] == [[2], [30], [62], [30, 62], [2, 30, 62]]
     pos = load_sweep("inject_pos")
@@ -71,12 +76,24 @@ def test_inject_layer_rows_that_name_the_same_layers_run_once():
     assert list(three.variants[-1].cfg.reader.inject_layers) == [0, 1, 2]
 
 
-def test_seeds_multiply_rows_but_baselines_run_once_per_setting():
+def test_seeds_replicate_every_trained_row_and_its_base_drafter():
     sweep = load_sweep("rank", ["seeds=[0,1,2]"])
     jobs = sweep.jobs()
-    assert len(jobs) == 2 + 5 * 3
+    assert len(jobs) == 1 + 3 * 3 + 5 * 3  # AR once; DSpark, FT, placebo and the five ranks per seed
     ready = [j for j in jobs if j.variant.method == "ready"]
     assert len({j.config_hash for j in ready}) == 15 and len({j.variant.variant_id for j in ready}) == 5
+    dspark = [j for j in jobs if j.variant.method == "dspark"]
+    assert [j.cfg.train.base_seed for j in dspark] == [0, 1, 2] and len({j.config_hash for j in dspark}) == 3
+    assert all(j.cfg.train.base_seed == j.seed for j in jobs if j.variant.method != "ar")
+
+
+def test_replicate_adaptation_keeps_one_base_drafter_for_every_seed():
+    sweep = load_sweep("rank", ["seeds=[0,1,2]", "replicate=adaptation"])
+    dspark = [j for j in sweep.jobs() if j.variant.method == "dspark"]
+    assert len(dspark) == 1 and dspark[0].cfg.train.base_seed == 0
+    assert {j.cfg.train.base_seed for j in sweep.jobs()} == {0}
+    with pytest.raises(SpecError, match="'replicate'"):
+        load_sweep("rank", ["replicate=everything"])
 
 
 def test_hash_ignores_what_cannot_change_a_result_and_tracks_what_can():
