@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from ready.config import BenchmarkConfig, CorpusConfig
-from ready.data.benchmarks import BenchmarkError, load_suite
+from ready.data.benchmarks import BenchmarkError, load_suite, read_records
 from ready.data.corpus import Doc, load_corpus
 from ready.data.tokenizer import build_tokenizer
 
@@ -173,3 +173,94 @@ def test_benchmark_without_a_path_or_unknown_name_is_refused(tokenizer) -> None:
         load_suite("gsm8k", bench(), tokenizer)
     with pytest.raises(BenchmarkError, match="unknown benchmark 'gsm9k'"):
         load_suite("gsm9k", bench(), tokenizer)
+
+
+# --- valid JSON Lines whose strings hold line-break characters; folders; cut-off files -------------
+
+SEPARATORS = "\u2028\u2029\u0085"  # str.splitlines() breaks on each; JSON strings may hold them raw
+
+
+def test_jsonl_splits_on_newline_only(tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "question.jsonl"
+    records = [{"question_id": i, "category": "x", "turns": [f"first{SEPARATORS}turn {i}"]} for i in (1, 2)]
+    # what json.dumps(..., ensure_ascii=False) writes; the second line ends in CRLF
+    path.write_text(json.dumps(records[0], ensure_ascii=False) + "\r\n" + json.dumps(records[1], ensure_ascii=False)
+                    + "\n", encoding="utf-8")
+    assert SEPARATORS in path.read_text(encoding="utf-8")
+    prompts = load_suite("mtbench", bench(paths={"mtbench": str(path)}), tokenizer)
+    assert [p.id for p in prompts] == ["mtbench/1", "mtbench/2"]
+    assert [r["turns"] for r in read_records(path, "mtbench", "MT-Bench")] == [r["turns"] for r in records]
+
+
+def test_json_with_a_byte_order_mark_reads(tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "alpaca_data.json"
+    path.write_bytes(b"\xef\xbb\xbf" + (FIXTURES / "alpaca_data.json").read_bytes())
+    assert len(load_suite("alpaca", bench(paths={"alpaca": str(path)}), tokenizer)) == 2
+
+
+def test_a_directory_is_reported_as_a_directory_naming_the_file_expected(tokenizer, tmp_path: Path) -> None:
+    snapshot = tmp_path / "gsm8k"  # a downloaded dataset snapshot folder
+    (snapshot / "main").mkdir(parents=True)
+    (snapshot / "main" / "test-00000-of-00001.parquet").write_bytes(b"PAR1")
+    (snapshot / "README.md").write_text("# gsm8k\n")
+    msg = _message("gsm8k", snapshot, tokenizer)
+    assert "does not exist" not in msg and "\n" not in msg
+    assert f"bench.paths.gsm8k = {str(snapshot)!r} is a directory" in msg
+    assert "'test.jsonl'" in msg and "found inside: main/test-00000-of-00001.parquet" in msg
+    empty = tmp_path / "mt_bench"
+    empty.mkdir()
+    msg = _message("mtbench", empty, tokenizer)
+    assert "is a directory" in msg and "no 'question.jsonl' inside it" in msg
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.5, 0.9, -1])
+def test_a_truncated_json_array_is_reported_as_cut_off(tokenizer, tmp_path: Path, cut: float) -> None:
+    text = (FIXTURES / "alpaca_data.json").read_text().rstrip()
+    path = tmp_path / "alpaca_data.json"
+    path.write_text(text[: int(len(text) * cut) if cut > 0 else -1])  # -1: only the closing ']' is missing
+    msg = _message("alpaca", path, tokenizer)
+    assert "'alpaca'" in msg and str(path) in msg and "\n" not in msg
+    assert "JSON array is cut off at line" in msg and "closing ']'" in msg
+
+
+def test_a_broken_json_array_is_not_called_cut_off(tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "alpaca_data.json"
+    path.write_text('[{"instruction": "a"},\n oops, {"instruction": "b"}]')
+    msg = _message("alpaca", path, tokenizer)
+    assert "cut off" not in msg and "not JSON: Expecting value at line 2 column 2" in msg
+
+
+def test_a_truncated_last_jsonl_line_and_gzip_are_reported_as_cut_off(tokenizer, tmp_path: Path) -> None:
+    text = (FIXTURES / "gsm8k_test.jsonl").read_text().rstrip("\n")
+    path = tmp_path / "test.jsonl"
+    path.write_text(text[:-10])
+    assert "line 3 is cut off" in _message("gsm8k", path, tokenizer)
+    gz = tmp_path / "HumanEval.jsonl.gz"
+    gz.write_bytes(gzip.compress((FIXTURES / "HumanEval.jsonl").read_bytes())[:-20])
+    msg = _message("humaneval", gz, tokenizer)
+    assert str(gz) in msg and "is cut off" in msg and "\n" not in msg
+
+
+@pytest.mark.slow
+def test_sweep_run_prints_a_benchmark_directory_in_one_line(tokenizer, tmp_path: Path, monkeypatch, capsys) -> None:
+    """`python -m sweeps.run` on a tiny local checkpoint stops at the benchmark, before any training."""
+    from ready.target import HybridConfig, HybridLM, save_target
+    from sweeps.run import main
+
+    cfg = HybridConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                       linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                       max_position_embeddings=256)
+    target = save_target(HybridLM(cfg).eval(), tmp_path / "target", tokenizer=tokenizer)
+    snapshot = tmp_path / "gsm8k"  # the folder, not the file in it
+    snapshot.mkdir()
+    (snapshot / "test.jsonl").write_text((FIXTURES / "gsm8k_test.jsonl").read_text())
+    monkeypatch.chdir(tmp_path)
+    code = main(["rank", "profile=smoke", f"target.source={target}", "bench.suites=[gsm8k]",
+                 f"bench.paths.gsm8k={snapshot}", "--no-report", "--quiet",
+                 "--experiments-dir", str(Path(__file__).resolve().parent.parent / "experiments")])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "'gsm8k'" in errors[0] and f"{str(snapshot)!r} is a directory" in errors[0]
+    assert "found inside: test.jsonl" in errors[0]

