@@ -13,6 +13,8 @@ reads the committed GDN states after token a-1.
 from __future__ import annotations
 
 import json
+import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
@@ -138,6 +140,7 @@ class DSparkDrafter(nn.Module):
         object.__setattr__(self, "_shared", (target.embed_tokens, target.lm_head))
         object.__setattr__(self, "_fingerprint", target_fingerprint(target))
         self._ctx: Optional[dict] = None
+        self._graphs: list = []
 
     # --- bookkeeping ------------------------------------------------------------------------
     def resolved(self) -> dict:
@@ -246,28 +249,76 @@ class DSparkDrafter(nn.Module):
         return lambda reader, h: reader(h.reshape(B * A, K, D), src).reshape(B, A * K, D)
 
     # --- drafting ---------------------------------------------------------------------------
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        """A new sequence: forget the cached context keys/values."""
-        self._ctx = None
+    # The context K/V of the committed features lives in static per-layer buffers (`_ctx`), filled
+    # incrementally: only rows not projected before are projected. On CUDA the whole draft step
+    # (the last K+1 context rows re-projected in place, backbone over the whole buffer with a
+    # length mask, reader, sequence head) is one CUDA graph per target cache (`_DraftGraph`); it is
+    # replayed only for the cache it was captured on, so a step that hands another cache (the
+    # state placebo's donor) never replays a graph that reads the wrong states. `cuda_graphs`
+    # None = on CUDA; True on CPU runs the same static path eagerly (tests).
+    cuda_graphs: Optional[bool] = None
+    MAX_GRAPHS = 2  # captured graphs kept (the engine's cache and, for the placebo, a donor's)
 
-    def _context_kv(self, feats: Optional[torch.Tensor], B: int, dev: torch.device) -> list:
-        """Per-layer context K/V of all committed features, projecting only the rows not seen before."""
-        n = 0 if feats is None else feats.shape[1]
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        """A new sequence: forget the cached context keys/values (the buffers and graphs stay)."""
+        if self._ctx is not None:
+            self._ctx["n"] = 0
+            self._ctx["ptr"] = None
+        sig = self._weights_signature()
+        if sig != getattr(self, "_graph_sig", None):  # new or re-wrapped weights (e.g. LoRA): recapture
+            self._graphs = []
+            self._graph_sig = sig
+
+    def _weights_signature(self) -> tuple:
+        ws = [p for p in self.parameters()] + [self._shared[0].weight, self._shared[1].weight]
+        return tuple((id(w), w.data_ptr(), w.dtype) for w in ws)
+
+    def _ensure_ctx(self, B: int, need: int, dev: torch.device) -> dict:
+        """Static per-layer context K/V buffers [B, H_kv, cap, hd] with room for `need` positions
+        (grown when needed, which drops the captured graphs that point at the old ones)."""
+        dt = self.fc.weight.dtype
         c = self._ctx
-        fresh = (c is None or c["B"] != B or c["n"] > n or c["dtype"] != self.fc.weight.dtype
-                 or (c["n"] > 0 and not torch.equal(c["last"], feats[:, c["n"] - 1])))
-        if fresh:
-            empty = torch.zeros(B, self.layers[0].self_attn.num_kv_heads, 0, self.head_dim, device=dev,
-                                dtype=self.fc.weight.dtype)
-            c = self._ctx = {"B": B, "n": 0, "dtype": self.fc.weight.dtype, "last": None,
-                             "kv": [(empty, empty) for _ in self.layers]}
-        if n > c["n"]:
-            ctx = self._context(feats[:, c["n"]:n])
-            cos, sin = self._rope(torch.arange(c["n"], n, device=dev).expand(B, -1))
-            kv_new = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
-            c["kv"] = [(torch.cat([k, kn], 2), torch.cat([v, vn], 2)) for (k, v), (kn, vn) in zip(c["kv"], kv_new)]
-            c["n"], c["last"] = n, feats[:, n - 1].clone()
-        return c["kv"]
+        if c is None or c["B"] != B or c["dtype"] != dt or c["cap"] < need or c["k"][0].device != dev:
+            cap = max(64, -(-need // 64) * 64)
+            shape = (B, self.layers[0].self_attn.num_kv_heads, cap, self.head_dim)
+            old = c if (c is not None and c["B"] == B and c["dtype"] == dt) else None
+            c = {"B": B, "dtype": dt, "cap": cap, "n": 0, "ptr": None,
+                 "k": [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
+                 "v": [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers]}
+            if old is not None and old["n"]:  # keep what was projected
+                for dst, src in zip(c["k"] + c["v"], old["k"] + old["v"]):
+                    dst[:, :, : old["n"]] = src[:, :, : old["n"]]
+                c["n"], c["ptr"] = old["n"], old["ptr"]
+            self._ctx = c
+            self._graphs = []
+        return c
+
+    def _project_rows(self, feats: torch.Tensor, lo: int, hi: int) -> None:
+        """Context K/V of feature rows lo..hi-1 into the static buffers."""
+        if hi <= lo:
+            return
+        c = self._ctx
+        B = feats.shape[0]
+        ctx = self._context(feats[:, lo:hi])
+        cos, sin = self._rope(torch.arange(lo, hi, device=feats.device).expand(B, -1))
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.kv(ctx, cos, sin)
+            c["k"][i][:, :, lo:hi] = k
+            c["v"][i][:, :, lo:hi] = v
+
+    def _context_kv(self, feats: Optional[torch.Tensor], B: int, dev: torch.device, room: int = 0) -> list:
+        """Per-layer context K/V of all committed features ([B, H_kv, n, hd] views of the static
+        buffers), projecting only the rows not seen before. The engine appends to one features
+        buffer, so rows already projected are known by its address and the count; another tensor
+        (or fewer rows) starts over."""
+        n = 0 if feats is None else feats.shape[1]
+        c = self._ensure_ctx(B, max(n, room), dev)
+        ptr = None if feats is None else feats.data_ptr()
+        if c["ptr"] != ptr or c["n"] > n:
+            c["n"], c["ptr"] = 0, ptr
+        self._project_rows(feats, c["n"], n)
+        c["n"] = max(c["n"], n)
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in zip(c["k"], c["v"])]
 
     def _cache_source(self, ssm: torch.Tensor, B: int) -> StateSource:
         """Where the readers read in the cache; the index tensors are built once per (cache, batch)."""
@@ -291,6 +342,9 @@ class DSparkDrafter(nn.Module):
         if feats is not None and feats.shape[1] != T - 1:
             raise DrafterError(f"DraftStep.features covers {feats.shape[1]} tokens; expected T-1 = {T - 1} "
                                "(features of every committed token but the last)")
+        graphs = dev.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
+        if graphs and feats is not None and T - 1 >= self.block_size + 1:
+            return self._draft_static(step)
         context_kv = self._context_kv(feats, B, dev)
         if self.context_window:  # the last W context positions, as forward_train masks them
             context_kv = [(k[:, :, -self.context_window:], v[:, :, -self.context_window:]) for k, v in context_kv]
@@ -302,6 +356,62 @@ class DSparkDrafter(nn.Module):
         cos, sin = self._rope(pos)
         h = self._backbone(self._block_input(tokens[:, -1]), cos, sin, context_kv, None, read)
         return self.head.greedy(self._logits(h), tokens[:, -1], h)
+
+    # --- the static (CUDA-graph) draft step ----------------------------------------------------
+    def _draft_static(self, step: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft step over fixed shapes: rows before the last K+1 are projected eagerly (after
+        the prefill), then the graph of `_static_body` is replayed (or run, off CUDA)."""
+        tokens, feats, cache = step.tokens, step.features, step.cache
+        B, T = tokens.shape
+        n, R = T - 1, self.block_size + 1
+        room = max(n + R, int(getattr(cache, "max_len", 0) or 0))
+        c = self._ensure_ctx(B, room, tokens.device)
+        ptr = feats.data_ptr()
+        if c["ptr"] != ptr or c["n"] > n:
+            c["n"], c["ptr"] = 0, ptr
+        self._project_rows(feats, c["n"], n - R)  # the prefill's rows (the body re-projects the last R)
+        g = self._graph_for(cache, B, R, feats)
+        g.feats.copy_(feats[:, n - R:n])
+        g.tok.copy_(tokens[:, -1])
+        g.n.fill_(n)
+        if g.graph is None and tokens.is_cuda and not g.failed:
+            g.capture(self)
+        out = self._static_body(g) if g.graph is None else (g.graph.replay() or g.out)
+        c["n"] = n
+        return out[0].clone(), out[1].clone()
+
+    def _graph_for(self, cache: Any, B: int, R: int, feats: torch.Tensor) -> "_DraftGraph":
+        """The graph bound to this very cache object (and its state tensor), made on first use."""
+        for g in self._graphs:
+            if g.cache() is cache and g.ssm_ptr == cache.ssm.data_ptr() and g.B == B:
+                return g
+        g = _DraftGraph(self, cache, B, R, feats)
+        self._graphs = ([g] + self._graphs)[: self.MAX_GRAPHS]
+        return g
+
+    def _static_body(self, g: "_DraftGraph") -> tuple[torch.Tensor, torch.Tensor]:
+        """Fixed-shape draft: inputs g.feats (the last R context rows), g.tok (anchor), g.n (context length)."""
+        c, K, (B, R) = self._ctx, self.block_size, g.feats.shape[:2]
+        dev = g.feats.device
+        rows = g.n - R + torch.arange(R, device=dev)
+        ctx = self._context(g.feats)
+        cos, sin = self._rope(rows.expand(B, R))
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.kv(ctx, cos, sin)
+            c["k"][i].index_copy_(2, rows, k)
+            c["v"][i].index_copy_(2, rows, v)
+        at = torch.arange(c["cap"], device=dev)
+        sees = at < g.n
+        if self.context_window:  # the last W context positions, as forward_train masks them
+            sees = sees & (at >= g.n - self.context_window)
+        mask = torch.cat([sees, torch.ones(K, dtype=torch.bool, device=dev)]).expand(B, 1, K, c["cap"] + K)
+        read = None
+        if self.reader_enabled:
+            read = lambda reader, h: reader(h, g.src)  # noqa: E731
+        cos, sin = self._rope((g.n + torch.arange(K, device=dev)).expand(B, K))
+        context_kv = list(zip(c["k"], c["v"]))
+        h = self._backbone(self._block_input(g.tok), cos, sin, context_kv, mask, read)
+        return self.head.greedy(self._logits(h), g.tok, h)
 
     # --- checkpoints ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -364,3 +474,42 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
         raise DrafterError(f"{path}: weights do not match the saved config (missing {missing[:3]}, unexpected "
                            f"{unexpected[:3]}); a LoRA-wrapped drafter must be merged before saving")
     return drafter.to(target.embed_tokens.weight.device)
+
+
+class _DraftGraph:
+    """Static inputs and (on CUDA) the captured graph of one drafter's draft step for one cache.
+
+    It holds a weak reference to the cache and the address of its state tensor: the drafter
+    replays it only for that very cache, so the reader never reads states of another cache."""
+
+    def __init__(self, drafter: DSparkDrafter, cache: Any, B: int, R: int, feats: torch.Tensor):
+        dev = feats.device
+        self.cache = weakref.ref(cache)
+        self.ssm_ptr = cache.ssm.data_ptr()
+        self.B = B
+        self.feats = torch.zeros((B, R) + tuple(feats.shape[2:]), device=dev, dtype=feats.dtype)
+        self.tok = torch.zeros(B, dtype=torch.long, device=dev)
+        self.n = torch.full((), R, dtype=torch.long, device=dev)
+        self.src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.out: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.failed = False
+
+    def capture(self, drafter: DSparkDrafter, warmup: int = 2) -> None:
+        """Warm up (kernel compilation and tuning) off the capture, then capture `_static_body`.
+        The warm-up passes write the same context rows the replay will: nothing else changes."""
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    drafter._static_body(self)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.out = drafter._static_body(self)
+            self.graph = graph
+        except Exception as e:  # pragma: no cover - depends on the device; stays correct eagerly
+            self.graph, self.failed = None, True
+            warnings.warn(f"drafter: CUDA-graph capture of the draft step failed ({type(e).__name__}: {e}); "
+                          "drafting eagerly", RuntimeWarning, stacklevel=3)

@@ -1,0 +1,134 @@
+"""The drafter's static draft step (the body of its CUDA graph) equals the eager draft and training;
+it reads the states of the cache it is handed, never those of the cache a graph was made for.
+
+On CPU `cuda_graphs=True` runs the static path eagerly (fixed shapes, the whole context buffer with
+a length mask, the last K+1 context rows re-projected in place); the `cuda` tests capture and replay.
+"""
+
+import pytest
+import torch
+
+from ready.decode.protocol import DraftStep
+from tests.test_drafter import V, draft_step, drafter_for, teacher, tiny_target
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target().to(DEVICE)
+
+
+def _pair(target, **kw):
+    """Two drafters with the same weights: eager (no graphs) and static."""
+    eager = drafter_for(target, **kw).to(DEVICE)
+    eager.cuda_graphs = False
+    static = drafter_for(target, **kw).to(DEVICE)
+    static.cuda_graphs = True
+    return eager, static
+
+
+def _rounds(target, drafters, prompt_len=9, commits=(3, 1, 5, 2), seed=3):
+    """Engine-like rounds: one features buffer that grows by the committed count, a cache with the
+    states of every committed token but the last. Yields each drafter's (tokens, logits) per round."""
+    torch.manual_seed(seed)
+    total = prompt_len + sum(commits) + 1
+    ids = torch.randint(0, V, (2, total), device=DEVICE)
+    d0 = drafters[0]
+    feats = target(ids, capture_layers=d0.capture_layers).hidden  # teacher features of every token
+    buf = torch.zeros_like(feats)
+    for d in drafters:
+        d.begin(ids[:, :prompt_len])
+    t = prompt_len
+    for c in (0,) + tuple(commits):
+        t += c
+        buf[:, : t - 1] = feats[:, : t - 1]
+        cache = target.new_cache(2, max_len=64)
+        target.prefill(ids[:, : t - 1], cache)
+        step = DraftStep(tokens=ids[:, :t], features=buf[:, : t - 1], target=target, cache=cache)
+        yield [d.draft(step) for d in drafters]
+
+
+@pytest.mark.parametrize("head,position,window", [("vanilla", "post", 0), ("gated", "pre", 0), ("rnn", "post", 0),
+                                                  ("vanilla", "post", 3)])
+def test_static_draft_equals_eager_draft_round_after_round(target, head, position, window):
+    eager, static = _pair(target, head=head, position=position, inject_layers=[0, -1], context_window=window)
+    for (te, le), (ts, ls) in _rounds(target, [eager, static]):
+        torch.testing.assert_close(ls, le, rtol=1e-4, atol=1e-4)
+        assert torch.equal(ts, te)
+
+
+def test_static_draft_equals_teacher_forced_training(target):
+    d = drafter_for(target, context_window=4).to(DEVICE)
+    d.cuda_graphs = True
+    torch.manual_seed(1)
+    prompt = torch.randint(0, V, (2, 11), device=DEVICE)
+    toks, logits = d.draft(draft_step(target, d, prompt))
+    ids = torch.cat([prompt, toks, torch.randint(0, V, (2, 2), device=DEVICE)], dim=1)
+    anchors = torch.tensor([[10, 3], [4, 10]], device=DEVICE)
+    hidden, states = teacher(target, d, ids, anchors)
+    train = d.forward_train(ids, hidden, anchors, states)
+    torch.testing.assert_close(train[0, 0], logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(train[1, 1], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_each_cache_gets_its_own_static_step_and_reads_its_own_states(target):
+    """The state placebo hands the drafter another (donor) cache: the draft reads that cache's states."""
+    eager, static = _pair(target)
+    torch.manual_seed(4)
+    ids = torch.randint(0, V, (2, 12), device=DEVICE)
+    own = draft_step(target, static, ids)
+    donor = draft_step(target, static, torch.randint(0, V, (2, 12), device=DEVICE))
+    donor_step = DraftStep(tokens=own.tokens, features=own.features, target=target, cache=donor.cache)
+    for d in (eager, static):
+        d.begin(ids)
+    a = static.draft(own)[1]
+    b = static.draft(donor_step)[1]
+    c = static.draft(own)[1]
+    torch.testing.assert_close(a, eager.draft(own)[1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b, eager.draft(donor_step)[1], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(a, b)  # the donor's states change the draft ...
+    torch.testing.assert_close(c, a, rtol=0, atol=0)  # ... and the own cache's step is untouched by it
+    assert len(static._graphs) == 2 and {id(g.cache()) for g in static._graphs} == {id(own.cache), id(donor.cache)}
+    own.cache.ssm.mul_(2.0)  # states change in place: the same step reads the new values
+    torch.testing.assert_close(static.draft(own)[1], eager.draft(own)[1], rtol=1e-4, atol=1e-4)
+
+
+def test_context_buffers_grow_and_keep_their_rows(target):
+    eager, static = _pair(target)
+    torch.manual_seed(5)
+    ids = torch.randint(0, V, (1, 63), device=DEVICE)
+    small = draft_step(target, static, ids[:, :20])
+    small.cache = target.new_cache(1, max_len=24)  # room for 24 positions only
+    target.prefill(ids[:, :19], small.cache)
+    static.begin(ids)
+    static.draft(small)
+    cap = static._ctx["cap"]
+    big = draft_step(target, static, ids)  # 62 context rows + K+1: the buffers grow past `cap` = 64
+    static.begin(ids)
+    eager.begin(ids)
+    torch.testing.assert_close(static.draft(big)[1], eager.draft(big)[1], rtol=1e-4, atol=1e-4)
+    assert static._ctx["cap"] > cap
+
+
+def test_new_weights_drop_the_captured_steps(target):
+    _, static = _pair(target)
+    ids = torch.randint(0, V, (1, 12), device=DEVICE)
+    static.begin(ids)
+    static.draft(draft_step(target, static, ids))
+    assert static._graphs
+    static.begin(ids)  # same weights: kept
+    assert static._graphs
+    static.to(torch.float64)  # other tensors: a captured graph would read freed memory
+    static.begin(ids)
+    assert static._graphs == []
+
+
+@pytest.mark.cuda
+def test_captured_draft_step_replays_the_eager_numbers():
+    tgt = tiny_target().cuda()
+    eager, static = _pair(tgt)
+    static.cuda_graphs = None  # auto: captured on CUDA
+    for (te, le), (ts, ls) in _rounds(tgt, [eager, static]):
+        torch.testing.assert_close(ls, le, rtol=1e-4, atol=1e-4)
+    assert static._graphs and all(g.graph is not None for g in static._graphs)
