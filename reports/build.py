@@ -23,24 +23,34 @@ from reports.tables import build_table, seeds_text
 
 FIGURE_STEM = "fig5_survival"
 MAIN_SWEEP = "main"
+CACHE = Path(".cache") / "evaluations"  # under the output folder: evaluation.json per finished run id
 
 
-def _figure(tracking_uri: str, loaded: dict[str, pl.DataFrame], out_dir: Path,
+def _evaluations(tracking_uri: str, runs: pl.DataFrame, out_dir: Path, echo: Callable[[str], None]) -> dict[str, dict]:
+    return collect.load_evaluations(tracking_uri, runs, out_dir / CACHE, echo=echo)
+
+
+def _figure(tracking_uri: str, loaded: dict[str, pl.DataFrame], evaluations: dict[str, dict], out_dir: Path,
             echo: Callable[[str], None]) -> list[Path]:
     """Figure 5 from the `main` sweep (of the store, even when not asked for) when it has DSpark
     and ReaDy survival metrics, else from the first of the reported sweeps that does."""
     if MAIN_SWEEP not in loaded and MAIN_SWEEP in collect.list_sweeps(tracking_uri):
-        loaded = {MAIN_SWEEP: collect.latest_setting(collect.load_runs(tracking_uri, MAIN_SWEEP))[0], **loaded}
+        main_runs = collect.latest_setting(collect.load_runs(tracking_uri, MAIN_SWEEP))[0]
+        loaded = {MAIN_SWEEP: main_runs, **loaded}
+        evaluations = {**evaluations, **_evaluations(tracking_uri, main_runs, out_dir, echo)}
     order = sorted(loaded, key=lambda s: s != MAIN_SWEEP)
     for sweep in order:
         runs = loaded[sweep]
-        curves = survival_curves(runs)
+        curves = survival_curves(runs, evaluations)
         if not curves:
             continue
         variants = collect.aggregate(runs)
         n = seeds_text(collect.seed_counts(variants))
         model = ", ".join(collect.models(runs)) or "unknown model"
-        paths = plot_survival(curves, f"Draft-prefix survival — sweep {sweep}, {model}, {n}", out_dir / FIGURE_STEM)
+        bands = ("95 % bands: bootstrap over seeds, then prompts" if any(c.lo for p in curves.values() for c in p)
+                 else "bands: ± std over seeds")
+        paths = plot_survival(curves, f"Draft-prefix survival — sweep {sweep}, {model}, {n}; {bands}",
+                              out_dir / FIGURE_STEM)
         gaps = sorted({b for b, pair in curves.items() for c in pair if None in c.mean})
         if gaps:
             echo(f"{FIGURE_STEM}: some draft positions have no survival metric on {', '.join(gaps)}; left as gaps")
@@ -63,7 +73,8 @@ def build_reports(
 
     `sweeps` None or empty means every `ready-*` experiment in the store. `fragment` writes
     tabular-only .tex files for \\input{}. Each Markdown table is also passed to `echo` (print).
-    Raises ReportError for a store or sweep that does not exist.
+    Every finished run's evaluation.json is read (once; cached under `<out_dir>/.cache/evaluations`)
+    for the paired intervals. Raises ReportError for a store or sweep that does not exist.
     """
     say = echo or (lambda _msg: None)
     out = Path(out_dir)
@@ -79,11 +90,14 @@ def build_reports(
             say(f"sweep {name}: {msg}")
         loaded[name] = runs
     written: list[Path] = []
+    evaluations: dict[str, dict] = {}
     for sweep, runs in loaded.items():
         if runs.height == 0:
             say(f"sweep {sweep}: no variant runs yet; no table written")
             continue
-        table = build_table(sweep, runs)
+        found = _evaluations(tracking_uri, runs, out, say)
+        evaluations.update(found)
+        table = build_table(sweep, runs, found)
         tex = out / f"{table.spec.name}.tex"
         md = out / f"{table.spec.name}.md"
         text = markdown.render(table)
@@ -91,7 +105,7 @@ def build_reports(
         atomic_write_text(md, text)
         written += [tex, md]
         say(text)
-    written += _figure(tracking_uri, loaded, out, say)
+    written += _figure(tracking_uri, loaded, evaluations, out, say)
     return written
 
 

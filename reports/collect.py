@@ -7,10 +7,12 @@ runs tagged `ready.kind=variant`, `ready.*` tags, flattened config params, metri
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import polars as pl
 
@@ -33,10 +35,15 @@ TAGS = (
     "ready.model",
     "ready.seed",
     "ready.setting",  # hash of the sweep's common config (written by sweeps/, one baseline set each)
+    "ready.lossless",  # "1"/"0": speculative output equal to AR greedy on every prompt
 )
 INT_TAGS = ("ready.order", "ready.seed")
 
-METHOD_NAMES = {"ar": "AR", "dspark": "DSpark", "ft": "DSpark+FT", "ready": "ReaDy"}
+METHOD_NAMES = {"ar": "AR", "dspark": "DSpark", "ft": "DSpark + FT", "placebo": "Placebo (shuffled states)",
+                "ready": "ReaDy"}
+NOT_LOSSLESS = "NOT_LOSSLESS"  # status given to a finished run whose output differed from AR greedy
+EVALUATION = "evaluation.json"
+EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 
 
 def default_tracking_uri() -> str:
@@ -226,6 +233,87 @@ class Variant:
         return self.stats[metric], None
 
 
+def finished(runs: pl.DataFrame) -> pl.DataFrame:
+    """The latest FINISHED run of every (variant, seed): a re-run of the same seed counts once."""
+    return (
+        runs.filter(pl.col("status") == FINISHED)
+        .sort("start_time", nulls_last=False)
+        .unique(subset=["ready.variant_id", "ready.seed"], keep="last", maintain_order=True)
+    )
+
+
+def not_lossless(runs: pl.DataFrame) -> pl.Expr:
+    """Finished runs whose speculative output differed from AR greedy: metric `overall/lossless` < 1
+    or tag `ready.lossless` = 0."""
+    metric = pl.col("overall/lossless") < 1 if "overall/lossless" in runs.columns else pl.lit(False)
+    return (pl.col("status") == FINISHED) & (metric.fill_null(False) | (pl.col("ready.lossless") == "0").fill_null(False))
+
+
+def set_aside_not_lossless(runs: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, tuple[int, ...]]]:
+    """Give not-lossless runs the status NOT_LOSSLESS, so no mean, gain or interval counts them.
+
+    Returns the runs and, per variant id, the seeds set aside (for the table's footnote).
+    """
+    bad = runs.filter(not_lossless(runs))
+    aside: dict[str, tuple[int, ...]] = {}
+    for r in bad.iter_rows(named=True):
+        aside[r["ready.variant_id"]] = tuple(sorted({*aside.get(r["ready.variant_id"], ()), r["ready.seed"] or 0}))
+    marked = runs.with_columns(pl.when(not_lossless(runs)).then(pl.lit(NOT_LOSSLESS)).otherwise(pl.col("status"))
+                               .alias("status"))
+    return marked, aside
+
+
+def search_objective(sweep: str, experiments_dir: Optional[Path] = None) -> Optional[str]:
+    """The metric a search sweep's TPE trials maximise (`search.objective` of experiments/<sweep>.yaml,
+    default `overall/tau` as in sweeps/spec.py); None for a sweep without a search or spec file."""
+    from omegaconf import OmegaConf
+
+    path = (experiments_dir or EXPERIMENTS_DIR) / f"{sweep}.yaml"
+    try:
+        spec = OmegaConf.to_container(OmegaConf.load(path))
+    except (OSError, ValueError):
+        return None
+    search = spec.get("search") if isinstance(spec, dict) else None
+    if not isinstance(search, dict):
+        return None
+    return str(search.get("objective") or "overall/tau")
+
+
+def load_evaluations(tracking_uri: str, runs: pl.DataFrame, cache_dir: Optional[Path] = None,
+                     echo: Callable[[str], None] = lambda _msg: None) -> dict[str, dict]:
+    """Run id -> the run's evaluation.json (per-prompt decoding logs), for every finished run.
+
+    Artifacts are downloaded through MLflow once and kept under `cache_dir/<run id>.json` (a
+    finished run's artifact never changes). A run without the artifact (older runs) is left out;
+    tables then show gains without intervals and say so.
+    """
+    from ready.artifacts import atomic_write_text
+
+    out: dict[str, dict] = {}
+    ids = runs.filter(pl.col("status") == FINISHED)["run_id"].to_list()
+    client = None
+    for run_id in ids:
+        cached = cache_dir / f"{run_id}.json" if cache_dir is not None else None
+        try:
+            if cached is not None and cached.is_file():
+                out[run_id] = json.loads(cached.read_text())
+                continue
+            if client is None:
+                os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+                client = _client(tracking_uri)
+            with tempfile.TemporaryDirectory() as tmp:
+                try:
+                    text = Path(client.download_artifacts(run_id, EVALUATION, tmp)).read_text()
+                except Exception:  # no such artifact: an older run, or one that failed to log it
+                    continue
+            out[run_id] = json.loads(text)
+            if cached is not None:
+                atomic_write_text(cached, text)
+        except (OSError, ValueError) as e:
+            echo(f"run {run_id}: {EVALUATION} unreadable ({type(e).__name__}: {str(e)[:120]}); no intervals from it")
+    return out
+
+
 def aggregate(runs: pl.DataFrame) -> list[Variant]:
     """Group runs by `ready.variant_id`: mean ± std over finished seeds, ordered by `ready.order`.
 
@@ -233,11 +321,7 @@ def aggregate(runs: pl.DataFrame) -> list[Variant]:
     all failed or are still running appear with no seeds, so tables can show them as missing.
     """
     metrics = metric_columns(runs)
-    fin = (
-        runs.filter(pl.col("status") == FINISHED)
-        .sort("start_time", nulls_last=False)
-        .unique(subset=["ready.variant_id", "ready.seed"], keep="last", maintain_order=True)
-    )
+    fin = finished(runs)
     aggs = [pl.col("ready.seed").sort().alias("seeds")]
     for m in metrics:
         aggs += [pl.col(m).mean().alias(f"{m}\0mean"), pl.col(m).std().alias(f"{m}\0std"), pl.col(m).count().alias(f"{m}\0n")]

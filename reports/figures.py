@@ -1,7 +1,9 @@
 """Figure 5: cumulative draft-prefix survival P_j by draft position, DSpark vs ReaDy, per benchmark.
 
-Values are the `<benchmark>/survival_<j>` metrics the evaluation logged (already cumulative and
-censored there); this module only averages them over seeds and draws them.
+With the runs' evaluation.json, each curve is P_j pooled over seeds and prompts with a 95 % band
+(bootstrap over seeds, then prompts; `ready.stats.survival`). Without them, the curve is the mean
+over seeds of the logged `<benchmark>/survival_<j>` metrics (already cumulative and censored
+there) with a ± std band. Not-lossless runs are left out either way.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import polars as pl
 
 from ready.artifacts import atomic_write_bytes
 from reports import collect
+from ready import stats
 from reports.collect import METHOD_NAMES, Variant
+from reports.intervals import Evidence
 from reports.tables import BENCHMARK_NAMES, SUMMARY
 
 _SURVIVAL = re.compile(r"^(?P<bench>[^/]+)/survival_(?P<j>\d+)$")
@@ -32,6 +36,8 @@ class Curve:
     positions: tuple[int, ...]
     mean: tuple[float | None, ...]
     std: tuple[float | None, ...]
+    lo: tuple[float | None, ...] = ()  # 95 % band from the per-prompt logs (empty without them)
+    hi: tuple[float | None, ...] = ()
 
 
 def survival_positions(runs: pl.DataFrame) -> dict[str, list[int]]:
@@ -52,12 +58,26 @@ def _pick(variants: Sequence[Variant], method: str, positions: dict[str, list[in
     return None
 
 
-def survival_curves(runs: pl.DataFrame) -> dict[str, list[Curve]]:
-    """Benchmark -> [DSpark curve, ReaDy curve] (mean ± std over seeds); empty when either is absent.
+def _banded(ev: Evidence, v: Variant, bench: str, positions: Sequence[int], label: str) -> Curve | None:
+    """The curve pooled over seeds and prompts with its 95 % band, when v has per-prompt logs."""
+    band = ev.survival(v, bench)
+    if not band:
+        return None
+    pick = [band[j - 1] if j <= len(band) else None for j in positions]
+    return Curve(label, tuple(positions), tuple(iv.value if iv else None for iv in pick),
+                 tuple(None for _ in pick), tuple(iv.lo if iv else None for iv in pick),
+                 tuple(iv.hi if iv else None for iv in pick))
+
+
+def survival_curves(runs: pl.DataFrame, evaluations: Mapping[str, dict] | None = None) -> dict[str, list[Curve]]:
+    """Benchmark -> [DSpark curve, ReaDy curve]; empty when either is absent.
 
     Benchmarks are those with survival metrics other than `overall`, or `overall` alone when
-    nothing else has them. The ReaDy curve is the first `ready` variant in `ready.order`.
+    nothing else has them. The ReaDy curve is the first `ready` variant in `ready.order`. With
+    `evaluations` (run id -> evaluation.json) a curve gets a 95 % band, else mean ± std over seeds.
     """
+    runs, _aside = collect.set_aside_not_lossless(runs)
+    ev = Evidence(runs, evaluations or {})
     positions = survival_positions(runs)
     if set(positions) - {SUMMARY}:
         positions.pop(SUMMARY, None)
@@ -71,11 +91,15 @@ def survival_curves(runs: pl.DataFrame) -> dict[str, list[Curve]]:
         curves = []
         for v in chosen:
             assert v is not None
-            stats = [v.stat(f"{b}/survival_{j}")[0] for j in positions[b]]
             name = METHOD_NAMES[v.method]
             label = name if v.name == name else f"{name} ({v.name})"
-            curves.append(Curve(label, tuple(positions[b]), tuple(s.mean if s else None for s in stats),
-                                tuple(s.std if s and s.n > 1 else None for s in stats)))
+            banded = _banded(ev, v, stats.OVERALL if b == SUMMARY else b, positions[b], label)
+            if banded is not None:
+                curves.append(banded)
+                continue
+            logged = [v.stat(f"{b}/survival_{j}")[0] for j in positions[b]]
+            curves.append(Curve(label, tuple(positions[b]), tuple(s.mean if s else None for s in logged),
+                                tuple(s.std if s and s.n > 1 else None for s in logged)))
         out[b] = curves
     return out
 
@@ -100,11 +124,14 @@ def plot_survival(curves: dict[str, list[Curve]], title: str, out_stem: Path) ->
             xs = [x for x, y in zip(curve.positions, curve.mean) if y is not None]
             ys = [y for y in curve.mean if y is not None]
             ax.plot(xs, ys, label=curve.label, markersize=4, **style)
-            band = [(x, y, s) for x, y, s in zip(curve.positions, curve.mean, curve.std) if y is not None and s is not None]
+            if curve.lo:  # 95 % band from the per-prompt logs
+                band = [(x, lo, hi) for x, lo, hi in zip(curve.positions, curve.lo, curve.hi) if lo is not None and hi is not None]
+            else:  # ± std over seeds
+                band = [(x, y - s, y + s) for x, y, s in zip(curve.positions, curve.mean, curve.std)
+                        if y is not None and s is not None]
             if band:
-                bx, by, bs = zip(*band)
-                ax.fill_between(bx, [y - s for y, s in zip(by, bs)], [y + s for y, s in zip(by, bs)],
-                                color=style["color"], alpha=0.2, linewidth=0)
+                bx, blo, bhi = zip(*band)
+                ax.fill_between(bx, blo, bhi, color=style["color"], alpha=0.2, linewidth=0)
         ax.set_title(BENCHMARK_NAMES.get(bench, bench))
         ax.set_xlabel("Draft position $j$")
         ax.set_xticks(pair[0].positions)

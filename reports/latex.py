@@ -1,13 +1,14 @@
 """Render a `Table` as booktabs LaTeX: a full `table` float, or a tabular-only fragment for \\input{}.
 
-No vertical rules; \\toprule/\\midrule/\\bottomrule and \\cmidrule under group headers; the best
-value of each comparison in bold; a missing value is a dagger-marked dash, explained in notes set
-under the bottom rule (inside the tabular, so fragments carry them too).
+No vertical rules; \\toprule/\\midrule/\\bottomrule and \\cmidrule under group headers; a value in
+bold only where its interval clears the runner-up's; a gain whose interval excludes 0 marked with
+a superscript *; a missing value is a dagger-marked dash and a not-lossless row a double dagger,
+explained in notes set under the bottom rule (inside the tabular, so fragments carry them too).
 """
 
 from __future__ import annotations
 
-from reports.tables import Cell, Table, format_cell_parts, seeds_text
+from reports.tables import EFFECT_MARK, Cell, Table, caption_text, format_cell_parts, seeds_text
 
 _ESCAPES = {
     "\\": r"\textbackslash{}",
@@ -23,6 +24,11 @@ _ESCAPES = {
     "–": "--",
     "×": r"$\times$",
     "τ": r"$\tau$",
+    "Δ": r"$\Delta$",
+    "±": r"$\pm$",
+    "−": "--",
+    "†": r"$^{\dagger}$",
+    "‡": r"$^{\ddagger}$",
 }
 
 MISSING = r"--$^{\dagger}$"
@@ -36,27 +42,34 @@ def escape(text: str) -> str:
 
 def render_cell(cell: Cell) -> str:
     if cell.kind == "text" or (cell.text and cell.mean is None):
-        return escape(cell.text)
+        return escape(cell.text + cell.flag)
     if cell.mean is None:
         return MISSING
-    val, std = format_cell_parts(cell)
+    val, std, interval = format_cell_parts(cell)
     body = val if std is None else rf"{val} \pm {std}"
+    if interval is not None:
+        body += rf"\;[{interval[0]}, {interval[1]}]"
     if cell.kind == "speedup":
         body += r"\times"
-    return rf"$\mathbf{{{body}}}$" if cell.bold else f"${body}$"
+    if cell.bold:
+        body = rf"\mathbf{{{body}}}"
+    if cell.marked:
+        body += rf"^{{{EFFECT_MARK}}}"
+    return f"${body}$"
 
 
 def caption(table: Table) -> str:
-    """Caption text naming the sweep, the model(s) and the number of seeds."""
+    """Caption: the title, the sweep, model(s) and seeds, then how much data stands behind a cell
+    and how to read its interval, mark and bold (the same sentences as the Markdown preview)."""
     model = ", ".join(rf"\texttt{{{escape(m)}}}" for m in table.models) or "unknown"
     n_models = "models" if len(table.models) > 1 else "model"
     seeds = escape(seeds_text(table.seeds))
-    spread = r" (mean $\pm$ std over seeds)" if table.seeds[1] > 1 else ""
     title = escape(table.spec.title) + " " if table.spec.title else ""
+    about = " ".join(escape(s) for s in caption_text(table))
     return (
         f"{title}Sweep \\texttt{{{escape(table.sweep)}}}, {n_models} {model}, "
-        f"{seeds}{spread}; gains relative to DSpark of the same sweep."
-    )
+        f"{seeds}; gains relative to DSpark of the same sweep. {about}"
+    ).rstrip()
 
 
 def tabular(table: Table) -> str:
@@ -84,9 +97,11 @@ def tabular(table: Table) -> str:
             lines.append(r"\midrule")
         lines.append(" & ".join(render_cell(c) for c in row) + r" \\")
     lines.append(r"\bottomrule")
-    for k, note in enumerate(table.notes):
-        mark = r"$^{\dagger}$\,Missing: " if k == 0 else r"\phantom{$^{\dagger}$\,Missing: }"
-        lines.append(rf"\multicolumn{{{n}}}{{l}}{{\footnotesize {mark}{escape(note)}.}} \\")
+    for marker, title, notes in ((r"$^{\dagger}$", "Missing", table.notes),
+                                 (r"$^{\ddagger}$", "Not lossless", table.lossless_notes)):
+        for k, note in enumerate(notes):
+            mark = rf"{marker}\,{title}: " if k == 0 else rf"\phantom{{{marker}\,{title}: }}"
+            lines.append(rf"\multicolumn{{{n}}}{{l}}{{\footnotesize {mark}{escape(note)}.}} \\")
     lines.append(r"\end{tabular}")
     return "\n".join(lines) + "\n"
 

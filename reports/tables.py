@@ -1,8 +1,11 @@
 """The paper's tables as data: which sweep feeds which table, and the cells computed from runs.
 
-A `Table` holds numbers, not strings; `reports.latex` and `reports.markdown` render it. Gains and
-speedups are recomputed here from the baseline runs of the same sweep (ratio of seed means),
-never read from the gains the runner logged. A value that cannot be computed is a missing cell
+A `Table` holds numbers, not strings; `reports.latex` and `reports.markdown` render it. Gains are
+recomputed here, never read from the gains the runner logged: paired by prompt and seed from the
+runs' evaluation.json with a 95 % interval (`reports.intervals`, `ready.stats`), or, for runs
+without per-prompt logs, as a ratio of seed means. A cell is marked only when its interval
+excludes 0, and bold only when its interval clears the runner-up's; CPU timings are never ranked.
+Not-lossless runs are left out and footnoted. A value that cannot be computed is a missing cell
 (rendered as a dash) plus a note saying why, never a zero.
 """
 
@@ -10,15 +13,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import polars as pl
 
+from ready import stats
+from ready.stats import N_RESAMPLES, Interval
 from reports import collect
 from reports.collect import METHOD_NAMES, Stat, Variant
+from reports.intervals import Counts, Evidence, count_text
 
 SUMMARY = "overall"  # the benchmark key of the whole-suite metrics the ablation tables report
 AVERAGE = "_average"  # per-run mean over benchmarks, added for Table 1's last row
+GAIN_DECIMALS = 1  # percent gains: +5.1 [+2.0, +8.3]
+DIFF_DECIMALS = 3  # state reliance, a difference of τ
+TAU_DECIMALS = 3
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,8 @@ class Column:
 
 @dataclass
 class Cell:
-    """One table cell. kind: text | num (mean ± std) | gain (signed %) | speedup (×)."""
+    """One table cell. kind: text | num (value ± std or [lo, hi]) | gain (signed %) | diff (signed)
+    | speedup (×). A gain or diff whose 95 % interval [lo, hi] excludes 0 is marked (EFFECT_MARK)."""
 
     kind: str = "num"
     mean: float | None = None
@@ -88,10 +98,27 @@ class Cell:
     decimals: int = 2
     text: str = ""
     bold: bool = False
+    lo: float | None = None  # 95 % interval, when the cell was resampled
+    hi: float | None = None
+    flag: str = ""  # a footnote mark after the text (NOT_LOSSLESS_MARK on a row label)
 
     @property
     def missing(self) -> bool:
         return self.kind != "text" and self.mean is None and not self.text
+
+    @property
+    def has_interval(self) -> bool:
+        return self.mean is not None and self.lo is not None and self.hi is not None
+
+    @property
+    def marked(self) -> bool:
+        """A signed effect whose interval excludes 0."""
+        return self.kind in ("gain", "diff") and self.has_interval and (self.lo > 0 or self.hi < 0)
+
+
+EFFECT_MARK = "*"  # after a gain whose 95 % interval excludes 0
+NOT_LOSSLESS_MARK = "‡"  # after a row (or column group) with a run left out for not being lossless
+CPU_TIMING = "CPU timing, indicative: TPS is not ranked"
 
 
 @dataclass
@@ -103,7 +130,9 @@ class Table:
     columns: list[Column]
     rows: list[list[Cell]]
     rule_before: set[int] = field(default_factory=set)  # row indices preceded by a \midrule
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # missing values (†)
+    lossless_notes: list[str] = field(default_factory=list)  # runs left out, not lossless (‡)
+    about: list[str] = field(default_factory=list)  # caption sentences: data per cell, how to read it
 
     @property
     def label(self) -> str:
@@ -114,24 +143,27 @@ def format_number(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}"
 
 
-def format_cell_parts(cell: Cell) -> tuple[str, str | None]:
-    """(value, std) strings of a numeric cell; std None when there is one seed or none applies."""
+def format_cell_parts(cell: Cell) -> tuple[str, str | None, tuple[str, str] | None]:
+    """(value, std, (lo, hi)) strings of a numeric cell; std/interval None where not applicable."""
     assert cell.mean is not None
-    if cell.kind == "gain":
-        return f"{cell.mean:+.{cell.decimals}f}", None
-    val = format_number(cell.mean, cell.decimals)
-    std = format_number(cell.std, cell.decimals) if cell.std is not None else None
-    return val, std
+    signed = cell.kind in ("gain", "diff")
+    fmt = (lambda x: f"{x:+.{cell.decimals}f}") if signed else (lambda x: format_number(x, cell.decimals))
+    interval = (fmt(cell.lo), fmt(cell.hi)) if cell.has_interval else None
+    std = format_number(cell.std, cell.decimals) if cell.std is not None and not signed and interval is None else None
+    return fmt(cell.mean), std, interval
 
 
 def mark_best(cells: Sequence[Cell]) -> None:
-    """Bold the highest value among two or more present cells (ties at display precision all bold)."""
+    """Bold the best cell only when its interval clears the runner-up's (best lo > runner-up hi).
+
+    Needs two or more present cells, every one with an interval: a value without an interval
+    (or a tie within noise) is never called best.
+    """
     present = [c for c in cells if c.mean is not None]
-    if len(present) < 2:
+    if len(present) < 2 or not all(c.has_interval for c in present):
         return
-    best = max(round(c.mean, c.decimals) for c in present)
-    for c in present:
-        c.bold = round(c.mean, c.decimals) == best
+    best, second = sorted(present, key=lambda c: c.mean, reverse=True)[:2]
+    best.bold = best.lo > second.hi
 
 
 def _num(stat: Stat | None, decimals: int) -> Cell:
@@ -140,15 +172,21 @@ def _num(stat: Stat | None, decimals: int) -> Cell:
     return Cell("num", stat.mean, stat.std if stat.n > 1 else None, decimals)
 
 
+def _interval_cell(kind: str, iv: Interval | None, decimals: int) -> Cell:
+    if iv is None:
+        return Cell(kind, decimals=decimals)
+    return Cell(kind, iv.value, decimals=decimals, lo=iv.lo, hi=iv.hi)
+
+
 def _ratio(a: Stat | None, b: Stat | None) -> float | None:
     if a is None or b is None or b.mean == 0:
         return None
     return a.mean / b.mean
 
 
-def _gain(a: Stat | None, b: Stat | None) -> Cell:
+def _gain(a: Stat | None, b: Stat | None, decimals: int = GAIN_DECIMALS) -> Cell:
     r = _ratio(a, b)
-    return Cell("gain", None if r is None else 100.0 * (r - 1.0), decimals=2)
+    return Cell("gain", None if r is None else 100.0 * (r - 1.0), decimals=decimals)
 
 
 class _Notes:
@@ -167,12 +205,23 @@ class _Notes:
         return s
 
 
-def _seed_notes(variants: Sequence[Variant], notes: _Notes) -> None:
+def _seed_notes(variants: Sequence[Variant], notes: _Notes, aside: dict[str, tuple[int, ...]]) -> None:
     for v in variants:
-        if v.missing_seeds:
-            ms = ", ".join(str(s) for s in v.missing_seeds)
+        missing = [s for s in v.missing_seeds if s not in aside.get(v.variant_id, ())]
+        if missing and v.seeds:
+            ms = ", ".join(str(s) for s in missing)
             have = ", ".join(str(s) for s in v.seeds)
             notes.add(f"{v.name}: mean over seed(s) {have} only; no finished run for seed(s) {ms}")
+
+
+def _lossless_notes(variants: Sequence[Variant], aside: dict[str, tuple[int, ...]]) -> list[str]:
+    out = []
+    for v in variants:
+        if v.variant_id in aside:
+            seeds = ", ".join(str(s) for s in aside[v.variant_id])
+            out.append(f"{v.name}: seed(s) {seeds} not lossless (speculative output differed from AR greedy); "
+                       "left out of every number and gain of this row")
+    return out
 
 
 def _baseline(variants: Sequence[Variant], method: str, notes: _Notes, sweep: str, purpose: str) -> Variant | None:
@@ -185,43 +234,153 @@ def _baseline(variants: Sequence[Variant], method: str, notes: _Notes, sweep: st
     return found[0]
 
 
-def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec) -> Table:
-    """Tables 2-6: one row per variant in `ready.order`, tau, TPS and their gains vs DSpark (%).
+def _first(variants: Sequence[Variant], method: str) -> Variant | None:
+    return next((v for v in variants if v.method == method), None)
 
-    The DSpark run of the same sweep is the first (reference) row; AR runs are not shown.
+
+def _reading(ev: Evidence, counts: Sequence[Counts], with_rounds: str) -> list[str]:
+    """Caption sentences: the data behind a cell and how to read its interval, mark and bold."""
+    if not counts:
+        return [f"No per-prompt logs (evaluation.json): gains are ratios of seed means without intervals, "
+                f"and nothing is bolded{with_rounds}."]
+    return [
+        f"Per cell: {count_text(counts)}.",
+        "Gains are paired by prompt and seed against the reference row; [lo, hi] is a 95 % interval "
+        f"(bootstrap over seeds, then prompts; {N_RESAMPLES:,} resamples); {EFFECT_MARK} marks an interval "
+        "that excludes 0; bold only where a row's interval clears the runner-up's.",
+    ]
+
+
+def _timing(ev: Evidence) -> str:
+    if ev.on_cpu:
+        return CPU_TIMING + "."
+    if not ev.timing_ranked:
+        return "Device not recorded: TPS is not ranked."
+    return ""
+
+
+def _search_about(sweep: str, evaluations: Mapping[str, dict]) -> list[str]:
+    """For a search sweep: the objective the trials were ranked on and the split it was computed on."""
+    objective = collect.search_objective(sweep)
+    if objective is None:
+        return []
+    held = [e.get(stats.HELDOUT_TF) for e in evaluations.values() if isinstance(e.get(stats.HELDOUT_TF), Mapping)]
+    if objective.startswith(stats.HELDOUT_TF + "/"):
+        splits = sorted({str(h.get("split")) for h in held if h.get("split")})
+        sizes = sorted({int(h["num_sequences"]) for h in held if h.get("num_sequences") is not None})
+        where = (f"the {'/'.join(splits)} split of held-out regenerated sequences"
+                 + (f" ({'/'.join(map(str, sizes))} sequences)" if sizes else "")) if splits else \
+            "held-out regenerated sequences (split not recorded in the runs)"
+        return [f"Search objective {objective}: teacher-forced τ on {where}, not on the evaluation suites."]
+    return [f"Search objective {objective}: computed on the evaluation suites themselves, "
+            "so this table's numbers are not held out from the search."]
+
+
+def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
+                   evaluations: Mapping[str, dict] | None = None) -> Table:
+    """Tables 2-6: DSpark (reference), the FT control, the placebo, then the ReaDy rows in `ready.order`.
+
+    Columns: τ, Δτ vs DSpark and vs FT (%), state reliance (Δτ own − another prompt's states), TPS and
+    ΔTPS vs DSpark (%). With per-prompt logs (`evaluations`: run id -> evaluation.json) τ and every
+    comparison carry a 95 % interval, hierarchical over the seeds each row finished and the prompts;
+    without them, gains are ratios of seed means. Not-lossless runs are left out and footnoted.
     """
+    runs, aside = collect.set_aside_not_lossless(runs)
+    evaluations = evaluations or {}
+    ev = Evidence(runs, evaluations)
     variants = [v for v in collect.aggregate(runs) if v.method != "ar"]
     notes = _Notes()
+    for p in ev.problems:
+        notes.add(p)
     ref = _baseline(variants, "dspark", notes, sweep, "gains")
-    others = [v for v in variants if v is not ref]
-    tau_m, tps_m = f"{SUMMARY}/tau", f"{SUMMARY}/tps"
+    ft, placebo = _first(variants, "ft"), _first(variants, "placebo")
+    if ft is None:
+        notes.add(f"no {METHOD_NAMES['ft']} run in sweep {sweep}: gains vs FT not computed")
+    controls = [v for v in (ft, placebo) if v is not None]
+    rest = [v for v in variants if v is not ref and v not in controls]
+    ordered = ([ref] if ref is not None else []) + controls + rest
+    any_evidence = any(ev.has(v) for v in ordered)
+
+    def gain(v: Variant, r: Variant | None, metric: str) -> Cell:
+        if r is None:
+            return Cell("gain", decimals=GAIN_DECIMALS)
+        if ev.has(v) and ev.has(r):
+            iv, note = ev.gain(v, r, stats.OVERALL, metric)
+            notes.add(note)
+            return _interval_cell("gain", iv, GAIN_DECIMALS)
+        cell = _gain(notes.stat(v, f"{SUMMARY}/{metric}"), notes.stat(r, f"{SUMMARY}/{metric}"))
+        if any_evidence and cell.mean is not None:
+            who = v.name if not ev.has(v) else r.name
+            notes.add(f"{who}: no per-prompt logs (evaluation.json); its gains are ratios of seed means, no interval")
+        return cell
+
+    def reliance(v: Variant) -> Cell | None:
+        iv = ev.state_reliance(v, stats.OVERALL)
+        if iv is not None:
+            return _interval_cell("diff", iv, DIFF_DECIMALS)
+        logged = v.stat(f"{SUMMARY}/state_reliance")[0]
+        return None if logged is None else Cell("diff", logged.mean, decimals=DIFF_DECIMALS)
+
+    reliances = {v.variant_id: reliance(v) for v in ordered}
+    if not any(reliances.values()):
+        notes.add(f"no state-swap decode logged in sweep {sweep}: state reliance not computed")
+
+    def reliance_cell(v: Variant) -> Cell:
+        cell = reliances[v.variant_id]
+        if cell is not None:
+            return cell
+        if v.method == "ready":  # expected: a ReaDy row decodes with swapped states too
+            if any(reliances.values()) and v.n_finished:
+                notes.add(f"{v.name}: no state-swap decode logged; state reliance not computed")
+            return Cell("diff", decimals=DIFF_DECIMALS)
+        return Cell("text", text="")
+
     rows: list[list[Cell]] = []
-    ordered = ([ref] if ref is not None else []) + others
-    ref_tau = ref_tps = None
-    if ref is not None:
-        ref_tau, ref_tps = notes.stat(ref, tau_m), notes.stat(ref, tps_m)
+    counts: list[Counts] = []
     for v in ordered:
-        tau, tps = notes.stat(v, tau_m), notes.stat(v, tps_m)
-        row = [Cell("text", text=v.name), _num(tau, 4), _num(tps, 2)]
-        if v is ref:
-            row += [Cell("gain", text="ref."), Cell("gain", text="ref.")]
-        else:
-            row += [_gain(tau, ref_tau), _gain(tps, ref_tps)]
+        c = ev.counts(v, stats.OVERALL)
+        if c is not None:
+            counts.append(c)
+        tau_iv = ev.tau(v, stats.OVERALL)
+        tau = _interval_cell("num", tau_iv, TAU_DECIMALS) if tau_iv else _num(notes.stat(v, f"{SUMMARY}/tau"), TAU_DECIMALS)
+        row = [Cell("text", text=v.name, flag=NOT_LOSSLESS_MARK if v.variant_id in aside else ""), tau]
+        row.append(Cell("gain", text="ref.") if v is ref else gain(v, ref, "tau"))
+        row.append(Cell("gain", text="ref.") if v is ft else Cell("text", text="") if v is ref else gain(v, ft, "tau"))
+        row.append(reliance_cell(v))
+        row.append(_num(notes.stat(v, f"{SUMMARY}/tps"), 2))
+        row.append(Cell("gain", text="ref.") if v is ref else gain(v, ref, "tps"))
         rows.append(row)
     if ref is None:  # keep the reference row visible, as a row of dashes
-        rows.insert(0, [Cell("text", text="DSpark"), Cell(decimals=4), Cell(decimals=2), Cell("gain"), Cell("gain")])
-    for col in range(1, 5):
+        rows.insert(0, [Cell("text", text="DSpark"), Cell(decimals=TAU_DECIMALS), Cell("gain"), Cell("text", text=""),
+                        Cell("text", text=""), Cell(decimals=2), Cell("gain")])
+    for col in (1, 2, 3, 4):
         mark_best([r[col] for r in rows])
-    _seed_notes(variants, notes)
+    if ev.timing_ranked:
+        mark_best([r[6] for r in rows])
+    _seed_notes(variants, notes, aside)
     columns = [
         Column(spec.row_header, spec.row_header, align="l"),
-        Column(r"$\tau$", "τ"),
-        Column("TPS", "TPS"),
-        Column(r"$\Delta\tau$ (\%)", "Δτ vs DSpark (%)", group="Gain vs DSpark"),
-        Column(r"$\Delta$TPS (\%)", "ΔTPS vs DSpark (%)", group="Gain vs DSpark"),
+        Column(r"$\tau$", "τ", group="Acceptance length"),
+        Column(r"$\Delta\tau$ vs DSpark (\%)", "Δτ vs DSpark (%)", group="Acceptance length"),
+        Column(r"$\Delta\tau$ vs FT (\%)", "Δτ vs FT (%)", group="Acceptance length"),
+        Column("State reliance", "State reliance (Δτ)", group="Acceptance length"),
+        Column("TPS", "TPS", group="Speed"),
+        Column(r"$\Delta$TPS (\%)", "ΔTPS vs DSpark (%)", group="Speed"),
     ]
+    rounds = ""
+    if not any_evidence:
+        r = [v.stats[f"{SUMMARY}/rounds"].mean for v in ordered if f"{SUMMARY}/rounds" in v.stats]
+        rounds = f" ({min(r):,.0f}–{max(r):,.0f} rounds per seed)" if r else ""
+    about = _reading(ev, counts, rounds)
+    about += ["τ pooled over seeds and prompts" + ("" if any_evidence else " (mean ± std over seeds)")
+              + "; TPS mean ± std over seeds.",
+              "State reliance: τ with the row's own states minus τ with another prompt's states."]
+    about += [t for t in (_timing(ev),) if t] + _search_about(sweep, evaluations)
+    rule = {1} if len(rows) > 1 else set()
+    if controls and rest:
+        rule.add(1 + len(controls))
     return Table(spec, sweep, collect.models(runs), collect.seed_counts(variants), columns, rows,
-                 rule_before={1} if len(rows) > 1 else set(), notes=notes.items)
+                 rule_before=rule, notes=notes.items, lossless_notes=_lossless_notes(variants, aside), about=about)
 
 
 def _tps_tau(v: Variant | None, bench: str, notes: _Notes) -> tuple[Stat | None, Stat | None]:
@@ -233,42 +392,64 @@ def _tps_tau(v: Variant | None, bench: str, notes: _Notes) -> tuple[Stat | None,
     return notes.stat(v, f"{bench}/tps"), notes.stat(v, f"{bench}/tau")
 
 
-def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec) -> Table:
+def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
+               evaluations: Mapping[str, dict] | None = None) -> Table:
     """Table 1: per benchmark and their average, TPS / speedup vs AR / tau for each method, gains vs DSpark.
 
     Column groups are AR, DSpark, then every other variant in `ready.order`; the gain columns
-    compare each non-baseline variant with DSpark. The average row is the mean over benchmarks
-    (per run, then over seeds), as in the paper; it is missing when any benchmark is.
+    compare each non-baseline variant with DSpark, paired by prompt and seed with a 95 % interval
+    when the runs' evaluation.json are given. The average row is the mean over benchmarks (per
+    run, then over seeds), as in the paper; it is missing when any benchmark is.
     """
+    runs, aside = collect.set_aside_not_lossless(runs)
+    evaluations = evaluations or {}
+    ev = Evidence(runs, evaluations)
     benches = collect.benchmarks(runs, "tps")
     for metric in ("tps", "tau"):
         runs = collect.with_mean_over(runs, f"{AVERAGE}/{metric}", [f"{b}/{metric}" for b in benches])
     variants = collect.aggregate(runs)
     notes = _Notes()
+    for p in ev.problems:
+        notes.add(p)
     ar = _baseline(variants, "ar", notes, sweep, "speedups")
     ds = _baseline(variants, "dspark", notes, sweep, "gains")
     others = [v for v in variants if v is not ar and v is not ds]
     groups: list[Variant | None] = [ar, ds, *others]
-    group_names = [ar.name if ar else "AR", ds.name if ds else "DSpark", *(v.name for v in others)]
+
+    def name(v: Variant | None, default: str) -> str:
+        return (v.name + (NOT_LOSSLESS_MARK if v.variant_id in aside else "")) if v else default
+
+    group_names = [name(ar, "AR"), name(ds, "DSpark"), *(name(v, "") for v in others)]
     columns = [Column("Benchmark", "Benchmark", align="l")]
-    for name in group_names:
-        columns += [Column("TPS", f"{name} TPS", name), Column(r"$\times$", f"{name} ×", name),
-                    Column(r"$\tau$", f"{name} τ", name)]
-    for v in others:
-        gain = "Gain vs DSpark" if len(others) == 1 else f"{v.name} vs DSpark"
+    for gname in group_names:
+        columns += [Column("TPS", f"{gname} TPS", gname), Column(r"$\times$", f"{gname} ×", gname),
+                    Column(r"$\tau$", f"{gname} τ", gname)]
+    for v, gname in zip(others, group_names[2:]):
+        gain = "Gain vs DSpark" if len(others) == 1 else f"{gname} vs DSpark"
         columns += [Column(r"TPS (\%)", f"{gain} TPS (%)", gain), Column(r"$\tau$ (\%)", f"{gain} τ (%)", gain)]
 
+    def paired(v: Variant, key: str, metric: str, a: Stat | None, b: Stat | None) -> Cell:
+        if ds is not None and ev.has(v) and ev.has(ds):
+            iv, note = ev.gain(v, ds, key, metric)
+            notes.add(note)
+            return _interval_cell("gain", iv, GAIN_DECIMALS)
+        return _gain(a, b)
+
     rows: list[list[Cell]] = []
+    counts: list[Counts] = []
     for b in [*benches, AVERAGE]:
-        stats = [_tps_tau(v, b, notes) for v in groups]
-        ar_tps, (ds_tps, ds_tau) = stats[0][0], stats[1]
-        tps_cells = [_num(tps, 2) for tps, _ in stats]
-        x_cells = [Cell("speedup", _ratio(tps, ar_tps), decimals=2) for tps, _ in stats]
-        tau_cells = [_num(tau, 2) for _, tau in stats]
-        gain_tps = [_gain(tps, ds_tps) for tps, _ in stats[2:]]
-        gain_tau = [_gain(tau, ds_tau) for _, tau in stats[2:]]
-        for cells in (tps_cells, x_cells, tau_cells, gain_tps, gain_tau):
-            mark_best(cells)
+        key = stats.OVERALL if b == AVERAGE else b
+        counts += [c for v in groups if v is not None and v.method != "ar" for c in [ev.counts(v, key)] if c]
+        st = [_tps_tau(v, b, notes) for v in groups]
+        ar_tps, (ds_tps, ds_tau) = st[0][0], st[1]
+        tps_cells = [_num(tps, 2) for tps, _ in st]
+        x_cells = [Cell("speedup", _ratio(tps, ar_tps), decimals=2) for tps, _ in st]
+        tau_cells = [_num(tau, 2) for _, tau in st]
+        gain_tps = [paired(v, key, "tps", tps, ds_tps) for v, (tps, _) in zip(others, st[2:])]
+        gain_tau = [paired(v, key, "tau", tau, ds_tau) for v, (_, tau) in zip(others, st[2:])]
+        mark_best(gain_tau)
+        if ev.timing_ranked:
+            mark_best(gain_tps)
         row = [Cell("text", text=BENCHMARK_NAMES.get(b, b))]
         for group in zip(tps_cells, x_cells, tau_cells):
             row += group
@@ -280,18 +461,28 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec) -> Table:
     for v in groups:
         if v is not None and v.n_finished and any(v.stat(f"{b}/{m}")[0] is None for b in benches for m in ("tps", "tau")):
             notes.add(f"{v.name}: Average needs every benchmark")
-    _seed_notes(variants, notes)
+    _seed_notes(variants, notes, aside)
+    about = _reading(ev, counts, "")
+    about += ["TPS and τ per method: mean ± std over seeds; × is TPS over AR's."]
+    about += [t for t in (_timing(ev),) if t]
     return Table(spec, sweep, collect.models(runs), collect.seed_counts(variants), columns, rows,
-                 rule_before={len(rows) - 1} if len(rows) > 1 else set(), notes=notes.items)
+                 rule_before={len(rows) - 1} if len(rows) > 1 else set(), notes=notes.items,
+                 lossless_notes=_lossless_notes(variants, aside), about=about)
 
 
-def build_table(sweep: str, runs: pl.DataFrame) -> Table:
-    """The table of one sweep, in the layout its spec names."""
+def build_table(sweep: str, runs: pl.DataFrame, evaluations: Mapping[str, dict] | None = None) -> Table:
+    """The table of one sweep, in the layout its spec names (`evaluations`: run id -> evaluation.json)."""
     spec = spec_for(sweep, runs)
-    return main_table(sweep, runs, spec) if spec.layout == "main" else ablation_table(sweep, runs, spec)
+    build = main_table if spec.layout == "main" else ablation_table
+    return build(sweep, runs, spec, evaluations)
 
 
 def seeds_text(seeds: tuple[int, int]) -> str:
     lo, hi = seeds
     n = f"{hi}" if lo == hi else f"{lo}–{hi}"
     return f"{n} seed" + ("" if hi == 1 else "s")
+
+
+def caption_text(table: Table) -> list[str]:
+    """The caption after the title and the sweep/model line, as sentences (LaTeX and Markdown alike)."""
+    return list(table.about)

@@ -75,3 +75,21 @@ def evaluation(method: str, benchmarks: dict[str, list[list[int]]], *, device: s
                              "sequences": {"committed": list(committed), "blocks": list(blocks)},
                              "tau": sum(committed) / sum(blocks)}
     return out
+
+
+def metrics_of(ev: dict) -> dict[str, float]:
+    """The MLflow metrics `ready.pipeline` would log for this evaluation (per benchmark and overall)."""
+    from ready.metrics import SequenceLog, overall, summarize
+
+    k = int(ev["config"]["drafter"]["block_size"]) if ev["method"] != "ar" else 0
+    per_bench = []
+    for name, b in ev["benchmarks"].items():
+        logs = [SequenceLog(new_tokens=len(p["tokens"]), wall_s=p["wall_s"], accepted=p["accepted"],
+                            horizons=p["horizons"]) for p in b["prompts"]]
+        m = summarize(logs, name, ev["method"], k)
+        m.lossless = b["lossless"]
+        per_bench.append(m)
+    out: dict[str, float] = {}
+    for m in [*per_bench, overall(per_bench)]:
+        out.update(m.mlflow_metrics())
+    return out

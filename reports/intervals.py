@@ -1,0 +1,153 @@
+"""The per-prompt evidence behind a table: each row's runs as `ready.stats` tallies, paired by seed.
+
+A row (variant) contributes its latest finished, lossless run of every seed that logged an
+evaluation.json. A comparison of row A with reference row R pairs seed s of A with seed s of R
+and resamples seeds, then prompts (`ready.stats`). A reference with a single run that shares
+A's base drafter (param `train.base_seed`; a spec that replicates only the adaptation stages)
+is paired with each of A's seeds. Whatever cannot be paired is said in a note, never silently
+dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import polars as pl
+
+from ready import stats
+from ready.stats import Interval, RunTallies
+from reports import collect
+from reports.collect import Variant
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How much data stands behind a cell: seeds × prompts (per seed) and rounds (all seeds)."""
+
+    seeds: int
+    prompts: int
+    rounds: int
+
+
+class Evidence:
+    """Per-variant, per-seed tallies of a runs frame (NOT_LOSSLESS runs already set aside)."""
+
+    def __init__(self, runs: pl.DataFrame, evaluations: Mapping[str, dict]):
+        self.by_variant: dict[str, dict[int, RunTallies]] = {}
+        self.base_seed: dict[tuple[str, int], object] = {}  # (variant, seed) -> param train.base_seed
+        self.devices: set[str] = set()
+        self.problems: list[str] = []
+        for r in collect.finished(runs).iter_rows(named=True):
+            self.base_seed[r["ready.variant_id"], r["ready.seed"] or 0] = r.get("param.train.base_seed")
+            ev = evaluations.get(r["run_id"])
+            if ev is None:
+                continue
+            try:
+                t = stats.tallies(ev)
+            except stats.StatsError as e:
+                self.problems.append(f"{r['ready.label'] or r['run_id']}: evaluation.json unreadable ({e})")
+                continue
+            if t.device:
+                self.devices.add(t.device)
+            if t.benchmarks or t.heldout_tf is not None:
+                self.by_variant.setdefault(r["ready.variant_id"], {})[r["ready.seed"] or 0] = t
+        if "param.target.device" in runs.columns:
+            self.devices |= {str(d) for d in collect.finished(runs)["param.target.device"].drop_nulls()
+                             if str(d) in ("cpu", "cuda")}
+
+    def has(self, v: Optional[Variant]) -> bool:
+        return v is not None and bool(self.by_variant.get(v.variant_id))
+
+    def runs(self, v: Variant) -> list[RunTallies]:
+        found = self.by_variant.get(v.variant_id, {})
+        return [found[s] for s in sorted(found)]
+
+    def counts(self, v: Variant, key: str) -> Optional[Counts]:
+        """Seeds, prompts per seed and rounds of `key` (a benchmark or stats.OVERALL) behind a row."""
+        runs = self.runs(v)
+        if not runs:
+            return None
+        pick = (lambda r: r.benchmarks.values()) if key == stats.OVERALL else (
+            lambda r: [r.benchmarks[key]] if key in r.benchmarks else [])
+        prompts = max(sum(t.size for t in pick(r)) for r in runs)
+        rounds = int(sum(t.rounds.sum() for r in runs for t in pick(r)))
+        return Counts(len(runs), prompts, rounds) if prompts else None
+
+    def _shared(self, v: Variant, seed: int, ref: Variant) -> Optional[int]:
+        """The seed of ref's only run when it was trained from v's base drafter at `seed`, else None."""
+        b = self.by_variant.get(ref.variant_id, {})
+        if len(b) != 1:
+            return None
+        (only,) = b
+        mine, theirs = self.base_seed.get((v.variant_id, seed)), self.base_seed.get((ref.variant_id, only))
+        return only if mine is not None and mine == theirs else None
+
+    def pairs(self, v: Variant, ref: Variant) -> tuple[list[RunTallies], list[RunTallies], Optional[str]]:
+        """Seed-paired runs of v and ref, and a note when a seed of v has no partner or a shared one."""
+        a, b = self.by_variant.get(v.variant_id, {}), self.by_variant.get(ref.variant_id, {})
+        if not a or not b:
+            return [], [], None
+        left, right, lone, shared = [], [], [], False
+        for s in sorted(a):
+            partner = s if s in b else self._shared(v, s, ref)
+            if partner is None:
+                lone.append(s)
+                continue
+            shared |= partner != s
+            left.append(a[s])
+            right.append(b[partner])
+        note = None
+        if lone:
+            paired = [s for s in sorted(a) if s not in lone]
+            note = (f"{v.name} vs {ref.name}: paired over seed(s) {', '.join(map(str, paired)) or 'none'}; "
+                    f"{ref.name} has no run with per-prompt logs for seed(s) {', '.join(map(str, lone))}")
+        elif shared:
+            note = (f"{v.name} vs {ref.name}: one {ref.name} run (same base drafter) serves every seed; "
+                    f"its training variance is not sampled")
+        return left, right, note
+
+    def gain(self, v: Variant, ref: Variant, key: str, metric: str = "tau") -> tuple[Optional[Interval], Optional[str]]:
+        """Paired gain of v over ref in percent (τ, or TPS with metric="tps") and a note."""
+        a, b, note = self.pairs(v, ref)
+        if not a:
+            return None, note
+        try:
+            return stats.gain_pct(a, b, key, metric), note
+        except stats.StatsError as e:
+            return None, f"{v.name} vs {ref.name}: {e}"
+
+    def tau(self, v: Variant, key: str) -> Optional[Interval]:
+        return stats.tau(self.runs(v), key) if self.has(v) else None
+
+    def state_reliance(self, v: Variant, key: str) -> Optional[Interval]:
+        runs = self.runs(v)
+        if not runs or not all(r.swapped for r in runs):
+            return None
+        return stats.state_reliance(runs, key)
+
+    def survival(self, v: Variant, key: str) -> list[Optional[Interval]]:
+        return stats.survival(self.runs(v), key) if self.has(v) else []
+
+    @property
+    def on_cpu(self) -> bool:
+        return "cpu" in self.devices
+
+    @property
+    def timing_ranked(self) -> bool:
+        """TPS may be ranked only when every run is known to have been timed on CUDA."""
+        return self.devices == {"cuda"}
+
+
+def count_text(counts: Sequence[Counts]) -> str:
+    """"2 seeds × 16 prompts × 410–470 rounds" (ranges over the cells), or "" without counts."""
+    if not counts:
+        return ""
+
+    def span(values: list[int], unit: str) -> str:
+        lo, hi = min(values), max(values)
+        n = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+        return f"{n} {unit}" + ("" if hi == 1 else "s")
+
+    return " × ".join((span([c.seeds for c in counts], "seed"), span([c.prompts for c in counts], "prompt"),
+                       span([c.rounds for c in counts], "round")))
