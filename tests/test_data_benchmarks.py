@@ -125,6 +125,15 @@ def test_heldout_suite_is_a_deterministic_slice_of_the_heldout_split(tokenizer) 
         assert int(start) == 0 or held[path][int(start) - 1] == "\n"
 
 
+def test_heldout_suite_cuts_more_prompts_than_there_are_heldout_files(tokenizer) -> None:
+    corpus_cfg = CorpusConfig()
+    files = len(load_corpus(corpus_cfg).heldout)
+    many = load_suite("heldout", bench(limit=files + 10, max_prompt_tokens=32), tokenizer, corpus_cfg)
+    assert len(many) == files + 10 and len({p.id for p in many}) == len(many)  # distinct places
+    first = load_suite("heldout", bench(limit=4, max_prompt_tokens=32), tokenizer, corpus_cfg)
+    assert many[:4] == first  # a larger limit extends the suite, it does not reshuffle it
+
+
 # --- one clear message for every file a user can get wrong ----------------------------------------
 
 def _message(name: str, path: Path, tokenizer) -> str:

@@ -310,21 +310,28 @@ def load_suite(name: str, bench: Any, tokenizer: Any, corpus_cfg: Any = None) ->
 
 def heldout_suite(tokenizer: Any, corpus_cfg: Any, limit: int, max_tokens: int,
                   seed: Optional[int] = None) -> list[BenchPrompt]:
-    """A deterministic slice of the held-out corpus: one prompt per file (files in a seeded order),
-    starting at a line start, `max_tokens` tokens long (shorter only if the file is)."""
+    """A deterministic slice of the held-out corpus: prompts `max_tokens` tokens long (shorter only
+    if the file is), each starting at a line start. Files are visited in a seeded order, one prompt
+    per file per pass; further passes cut more prompts from other places of the same files until
+    `limit` is reached (limit 0: one pass, a prompt per file)."""
     corpus = load_corpus(corpus_cfg)
     rng = random.Random(int(corpus_cfg.seed if seed is None else seed) * 7919 + 17)
     docs = sorted(corpus.heldout, key=lambda d: d.path)
     rng.shuffle(docs)
-    out = []
-    for doc in docs:
-        if limit > 0 and len(out) >= limit:
-            break
-        start = _line_start(doc.text, rng, reserve=max_tokens * 6)
-        ids = list(tokenizer(doc.text[start:start + max_tokens * 16], add_special_tokens=False)["input_ids"])[:max_tokens]
-        if len(ids) < 8:
-            continue
-        out.append(BenchPrompt(id=f"heldout/{doc.path}:{start}", text=tokenizer.decode(ids), ids=ids))
+    out: list[BenchPrompt] = []
+    seen: set[tuple[str, int]] = set()
+    for _ in range(64 if limit > 0 else 1):  # passes over the files
+        for doc in docs:
+            if limit > 0 and len(out) >= limit:
+                return out
+            start = _line_start(doc.text, rng, reserve=max_tokens * 6)
+            if (doc.path, start) in seen:
+                continue
+            ids = list(tokenizer(doc.text[start:start + max_tokens * 16], add_special_tokens=False)["input_ids"])[:max_tokens]
+            if len(ids) < 8:
+                continue
+            seen.add((doc.path, start))
+            out.append(BenchPrompt(id=f"heldout/{doc.path}:{start}", text=tokenizer.decode(ids), ids=ids))
     return out
 
 
