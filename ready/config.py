@@ -244,6 +244,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.heldout_tf_samples", c.eval.heldout_tf_samples >= 0, "an integer >= 0 (0 = no teacher-forced metric)"),
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
+        ("bench.suites", len(c.bench.suites) >= 1, "a non-empty list of benchmark names (e.g. [humaneval, heldout])"),
     ]
     for key, ok, expected in checks:
         if not ok:

@@ -61,7 +61,14 @@ def _client(tracking_uri: str):
                 f"tracking URI {tracking_uri!r}: no MLflow database at {db}; expected the store a "
                 "sweep wrote (run `python -m sweeps.run NAME` first or pass --tracking-uri)"
             )
-    return MlflowClient(tracking_uri=tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        client.search_experiments(max_results=1)  # a file that is not an MLflow store fails here, not deep in a table
+    except Exception as e:
+        first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
+        raise ReportError(f"tracking URI {tracking_uri!r}: not a readable MLflow store ({first[:200]}); "
+                          "expected the store a sweep wrote (an mlflow.db or a tracking server)") from None
+    return client
 
 
 def list_sweeps(tracking_uri: str) -> list[str]:

@@ -309,13 +309,20 @@ def parse_overrides(overrides: Sequence[str]) -> tuple[dict, dict]:
 
 
 def list_sweeps(experiments_dir: Path = EXPERIMENTS_DIR) -> dict[str, str]:
-    """Sweep name -> its one-line description, from `experiments/*.yaml` (not base.yaml)."""
+    """Sweep name -> its one-line description, from `experiments/*.yaml` (not base.yaml).
+
+    A file that does not parse is listed with its problem instead of breaking the listing."""
     out = {}
     for path in sorted(Path(experiments_dir).glob("*.yaml")):
         if path.stem == "base":
             continue
-        raw = OmegaConf.load(path)
-        out[path.stem] = f"{raw.get('table', '') or 'search'}: {raw.get('description', '')}".strip()
+        try:
+            raw = OmegaConf.load(path)
+            if not isinstance(raw, DictConfig):
+                raise ValueError("expected a mapping at the top level")
+            out[path.stem] = f"{raw.get('table', '') or 'search'}: {raw.get('description', '')}".strip()
+        except Exception as e:
+            out[path.stem] = f"BROKEN {path.name}: {_clean(str(e) or type(e).__name__)}"
     return out
 
 
@@ -357,7 +364,20 @@ def _rows(spec: DictConfig, source: str) -> list[tuple[str, str, dict[str, Any]]
     for i, v in enumerate(spec.variants):
         values = dict(OmegaConf.to_container(v.set, resolve=False))  # interpolations resolve per row
         rows.append((v.label or format_label("", values) or v.method, v.method, values))
+    _check_unique_labels(rows, len(rows) - len(spec.variants), source)
     return rows
+
+
+def _check_unique_labels(rows: list[tuple[str, str, dict[str, Any]]], n_grid: int, source: str) -> None:
+    """Refuse two declared rows with one label (a table would print them as one row, twice);
+    the first `n_grid` rows come from `grid` (key `grid.label`), the rest from `variants`."""
+    seen: dict[str, str] = {}
+    for i, (label, _, _) in enumerate(rows):
+        key = "grid.label" if i < n_grid else f"variants[{i - n_grid}].label"
+        if label in seen:
+            raise SpecError(f"{source}: bad value at key '{key}': label {label!r} is already used by "
+                            f"'{seen[label]}'; expected a unique label per row")
+        seen[label] = key
 
 
 def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path | str = EXPERIMENTS_DIR) -> Sweep:

@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from ready.config import schema
+from ready.health import check_metrics
 from sweeps import tracking
 from sweeps.spec import Job, Sweep, Variant, search_config
 
@@ -289,6 +290,7 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
         t0 = time.time()
         result = run_fn(job.cfg, job.variant.method, progress=ctx.progress)
         metrics = result.metrics()
+        check_metrics(metrics, job.variant.method, int(job.cfg.drafter.block_size))  # broken model: FAILED, not FINISHED
         metrics["time/run_s"] = time.time() - t0
         from ready.stats import run_metrics  # intervals from this run's per-prompt logs
 

@@ -10,16 +10,18 @@ gains vs DSpark) need the baselines of the same sweep setting, so they are (re)c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import math
 import os
+import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -56,25 +58,111 @@ def retry(fn: Callable[[], T], attempts: int = 8) -> T:
     raise AssertionError("unreachable")
 
 
+class TrackingError(ValueError):
+    """The tracking URI cannot be used (server unreachable, file not an MLflow store); one line says why."""
+
+
+PROBE_TIMEOUT_S = 5.0  # how long an http(s) tracking server gets to answer before the sweep gives up
+_prepared: set[str] = set()  # tracking URIs this process has checked (and created, for sqlite)
+
+
+def _sqlite_file(uri: str) -> Optional[Path]:
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix):]) if uri.startswith(prefix) and uri != "sqlite:///:memory:" else None
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (fcntl.flock) on `path`, held for the block; waits for other holders."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def check_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Raise TrackingError when nothing answers at an http(s) tracking URI within `timeout` seconds
+    (MLflow itself would retry for minutes without a word). Any HTTP answer counts as reachable."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise TrackingError(f"tracking URI {uri!r}: no answer within {timeout:g} s ({reason}); expected a "
+                            "reachable MLflow server (`mlflow server ...`) or a sqlite:/// path") from None
+
+
+def prepare_store(uri: str) -> None:
+    """Make the store at `uri` usable before anything writes to it, once per process.
+
+    sqlite: the first process creates and migrates the database while holding `<db>.lock`; others
+    started at the same moment wait for it instead of migrating the same file at once (which
+    breaks it). A file that is not an MLflow store is one TrackingError. http(s): the server
+    must answer within PROBE_TIMEOUT_S.
+    """
+    if uri in _prepared:
+        return
+    db = _sqlite_file(uri)
+    if db is not None:
+        from mlflow.tracking import MlflowClient
+
+        if db.exists() and not db.is_file():
+            raise TrackingError(f"tracking URI {uri!r}: {db} is a folder; expected an MLflow sqlite file")
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(db.with_name(db.name + ".lock")):
+            try:
+                retry(lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1))  # creates / migrates
+            except Exception as e:
+                first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
+                raise TrackingError(f"tracking URI {uri!r}: {db} is not a usable MLflow store ({first[:200]}); "
+                                    "expected a file written by MLflow, or a new path") from None
+    elif uri.startswith(("http://", "https://")):
+        check_server(uri)
+    _prepared.add(uri)
+
+
 def client(uri: str):
+    """An MlflowClient for `uri`, after `prepare_store` (safe creation, reachable server)."""
     from mlflow.tracking import MlflowClient
 
+    prepare_store(uri)
     return MlflowClient(tracking_uri=uri)
 
 
-def ensure_experiment(c, sweep: str) -> str:
-    """The experiment id of `ready-<sweep>`, created on first use (safe when two processes race)."""
+# `mlflow ui` (3.x) opens an experiment of this kind on its runs table ("Model training"), not on the
+# GenAI traces view; the note is the text the UI shows as the experiment's description.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+NOTE_TAG = "mlflow.note.content"
+
+
+def ensure_experiment(c, sweep: str, description: str = "") -> str:
+    """The experiment id of `ready-<sweep>`, created on first use (safe when two processes race).
+
+    Tagged as a model-training experiment with the sweep's description as its note; an experiment
+    made before these tags gets those it lacks (a note edited in the UI is kept)."""
     name = experiment_name(sweep)
+    note = f"{description.strip()}\n\nRun: `python -m sweeps.run {sweep}`" if description.strip() else ""
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, **({NOTE_TAG: note} if note else {})}
     exp = retry(lambda: c.get_experiment_by_name(name))
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return retry(lambda: c.create_experiment(name))
-    except Exception:
-        exp = c.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            return retry(lambda: c.create_experiment(name, tags=tags))
+        except Exception:
+            exp = c.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    for key, value in tags.items():
+        if key not in exp.tags:
+            retry(lambda k=key, v=value: c.set_experiment_tag(exp.experiment_id, k, v))
+    return exp.experiment_id
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,6 +196,8 @@ def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) 
     """A parent run for this invocation; its children are the runs this invocation executes."""
     from mlflow.entities import Param
 
+    from sweeps.study import _process_start
+
     tags = {
         "ready.kind": "sweep",
         "ready.sweep": sweep.name,
@@ -120,6 +210,10 @@ def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) 
         "ready.overrides": " ".join(sweep.overrides),
         "ready.storage": storage_desc,
         "ready.workers": str(workers),
+        # who runs it: the next invocation marks this run KILLED when that process is gone (reap_parents)
+        "ready.host": socket.gethostname(),
+        "ready.pid": str(os.getpid()),
+        "ready.pid_started": repr(_process_start()),
     }
     run = retry(lambda: c.create_run(experiment_id, run_name=f"{sweep.name} sweep", tags=tags))
     params = [Param(k, v[:6000]) for k, v in flatten(sweep.common).items()]
@@ -267,6 +361,28 @@ def kill_run(c, run_id: str) -> None:
             retry(lambda: c.set_terminated(run_id, status="KILLED"))
     except Exception:
         pass
+
+
+def reap_parents(c, experiment_id: str) -> int:
+    """Mark KILLED every RUNNING parent (sweep) run started on this host by a process that is gone
+    (e.g. SIGKILLed); its children are reaped with their trials. Returns how many were marked."""
+    from sweeps.study import _pid_alive
+
+    runs = retry(lambda: c.search_runs(
+        [experiment_id], filter_string="tags.`ready.kind` = 'sweep' and attributes.status = 'RUNNING'",
+        max_results=1000))
+    n = 0
+    for run in runs:
+        tags = run.data.tags
+        if tags.get("ready.host") != socket.gethostname() or not tags.get("ready.pid", "").isdigit():
+            continue  # another host, or a run from before pids were recorded: cannot tell
+        started = tags.get("ready.pid_started")
+        started_f = float(started) if started not in (None, "", "None") else None
+        if _pid_alive(int(tags["ready.pid"]), started_f):
+            continue
+        kill_run(c, run.info.run_id)
+        n += 1
+    return n
 
 
 def _benchmarks(metrics: dict[str, float]) -> list[str]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ready.artifacts import atomic_dir
+from ready.artifacts import ArtifactError, atomic_dir, check_folder
 from ready.config import DrafterConfig, ReaderConfig
 from ready.drafter.heads import build_head
 from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
@@ -437,21 +437,54 @@ class DSparkDrafter(nn.Module):
         return path
 
 
+def _read_meta(file: Path) -> dict:
+    """drafter.json as a dict with the keys load_drafter needs, or one DrafterError naming the file."""
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DrafterError(f"{file}: not readable JSON ({str(e).splitlines()[0]}); expected the drafter "
+                           "config written by DSparkDrafter.save") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise DrafterError(f"{file}: checkpoint format {got!r}; expected {FORMAT!r}")
+    lacking = [k for k in ("target", "drafter", "reader") if not isinstance(meta.get(k), dict)]
+    if lacking:
+        raise DrafterError(f"{file}: no {lacking[0]!r} section; expected the drafter config written by DSparkDrafter.save")
+    return meta
+
+
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """The saved tensors, or one DrafterError naming the file (unreadable, truncated, NaN/Inf)."""
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(file))
+    except Exception as e:  # SafetensorError (truncated, bad header), OSError
+        raise DrafterError(f"{file}: not a readable safetensors file ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}); expected the weights DSparkDrafter.save wrote") from None
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise DrafterError(f"{file}: tensor {name} holds NaN or Inf values; expected finite weights")
+    return state
+
+
 def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictConfig | None = None) -> DSparkDrafter:
     """The drafter saved in `path`, attached to `target` (which must be the one it was built for).
 
     With `reader_cfg` the saved backbone is loaded under that reader configuration and the
-    readers start fresh (e.g. stage 1 of ReaDy on a base DSpark checkpoint).
+    readers start fresh (e.g. stage 1 of ReaDy on a base DSpark checkpoint). A checkpoint whose
+    files changed since `save` (its manifest), or that holds unreadable JSON or safetensors or
+    non-finite weights, is one DrafterError naming the file.
     """
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not (path / META_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
         raise DrafterError(f"{path}: no drafter checkpoint here; expected a folder written by DSparkDrafter.save "
                            f"({META_FILE} + {WEIGHTS_FILE})")
-    meta = json.loads((path / META_FILE).read_text())
-    if meta.get("format") != FORMAT:
-        raise DrafterError(f"{path}: checkpoint format {meta.get('format')!r}; expected {FORMAT!r}")
+    try:
+        check_folder(path, "drafter checkpoint")
+    except ArtifactError as e:
+        raise DrafterError(str(e)) from None
+    meta = _read_meta(path / META_FILE)
     why = fingerprint_mismatch(meta["target"], target_fingerprint(target))
     if why:
         raise DrafterError(f"{path}: this drafter was built for another target: {why}")
@@ -462,7 +495,7 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
         raise DrafterError(f"{path}: its drafter/reader config does not fit the current schema: "
                            f"{str(e).splitlines()[0]}") from None
     drafter = DSparkDrafter(dcfg, rcfg, target)
-    state = load_file(str(path / WEIGHTS_FILE))
+    state = _read_weights(path / WEIGHTS_FILE)
     if reader_cfg is not None:
         state = {k: v for k, v in state.items() if not k.startswith("readers.")}
         state.update({k: v for k, v in drafter.state_dict().items() if k.startswith("readers.")})

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ready.artifacts import atomic_dir
+from ready.artifacts import ArtifactError, atomic_dir, check_folder
 from ready.target.config import PRESETS, HybridConfig, TargetError, preset_config
 from ready.target.model import HybridLM
 
@@ -39,10 +39,24 @@ def _device(device: Any) -> torch.device:
     return dev
 
 
+def _read_json(file: Path, expected: str) -> dict:
+    """A JSON object from `file`, or one TargetError naming the file."""
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise TargetError(f"{file}: not readable JSON ({str(e).splitlines()[0]}); expected {expected}") from None
+    if not isinstance(raw, dict):
+        raise TargetError(f"{file}: holds a JSON {type(raw).__name__}; expected {expected}")
+    return raw
+
+
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = _read_json(index, "a safetensors index with a 'weight_map' object").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise TargetError(f"{index}: no 'weight_map' object; expected a safetensors index")
+        names = sorted(set(weight_map.values()))
         return [path / n for n in names]
     single = path / "model.safetensors"
     if single.is_file():
@@ -51,6 +65,32 @@ def _weight_files(path: Path) -> list[Path]:
     if shards:
         return shards
     raise TargetError(f"{path}: no model.safetensors, sharded index or *.safetensors files found")
+
+
+def _load_file(f: Path, expected: dict[str, torch.Tensor], dt: torch.dtype, loaded: dict[str, torch.Tensor]) -> None:
+    """Add the tensors of one safetensors file that the model expects to `loaded` (cast to `dt`).
+    A missing, truncated or garbled file is one TargetError naming it."""
+    try:
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for key in sf.keys():
+                ours = key
+                for src, dst in _PREFIX_MAP:
+                    if ours.startswith(src):
+                        ours = dst + ours[len(src):]
+                if ours.startswith(_IGNORED) or ours not in expected:
+                    continue
+                t = sf.get_tensor(key)
+                if t.shape != expected[ours].shape:
+                    raise TargetError(
+                        f"{f.name}: tensor {key} has shape {tuple(t.shape)}, expected {tuple(expected[ours].shape)} "
+                        "for this config"
+                    )
+                loaded[ours] = t.to(dt)
+    except TargetError:
+        raise
+    except Exception as e:  # SafetensorError (truncated, bad header), OSError (missing, unreadable)
+        raise TargetError(f"{f}: not a readable safetensors file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                          "expected the checkpoint's weights as written") from None
 
 
 def load_target(
@@ -77,30 +117,20 @@ def load_target(
         raise TargetError(
             f"target {name!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing checkpoint directory"
         )
+    try:
+        check_folder(path, "target checkpoint")
+    except ArtifactError as e:
+        raise TargetError(str(e)) from None
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise TargetError(f"{path}: no config.json; expected a Hugging Face checkpoint directory")
-    cfg = HybridConfig.from_hf_dict(json.loads(cfg_file.read_text()), source=str(cfg_file))
+    cfg = HybridConfig.from_hf_dict(_read_json(cfg_file, "a Hugging Face model config"), source=str(cfg_file))
     with torch.device("meta"):
         model = HybridLM(cfg)
     expected = model.state_dict()
     loaded: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for key in sf.keys():
-                ours = key
-                for src, dst in _PREFIX_MAP:
-                    if ours.startswith(src):
-                        ours = dst + ours[len(src):]
-                if ours.startswith(_IGNORED) or ours not in expected:
-                    continue
-                t = sf.get_tensor(key)
-                if t.shape != expected[ours].shape:
-                    raise TargetError(
-                        f"{f.name}: tensor {key} has shape {tuple(t.shape)}, expected {tuple(expected[ours].shape)} "
-                        "for this config"
-                    )
-                loaded[ours] = t.to(dt)
+        _load_file(f, expected, dt, loaded)
     if cfg.tie_word_embeddings and "lm_head.weight" not in loaded and "model.embed_tokens.weight" in loaded:
         loaded["lm_head.weight"] = loaded["model.embed_tokens.weight"]
     missing = sorted(set(expected) - set(loaded))

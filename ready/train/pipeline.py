@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
-from ready.artifacts import artifact_dir, atomic_dir, is_complete
+from ready.artifacts import artifact_dir, atomic_dir, intact
 from ready.config import config_hash, to_container
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.regen import RegenData, build_regen_data
@@ -69,8 +69,9 @@ def _run_cached_stage(
     callback: Optional[MetricsCallback],
     progress: bool,
 ) -> Path:
-    """Train `stage` into `final/drafter` unless it is already there (resuming a killed run)."""
-    if is_complete(final):
+    """Train `stage` into `final/drafter` unless it is already there and intact (resuming a killed
+    run; a finished folder whose files no longer match its manifest is trained again)."""
+    if intact(final, spec, label=f"{final.parent.name}/{final.name}"):
         return final / DRAFTER_SUBDIR
     work = final.parent / f"{final.name}.work"
     drafter = make_drafter()
@@ -79,7 +80,7 @@ def _run_cached_stage(
         merge_lora_(drafter)
     for p in drafter.parameters():
         p.requires_grad_(False)
-    with atomic_dir(final) as tmp:
+    with atomic_dir(final, spec=spec) as tmp:
         (tmp / "spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True, default=str))
         log = {**asdict(result), "first_loss": result.first_loss, "last_loss": result.last_loss}
         (tmp / LOG_FILE).write_text(json.dumps(log, indent=1))
