@@ -1,8 +1,11 @@
-"""Benchmark the decoding engine: AR tokens/s, verify-vs-step cost, forced-acceptance TPS.
+"""Benchmark the decoding engine: AR tokens/s, verify-vs-step cost, forced-acceptance TPS, and the
+DSpark / ReaDy round at paper size.
 
     python -m ready.bench_engine --target tiny --device cpu --json
     python -m ready.bench_engine --target qwen3_5_27b --device cuda --dtype bfloat16 \
         --accept-dist "0:0.1,3:0.3,7:0.6" --accept-dist "0:0.05,3:0.25,7:0.7" --json
+    python -m ready.bench_engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
+        --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --breakdown --json
 
 Prints one JSON object:
 - `ar`: greedy AR through the engine (CUDA graphs on CUDA); `tokens_per_s` follows
@@ -18,6 +21,19 @@ Prints one JSON object:
   = measured decode speedup / ideal.
 - `bound`: weight bytes streamed per step / memory bandwidth (given by --bandwidth; default the
   measured H200 copy rate 4.27e12 B/s on CUDA, none on CPU).
+- `drafters` (`--drafter dspark,ready`): real DSpark drafters with random weights (the drafter
+  preset's sizes: `--drafter-preset`, default the target preset's, e.g. qwen3_5_27b: 5 layers,
+  block 7; ReaDy adds the reader, r = 8 on layers 30 and 62, once, post-attention, last layer). Each
+  accept distribution drives both with the same sequence of accepted lengths (forced acceptance,
+  reseeded for every generation), so their rounds are identical and `ready_over_dspark` (ReaDy TPS /
+  DSpark TPS, generations interleaved) is the pure cost of reading states. `--breakdown` adds
+  per-round µs of draft, verify, commit and the rest (CUDA events); `reader` gives the readers'
+  own µs per draft step (a CUDA graph of repeated calls) and the draft-time difference.
+- `first_vs_later` (`--first-later`): before anything else in the process, two engines with the
+  ReaDy drafter, each warmed up as `ready.decode.evaluate` does (reserve + one generation), then timed.
+- `profile` (`--profile`): the top device kernels of a few DSpark and ReaDy rounds (torch.profiler)
+  and the kernels whose time differs most between them.
+- `small_m`: the shapes the small-M linear tuned and what each picked (CUDA).
 """
 
 from __future__ import annotations
@@ -35,6 +51,8 @@ import torch
 from ready.decode.engine import Engine, Generation
 from ready.decode.errors import DecodeError
 from ready.decode.graphs import GraphRunner
+
+DRAFTERS = ("random", "dspark", "ready")
 
 
 def parse_accept_dist(text: str, block_size: int) -> dict[int, float]:
@@ -126,16 +144,267 @@ def time_verify(target: Any, prompt: torch.Tensor, block_sizes: list[int], iters
     return out
 
 
+# --- real drafters at the preset's size ------------------------------------------------------------
+
+def drafter_configs(preset: str, block_size: int) -> tuple[Any, Any]:
+    """(drafter, reader) configs: schema <- experiments/base.yaml <- experiments/presets/<preset>.yaml."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from ready.config import merge, schema
+
+    root = Path(__file__).resolve().parent.parent / "experiments"
+    layers = []
+    for f in (root / "base.yaml", root / "presets" / f"{preset}.yaml"):
+        if f.is_file():
+            raw = OmegaConf.load(f)
+            layers.append({k: raw[k] for k in ("drafter", "reader") if k in raw})
+        elif f.name != "base.yaml":
+            raise DecodeError(f"--drafter-preset {preset!r}: no {f}; expected a preset in experiments/presets/")
+    cfg = merge(schema(), *layers, source=f"drafter preset {preset}")
+    cfg.drafter.block_size = block_size
+    return cfg.drafter, cfg.reader
+
+
+def build_drafter(target: Any, kind: str, preset: str, block_size: int, seed: int) -> Any:
+    """A DSpark drafter (`dspark`) or one with ReaDy readers (`ready`) in the target's dtype, random
+    weights: the same seed gives both the same backbone; the parts that start at zero (sequence head
+    output, reader output) get random values too, so nothing is timed on zeros."""
+    from ready.drafter import DSparkDrafter
+
+    dcfg, rcfg = drafter_configs(preset, block_size)
+    rcfg.enabled = kind == "ready"
+    torch.manual_seed(seed)
+    d = DSparkDrafter(dcfg, rcfg, target)
+    with torch.no_grad():
+        d.head.bias_out.weight.normal_(std=0.02)
+        for r in d.readers.values():
+            r.fuse_out.weight.normal_(std=0.02)
+    return d.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+
+
+class _Timed:
+    """Per-round device time of draft, verify and commit in one engine (CUDA events; host clock on CPU)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.cuda = engine, engine.device.type == "cuda"
+        self.marks: dict[str, list] = {"draft": [], "verify": [], "commit": []}
+
+    def _mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def _wrap(self, name: str, fn: Callable) -> Callable:
+        def timed(*a: Any, **k: Any) -> Any:
+            start = self._mark()
+            out = fn(*a, **k)
+            self.marks[name].append((start, self._mark()))
+            return out
+        return timed
+
+    def __enter__(self) -> "_Timed":
+        e = self.engine
+        e.drafter.propose = self._wrap("draft", e.drafter.propose)
+        e._verify = self._wrap("verify", e._verify)
+        e.target.commit = self._wrap("commit", e.target.commit)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        e = self.engine
+        del e.drafter.propose, e._verify, e.target.commit
+
+    def _ms(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def summary(self) -> dict[str, float]:
+        _sync(self.engine.device)
+        out = {k: statistics.median(self._ms(a, b) for a, b in v) * 1e3 for k, v in self.marks.items() if v}
+        starts = [a for a, _ in self.marks["draft"]]
+        rounds = [self._ms(a, b) for a, b in zip(starts, starts[1:])]
+        if rounds:
+            out["round"] = statistics.median(rounds) * 1e3
+            out["other"] = out["round"] - out.get("draft", 0) - out.get("verify", 0) - out.get("commit", 0)
+        return {f"{k}_us": round(v, 1) for k, v in out.items()}
+
+
+def time_readers(drafter: Any, cache: Any, iters: int = 20) -> dict[str, float]:
+    """µs per draft step of the readers' own work (norm, query, fused read, MLP, residual) and of the
+    fused read alone, each as `iters` calls inside one CUDA graph (the draft graph runs them so)."""
+    from ready.reader import StateSource, read_states
+
+    if not drafter.reader_enabled or cache.ssm.device.type != "cuda":
+        return {}
+    K, D = drafter.block_size, drafter.hidden_size
+    src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, 1)
+    h = torch.randn(1, K, D, device=cache.ssm.device, dtype=drafter.fc.weight.dtype)
+    readers = list(drafter.readers.values())
+    r0 = readers[0]
+    z = torch.randn(1, K, r0.num_pairs, r0.rank, device=h.device, dtype=h.dtype)
+
+    def graph_us(fn: Callable[[], Any]) -> float:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                fn()
+        g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(10):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) * 1e3 / iters)
+        return round(statistics.median(times), 2)
+
+    return {"readers_us": graph_us(lambda: [r(h, src) for r in readers]),
+            "fused_read_us": graph_us(lambda: read_states(src.ssm, src.layer_idx, src.slots, z, r0.U, r0.V, r0.eps)),
+            "state_dtype": str(cache.ssm.dtype).replace("torch.", "")}
+
+
+def _profile_rounds(engine: Engine, gen: Callable[[], Generation]) -> dict[str, Any]:
+    """Top device kernels (µs per round) of one generation, and the host time of the draft calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        g = gen()
+        _sync(engine.device)
+    rounds = max(1, len(g.accepted))
+    key = "device_time_total" if engine.device.type == "cuda" else "cpu_time_total"
+    rows = {}
+    for e in prof.key_averages():
+        t = getattr(e, key, 0) or 0
+        if t > 0 and (engine.device.type != "cuda" or getattr(e, "device_type", None) is not None):
+            rows[e.key[:90]] = {"us_per_round": t / rounds, "calls_per_round": e.count / rounds}
+    top = dict(sorted(rows.items(), key=lambda kv: -kv[1]["us_per_round"])[:30])
+    return {"rounds": rounds, "kernels": rows, "top": top}
+
+
+def _profile_diff(a: dict, b: dict, n: int = 15) -> list[dict]:
+    """Kernels whose µs per round differ most between two profiles (b - a)."""
+    names = set(a["kernels"]) | set(b["kernels"])
+    diff = []
+    for k in names:
+        ua = a["kernels"].get(k, {}).get("us_per_round", 0.0)
+        ub = b["kernels"].get(k, {}).get("us_per_round", 0.0)
+        diff.append({"kernel": k, "dspark_us": round(ua, 2), "ready_us": round(ub, 2), "extra_us": round(ub - ua, 2),
+                     "ready_calls_per_round": round(b["kernels"].get(k, {}).get("calls_per_round", 0.0), 2)})
+    return sorted(diff, key=lambda d: -abs(d["extra_us"]))[:n]
+
+
+def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, dists: list[tuple[str, dict]],
+                   prompt: torch.Tensor, new_tokens: int, repeats: int, graphs: bool, seed: int,
+                   ar_decode_tps: float, breakdown: bool, profile: bool) -> dict[str, Any]:
+    """DSpark and ReaDy through the engine under identical forced acceptance; see the module docstring."""
+    engines = {k: Engine(target, build_drafter(target, k, preset, block_size, seed), eos_token_id=-1, cuda_graphs=graphs)
+               for k in kinds}
+    out: dict[str, Any] = {"preset": preset, "resolved": {k: e.drafter.resolved() for k, e in engines.items()},
+                           "drafter_params": {k: sum(p.numel() for p in e.drafter.parameters()) for k, e in engines.items()},
+                           "runs": []}
+    for i, (text, dist) in enumerate(dists):
+        def gen(e: Engine) -> Generation:
+            e.accept_fn = forced_acceptance(dist, seed + i)  # the same accepted lengths for every run
+            return e.generate(prompt, new_tokens)
+
+        for e in engines.values():  # warm-up as evaluate does: reserve + one generation (captures, compiles, tunes)
+            e.reserve(prompt.numel() + new_tokens)
+            gen(e)
+        gens: dict[str, list[Generation]] = {k: [] for k in engines}
+        for _ in range(repeats):  # interleaved, so drifts of the device hit both alike
+            for k, e in engines.items():
+                gens[k].append(gen(e))
+        run: dict[str, Any] = {"spec": text, "accept_dist": dist,
+                               "expected_tau": sum(p * (a + 1) for a, p in dist.items())}
+        for k, gl in gens.items():
+            res = _summary(gl)
+            res["decode_tps_runs"] = [round((len(g.tokens) - 1) / (g.wall_s - g.prefill_s), 2) for g in gl]
+            res["decode_speedup_vs_ar"] = res["decode_tokens_per_s"] / ar_decode_tps if ar_decode_tps else None
+            res["round_ms"] = (statistics.median(g.wall_s - g.prefill_s for g in gl) * 1e3 / res["rounds"]
+                               if res["rounds"] else None)
+            run[k] = res
+        if "dspark" in gens and "ready" in gens:
+            a, b = run["dspark"], run["ready"]
+            pair = [(gb.wall_s - gb.prefill_s) and (ga.wall_s - ga.prefill_s) / (gb.wall_s - gb.prefill_s)
+                    for ga, gb in zip(gens["dspark"], gens["ready"])]
+            run["ready_over_dspark"] = b["decode_tokens_per_s"] / a["decode_tokens_per_s"]
+            run["ready_over_dspark_pairs"] = [round(x, 5) for x in pair]
+            run["same_rounds"] = [len(g.accepted) for g in gens["dspark"]] == [len(g.accepted) for g in gens["ready"]]
+        if breakdown:
+            for k, e in engines.items():
+                with _Timed(e) as t:
+                    gen(e)
+                run[k]["breakdown"] = t.summary()
+            if "dspark" in engines and "ready" in engines:
+                run["reader_extra_draft_us"] = round(run["ready"]["breakdown"]["draft_us"]
+                                                     - run["dspark"]["breakdown"]["draft_us"], 1)
+        out["runs"].append(run)
+    if "ready" in engines:
+        out["reader"] = time_readers(engines["ready"].drafter, engines["ready"].cache)
+    if profile and dists:
+        text, dist = dists[0]
+        profs = {}
+        for k, e in engines.items():
+            e.accept_fn = forced_acceptance(dist, seed)
+            profs[k] = _profile_rounds(e, lambda e=e: e.generate(prompt, new_tokens))
+        out["profile"] = {k: {"rounds": p["rounds"], "top": p["top"]} for k, p in profs.items()}
+        if "dspark" in profs and "ready" in profs:
+            out["profile"]["ready_minus_dspark"] = _profile_diff(profs["dspark"], profs["ready"])
+    return out
+
+
+def first_vs_later(target: Any, preset: str, block_size: int, dist: dict, prompt: torch.Tensor, new_tokens: int,
+                   repeats: int, graphs: bool, seed: int) -> dict[str, Any]:
+    """Decode TPS of the first and of a second engine of the process (each with its own ReaDy drafter),
+    each warmed up exactly as `ready.decode.evaluate` does before its clock starts."""
+    from ready.decode.evaluate import _warm_up
+
+    out: dict[str, Any] = {}
+    for name in ("first", "later"):
+        e = Engine(target, build_drafter(target, "ready", preset, block_size, seed), eos_token_id=-1,
+                   cuda_graphs=graphs, accept_fn=forced_acceptance(dist, seed))
+        t0 = time.perf_counter()
+        _warm_up(e, [prompt], new_tokens, 1)
+        warm_s = time.perf_counter() - t0
+        gl = []
+        for _ in range(repeats):
+            e.accept_fn = forced_acceptance(dist, seed)
+            gl.append(e.generate(prompt, new_tokens))
+        out[name] = {"warmup_s": round(warm_s, 2), **_summary(gl),
+                     "decode_tps_runs": [round((len(g.tokens) - 1) / (g.wall_s - g.prefill_s), 2) for g in gl]}
+    out["later_over_first"] = out["later"]["decode_tokens_per_s"] / out["first"]["decode_tokens_per_s"]
+    return out
+
+
 def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens: int, block_size: int,
           dists: list[str], repeats: int, verify_iters: int, bandwidth: float, cuda_graphs: Optional[bool],
-          compile_layers: bool, seed: int) -> dict[str, Any]:
-    from ready.target import load_target
+          compile_layers: Optional[bool], seed: int, drafters: tuple[str, ...] = ("random",),
+          drafter_preset: Optional[str] = None, verify_tokens: Optional[list[int]] = None,
+          breakdown: bool = False, profile: bool = False, first_later: bool = False) -> dict[str, Any]:
+    from ready.target import PRESETS, load_target
 
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
+    bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
+    if bad:
+        raise DecodeError(f"--drafter {','.join(bad)}: expected a comma list of none, {', '.join(DRAFTERS)}")
+    preset = drafter_preset or (target_spec if target_spec in PRESETS else "tiny")
+    if any(d in ("dspark", "ready") for d in drafters):
+        drafter_configs(preset, block_size)  # a bad preset fails before the target loads
     torch.manual_seed(seed)
     target = load_target(target_spec, device=device, dtype=dtype)
-    if compile_layers:
-        target.compile_layers()
+    if compile_layers is not None:  # None: the default (compiled layers inside CUDA graphs on CUDA)
+        target.compile_layers(compile_layers)
     dev = target.device
     graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
     vocab = target.config.vocab_size
@@ -146,15 +415,18 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     streamed = weight_bytes - target.embed_tokens.weight.numel() * target.embed_tokens.weight.element_size()
 
+    first = None
+    if first_later and dists_parsed:  # before anything else of this process warms anything up
+        first = first_vs_later(target, preset, block_size, dists_parsed[0][1], prompt, new_tokens, repeats, graphs, seed)
     ar = _summary(_median_generation(Engine(target, eos_token_id=-1, cuda_graphs=graphs), prompt, new_tokens, repeats))
     ar["step_ms"] = 1e3 / ar["decode_tokens_per_s"] if ar["decode_tokens_per_s"] else None
-    sizes = sorted({1, 2, 4, block_size + 1} - {0})
+    sizes = sorted(set(verify_tokens if verify_tokens is not None else [2, 4]) | {1, block_size + 1})
     ms = time_verify(target, prompt, sizes, verify_iters, graphs)
     verify = {"tokens": sizes, "ms": [ms[t] for t in sizes], "step_ms": ms[1], "verify_ms": ms[block_size + 1],
               "ratio": ms[block_size + 1] / ms[1]}
 
     forced = []
-    for i, (text, dist) in enumerate(dists_parsed):
+    for i, (text, dist) in enumerate(dists_parsed if "random" in drafters else []):
         engine = Engine(target, RandomDrafter(vocab, block_size, dev, seed + i), eos_token_id=-1, cuda_graphs=graphs,
                         accept_fn=forced_acceptance(dist, seed + i))
         res = _summary(_median_generation(engine, prompt, new_tokens, repeats))
@@ -173,6 +445,21 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
         "weight_bytes": weight_bytes, "prompt_len": prompt_len, "new_tokens": new_tokens, "block_size": block_size,
         "repeats": repeats, "ar": ar, "verify": verify, "forced": forced, "drafter_cost": "none (random drafts)",
     }
+    kinds = [d for d in drafters if d in ("dspark", "ready")]
+    if kinds:
+        out["drafters"] = bench_drafters(target, kinds, preset, block_size, dists_parsed, prompt, new_tokens, repeats,
+                                         graphs, seed, ar["decode_tokens_per_s"], breakdown, profile)
+    if first is not None:
+        out["first_vs_later"] = first
+    out["compiled_layers"] = bool(dev.type == "cuda" and graphs and target.compile_in_graphs is not False
+                                  and target._compiled_fn is not None)
+    try:
+        import ready.fastops  # noqa: F401
+        from ready_kernels.small_m_gemm import TUNER, get_mode
+
+        out["small_m"] = {"mode": get_mode(), "tuned": TUNER.report()}
+    except ImportError:  # pragma: no cover
+        pass
     if bandwidth > 0:
         bound_s = streamed / bandwidth
         out["bound"] = {"bandwidth_bytes_per_s": bandwidth, "streamed_bytes": streamed, "step_ms": bound_s * 1e3,
@@ -195,7 +482,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--verify-iters", type=int, default=20)
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the bound (default 4.27e12 on CUDA)")
     ap.add_argument("--no-cuda-graphs", action="store_true")
-    ap.add_argument("--compile", action="store_true", help="torch.compile each target layer first (CUDA)")
+    ap.add_argument("--compile", action="store_true", default=None,
+                    help="torch.compile the target layers inside CUDA graphs (the default on CUDA; see --no-compile)")
+    ap.add_argument("--no-compile", dest="compile", action="store_false", help="eager target layers in the graphs")
+    ap.add_argument("--drafter", default="random",
+                    help="comma list of drafters to time: random (free random drafts), dspark, ready (default random)")
+    ap.add_argument("--drafter-preset", default=None,
+                    help="experiments/presets/<name>.yaml for the drafter's sizes (default: the target preset, else tiny)")
+    ap.add_argument("--verify-tokens", default=None, help="comma list of verify sizes to time besides 1 and K+1 "
+                    "(default 2,4); each size is one more compiled graph on CUDA")
+    ap.add_argument("--breakdown", action="store_true", help="per-round µs of draft, verify, commit (drafters)")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler tables of DSpark and ReaDy rounds")
+    ap.add_argument("--first-later", action="store_true",
+                    help="first: time the first and a second ReaDy engine of the process, each warmed up as evaluate does")
+    ap.add_argument("--out", default=None, help="also write the JSON to this file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     ap.add_argument("--json", action="store_true", help="compact JSON (default: indented)")
@@ -208,15 +508,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if a.block_size < 1 or a.new_tokens < 2 or a.prompt_len < 1 or a.repeats < 1:
             raise DecodeError("expected -k >= 1, --new-tokens >= 2, --prompt-len >= 1 and --repeats >= 1")
+        vt = [int(t) for t in a.verify_tokens.split(",") if t.strip()] if a.verify_tokens is not None else None
         with torch.no_grad():
             res = bench(a.target, a.device, dtype, a.prompt_len, a.new_tokens, a.block_size, dists, a.repeats,
-                        a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed)
+                        a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed,
+                        drafters=tuple(d.strip() for d in a.drafter.split(",") if d.strip()),
+                        drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
+                        profile=a.profile, first_later=a.first_later)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(res, indent=None if a.json else 2))
+    text = json.dumps(res, indent=None if a.json else 2)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
     return 0
 
 

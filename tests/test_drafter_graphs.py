@@ -132,3 +132,15 @@ def test_captured_draft_step_replays_the_eager_numbers():
     for (te, le), (ts, ls) in _rounds(tgt, [eager, static]):
         torch.testing.assert_close(ls, le, rtol=1e-4, atol=1e-4)
     assert static._graphs and all(g.graph is not None for g in static._graphs)
+
+
+def test_buffers_made_in_inference_mode_serve_later_drafts_outside_it(target):
+    """The engine drafts under inference mode; tests and tools also draft outside it."""
+    eager, static = _pair(target)
+    ids = torch.randint(0, V, (1, 14), device=DEVICE)
+    step = draft_step(target, static, ids)
+    with torch.inference_mode():
+        static.begin(ids)
+        first = static.draft(step)[1]
+    static.begin(ids)
+    torch.testing.assert_close(static.draft(step)[1], first)

@@ -60,3 +60,41 @@ def test_benchmark_prints_consistent_json_on_cpu(tmp_path, capsys):
 def test_benchmark_refuses_a_bad_distribution(capsys):
     assert main(["--target", "tiny", "--device", "cpu", "-k", "3", "--accept-dist", "5:1"]) == 2
     assert "accepted lengths must lie in 0..K=3" in capsys.readouterr().err
+
+
+def test_dspark_and_ready_rounds_under_identical_acceptance_on_cpu(tmp_path, capsys):
+    torch.manual_seed(0)
+    cfg = HybridConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=128,
+    )
+    path = save_target(HybridLM(cfg), tmp_path / "t")
+    out = tmp_path / "res.json"
+    code = main(["--target", str(path), "--device", "cpu", "--prompt-len", "12", "--new-tokens", "30", "-k", "3",
+                 "--accept-dist", "0:1,2:1,3:2", "--repeats", "2", "--verify-iters", "2", "--verify-tokens", "",
+                 "--drafter", "dspark,ready", "--breakdown", "--profile", "--first-later", "--json", "--out", str(out)])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == res
+    assert res["verify"]["tokens"] == [1, 4] and res["forced"] == []  # no random-drafter runs asked for
+    d = res["drafters"]
+    assert d["preset"] == "tiny" and d["resolved"]["ready"]["state_layers"] and not d["resolved"]["dspark"]["state_layers"]
+    assert d["drafter_params"]["ready"] > d["drafter_params"]["dspark"]
+    run = d["runs"][0]
+    # the same forced accepted lengths for both drafters, every repeat: identical rounds and tau
+    assert run["same_rounds"] and run["dspark"]["tau"] == run["ready"]["tau"]
+    assert run["dspark"]["rounds"] == run["ready"]["rounds"] > 1
+    assert run["ready_over_dspark"] > 0 and len(run["ready_over_dspark_pairs"]) == 2
+    for k in ("dspark", "ready"):
+        b = run[k]["breakdown"]
+        assert b["draft_us"] > 0 and b["verify_us"] > 0 and b["commit_us"] > 0 and b["round_us"] > 0
+    assert "reader_extra_draft_us" in run
+    assert d["profile"]["ready"]["top"] and d["profile"]["ready_minus_dspark"]
+    fl = res["first_vs_later"]
+    assert fl["first"]["decode_tokens_per_s"] > 0 and fl["later"]["decode_tokens_per_s"] > 0 and fl["later_over_first"] > 0
+
+
+def test_unknown_drafter_is_refused(capsys):
+    assert main(["--target", "tiny", "--device", "cpu", "--drafter", "eagle"]) == 2
+    assert "expected a comma list of none, random, dspark, ready" in capsys.readouterr().err

@@ -6,11 +6,16 @@ attention reads the whole preallocated KV with positions from `cache.length_t`) 
 every round. Prefill, the shortened last round at the token budget, the drafter, the
 argmax/acceptance bookkeeping and `commit` (a state copy) run eagerly. On CPU the same runner
 calls the static-cache verify eagerly (no graph), which is how the CPU tests cover this path.
+On CUDA the graphed passes run the target's torch.compile'd layers (compiled while the graph is
+warmed up; `HybridLM.graphs_compile`), and capturing the K+1 graph also runs the shortened
+rounds' eager verify once, so that nothing compiles inside a timed generation.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
+
+import torch
 
 from ready.target import GraphedVerify
 
@@ -40,7 +45,21 @@ class GraphRunner:
         t = block.shape[1]
         if t not in self.graphs:
             self.graphs[t] = GraphedVerify(self.target, cache, t, self.capture)
+            self._warm_short_rounds(cache, t)
         return self.graphs[t](block)
+
+    def _warm_short_rounds(self, cache: Any, t: int) -> None:
+        """Run the eager verify once for every shorter block (2..t-1 tokens: the last round at the
+        token budget) and drop the result, so the Triton kernels specialised on the block length
+        compile here, in the warm-up that captures the graph, not inside a timed generation."""
+        if cache.key.device.type != "cuda" or cache.pending:
+            return
+        for s in range(2, t):
+            if cache.length + s > cache.max_len:
+                break
+            ids = torch.zeros(cache.batch_size, s, dtype=torch.long, device=cache.key.device)
+            self.target.verify(ids, cache, capture_layers=self.capture)
+            cache.pending = 0  # nothing committed: the live state and the KV below `length` are untouched
 
     def step(self, tok: Any, cache: Any) -> Any:
         out = self.verify(tok, cache)

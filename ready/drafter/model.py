@@ -282,9 +282,10 @@ class DSparkDrafter(nn.Module):
             cap = max(64, -(-need // 64) * 64)
             shape = (B, self.layers[0].self_attn.num_kv_heads, cap, self.head_dim)
             old = c if (c is not None and c["B"] == B and c["dtype"] == dt) else None
-            c = {"B": B, "dtype": dt, "cap": cap, "n": 0, "ptr": None,
-                 "k": [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
-                 "v": [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers]}
+            with torch.inference_mode(False):  # plain tensors: written in place in and out of inference mode
+                c = {"B": B, "dtype": dt, "cap": cap, "n": 0, "ptr": None,
+                     "k": [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
+                     "v": [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers]}
             if old is not None and old["n"]:  # keep what was projected
                 for dst, src in zip(c["k"] + c["v"], old["k"] + old["v"]):
                     dst[:, :, : old["n"]] = src[:, :, : old["n"]]
@@ -520,9 +521,10 @@ class _DraftGraph:
         self.cache = weakref.ref(cache)
         self.ssm_ptr = cache.ssm.data_ptr()
         self.B = B
-        self.feats = torch.zeros((B, R) + tuple(feats.shape[2:]), device=dev, dtype=feats.dtype)
-        self.tok = torch.zeros(B, dtype=torch.long, device=dev)
-        self.n = torch.full((), R, dtype=torch.long, device=dev)
+        with torch.inference_mode(False):  # plain tensors: written in place in and out of inference mode
+            self.feats = torch.zeros((B, R) + tuple(feats.shape[2:]), device=dev, dtype=feats.dtype)
+            self.tok = torch.zeros(B, dtype=torch.long, device=dev)
+            self.n = torch.full((), R, dtype=torch.long, device=dev)
         self.src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.out: Optional[tuple[torch.Tensor, torch.Tensor]] = None

@@ -62,7 +62,10 @@ class HybridLM(nn.Module):
             import torch._dynamo
 
             # one compiled variant per (layer type, block length, cache mode): keep them all
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            cfg = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(cfg, name):
+                    setattr(cfg, name, max(getattr(cfg, name), 64))
             self._compiled_fn = torch.compile(decoder_layer_forward, dynamic=False)
 
     def graphs_compile(self) -> bool:
