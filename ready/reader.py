@@ -74,6 +74,22 @@ def read_states(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor,
     return read_states_torch(ssm, layer_idx, slots, z, U, V, eps)
 
 
+_DRAFTING: Any = None
+
+
+def _drafting_ops() -> Optional[tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]]:
+    """(rms_norm, small-M linear) of the kernels package for the reader's no-grad CUDA path, or None.
+    Each dispatches to its Triton kernel or to torch; together they replace ~8 small kernels of the
+    norm and query with 2 in the draft step's graph (issue 17)."""
+    global _DRAFTING
+    if _DRAFTING is None:
+        from ready.fastops import load_kernel
+
+        rn, sm = load_kernel("rmsnorm"), load_kernel("small_m_gemm")
+        _DRAFTING = (rn.rms_norm, sm.small_m_linear) if rn is not None and sm is not None else False
+    return _DRAFTING or None
+
+
 @dataclass
 class StateSource:
     """Where the reader finds the committed states: rows `slots` of GDN indices `layer_idx` of `ssm`."""
@@ -136,9 +152,15 @@ class StateReader(nn.Module):
     def features(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:
         """f for every position of h [N, P, D] (N = len(source.slots)) -> [N, P, M*r + M] fp32."""
         N, P, _ = h.shape
-        hf = h.float()
-        hn = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight.float()).to(h.dtype)
-        z = self.query(hn).view(N, P, self.num_pairs, self.rank)
+        fast = _drafting_ops() if (h.is_cuda and not torch.is_grad_enabled() and type(self.query) is nn.Linear) else None
+        if fast is not None:  # drafting on CUDA: one fused norm kernel and the small-M linear, same numbers
+            rms_norm, linear = fast
+            z = linear(rms_norm(h, self.norm_weight, 1e-6, 0.0), self.query.weight)
+        else:
+            hf = h.float()
+            hn = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight.float()).to(h.dtype)
+            z = self.query(hn)
+        z = z.view(N, P, self.num_pairs, self.rank)
         return read_states(source.ssm, source.layer_idx, source.slots, z, self.U, self.V, self.eps)
 
     def delta(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:

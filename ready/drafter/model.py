@@ -29,6 +29,7 @@ from ready.drafter.heads import build_head
 from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
 from ready.drafter.layers import DraftLayer, RMSNorm, rope_cos_sin
 from ready.reader import StateReader, StateSource
+from ready.target.layers import linear
 
 FORMAT = "ready-dspark-drafter/1"
 META_FILE = "drafter.json"
@@ -163,6 +164,8 @@ class DSparkDrafter(nn.Module):
         head = self._shared[1]
         w = head.weight.detach()
         b = head.bias.detach() if getattr(head, "bias", None) is not None else None
+        if b is None:  # the small-M linear when drafting on CUDA (F.linear otherwise, and under autograd)
+            return linear(h.to(w.dtype), w).float()
         return F.linear(h.to(w.dtype), w, b).float()
 
     def _context(self, feats: torch.Tensor) -> torch.Tensor:
@@ -263,7 +266,7 @@ class DSparkDrafter(nn.Module):
         """A new sequence: forget the cached context keys/values (the buffers and graphs stay)."""
         if self._ctx is not None:
             self._ctx["n"] = 0
-            self._ctx["ptr"] = None
+            self._ctx["feats"] = None
         sig = self._weights_signature()
         if sig != getattr(self, "_graph_sig", None):  # new or re-wrapped weights (e.g. LoRA): recapture
             self._graphs = []
@@ -283,16 +286,25 @@ class DSparkDrafter(nn.Module):
             shape = (B, self.layers[0].self_attn.num_kv_heads, cap, self.head_dim)
             old = c if (c is not None and c["B"] == B and c["dtype"] == dt) else None
             with torch.inference_mode(False):  # plain tensors: written in place in and out of inference mode
-                c = {"B": B, "dtype": dt, "cap": cap, "n": 0, "ptr": None,
+                c = {"B": B, "dtype": dt, "cap": cap, "n": 0, "feats": None,
                      "k": [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
                      "v": [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers]}
             if old is not None and old["n"]:  # keep what was projected
                 for dst, src in zip(c["k"] + c["v"], old["k"] + old["v"]):
                     dst[:, :, : old["n"]] = src[:, :, : old["n"]]
-                c["n"], c["ptr"] = old["n"], old["ptr"]
+                c["n"], c["feats"] = old["n"], old["feats"]
             self._ctx = c
             self._graphs = []
         return c
+
+    @staticmethod
+    def _resume(c: dict, feats: Optional[torch.Tensor], n: int) -> None:
+        """Rows projected before stay valid only for the very features buffer they came from (held
+        here, so no other tensor can take its address meanwhile) and a row count that only grows."""
+        held = c["feats"]
+        if held is None or feats is None or held.data_ptr() != feats.data_ptr() or c["n"] > n:
+            c["n"] = 0
+        c["feats"] = feats
 
     def _project_rows(self, feats: torch.Tensor, lo: int, hi: int) -> None:
         """Context K/V of feature rows lo..hi-1 into the static buffers."""
@@ -310,13 +322,11 @@ class DSparkDrafter(nn.Module):
     def _context_kv(self, feats: Optional[torch.Tensor], B: int, dev: torch.device, room: int = 0) -> list:
         """Per-layer context K/V of all committed features ([B, H_kv, n, hd] views of the static
         buffers), projecting only the rows not seen before. The engine appends to one features
-        buffer, so rows already projected are known by its address and the count; another tensor
+        buffer, so rows already projected are known by that buffer and the count; another tensor
         (or fewer rows) starts over."""
         n = 0 if feats is None else feats.shape[1]
         c = self._ensure_ctx(B, max(n, room), dev)
-        ptr = None if feats is None else feats.data_ptr()
-        if c["ptr"] != ptr or c["n"] > n:
-            c["n"], c["ptr"] = 0, ptr
+        self._resume(c, feats, n)
         self._project_rows(feats, c["n"], n)
         c["n"] = max(c["n"], n)
         return [(k[:, :, :n], v[:, :, :n]) for k, v in zip(c["k"], c["v"])]
@@ -367,9 +377,7 @@ class DSparkDrafter(nn.Module):
         n, R = T - 1, self.block_size + 1
         room = max(n + R, int(getattr(cache, "max_len", 0) or 0))
         c = self._ensure_ctx(B, room, tokens.device)
-        ptr = feats.data_ptr()
-        if c["ptr"] != ptr or c["n"] > n:
-            c["n"], c["ptr"] = 0, ptr
+        self._resume(c, feats, n)
         self._project_rows(feats, c["n"], n - R)  # the prefill's rows (the body re-projects the last R)
         g = self._graph_for(cache, B, R, feats)
         g.feats.copy_(feats[:, n - R:n])

@@ -16,12 +16,10 @@ from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated
 
 def _small_m_linear():
     """The tuned small-M linear of kernels/small_m_gemm.py (F.linear off CUDA or with autograd)."""
-    try:
-        import ready.fastops  # noqa: F401  (registers ready_kernels)
-        from ready_kernels.small_m_gemm import small_m_linear
-    except Exception:  # pragma: no cover - kernels folder missing
-        return F.linear
-    return small_m_linear
+    from ready.fastops import load_kernel  # stderr note when the fused op is wanted but missing
+
+    mod = load_kernel("small_m_gemm")
+    return F.linear if mod is None else mod.small_m_linear
 
 
 linear = _small_m_linear()
