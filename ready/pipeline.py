@@ -14,7 +14,7 @@ sequences (`heldout_tf`, `ready.decode.teacher_forced`), and every `ready` row d
 prompts a second time reading another prompt's states (`state_swap`, for `state_reliance`).
 
 Every product is a content-hashed artifact (ready/artifacts.py), so rows that share a target, a
-base drafter or AR generations build them once. AR generations of each benchmark are cached per
+base drafter, AR generations or a trained drafter build (and evaluate) them once. AR generations of each benchmark are cached per
 (target, benchmark settings, eval settings): every drafting row checks losslessness against the
 same AR tokens, and its speedup is its TPS over the AR TPS timed when that cache was built. The
 AR row itself decodes afresh, so the TPS it reports was measured in its own run.
@@ -169,7 +169,8 @@ def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list
     probe = next((p for prompts in suites.values() for p in prompts), [])
     check_target(loaded.target, probe, what=f"target {loaded.target_path}")
     budget = int(cfg.eval.max_new_tokens)
-    target_id = content_id(loaded.target_path) if Path(loaded.target_path).is_dir() else loaded.target_path
+    weights = ("config.json", "*.safetensors", "*.safetensors.index.json")  # not metrics.json (timings)
+    target_id = content_id(loaded.target_path, weights) if Path(loaded.target_path).is_dir() else loaded.target_path
     spec = {"kind": "ar_generations", "version": AR_BUILD_VERSION, "target": loaded.target_path,
             "target_content": target_id, "checked": "health/1",
             "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
@@ -270,7 +271,6 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
     """Train (if the method drafts) and evaluate one row on every suite of `cfg.bench.suites`."""
     import torch
 
-    from ready.decode.evaluate import evaluate, next_prompt_donors
     from ready.drafter import load_drafter
 
     check_method(cfg, method)
@@ -282,7 +282,7 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
     suites = _suites(cfg, loaded.tokenizer)
     ar = ar_generations(cfg, loaded, suites, progress)
 
-    drafter, curves, resolved = None, {}, {}
+    drafter, folder, curves, resolved = None, None, {}, {}
     if method != "ar":
         folder, curves = _drafter(cfg, method, loaded, progress)
         drafter = load_drafter(folder, loaded.target)
@@ -291,6 +291,31 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
         resolved["drafter_dir"] = str(folder)
     resolved.update({"target": loaded.target_path, "device": loaded.device, "d_k": d_k,
                      "rank_requested": requested_rank, "rank": int(cfg.reader.rank)})
+
+    if method == "ar":  # the AR row times its own decoding, every time
+        record, reused = _evaluate(cfg, method, loaded, None, suites, ar, progress), False
+    else:
+        record, reused = _cached_evaluation(cfg, method, loaded, drafter, Path(folder), suites, ar, progress)
+    resolved["evaluation_reused"] = reused
+    per_bench = [Metrics(**b["metrics"]) for b in record["benchmarks"].values()]
+    total = Metrics(**record["overall"])
+    evaluation = {
+        "method": method,
+        "config": to_container(cfg) if isinstance(cfg, DictConfig) else OmegaConf.to_container(cfg),
+        "resolved": resolved,
+        **record,
+    }
+    return VariantResult(method=method, benchmarks=per_bench, overall=total, curves=curves, resolved=resolved,
+                         evaluation=evaluation)
+
+
+def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suites: dict, ar: dict,
+              progress: bool) -> dict:
+    """Decode every suite (and, for ready rows, again on another prompt's states) and score the
+    drafter teacher-forced: the evaluation record without the run's config (docs/interfaces.md)."""
+    import torch
+
+    from ready.decode.evaluate import evaluate, next_prompt_donors
 
     def run(name: str, prompts: list, donors: Any = None) -> Any:
         return evaluate(loaded.target, drafter, prompts, int(cfg.eval.max_new_tokens), benchmark=name,
@@ -306,8 +331,7 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
             if method == "ready" and cfg.eval.state_reliance:
                 swaps[name] = run(name, prompts, next_prompt_donors(len(prompts)))
         heldout_tf = _heldout_tf(cfg, loaded, drafter, progress) if drafter is not None else None
-    per_bench = [r.metrics for r in results]
-    total = overall(per_bench, ar=[r.ar for r in results])
+    total = overall([r.metrics for r in results], ar=[r.ar for r in results])
     benchmarks = {}
     for r in results:
         benchmarks[r.benchmark] = {"metrics": r.metrics.to_dict(), "ar": r.ar.to_dict(), "lossless": r.lossless,
@@ -318,17 +342,43 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
             benchmarks[r.benchmark]["state_swap"] = {"donor": "the next prompt of the suite (the last reads the first)",
                                                      "tau": swap.metrics.tau, "lossless": swap.lossless,
                                                      "prompts": _prompt_records(swap)}
-    evaluation = {
-        "method": method,
-        "config": to_container(cfg) if isinstance(cfg, DictConfig) else OmegaConf.to_container(cfg),
-        "resolved": resolved,
-        "overall": total.to_dict(),
-        "benchmarks": benchmarks,
-    }
+    record = {"overall": total.to_dict(), "benchmarks": benchmarks}
     if heldout_tf is not None:
-        evaluation["heldout_tf"] = heldout_tf
-    return VariantResult(method=method, benchmarks=per_bench, overall=total, curves=curves, resolved=resolved,
-                         evaluation=evaluation)
+        record["heldout_tf"] = heldout_tf
+    return record
+
+
+EVALUATION_BUILD_VERSION = 1
+
+
+def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, folder: Path, suites: dict,
+                       ar: dict, progress: bool) -> tuple[dict, bool]:
+    """A drafting row's evaluation record, cached by what decides it: the trained drafter (its folder
+    is named by the hash of everything it was trained from), the target, the prompts, the budget,
+    the evaluation settings and the method (the placebo reads other prompts' states). Rows that end
+    with the same drafter (r=64 and r=128 on a d_k=64 target; one configuration in several sweeps)
+    are evaluated once. Returns (record, reused)."""
+    from ready.artifacts import cached, content_id
+
+    drafter_id = content_id(folder) if cfg.drafter.checkpoint and method == "dspark" else \
+        f"{folder.parent.parent.name}/{folder.parent.name}"  # <kind>/<hash> inside the artifacts folder
+    target_id = content_id(loaded.target_path) if Path(loaded.target_path).is_dir() else loaded.target_path
+    spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
+            "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
+            "eval": to_container(cfg.eval), "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),
+            "eos": loaded.eos}
+    built = []
+
+    def build(tmp: Path) -> None:
+        (tmp / "evaluation.json").write_text(json.dumps(_evaluate(cfg, method, loaded, drafter, suites, ar, progress)))
+        built.append(True)
+
+    out = cached(cfg.artifacts_dir, "evaluation", spec, build)
+    try:
+        return json.loads((out / "evaluation.json").read_text()), not built
+    except (OSError, ValueError) as e:
+        raise PipelineConfigError(f"{out / 'evaluation.json'}: unreadable ({type(e).__name__}); delete the folder "
+                                  "to evaluate again") from None
 
 
 def _heldout_tf(cfg: DictConfig, loaded: _Loaded, drafter: Any, progress: bool) -> Optional[dict]:

@@ -56,3 +56,23 @@ def test_the_ar_row_times_its_own_decoding_even_with_cached_generations(tmp_path
     second = run_variant(cfg, "ar", progress=False)  # the generations are cached by now
     assert len(calls) == len(cfg.bench.suites)  # one fresh timed decode per suite, none to rebuild the cache
     assert first.lossless and second.lossless
+
+
+@pytest.mark.slow
+def test_rows_that_end_with_the_same_drafter_are_evaluated_once(tmp_path):
+    """r=64 and r=128 build the same reader on a d_k=64 target: the second row reuses the first's
+    trained drafter and its evaluation record (and says so); another seed is evaluated afresh."""
+    rows = {v.label: v for v in load_sweep("rank", ["profile=smoke"]).variants}
+    jobs = {label: rows[label].job(0) for label in ("r=64", "r=128")}
+    for job in jobs.values():
+        job.cfg.artifacts_dir = str(tmp_path / "artifacts")
+    first = run_variant(jobs["r=64"].cfg, "ready", progress=False)
+    second = run_variant(jobs["r=128"].cfg, "ready", progress=False)
+    assert not first.resolved["evaluation_reused"] and second.resolved["evaluation_reused"]
+    assert second.resolved["drafter_dir"] == first.resolved["drafter_dir"]
+    assert second.evaluation["benchmarks"] == first.evaluation["benchmarks"]
+    assert second.evaluation["config"]["reader"]["rank"] == 64 and second.resolved["rank_requested"] == 128
+    other = rows["r=64"].job(1)
+    other.cfg.artifacts_dir = str(tmp_path / "artifacts")
+    third = run_variant(other.cfg, "ready", progress=False)
+    assert not third.resolved["evaluation_reused"] and third.resolved["drafter_dir"] != first.resolved["drafter_dir"]
