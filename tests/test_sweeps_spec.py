@@ -11,7 +11,7 @@ from sweeps.basegen import drift, render
 from sweeps.run import main
 from sweeps.spec import EXPERIMENTS_DIR, SpecError, list_sweeps, load_sweep
 
-SWEEPS = ["main", "ft_control", "rank", "layers", "inject_layer", "inject_pos", "search_loss"]
+SWEEPS = ["main", "ft_control", "rank", "layers", "inject_layer", "inject_pos", "search_loss", "positive_control"]
 
 
 def test_base_yaml_restates_every_schema_default_with_a_comment():
