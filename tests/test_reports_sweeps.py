@@ -1,6 +1,6 @@
 """Reports over what the real sweep runner writes: after `python -m sweeps.run rank` (with the cheap
 injected run function of tests/test_sweeps_fake_runner.py), `python -m reports.build` writes a
-table3.tex with one row per rank holding the values MLflow holds."""
+table3.tex with the reference, the two controls and one row per rank, holding the values MLflow holds."""
 
 import pytest
 
@@ -9,8 +9,6 @@ from reports.collect import load_runs
 
 
 def test_rank_sweep_writes_table3_with_one_row_per_rank(tmp_path, monkeypatch):
-    from mlflow.tracking import MlflowClient
-
     from sweeps.run import main as sweep
 
     monkeypatch.chdir(tmp_path)
@@ -23,18 +21,17 @@ def test_rank_sweep_writes_table3_with_one_row_per_rank(tmp_path, monkeypatch):
     tex = (out / "table3.tex").read_text()
     body = tex.split(r"\midrule", 1)[1].split(r"\bottomrule")[0]
     rows = [line.split(" & ") for line in body.splitlines() if " & " in line]
-    assert [r[0] for r in rows] == ["DSpark", "r=8", "r=16", "r=32", "r=64", "r=128"]
+    assert [r[0] for r in rows] == ["DSpark", "DSpark + FT", "Placebo (shuffled states)",
+                                    "r=8", "r=16", "r=32", "r=64", "r=128"]
 
-    client = MlflowClient(tracking_uri=uri)
-    by_label = {r["ready.label"]: r["run_id"] for r in load_runs(uri, "rank").iter_rows(named=True)}
-    ds = client.get_run(by_label["DSpark"]).data.metrics
+    runs = load_runs(uri, "rank")
+    tau = {label: runs.filter(runs["ready.label"] == label)["overall/tau"].mean() for label in runs["ready.label"]}
     for row in rows:
-        m = client.get_run(by_label[row[0]]).data.metrics
-        assert f"{m['overall/tau']:.4f}" in row[1] and f"{m['overall/tps']:.2f}" in row[2]
-        if row[0] != "DSpark":
-            gain = 100 * (m["overall/tau"] / ds["overall/tau"] - 1)
-            assert f"{gain:+.2f}" in row[3]
-    assert "Missing" not in tex
+        assert f"{tau[row[0]]:.3f}" in row[1]  # τ: mean over the seeds the runner ran
+        if row[0] != "DSpark":  # no per-prompt logs from this runner: a ratio of seed means
+            assert f"{100 * (tau[row[0]] / tau['DSpark'] - 1):+.1f}" in row[2]
+    notes = [line for line in (out / "table3.md").read_text().splitlines() if line.startswith("†")]
+    assert notes == ["† Missing: no state-swap decode logged in sweep rank: state reliance not computed."]  # fake runs
     assert (out / "table3.md").is_file() and (out / "fig5_survival.pdf").is_file()
 
 
