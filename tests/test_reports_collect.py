@@ -121,3 +121,20 @@ def test_a_nan_metric_counts_as_missing():
     runs = collect.runs_frame([rec("a", 0, **{"overall/tps": float("nan"), "overall/tau": 4.0})], "s")
     (v,) = collect.aggregate(runs)
     assert v.stat("overall/tps") == (None, "a: metric overall/tps not logged in any run")
+
+
+def test_a_not_lossless_run_is_set_aside_by_metric_or_by_tag():
+    runs = collect.runs_frame(
+        [
+            rec("a", 0, **{"overall/lossless": 1.0, "overall/tau": 4.0}),
+            rec("a", 1, **{"overall/lossless": 0.0, "overall/tau": 9.0}),  # the metric says so
+            {**rec("b", 0, **{"overall/tau": 4.2}), "ready.lossless": "0"},  # the tag says so
+            {**rec("b", 1, status="FAILED", **{"overall/lossless": 0.0}), "ready.lossless": "0"},  # never finished
+        ],
+        "rank",
+    )
+    marked, aside = collect.set_aside_not_lossless(runs)
+    assert aside == {"a": (1,), "b": (0,)}
+    a, b = collect.aggregate(marked)
+    assert a.seeds == (0,) and a.stat("overall/tau")[0].mean == 4.0  # seed 1's 9.0 is not averaged in
+    assert b.stat("overall/tau") == (None, "b: no finished run (status FAILED/NOT_LOSSLESS)")
