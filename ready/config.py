@@ -251,6 +251,26 @@ def validate(cfg: DictConfig | Config) -> None:
             raise ConfigError(f"bad value at key '{key}': {OmegaConf.select(c, key)!r}; expected {expected}")
 
 
+def length_mismatch(cfg: DictConfig | Config) -> Optional[str]:
+    """Why the drafter's training positions miss the positions evaluation drafts at, or None.
+
+    Training anchors lie in the response part of regenerated sequences, positions
+    regen.prompt_len - 1 .. regen.prompt_len + regen.response_len - 2; evaluation drafts from the
+    end of a prompt of up to bench.max_prompt_tokens tokens for eval.max_new_tokens tokens."""
+    c = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    train_end = int(c.regen.prompt_len) + int(c.regen.response_len)
+    eval_end = int(c.bench.max_prompt_tokens) + int(c.eval.max_new_tokens)
+    problems = []
+    if int(c.regen.response_len) < int(c.eval.max_new_tokens):
+        problems.append(f"regen.response_len={c.regen.response_len} < eval.max_new_tokens={c.eval.max_new_tokens}")
+    if int(c.bench.max_prompt_tokens) > 0 and train_end < eval_end:
+        problems.append(f"training sequences end at position {train_end} (regen.prompt_len + regen.response_len) but "
+                        f"evaluation drafts up to {eval_end} (bench.max_prompt_tokens + eval.max_new_tokens)")
+    if not problems:
+        return None
+    return "the drafter is trained on other positions than it is evaluated at: " + "; ".join(problems)
+
+
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ready.config import length_mismatch
 from sweeps import study as st
 from sweeps import tracking
 from sweeps.spec import EXPERIMENTS_DIR, SpecError, Sweep, list_sweeps, load_sweep
@@ -210,6 +211,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    mismatch = {length_mismatch(v.cfg) for v in sweep.rows if v.method != "ar"} - {None}
+    for why in sorted(mismatch):
+        print(f"[sweeps] warning: {why}", file=sys.stderr, flush=True)
     if args.dry_run:
         print(dry_run_table(sweep))
         return 0
@@ -234,7 +238,7 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     c = tracking.client(uri)
-    experiment_id = tracking.ensure_experiment(c, sweep.name)
+    experiment_id = tracking.ensure_experiment(c, sweep.name, sweep.spec.description)
     reaped = tracking.reap_parents(c, experiment_id)
     if reaped:
         print(f"[sweeps] marked {reaped} sweep run(s) KILLED: their process on this host is gone", flush=True)

@@ -157,3 +157,16 @@ def test_presets_resolve_and_the_paper_preset_reads_the_checkpoint_from_the_envi
     assert template.target.source == "/models/mine" and set(template.bench.paths) == set(template.bench.suites)
     with pytest.raises(SpecError, match="preset 'nope' not found"):
         load_sweep("rank", ["preset=nope"])
+
+
+def test_training_and_evaluation_positions_that_do_not_overlap_are_reported(capsys):
+    from ready.config import length_mismatch, merge, schema
+
+    aligned = merge(schema(), {"regen": {"prompt_len": 128, "response_len": 48},
+                               "bench": {"max_prompt_tokens": 128}, "eval": {"max_new_tokens": 48}})
+    assert length_mismatch(aligned) is None
+    short = merge(aligned, {"regen": {"response_len": 16}})
+    why = length_mismatch(short)
+    assert "regen.response_len=16 < eval.max_new_tokens=48" in why and "position 144" in why
+    assert main(["rank", "--dry-run", "regen.response_len=16"]) == 0  # a warning, not an error
+    assert "warning: the drafter is trained on other positions" in capsys.readouterr().err
