@@ -279,7 +279,8 @@ class ChildRun:
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         self.client = client(uri)
         mlflow.set_tracking_uri(uri)
-        run_name = f"{job.variant.label} s{job.seed}" if job.variant.method not in ("ar", "dspark") else job.variant.label
+        # what the UI's run table shows: "r=8 seed 0"; AR ignores the seed (one run serves them all)
+        run_name = job.variant.label if job.variant.method == "ar" else f"{job.variant.label} seed {job.seed}"
         run = retry(lambda: mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
                                              parent_run_id=parent_run_id, tags=tags,
                                              log_system_metrics=_system_metrics_available()))
