@@ -111,6 +111,9 @@ CONFIGS = (
     Config(16, 256, 1, 4, 4), Config(32, 256, 1, 4, 4), Config(64, 128, 1, 4, 4), Config(64, 256, 1, 4, 3),
     Config(16, 512, 1, 4, 3), Config(32, 512, 1, 4, 3), Config(32, 128, 1, 4, 5), Config(128, 128, 1, 8, 3),
     Config(32, 256, 2, 4, 4), Config(64, 256, 2, 4, 4), Config(64, 256, 4, 4, 4), Config(128, 128, 4, 8, 3),
+    # weights with few rows (N = 5120): 16-row blocks split over K, many programs, so the last wave is short
+    Config(16, 256, 2, 4, 4), Config(16, 256, 3, 4, 4), Config(16, 256, 4, 4, 4), Config(16, 512, 2, 4, 3),
+    Config(16, 512, 4, 4, 3), Config(32, 256, 3, 4, 4), Config(16, 128, 4, 2, 6), Config(16, 256, 1, 2, 6),
 )
 
 

@@ -426,11 +426,17 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     streamed = weight_bytes - target.embed_tokens.weight.numel() * target.embed_tokens.weight.element_size()
 
+    ar_profile = None
     first = None
     if first_later and dists_parsed:  # before anything else of this process warms anything up
         first = first_vs_later(target, preset, block_size, dists_parsed[0][1], prompt, new_tokens, repeats, graphs, seed)
     ar = _summary(_median_generation(Engine(target, eos_token_id=-1, cuda_graphs=graphs), prompt, new_tokens, repeats))
     ar["step_ms"] = 1e3 / ar["decode_tokens_per_s"] if ar["decode_tokens_per_s"] else None
+    if profile:  # where an AR step's time goes (graphed, compiled): top device kernels per step
+        ar_engine = Engine(target, eos_token_id=-1, cuda_graphs=graphs)
+        ar_engine.generate(prompt, new_tokens)
+        p = _profile_rounds(ar_engine, lambda: ar_engine.generate(prompt, new_tokens))
+        ar_profile = {"steps": p["rounds"], "top": p["top"]}
     sizes = sorted(set(verify_tokens if verify_tokens is not None else [2, 4]) | {1, block_size + 1})
     ms = time_verify(target, prompt, sizes, verify_iters, graphs, min_len=prompt_len + new_tokens)
     verify = {"tokens": sizes, "ms": [ms[t] for t in sizes], "step_ms": ms[1], "verify_ms": ms[block_size + 1],
@@ -462,6 +468,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
                                          graphs, seed, ar["decode_tokens_per_s"], breakdown, profile)
     if first is not None:
         out["first_vs_later"] = first
+    if ar_profile is not None:
+        out["ar_profile"] = ar_profile
     out["compiled_layers"] = bool(dev.type == "cuda" and graphs and target.compile_in_graphs is not False
                                   and target._compiled_fn is not None)
     try:
