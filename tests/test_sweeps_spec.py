@@ -170,3 +170,13 @@ def test_training_and_evaluation_positions_that_do_not_overlap_are_reported(caps
     assert "regen.response_len=16 < eval.max_new_tokens=48" in why and "position 144" in why
     assert main(["rank", "--dry-run", "regen.response_len=16"]) == 0  # a warning, not an error
     assert "warning: the drafter is trained on other positions" in capsys.readouterr().err
+
+
+def test_default_threads_use_the_idle_cores_shared_among_workers(monkeypatch):
+    from sweeps import run
+
+    monkeypatch.setattr(run.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(run.os, "getloadavg", lambda: (0.1, 0.0, 0.0))
+    assert run.default_threads(1) == 4 and run.default_threads(2) == 2 and run.default_threads(8) == 1
+    monkeypatch.setattr(run.os, "getloadavg", lambda: (3.2, 0.0, 0.0))  # another job holds 3 cores
+    assert run.default_threads(1) == 1
