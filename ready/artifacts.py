@@ -16,6 +16,7 @@ A marker from before manifests (`ok`) is upgraded on first use: its files are ha
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -163,14 +164,21 @@ def check_folder(folder: str | os.PathLike, what: str) -> None:
         raise ArtifactError(f"{folder}: {why}; expected the {what} as it was written (restore or rebuild it)")
 
 
-def content_id(folder: str | os.PathLike) -> str:
-    """A short id of a folder's contents: its manifest's digests when it has one, else the names,
-    sizes and mtimes of its top-level files (cheap; changes whenever a file is replaced)."""
+def content_id(folder: str | os.PathLike, patterns: tuple[str, ...] = ("*",)) -> str:
+    """A short id of the contents of the files in `folder` whose relative path matches one of
+    `patterns` (fnmatch; e.g. ("config.json", "*.safetensors") for what decides a model's outputs,
+    leaving out build logs with timings). From the manifest's digests when the folder has one,
+    else from those files' sizes and mtimes (cheap; changes whenever a file is replaced)."""
     folder = Path(folder)
+
+    def wanted(name: str) -> bool:
+        return any(fnmatch.fnmatch(name, p) for p in patterns)
+
     meta, _ = _read_marker(folder)
     if meta is not None:
-        return config_hash({"files": meta["files"]}, length=16)
-    stats = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.iterdir()) if p.is_file()}
+        return config_hash({"files": {k: v for k, v in meta["files"].items() if wanted(k)}}, length=16)
+    stats = {p.relative_to(folder).as_posix(): [p.stat().st_size, p.stat().st_mtime_ns]
+             for p in _files(folder) if wanted(p.relative_to(folder).as_posix())}
     return config_hash({"stat": stats}, length=16)
 
 

@@ -1,0 +1,107 @@
+"""Shared pieces of the fault tests (tests/test_artifacts_verified.py, tests/test_store_faults.py).
+
+Both files need a smoke artifacts cache and an MLflow store; each is built once per pytest
+session under the session's base temp folder (whichever test asks first builds it), so the two
+files share them without a conftest fixture. The store is created by several processes at
+once: that is the concurrency fault, and its outcome is kept for the test that checks it.
+This file holds no tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEP = "inject_pos"  # the smallest ablation sweep: AR, DSpark, FT, placebo, pre, post
+RACERS = 2  # two invocations at once broke a new mlflow.db before the lock
+
+
+@dataclass
+class Smoke:
+    cfg: Any  # the resolved config of one ReaDy row of `SWEEP profile=smoke`, artifacts under `artifacts`
+    artifacts: Path
+    regen: Path  # the training data's folder (regen/ also holds the validation split's)
+
+
+def smoke_cache(base: Path) -> Smoke:
+    """Tokenizer, pretrained target, AR generations, regenerated data, base drafter and both
+    stages of one ReaDy row of the smoke profile, built once per session into `base/smoke`."""
+    from ready.pipeline import prepare_shared
+    from ready.train import train_variant
+    from ready.train.regen import build_regen_data
+    from sweeps.spec import load_sweep
+
+    artifacts = base / "smoke" / "artifacts"
+    cfg = load_sweep(SWEEP, ["profile=smoke"]).variants[0].job(0).cfg
+    cfg.artifacts_dir = str(artifacts)
+    marker = base / "smoke" / "regen-folder"
+    if not marker.exists():
+        prepare_shared(cfg, ["ar", "ready"], progress=False)
+        target, tokenizer = load(cfg)
+        train_variant(cfg, target, tokenizer, None, artifacts / "stages", progress=False)
+        marker.write_text(str(build_regen_data(cfg, target, tokenizer, progress=False)[1]))
+    return Smoke(cfg=cfg, artifacts=artifacts, regen=Path(marker.read_text()))
+
+
+def load(cfg: Any) -> tuple[Any, Any]:
+    """(target, tokenizer) of a smoke config, as the pipeline loads them."""
+    from ready.pipeline import _load
+
+    loaded = _load(cfg, progress=False)
+    return loaded.target, loaded.tokenizer
+
+
+def raced_store(base: Path) -> tuple[Path, list[tuple[int, str]]]:
+    """A new mlflow.db created by RACERS processes started at the same moment (each opens the
+    store and creates an experiment). Returns the file and each process's (exit code, stderr tail)."""
+    folder = base / "raced-store"
+    db = folder / "mlflow.db"
+    record = folder / "outcomes.json"
+    if not record.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        code = ("import sys, time; from sweeps import tracking; t = float(sys.argv[2]); "
+                "time.sleep(max(0.0, t - time.time())); "
+                "c = tracking.client(sys.argv[1]); print(tracking.ensure_experiment(c, 'race-' + sys.argv[3]))")
+        start = time.time() + 8.0  # after every interpreter has imported mlflow
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, "-c", code, f"sqlite:///{db}", str(start), str(i)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(RACERS)]
+        outcomes = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            outcomes.append((p.returncode, err.strip()[-2000:]))
+        record.write_text(json.dumps(outcomes))
+    return db, [tuple(x) for x in json.loads(record.read_text())]
+
+
+def store_copy(base: Path, dest: Path) -> str:
+    """A private copy of the raced store (MLflow's schema is slow to create) as a tracking URI."""
+    db, _ = raced_store(base)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(db, dest / "mlflow.db")
+    return f"sqlite:///{dest / 'mlflow.db'}"
+
+
+def nan_run_variant(cfg: Any, method: str = "ready", progress: bool = True):
+    """A runner (--runner fault_helpers:nan_run_variant) whose drafting rows come back with NaN τ,
+    as a broken model's would: the run must end FAILED, never FINISHED."""
+    from ready.metrics import SequenceLog, overall, summarize
+    from ready.pipeline import VariantResult
+
+    k = 0 if method == "ar" else int(cfg.drafter.block_size)
+    per = []
+    for suite in cfg.bench.suites:
+        m = summarize([SequenceLog(new_tokens=8, wall_s=0.5, accepted=[0] * 8, horizons=[k] * 8)], str(suite), method, k)
+        m.lossless = 1
+        if method != "ar":
+            m.tau = float("nan")
+        per.append(m)
+    return VariantResult(method=method, benchmarks=per, overall=overall(per), evaluation={"fake": True})
