@@ -1,0 +1,176 @@
+"""`python -m reports.findings`: the paper's five ablation findings, checked against this store.
+
+    python -m reports.findings                       # Markdown to stdout (docs/findings.md is its output)
+    python -m reports.findings --out docs/findings.md
+
+Each finding names the sweep that tests it, the paper's figure, and the paired comparisons that
+decide it: row A against row B of the same sweep setting, seed by seed and prompt by prompt, as a
+gain in τ (%) with its 95 % interval (`reports.intervals`, hierarchical over seeds and prompts),
+on the evaluation suites (`overall`) and teacher-forced on held-out regenerated sequences
+(`heldout_tf`). The verdict reads the engine-τ intervals only:
+
+- a directional claim ("A beats B") reproduces when every one of its intervals lies above 0, does
+  not when one lies below 0, and is inconclusive otherwise;
+- the saturation claim ("full rank adds little over r = 8") reproduces when the interval of the
+  full-rank gain lies below +SATURATION_PCT, does not when it lies above it, and is inconclusive
+  otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ready import stats
+from ready.stats import Interval
+from reports import collect
+from reports.errors import ReportError
+from reports.intervals import Evidence
+
+SATURATION_PCT = 1.0  # "near saturation": the full-rank gain over r = 8 stays under +1 % τ
+
+
+@dataclass(frozen=True)
+class Comparison:
+    row: str  # a row label of the sweep (tag ready.label)
+    ref: str  # the row it is compared with
+    # "above": row beats ref; "below": row loses to ref; "saturated": gain < SATURATION_PCT;
+    # "null": row must not beat ref (the placebo); "info": shown for context, not judged
+    claim: str = "above"
+
+
+@dataclass(frozen=True)
+class Finding:
+    title: str
+    sweep: str
+    paper: str
+    comparisons: tuple[Comparison, ...]
+
+
+POSITIVE_CONTROL = Finding(
+    "Positive control: the pipeline sees state information when it is there", "positive_control",
+    "not in the paper; drafter context cut to the last 16 tokens, so older text reaches it only "
+    "through the states: ReaDy must beat FT, the placebo must not",
+    (Comparison("ReaDy", "DSpark + FT"), Comparison("Placebo (shuffled states)", "DSpark + FT", "null"),
+     Comparison("ReaDy", "Placebo (shuffled states)"), Comparison("ReaDy", "DSpark", "info")))
+
+FINDINGS = (
+    Finding("Fine-tuning alone gives only a small part of the gain", "ft_control",
+            "DSpark + FT +2.38 % τ, ReaDy +8.50 % τ over DSpark (Table 2)",
+            (Comparison("ReaDy", "DSpark + FT"), Comparison("ReaDy", "Placebo (shuffled states)"),
+             Comparison("ReaDy", "DSpark"), Comparison("DSpark + FT", "DSpark", "info"))),
+    Finding("Rank 8 is near saturation", "rank",
+            "full rank (r = 128) adds +0.0119 τ (+0.26 %) over r = 8 (Table 3)",
+            (Comparison("r=128", "r=8", "saturated"), Comparison("r=8", "DSpark + FT"))),
+    Finding("Layer 62 is the best single source, (30, 62) the best set, adding layer 2 hurts", "layers",
+            "{62} > {30}, {2}; {30,62} best; {2,30,62} < {30,62} (Table 4)",
+            (Comparison("{62}", "{30}"), Comparison("{62}", "{2}"), Comparison("{30,62}", "{62}"),
+             Comparison("{2,30,62}", "{30,62}", "below"))),
+    Finding("Injecting once, in the last draft layer, is best", "inject_layer",
+            "{last} > {0}, {0,last}, all (Table 5)",
+            (Comparison("{last}", "{0}"), Comparison("{last}", "{0,last} = all"))),
+    Finding("Post-attention injection beats pre-attention", "inject_pos",
+            "post-attention > pre-attention (Table 6)",
+            (Comparison("post-attention", "pre-attention"),)),
+)
+
+
+def _fmt(iv: Optional[Interval]) -> str:
+    return "—" if iv is None else f"{iv.value:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}]"
+
+
+def judge(c: Comparison, iv: Optional[Interval]) -> Optional[str]:
+    """reproduces / does not / inconclusive for one comparison (None for an informational row)."""
+    if c.claim == "info":
+        return None
+    if iv is None:
+        return "not run"
+    if c.claim == "null":  # passes unless the row clearly beats its reference
+        return "reproduces" if iv.lo <= 0 else "does not"
+    if c.claim == "saturated":
+        return "reproduces" if iv.hi < SATURATION_PCT else ("does not" if iv.lo > SATURATION_PCT else "inconclusive")
+    sign = 1 if c.claim == "above" else -1
+    lo, hi = sorted((sign * iv.lo, sign * iv.hi))
+    return "reproduces" if lo > 0 else ("does not" if hi < 0 else "inconclusive")
+
+
+def overall_verdict(verdicts: Sequence[Optional[str]]) -> str:
+    vs = [v for v in verdicts if v is not None]
+    if not vs or "not run" in vs:
+        return "not run"
+    if "does not" in vs:
+        return "does not reproduce"
+    return "reproduces" if all(v == "reproduces" for v in vs) else "inconclusive"
+
+
+def finding_section(finding: Finding, tracking_uri: str, cache_dir: Optional[Path]) -> str:
+    """One finding as Markdown: the paper's figure, a table of paired gains, the verdict."""
+    head = [f"## {finding.title}", "", f"Paper: {finding.paper}.", ""]
+    try:
+        runs, _ = collect.latest_setting(collect.load_runs(tracking_uri, finding.sweep))
+    except ReportError as e:
+        return "\n".join(head + [f"**Verdict: not run** — {e}", ""])
+    evidence = Evidence(runs, collect.load_evaluations(tracking_uri, runs, cache_dir))
+    variants = {v.name: v for v in collect.aggregate(runs)}
+    rows, verdicts, notes = [], [], []
+    for c in finding.comparisons:
+        a, b = variants.get(c.row), variants.get(c.ref)
+        if a is None or b is None:
+            missing = c.row if a is None else c.ref
+            rows.append(f"| {c.row} vs {c.ref} | — | — | — | row {missing!r} not in sweep {finding.sweep} |")
+            verdicts.append(judge(c, None))
+            continue
+        engine, note = evidence.gain(a, b, stats.OVERALL)
+        tf, _ = evidence.gain(a, b, stats.HELDOUT_TF)
+        counts = evidence.counts(a, stats.OVERALL)
+        n = f"{counts.seeds} × {counts.prompts} × {counts.rounds:,}" if counts else "—"
+        verdict = judge(c, engine)
+        verdicts.append(verdict)
+        claim = {"above": "> 0", "below": "< 0", "saturated": f"< +{SATURATION_PCT:g} %", "null": "not > 0",
+                 "info": "(context)"}[c.claim]
+        rows.append(f"| {c.row} vs {c.ref} | {_fmt(engine)} | {_fmt(tf)} | {n} | {claim}: {verdict or '—'} |")
+        if note:
+            notes.append(note)
+    table = ["| comparison | Δτ engine (%) [95 % CI] | Δτ teacher-forced (%) [95 % CI] | seeds × prompts × rounds | claim: verdict |",
+             "|---|---|---|---|---|", *rows]
+    out = head + table + [""] + [f"- {n}" for n in notes] + (["" ] if notes else [])
+    out += [f"**Verdict: {overall_verdict(verdicts)}.** Regenerate: `python -m reports.findings` "
+            f"(sweep `{finding.sweep}`: `python -m sweeps.run {finding.sweep}`).", ""]
+    return "\n".join(out)
+
+
+def render(tracking_uri: str, cache_dir: Optional[Path] = None) -> str:
+    intro = ("# The paper's ablation findings on the embedded default\n\n"
+             "Generated by `python -m reports.findings` from the MLflow store; every gain is paired "
+             "(same prompts, same seeds) with a 95 % hierarchical bootstrap interval. Verdict rules: "
+             "`reports/findings.py`.\n")
+    sections = [finding_section(f, tracking_uri, cache_dir) for f in (POSITIVE_CONTROL, *FINDINGS)]
+    return "\n".join([intro] + sections)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m reports.findings", description=__doc__.split("\n")[0])
+    p.add_argument("--tracking-uri", default=None, help="MLflow store (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    p.add_argument("--out", default=None, help="write the Markdown here instead of stdout")
+    p.add_argument("--cache-dir", default="reports/out/.cache/evaluations", help="where downloaded evaluation.json files are kept")
+    args = p.parse_args(argv)
+    try:
+        text = render(args.tracking_uri or collect.default_tracking_uri(), Path(args.cache_dir))
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        from ready.artifacts import atomic_write_text
+
+        atomic_write_text(args.out, text)
+        print(f"[findings] wrote {args.out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

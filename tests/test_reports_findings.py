@@ -1,0 +1,32 @@
+"""The findings' verdicts follow the intervals: effects must clear 0, saturation must stay under the band."""
+
+from ready.stats import Interval
+from reports.findings import Comparison, judge, overall_verdict
+
+
+def test_a_directional_claim_needs_its_interval_on_the_right_side_of_zero():
+    above = Comparison("a", "b")
+    assert judge(above, Interval(3.0, 1.0, 5.0)) == "reproduces"
+    assert judge(above, Interval(0.5, -1.0, 2.0)) == "inconclusive"
+    assert judge(above, Interval(-3.0, -5.0, -1.0)) == "does not"
+    below = Comparison("a", "b", "below")
+    assert judge(below, Interval(-3.0, -5.0, -1.0)) == "reproduces"
+    assert judge(below, Interval(3.0, 1.0, 5.0)) == "does not"
+
+
+def test_saturation_and_the_placebo_claim():
+    sat = Comparison("r=128", "r=8", "saturated")
+    assert judge(sat, Interval(0.2, -0.5, 0.9)) == "reproduces"
+    assert judge(sat, Interval(1.5, 0.5, 2.5)) == "inconclusive"
+    assert judge(sat, Interval(3.0, 2.0, 4.0)) == "does not"
+    null = Comparison("placebo", "ft", "null")
+    assert judge(null, Interval(0.5, -0.5, 1.5)) == "reproduces"
+    assert judge(null, Interval(2.0, 0.5, 3.5)) == "does not"
+    assert judge(Comparison("a", "b", "info"), Interval(1, 0, 2)) is None
+
+
+def test_one_failed_comparison_decides_and_a_missing_row_says_not_run():
+    assert overall_verdict(["reproduces", None, "reproduces"]) == "reproduces"
+    assert overall_verdict(["reproduces", "inconclusive"]) == "inconclusive"
+    assert overall_verdict(["reproduces", "does not", "inconclusive"]) == "does not reproduce"
+    assert overall_verdict(["reproduces", "not run"]) == "not run"
