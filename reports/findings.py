@@ -64,7 +64,7 @@ FINDINGS = (
              Comparison("ReaDy", "DSpark"), Comparison("DSpark + FT", "DSpark", "info"))),
     Finding("Rank 8 is near saturation", "rank",
             "full rank (r = 128) adds +0.0119 τ (+0.26 %) over r = 8 (Table 3)",
-            (Comparison("r=128", "r=8", "saturated"), Comparison("r=8", "DSpark + FT"))),
+            (Comparison("r=128", "r=8", "saturated"), Comparison("r=8", "DSpark + FT", "info"))),
     Finding("Layer 62 is the best single source, (30, 62) the best set, adding layer 2 hurts", "layers",
             "{62} > {30}, {2}; {30,62} best; {2,30,62} < {30,62} (Table 4)",
             (Comparison("{62}", "{30}"), Comparison("{62}", "{2}"), Comparison("{30,62}", "{62}"),

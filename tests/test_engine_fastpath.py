@@ -15,6 +15,7 @@ import torch
 import ready.fastops  # noqa: F401
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import Engine
+from ready.decode.graphs import GraphRunner
 from ready.drafter import DSparkDrafter
 from ready.target import HybridConfig, HybridLM
 from ready_kernels import small_m_gemm as sm
@@ -80,10 +81,12 @@ def test_bf16_fast_verify_logits_match_the_plain_ones(mode):
     def verify_logits(fast: bool) -> torch.Tensor:
         mode("auto" if fast else "torch")
         target.compile_layers(fast)
-        engine = Engine(target, cuda_graphs=fast)
-        engine.reserve(40)
-        target.prefill(ids, engine.cache)
-        out = engine.graphs.verify(block, engine.cache) if fast else target.verify(block, engine.cache)
+        cache = target.new_cache(1, 40, max_verify=8)
+        runner = GraphRunner(target, []) if fast else None
+        if runner is not None:
+            runner.prepare(cache)
+        target.prefill(ids, cache)
+        out = runner.verify(block, cache) if fast else target.verify(block, cache)
         return out.logits.float().clone()
 
     plain, fast = verify_logits(False), verify_logits(True)
