@@ -64,8 +64,10 @@ class RegenConfig:
 
     # sized with train.base so the embedded default's whole `rank` sweep stays well under 30 min on 2 cores
     num_samples: int = 1000
-    prompt_len: int = 64
-    response_len: int = 64
+    # prompt + response lengths match bench.max_prompt_tokens + eval.max_new_tokens, so training
+    # anchors sit at the positions evaluation drafts at (`length_mismatch` reports any gap)
+    prompt_len: int = 128
+    response_len: int = 48
     batch_size: int = 64  # prompts decoded together while regenerating
     seed: int = 0
 
@@ -165,16 +167,16 @@ class BenchmarkConfig:
     suites: list[str] = field(default_factory=lambda: ["humaneval", "heldout"])
     # local file per benchmark (JSONL, JSON or parquet in its public format)
     paths: dict[str, str] = field(default_factory=dict)
-    limit: int = 16  # prompts per benchmark
+    limit: int = 64  # prompts per benchmark (the unit of evidence of every interval)
     thinking: bool = False  # chat template's thinking switch, when the tokenizer has one
-    max_prompt_tokens: int = 256
+    max_prompt_tokens: int = 128
 
 
 @dataclass
 class EvalConfig:
     """Greedy speculative decoding measurement, and the cheaper teacher-forced measure beside it."""
 
-    max_new_tokens: int = 64
+    max_new_tokens: int = 48
     warmup_rounds: int = 1
     use_kernels: bool = True  # fused Triton kernels on CUDA; torch references elsewhere
     # every ReaDy row also decodes its prompts with another prompt's states (free: no training)
