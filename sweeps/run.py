@@ -326,6 +326,11 @@ def _outcomes(grid, parent_id: str) -> tuple[set[str], set[str]]:
     return ran, failed
 
 
+def _experiment_id(uri: str, sweep: Sweep) -> str:
+    exp = tracking.client(uri).get_experiment_by_name(tracking.experiment_name(sweep.name))
+    return exp.experiment_id if exp is not None else ""
+
+
 def _report(uri: str, sweep: Sweep, out_dir: Path) -> None:
     try:
         from reports.build import build_reports
@@ -335,6 +340,10 @@ def _report(uri: str, sweep: Sweep, out_dir: Path) -> None:
     try:
         files = build_reports(uri, [sweep.name], out_dir)
         print(f"[sweeps] reports: {', '.join(str(f) for f in files)}", flush=True)
+        if uri.startswith("sqlite:///"):  # the run table, not MLflow's GenAI view (docs/sweeps.md)
+            print(f"[sweeps] compare the runs: mlflow ui --backend-store-uri {uri}, then open "
+                  f"http://localhost:5000/#/experiments/{_experiment_id(uri, sweep)}?workflowType=machine_learning",
+                  flush=True)
     except Exception as e:  # a report problem must not hide that the sweep itself finished
         print(f"[sweeps] reports failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
