@@ -144,3 +144,15 @@ def test_buffers_made_in_inference_mode_serve_later_drafts_outside_it(target):
         first = static.draft(step)[1]
     static.begin(ids)
     torch.testing.assert_close(static.draft(step)[1], first)
+
+
+def test_the_least_recently_used_step_goes_first(target):
+    """Own cache, then two donor caches in turn: the own cache's step, used in between, stays."""
+    _, static = _pair(target)
+    ids = torch.randint(0, V, (1, 14), device=DEVICE)
+    own = draft_step(target, static, ids)
+    donors = [draft_step(target, static, torch.randint(0, V, (1, 14), device=DEVICE)).cache for _ in range(2)]
+    static.begin(ids)
+    for cache in (own.cache, donors[0], own.cache, donors[1]):
+        static.draft(DraftStep(tokens=own.tokens, features=own.features, target=target, cache=cache))
+    assert [g.cache() for g in static._graphs] == [donors[1], own.cache]

@@ -72,12 +72,14 @@ class EvalResult:
         return asdict(self)
 
 
-def _warm_up(engine: Engine, prompts: Sequence[torch.Tensor], max_new_tokens: int, runs: int) -> None:
+def _warm_up(engine: Engine, prompts: Sequence[torch.Tensor], max_new_tokens: int, runs: int,
+             donor: Optional[torch.Tensor] = None) -> None:
     """Size the cache for the longest prompt (so no timed run reallocates it or recaptures CUDA
-    graphs), then run `runs` untimed generations of the first prompt."""
+    graphs), then run `runs` untimed generations of the first prompt (with a donor when the timed
+    ones have donors, so the drafter's graph for the donor cache is captured here too)."""
     engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
     for _ in range(runs):
-        engine.generate(prompts[0], max_new_tokens)
+        engine.generate(prompts[0], max_new_tokens, **({} if donor is None else {"donor": donor}))
 
 
 def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
@@ -146,7 +148,8 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
         spec = list(ar)
     else:
         engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
-        _warm_up(engine, ids, max_new_tokens, warmup)
+        _warm_up(engine, ids, max_new_tokens, warmup,
+                 donor=None if donors is None else donor_tokens(ids, ar, donors[0]))
         desc = f"{benchmark} {method}" + (" (donor states)" if donors is not None else "")
         spec = [engine.generate(p, max_new_tokens, donor=None if donors is None else donor_tokens(ids, ar, donors[i]))
                 for i, p in enumerate(tqdm(ids, desc=desc, disable=not progress, leave=False))]

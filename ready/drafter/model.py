@@ -391,11 +391,12 @@ class DSparkDrafter(nn.Module):
 
     def _graph_for(self, cache: Any, B: int, R: int, feats: torch.Tensor) -> "_DraftGraph":
         """The graph bound to this very cache object (and its state tensor), made on first use."""
-        for g in self._graphs:
+        for i, g in enumerate(self._graphs):
             if g.cache() is cache and g.ssm_ptr == cache.ssm.data_ptr() and g.B == B:
+                self._graphs.insert(0, self._graphs.pop(i))  # most recently used first
                 return g
         g = _DraftGraph(self, cache, B, R, feats)
-        self._graphs = ([g] + self._graphs)[: self.MAX_GRAPHS]
+        self._graphs = ([g] + self._graphs)[: self.MAX_GRAPHS]  # the least recently used one goes
         return g
 
     def _static_body(self, g: "_DraftGraph") -> tuple[torch.Tensor, torch.Tensor]:
