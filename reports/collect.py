@@ -61,9 +61,9 @@ def _client(tracking_uri: str):
                 f"tracking URI {tracking_uri!r}: no MLflow database at {db}; expected the store a "
                 "sweep wrote (run `python -m sweeps.run NAME` first or pass --tracking-uri)"
             )
-    client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        client.search_experiments(max_results=1)  # a file that is not an MLflow store fails here, not deep in a table
+    try:  # a file that is not an MLflow store fails here, not deep in a table
+        client = MlflowClient(tracking_uri=tracking_uri)
+        client.search_experiments(max_results=1)
     except Exception as e:
         first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
         raise ReportError(f"tracking URI {tracking_uri!r}: not a readable MLflow store ({first[:200]}); "

@@ -85,19 +85,28 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def check_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Raise TrackingError when nothing answers at an http(s) tracking URI within `timeout` seconds
-    (MLflow itself would retry for minutes without a word). Any HTTP answer counts as reachable."""
+    """Raise TrackingError unless an MLflow server answers at an http(s) URI within `timeout`
+    seconds (MLflow itself would retry for minutes without a word): `/health` says OK, or the
+    REST API answers (or asks for credentials). A gateway's 404 or 502 is not a tracking server."""
     import urllib.error
     import urllib.request
 
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise TrackingError(f"tracking URI {uri!r}: no answer within {timeout:g} s ({reason}); expected a "
-                            "reachable MLflow server (`mlflow server ...`) or a sqlite:/// path") from None
+    root = uri.rstrip("/")
+    status = None
+    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+        try:
+            with urllib.request.urlopen(root + path, timeout=timeout) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise TrackingError(f"tracking URI {uri!r}: no answer within {timeout:g} s ({reason}); expected a "
+                                "reachable MLflow server (`mlflow server ...`) or a sqlite:/// path") from None
+        if status in (200, 401, 403):
+            return
+    raise TrackingError(f"tracking URI {uri!r}: the server there answers HTTP {status} to MLflow's API; "
+                        "expected an MLflow tracking server (`mlflow server ...`)")
 
 
 def prepare_store(uri: str) -> None:
