@@ -103,12 +103,19 @@ def _ints(rec: Mapping[str, Any], key: str, where: str) -> np.ndarray:
     return np.asarray(rec[key], dtype=np.int64).reshape(-1)
 
 
+def _n_tokens(rec: Mapping[str, Any]) -> Optional[int]:
+    """New tokens of a record: len(`tokens`), or `n_tokens` in a record slimmed of its token ids."""
+    if isinstance(rec.get("tokens"), (list, tuple)):
+        return len(rec["tokens"])
+    return int(rec["n_tokens"]) if rec.get("n_tokens") is not None else None
+
+
 def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[int] = None,
                    where: str = "prompts") -> Tallies:
     """Per-prompt committed tokens, rounds, survival hits/observed and timing from prompt records.
 
     c_i = sum(`committed`) when the record has it, else len(`tokens`) - 1 (tokens after the
-    prefill token); n_i = len(`accepted`). Survival over positions 1..K (K = `block_size`, else
+    prefill token; `n_tokens` stands for len(`tokens`)); n_i = len(`accepted`). Survival over positions 1..K (K = `block_size`, else
     the largest horizon) counts only rounds whose horizon reached j (censoring, ready.metrics).
     """
     recs = list(prompts)
@@ -124,8 +131,8 @@ def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[in
     for i, r in enumerate(recs):
         if isinstance(r.get("committed"), (list, tuple)):
             committed.append(float(sum(r["committed"])))
-        elif isinstance(r.get("tokens"), (list, tuple)):
-            committed.append(float(max(len(r["tokens"]) - 1, 0)))
+        elif _n_tokens(r) is not None:
+            committed.append(float(max(_n_tokens(r) - 1, 0)))
         else:
             raise StatsError(f"{where} prompt {r.get('index', i)}: neither 'committed' nor 'tokens'; "
                              "expected the tokens each round appended")
@@ -137,7 +144,7 @@ def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[in
         rounds=np.asarray([a.size for a in acc], dtype=float),
         hits=hits,
         observed=observed,
-        new_tokens=np.asarray([len(r.get("tokens") or ()) for r in recs], dtype=float),
+        new_tokens=np.asarray([_n_tokens(r) or 0 for r in recs], dtype=float),
         wall_s=np.asarray([float(r.get("wall_s") or 0.0) for r in recs], dtype=float),
     )
 

@@ -30,18 +30,18 @@ def _evaluations(tracking_uri: str, runs: pl.DataFrame, out_dir: Path, echo: Cal
     return collect.load_evaluations(tracking_uri, runs, out_dir / CACHE, echo=echo)
 
 
-def _figure(tracking_uri: str, loaded: dict[str, pl.DataFrame], evaluations: dict[str, dict], out_dir: Path,
+def _figure(tracking_uri: str, loaded: dict[str, pl.DataFrame], out_dir: Path,
             echo: Callable[[str], None]) -> list[Path]:
     """Figure 5 from the `main` sweep (of the store, even when not asked for) when it has DSpark
     and ReaDy survival metrics, else from the first of the reported sweeps that does."""
     if MAIN_SWEEP not in loaded and MAIN_SWEEP in collect.list_sweeps(tracking_uri):
-        main_runs = collect.latest_setting(collect.load_runs(tracking_uri, MAIN_SWEEP))[0]
-        loaded = {MAIN_SWEEP: main_runs, **loaded}
-        evaluations = {**evaluations, **_evaluations(tracking_uri, main_runs, out_dir, echo)}
+        loaded = {MAIN_SWEEP: collect.latest_setting(collect.load_runs(tracking_uri, MAIN_SWEEP))[0], **loaded}
     order = sorted(loaded, key=lambda s: s != MAIN_SWEEP)
     for sweep in order:
         runs = loaded[sweep]
-        curves = survival_curves(runs, evaluations)
+        if not survival_curves(runs):  # no DSpark + ReaDy survival metrics: no need for the logs
+            continue
+        curves = survival_curves(runs, _evaluations(tracking_uri, runs, out_dir, echo))
         if not curves:
             continue
         variants = collect.aggregate(runs)
@@ -90,14 +90,11 @@ def build_reports(
             say(f"sweep {name}: {msg}")
         loaded[name] = runs
     written: list[Path] = []
-    evaluations: dict[str, dict] = {}
     for sweep, runs in loaded.items():
         if runs.height == 0:
             say(f"sweep {sweep}: no variant runs yet; no table written")
             continue
-        found = _evaluations(tracking_uri, runs, out, say)
-        evaluations.update(found)
-        table = build_table(sweep, runs, found)
+        table = build_table(sweep, runs, _evaluations(tracking_uri, runs, out, say))  # one sweep's logs at a time
         tex = out / f"{table.spec.name}.tex"
         md = out / f"{table.spec.name}.md"
         text = markdown.render(table)
@@ -105,7 +102,7 @@ def build_reports(
         atomic_write_text(md, text)
         written += [tex, md]
         say(text)
-    written += _figure(tracking_uri, loaded, evaluations, out, say)
+    written += _figure(tracking_uri, loaded, out, say)
     return written
 
 

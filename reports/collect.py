@@ -286,13 +286,26 @@ def search_objective(sweep: str, experiments_dir: Optional[Path] = None) -> Opti
     return str(search.get("objective") or "overall/tau")
 
 
+def slim(evaluation: dict) -> dict:
+    """The evaluation without per-prompt token ids (`tokens` -> `n_tokens`), all the statistics need:
+    a run's ids can be megabytes, and a report holds every run of a sweep."""
+    for bench in (evaluation.get("benchmarks") or {}).values():
+        if not isinstance(bench, dict):
+            continue
+        for records in (bench.get("prompts"), (bench.get("state_swap") or {}).get("prompts")):
+            for rec in records or ():
+                if isinstance(rec, dict) and isinstance(rec.get("tokens"), list):
+                    rec["n_tokens"] = len(rec.pop("tokens"))
+    return evaluation
+
+
 def load_evaluations(tracking_uri: str, runs: pl.DataFrame, cache_dir: Optional[Path] = None,
                      echo: Callable[[str], None] = lambda _msg: None) -> dict[str, dict]:
-    """Run id -> the run's evaluation.json (per-prompt decoding logs), for every finished run.
+    """Run id -> the run's evaluation.json (per-prompt decoding logs, `slim`med), for every finished run.
 
-    Artifacts are downloaded through MLflow once and kept under `cache_dir/<run id>.json` (a
-    finished run's artifact never changes). A run without the artifact (older runs) is left out;
-    tables then show gains without intervals and say so.
+    Artifacts are downloaded through MLflow once and kept, slimmed, under `cache_dir/<run id>.json`
+    (a finished run's artifact never changes). A run without the artifact (older runs) is left
+    out; tables then show gains without intervals and say so.
     """
     from ready.artifacts import atomic_write_text
 
@@ -313,9 +326,9 @@ def load_evaluations(tracking_uri: str, runs: pl.DataFrame, cache_dir: Optional[
                     text = Path(client.download_artifacts(run_id, EVALUATION, tmp)).read_text()
                 except Exception:  # no such artifact: an older run, or one that failed to log it
                     continue
-            out[run_id] = json.loads(text)
+            out[run_id] = slim(json.loads(text))
             if cached is not None:
-                atomic_write_text(cached, text)
+                atomic_write_text(cached, json.dumps(out[run_id]))
         except (OSError, ValueError) as e:
             echo(f"run {run_id}: {EVALUATION} unreadable ({type(e).__name__}: {str(e)[:120]}); no intervals from it")
     return out

@@ -138,3 +138,24 @@ def test_a_not_lossless_run_is_set_aside_by_metric_or_by_tag():
     a, b = collect.aggregate(marked)
     assert a.seeds == (0,) and a.stat("overall/tau")[0].mean == 4.0  # seed 1's 9.0 is not averaged in
     assert b.stat("overall/tau") == (None, "b: no finished run (status FAILED/NOT_LOSSLESS)")
+
+
+def test_slimmed_evaluations_keep_every_number_the_statistics_need():
+    import copy
+
+    import numpy as np
+
+    from evaluation_logs import bench_rounds, evaluation
+    from ready import stats
+
+    rounds = {"humaneval": bench_rounds(1, 4, 10)}
+    full = evaluation("ready", rounds, swapped=rounds)
+    for b in full["benchmarks"].values():  # an older log: no per-round `committed`
+        for rec in b["prompts"] + b["state_swap"]["prompts"]:
+            del rec["committed"]
+    slim = collect.slim(copy.deepcopy(full))
+    assert "tokens" not in slim["benchmarks"]["humaneval"]["prompts"][0]
+    a, b = stats.tallies(full).benchmarks["humaneval"], stats.tallies(slim).benchmarks["humaneval"]
+    for field in ("committed", "rounds", "hits", "observed", "new_tokens", "wall_s"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    assert stats.run_metrics(full) == stats.run_metrics(slim)
