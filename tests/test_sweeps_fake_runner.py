@@ -1,7 +1,8 @@
 """A cheap stand-in for `ready.pipeline` that the sweep tests inject with `--runner`.
 
 It returns real `ready.metrics.Metrics` computed from made-up acceptance logs (numbers depend on
-the config so rows differ), and appends one line per call to $FAKE_RUN_LOG so tests can count
+the config so rows differ), with the per-prompt records of an evaluation.json so the paired
+intervals are computed as for real runs, and appends one line per call to $FAKE_RUN_LOG so tests can count
 who ran what. Knobs (environment, so worker processes see them too):
 FAKE_RUN_SLEEP seconds per call; FAKE_RUN_BARRIER=N makes the first call of every process wait
 until N processes have started a call (forces real overlap); FAKE_RUN_FAIL=<label> fails rows
@@ -58,19 +59,24 @@ def run_variant(cfg, method: str = "ready", progress: bool = True) -> VariantRes
     if fail and fail in str(cfg.name):
         raise RuntimeError(f"injected failure for {cfg.name}")
     k = 0 if method == "ar" else int(cfg.drafter.block_size)
-    boost = {"ar": 0, "dspark": 1, "ft": 1}.get(method, 1 + (int(cfg.reader.rank) % 5 > 2) + int(cfg.seed) % 2)
-    per_bench = []
+    boost = {"ar": 0, "dspark": 1, "ft": 1, "placebo": 1}.get(method, 1 + (int(cfg.reader.rank) % 5 > 2) + int(cfg.seed) % 2)
+    per_bench, records = [], {}
     for b, suite in enumerate(cfg.bench.suites):
-        accepted = [min(k, (i + boost + b) % (k + 1)) for i in range(6)] if k else [0] * 8
-        logs = [SequenceLog(new_tokens=sum(a + 1 for a in accepted), wall_s=0.5 + 0.1 * b,
-                            accepted=accepted, horizons=[k] * len(accepted))]
+        prompts = [[min(k, (i + j + boost + b) % (k + 1)) for i in range(6)] if k else [0] * 8 for j in range(4)]
+        logs = [SequenceLog(new_tokens=1 + sum(a + 1 for a in acc), wall_s=0.5 + 0.1 * b, accepted=acc,
+                            horizons=[k] * len(acc)) for acc in prompts]
         m = summarize(logs, str(suite), method, k)
         m.lossless = 1
         per_bench.append(m)
+        records[str(suite)] = {"lossless": 1, "prompts": [
+            {"index": j, "prompt_len": 5, "tokens": [1] * log.new_tokens, "accepted": log.accepted,
+             "horizons": log.horizons, "committed": [a + 1 for a in log.accepted], "wall_s": log.wall_s,
+             "ar_wall_s": 2 * log.wall_s, "lossless": 1} for j, log in enumerate(logs)]}
     total = overall(per_bench)
     curves = {} if method == "ar" else {"stage1": [(s, 2.0 / s) for s in range(1, 4)]}
     _log("end", cfg, method)
+    evaluation = {"method": method, "resolved": {"device": "cpu"}, "benchmarks": records}
     return VariantResult(method=method, benchmarks=per_bench, overall=total, curves=curves,
                          resolved={"state_layers": [1, 3], "context_layers": [0, 2], "inject_layers": [1],
                                    "rank": min(int(cfg.reader.rank), 64)},
-                         evaluation={"fake": True, "method": method})
+                         evaluation=evaluation)

@@ -66,21 +66,22 @@ def child_runs(ws: Path, sweep: str, status: str | None = None) -> list:
 
 
 def test_child_runs_follow_the_mlflow_contract(ws: Path):
-    assert main(sweep_args(ws, "rank")) == 0
+    assert main(sweep_args(ws, "rank", "seeds=[0]")) == 0
     runs = child_runs(ws, "rank", "FINISHED")
-    sweep = load_sweep("rank")
+    sweep = load_sweep("rank", ["seeds=[0]"])
     assert sorted(r.data.tags["ready.config_hash"] for r in runs) == sorted(j.config_hash for j in sweep.jobs())
     c = tracking.client(f"sqlite:///{ws / 'mlflow.db'}")
     parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
     assert len(parents) == 1 and c.get_run(parents.pop()).data.tags["ready.kind"] == "sweep"
     by_label = {r.data.tags["ready.label"]: r for r in runs}
-    assert set(by_label) == {"AR", "DSpark", "r=8", "r=16", "r=32", "r=64", "r=128"}
+    assert set(by_label) == {"AR", "DSpark", "DSpark + FT", "Placebo (shuffled states)", "r=8", "r=16", "r=32", "r=64",
+                             "r=128"}
     r128 = by_label["r=128"]
     tags = r128.data.tags
     for key in ("ready.sweep", "ready.table", "ready.method", "ready.order", "ready.variant_id", "ready.model",
                 "ready.seed", "ready.git_commit", "ready.resolved_layers"):
         assert tags[key], key
-    assert (tags["ready.table"], tags["ready.method"], tags["ready.order"]) == ("table3", "ready", "6")
+    assert (tags["ready.table"], tags["ready.method"], tags["ready.order"]) == ("table3", "ready", "8")
     assert r128.data.params["reader.rank"] == "128" and r128.data.params["reader.layers"] == "[30, 62]"
     assert r128.data.params["reader.rank_resolved"] == "64" and tags["ready.resolved_rank"] == "64"
     m = r128.data.metrics
@@ -89,6 +90,9 @@ def test_child_runs_follow_the_mlflow_contract(ws: Path):
                      "survival_7", "rounds", "new_tokens"):
             assert f"{bench}/{name}" in m, f"{bench}/{name}"
     assert m["overall/lossless"] == 1.0
+    for name in ("tau_gain_pct", "tau_gain_vs_ft_pct", "tau_gain_vs_placebo_pct", "tau"):  # paired, with intervals
+        assert m[f"overall/{name}_lo"] <= m[f"overall/{name}"] <= m[f"overall/{name}_hi"], name
+    assert by_label["Placebo (shuffled states)"].data.tags["ready.method"] == "placebo"
     ar, ds = by_label["AR"].data.metrics, by_label["DSpark"].data.metrics
     assert m["heldout/speedup"] == pytest.approx(m["heldout/tps"] / ar["heldout/tps"])
     assert m["overall/tau_gain_pct"] == pytest.approx(100 * (m["overall/tau"] / ds["overall/tau"] - 1))
@@ -100,28 +104,28 @@ def test_child_runs_follow_the_mlflow_contract(ws: Path):
 
 def test_rerun_skips_finished_rows_and_reruns_failed_ones(ws: Path, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_RUN_FAIL", "pre-attention")
-    assert main(sweep_args(ws, "inject_pos")) == 1
-    assert Counter(c["name"] for c in calls(ws)) == Counter(
-        {"inject_pos": 2, "inject_pos:pre-attention": 1, "inject_pos:post-attention": 1})
+    assert main(sweep_args(ws, "inject_pos", "seeds=[0]")) == 1
+    assert Counter(c["name"] for c in calls(ws)) == Counter(  # AR, DSpark, FT and the placebo, then the two rows
+        {"inject_pos": 4, "inject_pos:pre-attention": 1, "inject_pos:post-attention": 1})
     assert len(child_runs(ws, "inject_pos", "FAILED")) == 1
     capsys.readouterr()
 
     monkeypatch.delenv("FAKE_RUN_FAIL")
-    assert main(sweep_args(ws, "inject_pos")) == 0
-    second = calls(ws)[4:]
+    assert main(sweep_args(ws, "inject_pos", "seeds=[0]")) == 0
+    second = calls(ws)[6:]
     assert [c["name"] for c in second] == ["inject_pos:pre-attention"]
     out = capsys.readouterr().out
-    assert out.count(" skipped ") == 3 and out.count(" ran ") == 1
+    assert out.count(" skipped ") == 5 and out.count(" ran ") == 1
 
-    assert main(sweep_args(ws, "inject_pos")) == 0
-    assert len(calls(ws)) == 5  # nothing ran a third time
+    assert main(sweep_args(ws, "inject_pos", "seeds=[0]")) == 0
+    assert len(calls(ws)) == 7  # nothing ran a third time
     finished = child_runs(ws, "inject_pos", "FINISHED")
-    assert len(finished) == 4 and len({r.data.tags["ready.config_hash"] for r in finished}) == 4
+    assert len(finished) == 6 and len({r.data.tags["ready.config_hash"] for r in finished}) == 6
 
 
 def test_killed_sweep_finishes_the_rest_on_rerun(ws: Path, monkeypatch):
     env = dict(os.environ, FAKE_RUN_SLEEP="1.5")
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *sweep_args(ws, "inject_pos")], env=env, cwd=ws,
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *sweep_args(ws, "inject_pos", "seeds=[0]")], env=env, cwd=ws,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (len(calls(ws, "end")) >= 2 and len(calls(ws)) >= 3):
@@ -133,11 +137,11 @@ def test_killed_sweep_finishes_the_rest_on_rerun(ws: Path, monkeypatch):
     assert len(done_before) >= 2 and len(interrupted) == 1
     n_before = len(calls(ws))
 
-    assert main(sweep_args(ws, "inject_pos")) == 0
+    assert main(sweep_args(ws, "inject_pos", "seeds=[0]")) == 0
     rerun = {c["hash"] for c in calls(ws)[n_before:]}
     assert interrupted <= rerun and not (rerun & done_before)
     finished = child_runs(ws, "inject_pos", "FINISHED")
-    assert len(finished) == 4 and len({r.data.tags["ready.config_hash"] for r in finished}) == 4
+    assert len(finished) == 6 and len({r.data.tags["ready.config_hash"] for r in finished}) == 6
     statuses = Counter(r.info.status for r in child_runs(ws, "inject_pos"))
     assert statuses["RUNNING"] == 0 and statuses["KILLED"] >= 1  # the run it was in is marked, not left running
 
@@ -145,13 +149,14 @@ def test_killed_sweep_finishes_the_rest_on_rerun(ws: Path, monkeypatch):
 def _two_workers(ws: Path, monkeypatch, storage: list[str]) -> None:
     monkeypatch.setenv("FAKE_RUN_BARRIER", "2")
     monkeypatch.setenv("FAKE_RUN_SLEEP", "0.2")
-    assert main(sweep_args(ws, "inject_pos", "--workers", "2", *storage)) == 0
+    assert main(sweep_args(ws, "inject_pos", "seeds=[0,1]", "--workers", "2", *storage)) == 0
     starts = calls(ws)
-    sweep = load_sweep("inject_pos")
+    sweep = load_sweep("inject_pos", ["seeds=[0,1]"])
     assert Counter(c["hash"] for c in starts) == Counter({j.config_hash: 1 for j in sweep.jobs()})
     assert len({c["pid"] for c in starts}) == 2 and os.getpid() not in {c["pid"] for c in starts}
     finished = child_runs(ws, "inject_pos", "FINISHED")
-    assert len(finished) == 4 and len({r.data.tags["ready.config_hash"] for r in finished}) == 4
+    assert len(finished) == len(sweep.jobs()) == 1 + 2 * 5
+    assert len({r.data.tags["ready.config_hash"] for r in finished}) == len(finished)
 
 
 def test_two_worker_processes_never_run_the_same_row_journal_file(ws: Path, monkeypatch):
