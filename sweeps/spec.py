@@ -239,6 +239,14 @@ def _clean(msg: str) -> str:
     return first
 
 
+def _yaml_problem(e: Exception) -> str:
+    """A YAML parse error as one line with its position ("did not find expected ',' (line 2, column 36)")."""
+    mark = getattr(e, "problem_mark", None)
+    if getattr(e, "problem", None) and mark is not None:
+        return f"{e.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return _clean(str(e) or type(e).__name__)
+
+
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     try:
         return merge(base, layer, source=source)
@@ -264,7 +272,7 @@ def _read_yaml(path: Path, what: str) -> DictConfig:
     try:
         loaded = OmegaConf.load(path)
     except Exception as e:
-        raise SpecError(f"{path}: not valid YAML: {_clean(str(e))}") from None
+        raise SpecError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
     if not isinstance(loaded, DictConfig):
         raise SpecError(f"{path}: expected a mapping at the top level")
     return loaded
@@ -322,7 +330,7 @@ def list_sweeps(experiments_dir: Path = EXPERIMENTS_DIR) -> dict[str, str]:
                 raise ValueError("expected a mapping at the top level")
             out[path.stem] = f"{raw.get('table', '') or 'search'}: {raw.get('description', '')}".strip()
         except Exception as e:
-            out[path.stem] = f"BROKEN {path.name}: {_clean(str(e) or type(e).__name__)}"
+            out[path.stem] = f"BROKEN {path.name}: {_yaml_problem(e)}"
     return out
 
 

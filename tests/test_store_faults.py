@@ -200,13 +200,14 @@ def test_a_broken_spec_file_is_that_files_problem_only(experiments: Path, capsys
     (experiments / "listy.yaml").write_text("- just\n- a list\n")
     assert main(["--list", "--experiments-dir", str(experiments)]) == 0
     out = capsys.readouterr().out
-    assert "BROKEN broken.yaml: " in out and "BROKEN listy.yaml: expected a mapping" in out
+    assert "BROKEN broken.yaml: did not find expected ',' or ']' (line 2, column " in out
+    assert "BROKEN listy.yaml: expected a mapping" in out
     assert "table3: reader rank" in out  # the other sweeps are listed as before
     assert main(["rank", "--dry-run", "--experiments-dir", str(experiments)]) == 0
     capsys.readouterr()
     assert main(["broken", "--dry-run", "--experiments-dir", str(experiments)]) == 2
     (line,) = errors(capsys.readouterr().err)
-    assert f"{experiments / 'broken.yaml'}: not valid YAML" in line
+    assert f"{experiments / 'broken.yaml'}: not valid YAML: did not find expected ',' or ']' (line 2, column " in line
 
 
 def test_two_rows_with_one_label_are_refused_naming_the_key(experiments: Path) -> None:
