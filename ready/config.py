@@ -128,12 +128,14 @@ class StageConfig:
 
     samples: int = 2000  # training sequences seen (steps = samples / batch_size, rounded up)
     lr: float = 1e-4  # peak learning rate (AdamW, linear warmup then cosine decay to 0)
-    batch_size: int = 16
+    # 8 sequences x 32 anchors: on CPU the frozen target's forward is most of a step, so more
+    # blocks per sequence buy more training per second (187 vs 121 blocks/s for 16 x 16)
+    batch_size: int = 8
     warmup: float = 0.04  # fraction of the steps spent warming up
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     # draft blocks sampled per sequence (in its response part): one target forward feeds them all
-    anchors_per_sample: int = 16
+    anchors_per_sample: int = 32
 
 
 @dataclass
@@ -150,9 +152,9 @@ class TrainConfig:
 
     # CPU-sized budgets for the embedded default (the paper: stage 1 20k samples at 1e-4, stage 2
     # 50k at 5e-5); a GPU run on a real target should scale samples up and lr down
-    base: StageConfig = field(default_factory=lambda: StageConfig(samples=3200, lr=2e-3))
-    stage1: StageConfig = field(default_factory=lambda: StageConfig(samples=256, lr=1e-3))
-    stage2: StageConfig = field(default_factory=lambda: StageConfig(samples=384, lr=5e-4))
+    base: StageConfig = field(default_factory=lambda: StageConfig(samples=1600, lr=2e-3))
+    stage1: StageConfig = field(default_factory=lambda: StageConfig(samples=128, lr=1e-3))
+    stage2: StageConfig = field(default_factory=lambda: StageConfig(samples=320, lr=5e-4))
     lora: LoraConfig = field(default_factory=LoraConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     checkpoint_every: int = 50  # optimizer steps between resumable checkpoints

@@ -135,6 +135,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--base", default="25,50,100,200,400", help="base drafter budgets in optimizer steps")
     p.add_argument("--stage1", default="4,8,16,32,64", help="stage 1 budgets in steps (stage 2 gets 2.5x)")
     p.add_argument("--only", choices=("base", "adapt"), default=None, help="measure one kind of curve only")
+    p.add_argument("--methods", default="ready,ft", help="adaptation curves to measure (ready, ft)")
     p.add_argument("--tracking-uri", default="sqlite:///mlflow.db", help="MLflow store ('' = none)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value")
@@ -167,7 +168,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
             out["base"] = base_curve(cfg, loaded.target, data, val, _ints(args.base), log)
         if args.only in (None, "adapt"):
             base_dir = Path(ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=True))
-            for method in ("ready", "ft"):
+            for method in [m for m in args.methods.split(",") if m in ("ready", "ft")]:
                 out[f"adapt_{method}"] = adaptation_curve(cfg, loaded.target, data, val, base_dir, _ints(args.stage1),
                                                           method, log)
     finally:
