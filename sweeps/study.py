@@ -299,7 +299,9 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
         tags = {"ready.resolved_layers": str(resolved.get("state_layers", [])),
                 "ready.resolved_context_layers": str(resolved.get("context_layers", [])),
                 "ready.resolved_inject_layers": str(resolved.get("inject_layers", [])),
-                "ready.lossless": str(int(result.lossless))}
+                "ready.lossless": str(int(result.lossless)),
+                # 1: the trained drafter equals an earlier row's, whose evaluation record was reused
+                "ready.evaluation_reused": str(int(bool(resolved.get("evaluation_reused", False))))}
         if "rank" in resolved:
             tags["ready.resolved_rank"] = str(resolved["rank"])
             child.log_params({"reader.rank_resolved": str(resolved["rank"])})

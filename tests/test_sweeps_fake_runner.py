@@ -76,6 +76,11 @@ def run_variant(cfg, method: str = "ready", progress: bool = True) -> VariantRes
     curves = {} if method == "ar" else {"stage1": [(s, 2.0 / s) for s in range(1, 4)]}
     _log("end", cfg, method)
     evaluation = {"method": method, "resolved": {"device": "cpu"}, "benchmarks": records}
+    if k:  # drafting rows: a teacher-forced score on held-out sequences (the search objective)
+        committed = [8 * (boost + 1) + i + int(10 * float(cfg.train.loss.l1_weight)) for i in range(4)]
+        evaluation["heldout_tf"] = {"split": "validation", "block_size": k, "num_sequences": 4,
+                                    "sequences": {"committed": committed, "blocks": [8] * 4},
+                                    "tau": sum(committed) / 32}
     return VariantResult(method=method, benchmarks=per_bench, overall=total, curves=curves,
                          resolved={"state_layers": [1, 3], "context_layers": [0, 2], "inject_layers": [1],
                                    "rank": min(int(cfg.reader.rank), 64)},
