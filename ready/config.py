@@ -181,6 +181,9 @@ class EvalConfig:
     max_new_tokens: int = 48
     warmup_rounds: int = 1
     use_kernels: bool = True  # fused Triton kernels on CUDA; torch references elsewhere
+    # auto | on | off: time AR in the same process as each drafting row, prompt by prompt
+    # alternating with it, so speedups are paired (auto = on CUDA; CPU timing is indicative only)
+    interleave_ar: str = "auto"
     # every ReaDy row also decodes its prompts with another prompt's states (free: no training)
     # and logs state_reliance = tau with its own states - tau with the other's
     state_reliance: bool = True
@@ -246,6 +249,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("train.loss.l1_weight", c.train.loss.l1_weight >= 0, "a number >= 0"),
         ("eval.max_new_tokens", c.eval.max_new_tokens >= 1, "an integer >= 1"),
         ("eval.heldout_tf_samples", c.eval.heldout_tf_samples >= 0, "an integer >= 0 (0 = no teacher-forced metric)"),
+        ("eval.interleave_ar", c.eval.interleave_ar in ("auto", "on", "off"), "auto, on or off"),
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
         ("bench.suites", len(c.bench.suites) >= 1, "a non-empty list of benchmark names (e.g. [humaneval, heldout])"),

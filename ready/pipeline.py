@@ -317,10 +317,13 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
 
     from ready.decode.evaluate import evaluate, next_prompt_donors
 
+    mode = str(cfg.eval.interleave_ar)
+    interleave = method != "ar" and (mode == "on" or (mode == "auto" and loaded.device == "cuda"))
+
     def run(name: str, prompts: list, donors: Any = None) -> Any:
         return evaluate(loaded.target, drafter, prompts, int(cfg.eval.max_new_tokens), benchmark=name,
                         method=method, eos_token_id=loaded.eos, warmup=int(cfg.eval.warmup_rounds),
-                        progress=progress, cuda_graphs=None, donors=donors,
+                        progress=progress, cuda_graphs=None, donors=donors, interleave_ar=interleave,
                         # the AR row times its own decoding; drafting rows compare with the cache
                         ar=None if method == "ar" else ar[name])
 

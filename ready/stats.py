@@ -51,6 +51,7 @@ class Tallies:
     observed: np.ndarray  # [P, K] rounds with horizon >= j
     new_tokens: np.ndarray  # [P] generated tokens (prefill token included), for TPS
     wall_s: np.ndarray  # [P] decode wall time, for TPS
+    ar_wall_s: Optional[np.ndarray] = None  # [P] AR's wall time on the same prompt, for the speedup
 
     @property
     def size(self) -> int:
@@ -146,6 +147,7 @@ def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[in
         observed=observed,
         new_tokens=np.asarray([_n_tokens(r) or 0 for r in recs], dtype=float),
         wall_s=np.asarray([float(r.get("wall_s") or 0.0) for r in recs], dtype=float),
+        ar_wall_s=np.asarray([float(r.get("ar_wall_s") or 0.0) for r in recs], dtype=float),
     )
 
 
@@ -272,7 +274,7 @@ def _aligned(a: Tallies, b: Tallies, where: str) -> Tallies:
     pos = {int(i): k for k, i in enumerate(b.index)}
     order = np.asarray([pos[int(i)] for i in a.index])
     return Tallies(a.index, b.committed[order], b.rounds[order], b.hits[order], b.observed[order],
-                   b.new_tokens[order], b.wall_s[order])
+                   b.new_tokens[order], b.wall_s[order], None if b.ar_wall_s is None else b.ar_wall_s[order])
 
 
 def _columns(t: Tallies, what: str, k: int = 0) -> np.ndarray:
@@ -280,6 +282,9 @@ def _columns(t: Tallies, what: str, k: int = 0) -> np.ndarray:
         return np.stack([t.committed, t.rounds], axis=1)
     if what == "tps":
         return np.stack([t.new_tokens, t.wall_s], axis=1)
+    if what == "speedup":  # the row's and AR's TPS on the same prompts (the same tokens: lossless)
+        ar = t.ar_wall_s if t.ar_wall_s is not None else np.zeros_like(t.wall_s)
+        return np.stack([t.new_tokens, t.wall_s, t.new_tokens, ar], axis=1)
     pad = ((0, 0), (0, k - t.hits.shape[1]))
     return np.concatenate([np.pad(t.hits, pad), np.pad(t.observed, pad)], axis=1)
 
@@ -350,6 +355,20 @@ def state_reliance(runs: Sequence[RunTallies], key: str) -> Optional[Interval]:
     return _as_interval(*bootstrap(data, lambda s: _tau_of(s, 0, 1) - _tau_of(s, 2, 3)))
 
 
+def speedup(runs: Sequence[RunTallies], key: str) -> Optional[Interval]:
+    """TPS over AR's TPS on the same prompts, paired prompt by prompt: mean over benchmarks of the
+    row's TPS over the mean of AR's (as `ready.metrics.overall`). The AR timing is each prompt's
+    `ar_wall_s`: on CUDA, AR decoded interleaved with the row in the same process (ABAB)."""
+    names = _names(runs, key)
+    if names is None or key == HELDOUT_TF:
+        return None
+    tables = [[_columns(_strata(r, key)[n], "speedup") for n in names] for r in runs]
+    if any(not (t[:, 3] > 0).all() for per in tables for t in per):
+        return None  # some prompt has no AR timing: no paired speedup
+    return _as_interval(*bootstrap(tables, lambda x: _mean_strata(_ratio(x[..., 0], x[..., 1]))
+                                   / _mean_strata(_ratio(x[..., 2], x[..., 3]))))
+
+
 def survival(runs: Sequence[RunTallies], key: str) -> list[Optional[Interval]]:
     """Prefix survival P_j with its band for j = 1..K (None where no round observed j)."""
     names = _names(runs, key)
@@ -382,7 +401,8 @@ def run_metrics(evaluation: Mapping[str, Any]) -> dict[str, float]:
     """Interval metrics that need only this run's evaluation.json (docs/interfaces.md, "MLflow").
 
     `<b>/tau_lo|_hi`, `<b>/survival_<j>_lo|_hi`, `<b>/state_reliance[_lo|_hi]` (with a state_swap
-    decode) for every benchmark b and `overall`; `heldout_tf/tau[_lo|_hi]` (teacher-forced).
+    decode), `<b>/speedup_lo|_hi` (drafting rows, paired with the AR timing of each prompt) for
+    every benchmark b and `overall`; `heldout_tf/tau[_lo|_hi]` (teacher-forced).
     An evaluation without per-prompt records gives no metrics.
     """
     run = tallies(evaluation)
@@ -399,6 +419,8 @@ def run_metrics(evaluation: Mapping[str, Any]) -> dict[str, float]:
         for j, iv in enumerate(survival([run], key), start=1):
             put(f"{key}/survival_{j}", iv)
         put(f"{key}/state_reliance", state_reliance([run], key), point=True)
+        if evaluation.get("method") not in (None, "ar"):
+            put(f"{key}/speedup", speedup([run], key))
     put(f"{HELDOUT_TF}/tau", tau([run], HELDOUT_TF), point=True)
     return out
 

@@ -121,3 +121,16 @@ def test_tau_counts_committed_tokens_so_a_round_cut_by_the_budget_counts_what_it
     assert gen.accepted == [3] and gen.committed == [3]  # all 3 drafts accepted, no room for the bonus
     res = evaluate(target, Oracle(prompt, ar), [prompt], 4, warmup=0, progress=False)
     assert res.metrics.tau == 3.0  # committed tokens per round, not A + 1 = 4
+
+
+def test_interleaved_ar_times_each_prompt_beside_the_drafter_instead_of_reusing_stored_timings(target):
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
+    stored = [Engine(target).generate(p, 10) for p in prompts]
+    for g in stored:
+        g.wall_s = 999.0  # a timing from another process, another day
+    spy = StateSpy()
+    old = evaluate(target, spy, prompts, 10, warmup=0, progress=False, ar=stored)
+    new = evaluate(target, spy, prompts, 10, warmup=0, progress=False, ar=stored, interleave_ar=True)
+    assert [p.ar_wall_s for p in old.prompts] == [999.0] * 3
+    assert all(0 < p.ar_wall_s < 999.0 for p in new.prompts) and new.lossless == 1
+    assert new.ar.tps > old.ar.tps and new.metrics.speedup < old.metrics.speedup

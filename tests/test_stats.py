@@ -196,3 +196,28 @@ def test_the_same_data_always_gives_the_same_interval():
     _, b = _row(9)
     assert stats.gain_pct([a], [b], "overall") == stats.gain_pct([a], [b], "overall")
     assert stats.N_RESAMPLES >= 2000
+
+
+def test_speedup_pairs_each_prompt_with_ars_timing_of_the_same_prompt():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(3)
+    prompts = []
+    for i in range(40):
+        ar = float(rng.uniform(0.5, 2.0))  # prompts differ a lot in length/time ...
+        prompts.append({**record(i, [3, 4, 2]), "wall_s": ar / float(rng.uniform(2.2, 2.8)), "ar_wall_s": ar})
+    ev = {"method": "ready", "benchmarks": {"humaneval": {"metrics": {"block_size": K}, "prompts": prompts}}}
+    run = stats.tallies(ev)
+    ours = stats.speedup([run], "humaneval")
+    wall = np.array([p["wall_s"] for p in prompts])
+    ar = np.array([p["ar_wall_s"] for p in prompts])
+    assert ours.value == pytest.approx(ar.sum() / wall.sum())  # same tokens: TPS ratio = time ratio
+    theirs = scipy_stats.bootstrap((ar, wall), lambda a, w, axis=-1: a.sum(axis) / w.sum(axis), paired=True,
+                                   vectorized=True, n_resamples=4000, method="percentile",
+                                   rng=np.random.default_rng(5)).confidence_interval
+    width = ours.hi - ours.lo
+    assert ours.lo == pytest.approx(theirs.low, abs=0.1 * width) and ours.hi == pytest.approx(theirs.high, abs=0.1 * width)
+    assert 2.2 < ours.lo < ours.hi < 2.8  # ... but pairing keeps the speedup interval tight
+    m = stats.run_metrics(ev)
+    assert m["humaneval/speedup_lo"] == ours.lo and "overall/speedup_hi" in m
+    prompts[0]["ar_wall_s"] = 0.0  # a prompt without an AR timing: no paired speedup at all
+    assert stats.speedup([stats.tallies(ev)], "humaneval") is None

@@ -122,13 +122,16 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
              max_new_tokens: int, *, benchmark: str = "default", method: Optional[str] = None,
              eos_token_id: Optional[int] = None, warmup: int = 1, progress: bool = True,
              ar: Optional[Sequence[Generation]] = None, cuda_graphs: Optional[bool] = None,
-             donors: Optional[Sequence[int]] = None) -> EvalResult:
+             donors: Optional[Sequence[int]] = None, interleave_ar: bool = False) -> EvalResult:
     """Decode every prompt with `drafter` (AR when None) and with AR, compare them, measure.
 
     `ar` reuses AR generations of the same prompts (the sweep runner decodes AR once per
     benchmark); `warmup` untimed generations of the first prompt precede each timed pass.
     `donors` (the state placebo): for prompt i, the index of another prompt whose committed
     states the drafter reads instead of its own (that prompt followed by its AR continuation).
+    `interleave_ar`: time AR afresh in this process, prompt by prompt alternating with the drafter
+    (A B A B ...), so each prompt's speedup compares two timings taken side by side (the CUDA
+    default); otherwise the speedup uses the timing stored with `ar`.
     """
     ids = [as_prompt(p) for p in prompts]
     if not ids:
@@ -151,8 +154,17 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
         _warm_up(engine, ids, max_new_tokens, warmup,
                  donor=None if donors is None else donor_tokens(ids, ar, donors[0]))
         desc = f"{benchmark} {method}" + (" (donor states)" if donors is not None else "")
-        spec = [engine.generate(p, max_new_tokens, donor=None if donors is None else donor_tokens(ids, ar, donors[i]))
-                for i, p in enumerate(tqdm(ids, desc=desc, disable=not progress, leave=False))]
+        ar_engine = None
+        if interleave_ar:
+            ar_engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
+            _warm_up(ar_engine, ids, max_new_tokens, warmup)
+        spec, timed = [], []
+        for i, p in enumerate(tqdm(ids, desc=desc, disable=not progress, leave=False)):
+            if ar_engine is not None:
+                timed.append(ar_engine.generate(p, max_new_tokens))
+            spec.append(engine.generate(p, max_new_tokens, donor=None if donors is None else donor_tokens(ids, ar, donors[i])))
+        if ar_engine is not None:  # the same tokens as `ar` (lossless is checked against those), timed here
+            ar = timed
 
     results, mismatch = [], None
     for i, (a, s) in enumerate(zip(ar, spec)):
