@@ -178,7 +178,9 @@ class BenchmarkConfig:
 class EvalConfig:
     """Greedy speculative decoding measurement, and the cheaper teacher-forced measure beside it."""
 
-    max_new_tokens: int = 48
+    # 2 suites x 64 prompts x 16 new tokens: as many decoded tokens per row as the earlier
+    # 2 x 16 x 64, spread over 4x the prompts (the unit every interval resamples)
+    max_new_tokens: int = 16
     warmup_rounds: int = 1
     use_kernels: bool = True  # fused Triton kernels on CUDA; torch references elsewhere
     # auto | on | off: time AR in the same process as each drafting row, prompt by prompt
@@ -189,7 +191,7 @@ class EvalConfig:
     state_reliance: bool = True
     # held-out regenerated sequences (the validation split, regen lengths) on which every drafting
     # row's teacher-forced acceptance `heldout_tf/tau` is measured over every full-block anchor; 0 = off
-    heldout_tf_samples: int = 256
+    heldout_tf_samples: int = 128
 
 
 @dataclass
