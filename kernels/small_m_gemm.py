@@ -287,6 +287,98 @@ def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return 0 < x.numel() // max(1, x.shape[-1]) <= MAX_M
 
 
+# --- exact mode: one kernel and one reduction order for every row count ----------------------------
+#
+# `exact_linear` gives every row of x the same bits whether it is multiplied alone (the AR step,
+# M = 1) or among K+1 rows (verify): on CUDA one Triton configuration per weight shape (N, K, dtype),
+# whatever M, with the rows padded into one 16-row tile (a row's dot products never see the other
+# rows, and the K loop, the tile order and, with SPLIT > 1, the partial-sum order are fixed by the
+# configuration alone); more than 16 rows go through in 16-row chunks. cuBLAS is never used: it picks
+# another kernel per M. Elsewhere (CPU) every row is its own F.linear call on a fresh copy of the row,
+# the very call the AR step makes. The configuration of a weight shape is the fastest Triton
+# candidate, timed once at its first use outside CUDA-graph capture (`DEFAULT` when first seen during
+# a capture), and then fixed for the process.
+
+EXACT_CHOICE: dict[tuple, Config] = {}
+EXACT_TIMINGS: dict[tuple, dict[str, float]] = {}
+
+
+def _exact_key(weight: torch.Tensor) -> tuple:
+    return (weight.shape[0], weight.shape[1], weight.dtype, weight.device.index)
+
+
+def exact_config(x2: torch.Tensor, weight: torch.Tensor, timer: Optional[Timer] = None) -> Config:
+    """The one configuration used for this weight shape at every M (chosen on first use, then fixed)."""
+    key = _exact_key(weight)
+    if key in EXACT_CHOICE:
+        return EXACT_CHOICE[key]
+    if _capturing():
+        EXACT_CHOICE[key] = DEFAULT
+        return DEFAULT
+    timer = timer or _device_timer
+    xt = torch.randn(min(max(x2.shape[0], 1), MAX_M), weight.shape[1], device=weight.device, dtype=weight.dtype)
+    want = F.linear(xt.float(), weight.float())
+    scale = want.norm().clamp_min(1e-30)
+    best, best_t, times = DEFAULT, float("inf"), {}
+    for cfg in TUNER.configs:
+        try:
+            got = small_m_linear_triton(xt, weight, cfg).float()
+        except Exception:  # a configuration this device cannot run: skip it
+            continue
+        if not bool(torch.isfinite(got).all()) or float((got - want).norm() / scale) > TUNER.tol:
+            continue
+        t = timer(lambda c=cfg: small_m_linear_triton(xt, weight, c))
+        times[cfg.name()] = t
+        if t < best_t:
+            best, best_t = cfg, t
+    EXACT_CHOICE[key], EXACT_TIMINGS[key] = best, times
+    return best
+
+
+def exact_linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Row by row: F.linear of each row alone, on a fresh (aligned, contiguous) copy of it."""
+    _check(x, weight)
+    N, K = weight.shape
+    x2 = x.reshape(-1, K)
+    rows = [F.linear(x2[i:i + 1].clone(), weight) for i in range(x2.shape[0])]
+    y = torch.cat(rows) if rows else x2.new_empty(0, N)
+    return y.reshape(*x.shape[:-1], N)
+
+
+def exact_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optional[Config] = None) -> torch.Tensor:
+    """The Triton kernel with one configuration for every M, in chunks of at most MAX_M rows."""
+    _check(x, weight)
+    N, K = weight.shape
+    x2 = x.reshape(-1, K)
+    cfg = config or exact_config(x2, weight)
+    if x2.shape[0] <= MAX_M:
+        y = small_m_linear_triton(x2, weight, cfg)
+    else:
+        y = torch.cat([small_m_linear_triton(x2[i:i + MAX_M], weight, cfg) for i in range(0, x2.shape[0], MAX_M)])
+    return y.reshape(*x.shape[:-1], N)
+
+
+@torch.library.custom_op("ready_kernels::exact_linear", mutates_args=())
+def _exact_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if HAS_TRITON and x.is_cuda:
+        return exact_linear_triton(x, weight)
+    return exact_linear_reference(x, weight)
+
+
+@_exact_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y = x W^T, each row bit-identical whatever the number of rows (inference; F.linear under autograd)."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return F.linear(x, weight)
+    if torch.compiler.is_compiling():
+        return torch.ops.ready_kernels.exact_linear(x, weight)
+    return _exact_linear_op(x, weight)
+
+
 # The op exists everywhere (its CPU path is F.linear), so compiled code can always name it.
 @torch.library.custom_op("ready_kernels::small_m_linear", mutates_args=())
 def _small_m_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,12 @@ On CUDA (default there), `Engine(cuda_graphs=True)` replays the fixed-shape veri
 and AR step ([1, 1]) forwards from captured CUDA graphs (`ready.decode.graphs`); prefill,
 drafting and the bookkeeping run eagerly. On CPU everything runs eagerly (cuda_graphs=True
 there runs the graphs' static-cache path without capturing, for tests).
+
+Exact mode (`target.exact`, read when the engine is built): verify and the AR step run the
+target's row-invariant ops, so the speculative output equals AR token for token in any dtype. With
+graphs, the shortened last round is then padded to K+1 tokens (copies of its last token, never
+committed; the cache has K spare positions for them) and replayed from the same graph, because the
+eager verify would not run the compiled layers the graphs run.
 """
 
 from __future__ import annotations
@@ -192,6 +198,7 @@ class Engine:
         self.eos = target.config.eos_token_id if eos_token_id is None else eos_token_id
         self.device = target_device(target)
         self.accept_fn = accept_fn or greedy_accept
+        self.exact = bool(getattr(target, "exact", False))
         self.cache: Any = None
         self.donor_cache: Any = None  # the placebo's second cache (see the module docstring)
         self._donor: Optional[torch.Tensor] = None  # the donor's tokens while one is set
@@ -207,7 +214,7 @@ class Engine:
     # --- buffers ---------------------------------------------------------------------
     def reserve(self, max_len: int) -> None:
         """Size the cache and buffers for sequences of up to `max_len` tokens (prompt + new)."""
-        self._prepare(max_len)
+        self._prepare(max_len + self._pad_room(max_len))
 
     def _prepare(self, need: int) -> None:
         """Allocate (or reuse and reset) a cache and buffers for `need` positions."""
@@ -231,10 +238,24 @@ class Engine:
         self.features[:, start:start + hidden.shape[1]] = hidden
 
     # --- forwards (eager, or replayed from CUDA graphs) -------------------------------
+    def _pad_room(self, need: int) -> int:
+        """Spare cache positions for exact mode's padded last round (0 when not needed or no room)."""
+        if not (self.exact and self.graphs is not None and self.k):
+            return 0
+        return max(0, min(self.k, int(self.target.config.max_position_embeddings) - need))
+
     def _verify(self, block: torch.Tensor) -> Any:
-        if self.graphs is not None and block.shape[1] == self.k + 1:  # the last, shortened round runs eagerly
+        t = block.shape[1]
+        if self.graphs is not None and t == self.k + 1:
             return self.graphs.verify(block, self.cache)
-        return self.target.verify(block, self.cache, capture_layers=self.capture)
+        if (self.graphs is not None and self.exact and t < self.k + 1
+                and self.cache.length + self.k + 1 <= self.cache.max_len):
+            # exact mode: the shortened last round through the K+1 graph, padded (rows past t unused,
+            # uncommitted; causal, so they change nothing in rows < t)
+            padded = torch.cat([block, block[:, -1:].expand(block.shape[0], self.k + 1 - t)], dim=1)
+            out = self.graphs.verify(padded, self.cache)
+            return type(out)(logits=out.logits[:, :t], hidden=None if out.hidden is None else out.hidden[:, :t])
+        return self.target.verify(block, self.cache, capture_layers=self.capture)  # the last, shortened round
 
     def _step(self, tok: torch.Tensor) -> Any:
         if self.graphs is not None:
@@ -279,7 +300,8 @@ class Engine:
         ids = as_prompt(prompt)
         check_prompt(self.target, ids, max_new_tokens)
         p = ids.numel()
-        self._prepare(p + max_new_tokens)  # a round never verifies past the budget (see below)
+        # a round never verifies past the budget (see below); exact mode pads the last one (_verify)
+        self._prepare(p + max_new_tokens + self._pad_room(p + max_new_tokens))
         self._start_donor(donor, p, max_new_tokens)
         ids = ids.to(self.device)
         self.tokens[0, :p] = ids

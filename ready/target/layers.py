@@ -25,6 +25,80 @@ def _small_m_linear():
 linear = _small_m_linear()
 
 
+# --- exact mode: every op of a verify pass gives a row the same bits whatever the number of rows ------
+#
+# `model.exact` (docs/interfaces.md "Exact mode"): verify(K+1) and the AR step (verify of 1 token)
+# must produce bit-identical logits and states for the same token. So in exact mode every op that
+# reduces or picks a kernel by shape goes through a path whose per-row result does not depend on
+# the row count: the linears through `ready_kernels.small_m_gemm.exact_linear` (one Triton
+# configuration per weight on CUDA, row-by-row F.linear on CPU), every norm through
+# `ready_kernels.row_norm` (one program per row / a tree sum), attention one query row at a time
+# (`row_attention`: the same SDPA call the AR step makes, split over the context only), the causal
+# conv as a fixed sum over its taps, and the GDN recurrence one token at a time (the fused kernel on
+# CUDA, a tree-sum recurrence on CPU). Elementwise ops round the same in any shape, except that on
+# CPU ATen's scalar tail loop can round transcendental functions differently from its vectorised
+# body: `_elementwise` pads them so every element takes the vectorised body.
+
+
+def _exact_ops():
+    from ready.fastops import load_kernel
+
+    gemm, norm = load_kernel("small_m_gemm"), load_kernel("row_norm")
+    if gemm is None or norm is None:
+        raise RuntimeError("the target's exact mode needs ready_kernels.small_m_gemm and ready_kernels.row_norm; "
+                           "reinstall the project (pip install -e .)")
+    return gemm.exact_linear, norm.row_norm, norm.tree_sum
+
+
+def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return _exact_ops()[0](x, weight)
+
+
+def row_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, offset: float = 0.0,
+             mean: bool = True, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    return _exact_ops()[1](x, weight, eps, offset, mean, out_dtype)
+
+
+def lin(x: torch.Tensor, weight: torch.Tensor, exact: bool = False) -> torch.Tensor:
+    """The target's bias-free projection: tuned small-M linear, or the row-invariant one in exact mode."""
+    return exact_linear(x, weight) if exact else linear(x, weight)
+
+
+_LANES = 128  # a multiple of twice every ATen CPU vector width (fp32 and 16-bit, AVX2 and AVX-512)
+
+
+def _elementwise(fn, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+    """fn(x) for an elementwise fn. In exact mode on CPU the flattened tensor is zero-padded to a
+    multiple of _LANES elements, so that every element goes through ATen's vectorised loop whatever
+    the tensor's size (its scalar tail may round exp/sigmoid/... differently). Elsewhere: fn(x)."""
+    if not exact or x.device.type != "cpu":
+        return fn(x)
+    flat = x.reshape(-1)
+    n = flat.numel()
+    return fn(F.pad(flat, (0, (-n) % _LANES)))[:n].view(x.shape)
+
+
+@torch.library.custom_op("ready_target::row_attention", mutates_args=())
+def row_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                  trim: bool) -> torch.Tensor:
+    """Attention one query row at a time (exact mode): row i of q [B, H, T, hd] is the very SDPA call
+    the AR step makes for that token, q [B, H, 1, hd] against the keys it sees, with its mask row.
+    `trim` (a growing cache): row i attends over the first L - (T-1-i) keys (the AR step's slice);
+    otherwise (a static cache) over all L keys, masked. An opaque op, so torch.compile keeps it."""
+    T, L = q.shape[2], keys.shape[2]
+    outs = []
+    for i in range(T):
+        n = L - (T - 1 - i) if trim else L
+        outs.append(F.scaled_dot_product_attention(q[:, :, i:i + 1].contiguous(), keys[:, :, :n], values[:, :, :n],
+                                                   attn_mask=mask[i:i + 1, :n].contiguous(), enable_gqa=True))
+    return torch.cat(outs, dim=2)
+
+
+@row_attention.register_fake
+def _(q, keys, values, mask, trim):
+    return q.new_empty(*q.shape[:3], values.shape[-1])
+
+
 def fuse_state_dict_names(module: nn.Module, fused: str, parts: list[tuple[str, int]]) -> None:
     """`module.<fused>` is one bias-free Linear whose rows are the Hugging Face projections `parts`
     ([(name, rows)], in order). Its state dict shows the parts under their own names (row views of
@@ -54,7 +128,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        if exact:
+            return row_norm(x, self.weight, self.eps, offset=1.0, mean=True, out_dtype=x.dtype)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * (1.0 + self.weight.float())).type_as(x)
@@ -68,8 +144,11 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, exact: bool = False) -> torch.Tensor:
         dtype = x.dtype
+        if exact:
+            y = row_norm(x, None, self.eps, mean=True, out_dtype=dtype)
+            return (self.weight * y * _elementwise(F.silu, gate.float(), True)).to(dtype)
         xf = x.float()
         y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
         return (self.weight * y * F.silu(gate.float())).to(dtype)
@@ -99,17 +178,18 @@ class FusedMLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=False)
         fuse_state_dict_names(self, "gate_up_proj", [("gate_proj", inner), ("up_proj", inner)])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up_proj.weight).split(self.inner, dim=-1)
-        return linear(F.silu(gate) * up, self.down_proj.weight)
+    def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        gate, up = lin(x, self.gate_up_proj.weight, exact).split(self.inner, dim=-1)
+        return lin(_elementwise(F.silu, gate, exact) * up, self.down_proj.weight, exact)
 
 
-def rotary(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype,
+           exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, rot_dim] for the rotated part of each head (partial rotary)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, device=positions.device, dtype=torch.float32) / rot_dim))
     freqs = positions.float()[:, None] * inv_freq[None]
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return _elementwise(torch.cos, emb, exact).to(dtype), _elementwise(torch.sin, emb, exact).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -137,19 +217,19 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         fuse_state_dict_names(self, "qkv_proj", list(zip(("q_proj", "k_proj", "v_proj"), self.split)))
 
-    def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None, exact: bool = False) -> torch.Tensor:
         B, T, _ = x.shape
-        qg, k, v = linear(x, self.qkv_proj.weight).split(self.split, dim=-1)
+        qg, k, v = lin(x, self.qkv_proj.weight, exact).split(self.split, dim=-1)
         q, gate = qg.reshape(B, T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
         gate = gate.reshape(B, T, -1)
-        q = self.q_norm(q).transpose(1, 2)
-        k = self.k_norm(k.reshape(B, T, self.n_kv, self.hd)).transpose(1, 2)
+        q = self.q_norm(q, exact).transpose(1, 2)
+        k = self.k_norm(k.reshape(B, T, self.n_kv, self.hd), exact).transpose(1, 2)
         v = v.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)
         if cache is not None and cache.static:
             pos = cache.length_t + torch.arange(T, device=x.device)
         else:
             pos = torch.arange(start, start + T, device=x.device)
-        cos, sin = rotary(pos, self.rot_dim, self.cfg.rope_theta, q.dtype)
+        cos, sin = rotary(pos, self.rot_dim, self.cfg.rope_theta, q.dtype, exact)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -164,9 +244,12 @@ class Attention(nn.Module):
                 keys, values = cache.key[:, :, : start + T], cache.value[:, :, : start + T]
             # query at absolute position p sees keys 0..p
             mask = torch.arange(keys.shape[2], device=x.device)[None, :] <= pos[:, None]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate)
-        return linear(out, self.o_proj.weight)
+            if exact:  # one query row at a time: the AR step's own call for each token
+                out = row_attention(q, keys, values, mask, not cache.static)
+            else:
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
+        return lin(out, self.o_proj.weight, exact)
 
 
 def _optional_kernels():
@@ -206,32 +289,46 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
         fuse_state_dict_names(self, "in_proj", list(zip(("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), self.split)))
 
-    def _conv(self, mixed: torch.Tensor, prefix: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Causal depthwise conv over [B, T, conv_dim]; returns silu(conv) and the padded input."""
+    def _conv(self, mixed: torch.Tensor, prefix: Optional[torch.Tensor],
+              exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal depthwise conv over [B, T, conv_dim]; returns silu(conv) and the padded input.
+        Exact mode: a float32 sum over the taps in a fixed order (F.conv1d picks its algorithm by shape)."""
         x = mixed.transpose(1, 2)
         w = self.kernel - 1
         full = F.pad(x, (w, 0)) if prefix is None else torch.cat([prefix.to(x.dtype), x], dim=-1)
+        if exact:
+            T, taps = x.shape[-1], self.conv1d.weight[:, 0].float()  # [C, kernel]
+            acc = full[..., 0:T].float() * taps[:, 0:1]
+            for j in range(1, self.kernel):
+                acc = acc + full[..., j:j + T].float() * taps[:, j:j + 1]
+            return _elementwise(F.silu, acc.to(x.dtype), True).transpose(1, 2), full
         y = F.conv1d(full, self.conv1d.weight, groups=self.conv_dim)
         return F.silu(y).transpose(1, 2), full
 
-    def _heads(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+    def _heads(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, exact: bool = False):
         B, T, _ = qkv.shape
         q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.nv // self.nk
         q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
         k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
         v = v.reshape(B, T, self.nv, self.dv)
-        q = l2norm(q.float()) * self.dk**-0.5
-        k = l2norm(k.float())
-        beta = b.float().sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        if exact:
+            q = row_norm(q.float(), None, 1e-6, mean=False) * self.dk**-0.5
+            k = row_norm(k.float(), None, 1e-6, mean=False)
+            beta = _elementwise(torch.sigmoid, b.float(), True)
+            g = -self.A_log.float().exp() * _elementwise(F.softplus, a.float() + self.dt_bias.float(), True)
+        else:
+            q = l2norm(q.float()) * self.dk**-0.5
+            k = l2norm(k.float())
+            beta = b.float().sigmoid()
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         # head-major, fp32: [B, H, T, d]
         return q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)
 
-    def _output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def _output(self, o: torch.Tensor, z: torch.Tensor, exact: bool = False) -> torch.Tensor:
         B, T, _ = z.shape
-        o = self.norm(o.transpose(1, 2).to(z.dtype), z.reshape(B, T, self.nv, self.dv))
-        return linear(o.reshape(B, T, -1), self.out_proj.weight)
+        o = self.norm(o.transpose(1, 2).to(z.dtype), z.reshape(B, T, self.nv, self.dv), exact)
+        return lin(o.reshape(B, T, -1), self.out_proj.weight, exact)
 
     def forward(
         self,
@@ -239,18 +336,20 @@ class GatedDeltaNet(nn.Module):
         mode: str = "full",
         cache: Optional[GDNSlot] = None,
         state_positions: Optional[torch.Tensor] = None,
+        exact: bool = False,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """mode: `full` (no cache), `prefill` (append to the committed state and commit),
-        `verify` (per-token states into cache.pending_*, live state untouched)."""
+        `verify` (per-token states into cache.pending_*, live state untouched). `exact`: the
+        row-invariant ops (module comment above), for verify."""
         prefix = None if cache is None else cache.conv
-        qkv, z, b, a = linear(x, self.in_proj.weight).split(self.split, dim=-1)
-        mixed, full = self._conv(qkv, prefix)
-        q, k, v, g, beta = self._heads(mixed, b, a)
+        qkv, z, b, a = lin(x, self.in_proj.weight, exact).split(self.split, dim=-1)
+        mixed, full = self._conv(qkv, prefix, exact)
+        q, k, v, g, beta = self._heads(mixed, b, a, exact)
         init = None if cache is None else cache.ssm
         at = None
         if mode == "verify":
             T = x.shape[1]
-            o = _verify_states(q, k, v, g, beta, init, cache.pending_ssm[:, :T])
+            o = _verify_states(q, k, v, g, beta, init, cache.pending_ssm[:, :T], exact)
             windows = full.unfold(-1, self.kernel - 1, 1)[:, :, 1:]  # window after each token
             cache.pending_conv[:, :T] = windows.permute(0, 2, 1, 3)
         else:
@@ -264,19 +363,47 @@ class GatedDeltaNet(nn.Module):
             if mode == "prefill":
                 cache.ssm.copy_(final)
                 cache.conv.copy_(full[:, :, -(self.kernel - 1):])
-        return self._output(o, z), at
+        return self._output(o, z, exact), at
 
 
-def _verify_states(q, k, v, g, beta, init, out_states: torch.Tensor) -> torch.Tensor:
+def _verify_states(q, k, v, g, beta, init, out_states: torch.Tensor, exact: bool = False) -> torch.Tensor:
     """Outputs [B,H,T,dv]; writes the state after every token into out_states [B,T,H,dk,dv].
-    On CUDA the fused Triton kernel writes the states in place (kernels/gdn_verify.py)."""
-    if q.is_cuda and GDN_VERIFY_KERNEL is not None:
+    On CUDA the fused Triton kernel writes the states in place (kernels/gdn_verify.py); its token
+    step is one fixed sequence of operations whatever T, so it serves exact mode too. Elsewhere,
+    exact mode runs `_exact_recurrence`."""
+    if q.is_cuda and GDN_VERIFY_KERNEL is not None and not (exact and _EXACT_GDN_TORCH):
         t = lambda a: a.transpose(1, 2)  # noqa: E731  (the kernel takes strided views)
         o, _ = GDN_VERIFY_KERNEL(t(q), t(k), t(v), t(g), t(beta), init, 1.0, out_states=out_states)
         return o.transpose(1, 2)
+    if exact:
+        return _exact_recurrence(q, k, v, g, beta, init, out_states)
     o, states = recurrent_gated_delta_rule(q, k, v, g, beta, init, all_states=True)
     out_states.copy_(states)
     return o
+
+
+# READY_EXACT_GDN=torch: exact mode runs `_exact_recurrence` on CUDA too (instead of the fused kernel)
+_EXACT_GDN_TORCH = __import__("os").environ.get("READY_EXACT_GDN", "kernel") == "torch"
+
+
+def _exact_recurrence(q, k, v, g, beta, init, out_states: torch.Tensor) -> torch.Tensor:
+    """The gated delta rule one token at a time on same-shaped contiguous slices, with tree sums
+    over d_k: token t's arithmetic is the same whatever T (head-major inputs as in
+    `recurrent_gated_delta_rule`; float32)."""
+    tree_sum = _exact_ops()[2]
+    B, H, T, dk = k.shape
+    S = q.new_zeros(B, H, dk, v.shape[-1]) if init is None else init.float()
+    outs = []
+    for t in range(T):
+        qt, kt, vt = q[:, :, t].contiguous(), k[:, :, t].contiguous(), v[:, :, t].contiguous()
+        decay = _elementwise(torch.exp, g[:, :, t].contiguous(), True)
+        S = S * decay[..., None, None]
+        sk = tree_sum((S * kt[..., :, None]).transpose(-1, -2))[..., 0]  # S^T k  [B, H, dv]
+        delta = (vt - sk) * beta[:, :, t].contiguous()[..., None]
+        S = S + kt[..., :, None] * delta[..., None, :]
+        outs.append(tree_sum((S * qt[..., :, None]).transpose(-1, -2))[..., 0])  # S^T q
+        out_states[:, t] = S
+    return torch.stack(outs, dim=2)
 
 
 class DecoderLayer(nn.Module):
@@ -299,16 +426,18 @@ def decoder_layer_forward(
     cache: Optional[GDNSlot | KVSlot],
     start: int,
     state_positions: Optional[torch.Tensor],
+    exact: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """One pre-norm residual block: token mixer (GDN or attention), then the MLP."""
-    h = layer.input_layernorm(x)
+    """One pre-norm residual block: token mixer (GDN or attention), then the MLP. `exact`: the
+    row-invariant ops of exact mode (see the comment at the top of this module)."""
+    h = layer.input_layernorm(x, exact)
     at = None
     if layer.layer_type == "linear_attention":
-        h, at = layer.linear_attn(h, mode, cache, state_positions)
+        h, at = layer.linear_attn(h, mode, cache, state_positions, exact)
     else:
-        h = layer.self_attn(h, start, cache)
+        h = layer.self_attn(h, start, cache, exact)
     x = x + h
-    return x + layer.mlp(layer.post_attention_layernorm(x)), at
+    return x + layer.mlp(layer.post_attention_layernorm(x, exact), exact), at
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

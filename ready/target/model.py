@@ -15,7 +15,7 @@ from torch import nn
 
 from ready.target.cache import HybridCache
 from ready.target.config import HybridConfig, TargetError
-from ready.target.layers import GDN_COMMIT_KERNEL, DecoderLayer, RMSNorm, decoder_layer_forward, init_weights, linear
+from ready.target.layers import GDN_COMMIT_KERNEL, DecoderLayer, RMSNorm, decoder_layer_forward, init_weights, lin
 
 
 @dataclass
@@ -47,6 +47,10 @@ class HybridLM(nn.Module):
         self._gdn_index = {lid: i for i, lid in enumerate(config.gdn_layer_ids)}
         self._attn_index = {lid: i for i, lid in enumerate(config.attn_layer_ids)}
         self._compiled_fn = None
+        self._compiled_exact_fn = None
+        # exact mode: verify (and so the AR step, a verify of one token) runs row-invariant ops, so
+        # that verify(K+1) and K+1 AR steps give bit-identical logits and states (docs/interfaces.md)
+        self.exact: bool = False
         # None = auto: the CUDA-graphed passes (GraphedVerify) run compiled layers on CUDA unless
         # the environment says READY_COMPILE=0; True / False force it (compile_layers sets True)
         self.compile_in_graphs: Optional[bool] = None
@@ -67,6 +71,10 @@ class HybridLM(nn.Module):
                 if hasattr(cfg, name):
                     setattr(cfg, name, max(getattr(cfg, name), 64))
             self._compiled_fn = torch.compile(decoder_layer_forward, dynamic=False)
+            # exact mode's own compiled variant: every cast to a 16-bit dtype rounds as in eager code,
+            # wherever inductor fuses it (one fused graph per block length must round like another)
+            self._compiled_exact_fn = torch.compile(decoder_layer_forward, dynamic=False,
+                                                    options={"emulate_precision_casts": True})
 
     def graphs_compile(self) -> bool:
         """Whether graph captures use the compiled layers (see compile_in_graphs); compiles on first use."""
@@ -147,7 +155,8 @@ class HybridLM(nn.Module):
         state_positions: Optional[torch.Tensor] = None,
         compiled: bool = False,
     ) -> TargetOutput:
-        """One pass over every layer; `compiled` runs the torch.compile'd layer forward (graph captures)."""
+        """One pass over every layer; `compiled` runs the torch.compile'd layer forward (graph captures).
+        A verify pass (the AR step included) of a model in exact mode runs the row-invariant ops."""
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise TargetError(f"input ids must be a non-empty [batch, tokens] tensor; got shape {tuple(ids.shape)}")
         capture = self._check_capture(capture_layers)
@@ -155,7 +164,9 @@ class HybridLM(nn.Module):
         # a static cache takes positions from cache.length_t (fixed shapes, CUDA graphs)
         start = 0 if cache is None or cache.static else cache.length
         x = self.model.embed_tokens(ids)
-        layer_fn = self._compiled_fn if compiled and self._compiled_fn is not None else decoder_layer_forward
+        exact = bool(self.exact) and mode == "verify"
+        compiled_fn = self._compiled_exact_fn if exact else self._compiled_fn
+        layer_fn = compiled_fn if compiled and compiled_fn is not None else decoder_layer_forward
         hidden, states = [], [None] * len(state_set)
         for lid, layer in enumerate(self.model.layers):
             gi = self._gdn_index.get(lid, -1)
@@ -163,13 +174,13 @@ class HybridLM(nn.Module):
             slot = None
             if cache is not None:
                 slot = cache.gdn_slots[gi] if gi >= 0 else cache.kv_slot(self._attn_index[lid])
-            x, at = layer_fn(layer, x, mode, slot, start, pos)
+            x, at = layer_fn(layer, x, mode, slot, start, pos, exact)
             if gi in state_set:
                 states[state_set[gi]] = at
             if lid in capture:
                 hidden.append((lid, x))
-        h = self.model.norm(x)
-        logits = linear(h, self.lm_head.weight) if self.lm_head.bias is None else self.lm_head(h)
+        h = self.model.norm(x, exact)
+        logits = lin(h, self.lm_head.weight, exact) if self.lm_head.bias is None else self.lm_head(h)
         hid = torch.stack([h for _, h in sorted(hidden, key=lambda p: capture.index(p[0]))], dim=2) if capture else None
         st = torch.stack(states, dim=2) if state_set else None
         return TargetOutput(logits=logits, hidden=hid, states=st)
