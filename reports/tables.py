@@ -101,6 +101,7 @@ class Cell:
     lo: float | None = None  # 95 % interval, when the cell was resampled
     hi: float | None = None
     flag: str = ""  # a footnote mark after the text (NOT_LOSSLESS_MARK on a row label)
+    ranked: bool = True  # False: shown, never marked or bolded (CPU timings)
 
     @property
     def missing(self) -> bool:
@@ -113,7 +114,7 @@ class Cell:
     @property
     def marked(self) -> bool:
         """A signed effect whose interval excludes 0."""
-        return self.kind in ("gain", "diff") and self.has_interval and (self.lo > 0 or self.hi < 0)
+        return self.ranked and self.kind in ("gain", "diff") and self.has_interval and (self.lo > 0 or self.hi < 0)
 
 
 EFFECT_MARK = "*"  # after a gain whose 95 % interval excludes 0
@@ -151,6 +152,12 @@ def format_cell_parts(cell: Cell) -> tuple[str, str | None, tuple[str, str] | No
     interval = (fmt(cell.lo), fmt(cell.hi)) if cell.has_interval else None
     std = format_number(cell.std, cell.decimals) if cell.std is not None and not signed and interval is None else None
     return fmt(cell.mean), std, interval
+
+
+def _unranked(cell: Cell, ranked: bool) -> Cell:
+    """A timing cell that CPU noise forbids reading as an effect: no mark, no bold."""
+    cell.ranked = ranked
+    return cell
 
 
 def mark_best(cells: Sequence[Cell]) -> None:
@@ -348,7 +355,7 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
         row.append(Cell("gain", text="ref.") if v is ft else Cell("text", text="") if v is ref else gain(v, ft, "tau"))
         row.append(reliance_cell(v))
         row.append(_num(notes.stat(v, f"{SUMMARY}/tps"), 2))
-        row.append(Cell("gain", text="ref.") if v is ref else gain(v, ref, "tps"))
+        row.append(Cell("gain", text="ref.") if v is ref else _unranked(gain(v, ref, "tps"), ev.timing_ranked))
         rows.append(row)
     if ref is None:  # keep the reference row visible, as a row of dashes
         rows.insert(0, [Cell("text", text="DSpark"), Cell(decimals=TAU_DECIMALS), Cell("gain"), Cell("text", text=""),
@@ -445,7 +452,7 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
         tps_cells = [_num(tps, 2) for tps, _ in st]
         x_cells = [Cell("speedup", _ratio(tps, ar_tps), decimals=2) for tps, _ in st]
         tau_cells = [_num(tau, 2) for _, tau in st]
-        gain_tps = [paired(v, key, "tps", tps, ds_tps) for v, (tps, _) in zip(others, st[2:])]
+        gain_tps = [_unranked(paired(v, key, "tps", tps, ds_tps), ev.timing_ranked) for v, (tps, _) in zip(others, st[2:])]
         gain_tau = [paired(v, key, "tau", tau, ds_tau) for v, (_, tau) in zip(others, st[2:])]
         mark_best(gain_tau)
         if ev.timing_ranked:

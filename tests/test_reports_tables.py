@@ -165,6 +165,8 @@ def test_bold_goes_to_a_best_row_that_clears_the_runner_up_and_never_to_cpu_timi
     assert not cells["r=128"][0].bold and cells["r=128"][0].lo < cells["r=8"][0].hi
     assert cells["r=128"][5].lo > max(cells[n][5].hi for n in ("r=8", "r=16"))
     assert not cells["r=128"][5].bold and not cells["r=128"][4].bold
+    tps_gain = cells["r=128"][5]  # its interval excludes 0, but a CPU timing is never marked an effect
+    assert tps_gain.lo > 0 and not tps_gain.marked and not markdown.render_cell(tps_gain).endswith(r"\*")
     assert CPU_TIMING in " ".join(table.about)
     assert "CPU timing, indicative" in latex.caption(table) and "CPU timing, indicative" in markdown.render(table)
 
@@ -172,7 +174,7 @@ def test_bold_goes_to_a_best_row_that_clears_the_runner_up_and_never_to_cpu_timi
 def test_on_cuda_a_clear_speed_gain_is_bold():
     runs, evaluations = _sweep(ROWS, device="cuda")
     table = build_table("rank", runs, evaluations)
-    assert _cells(table)["r=128"][5].bold
+    assert _cells(table)["r=128"][5].bold and _cells(table)["r=128"][5].marked
     assert "CPU" not in " ".join(table.about)
 
 
