@@ -11,6 +11,12 @@ directory (its tokenizer, when present, encodes `--prompt` and decodes the outpu
 `--prompts FILE.jsonl`: one prompt per line, an object with `prompt_ids` (token ids) or `prompt`
 / `text` (a string), or a bare JSON string or list of ids. TPS and the clock are defined in
 `ready.metrics`.
+
+`--check-lossless` also decodes with AR and reports `lossless_exact` (identical to AR),
+`greedy_valid` (every token the target's greedy choice up to the tie margin; `lossless` is this),
+`tie_flips` and `min_margin` (ready.decode.evaluate, docs/benchmarks.md). `--exact` runs the target
+in exact mode (verify and the AR step bit-identical, so lossless_exact holds in 16-bit too). Exit
+status 3: not greedy-valid, or not identical to AR in exact mode.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch
 from ready.decode.errors import DecodeError
 
 METHODS = ("ar", "ngram", "dspark", "ready")
+DEFAULT_EXACT = False  # the fast path; exact mode costs (docs/benchmarks.md "What lossless means")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -44,7 +51,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--eos-id", type=int, help="stop token (default: the target config's eos_token_id)")
     p.add_argument("--warmup", type=int, help="untimed warm-up generations (default: 1 on CUDA, 0 on CPU)")
-    p.add_argument("--check-lossless", action="store_true", help="also decode with AR and compare token for token")
+    p.add_argument("--check-lossless", action="store_true",
+                   help="also decode with AR: lossless_exact (token for token) and greedy_valid (up to the tie margin)")
+    p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=DEFAULT_EXACT,
+                   help="exact mode: verify and the AR step bit-identical (row-invariant kernels; default: %(default)s)")
+    p.add_argument("--tie-margin", type=float, default=None,
+                   help="greedy_valid's tie margin relative to max(|top-1 logit|, logit std) (default: per dtype, "
+                        "ready.decode.evaluate.TIE_REL)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random weights of a preset target (default 0)")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -174,6 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except DecodeError as e:
             raise DecodeError(f"prompt {i}: {e}") from None
     drafter = build_drafter(args.method, args, target)
+    target.exact = bool(args.exact)
     on_cuda = target.device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else int(on_cuda)
     k = drafter.block_size if drafter is not None else 0
@@ -181,10 +195,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lossless = None
     if args.check_lossless:
         res = evaluate(target, drafter, prompts, args.max_new_tokens, benchmark="cli", method=args.method,
-                       eos_token_id=args.eos_id, warmup=warmup, progress=False)
-        gens = [dict(tokens=r.tokens, accepted=r.accepted, horizons=r.horizons, wall_s=r.wall_s, prompt_len=r.prompt_len)
+                       eos_token_id=args.eos_id, warmup=warmup, progress=False, tie_rel=args.tie_margin)
+        gens = [dict(tokens=r.tokens, accepted=r.accepted, horizons=r.horizons, wall_s=r.wall_s, prompt_len=r.prompt_len,
+                     lossless_exact=r.lossless_exact, tie_flips=r.tie_flips, min_margin=r.min_margin)
                 for r in res.prompts]
-        summary, lossless = res.metrics, {"lossless": res.lossless,
+        summary, lossless = res.metrics, {**res.validity(),
                                           "mismatch": None if res.mismatch is None else vars(res.mismatch)}
     else:
         if drafter is None:
@@ -212,10 +227,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "wall_s": g["wall_s"],
             "accepted": g["accepted"] if drafter is not None else [],
             "horizons": g["horizons"] if drafter is not None else [],
+            **({k: g[k] for k in ("lossless_exact", "tie_flips", "min_margin")} if "tie_flips" in g else {}),
         })
     report: dict[str, Any] = {
         "target": source, "method": args.method, "block_size": k, "device": str(target.device),
-        "dtype": str(target.dtype).replace("torch.", ""), "max_new_tokens": args.max_new_tokens,
+        "dtype": str(target.dtype).replace("torch.", ""), "max_new_tokens": args.max_new_tokens, "exact": bool(args.exact),
         "results": results, "summary": summary.to_dict(),
     }
     if lossless is not None:
@@ -235,7 +251,10 @@ def print_text(report: dict[str, Any]) -> None:
     if s["tau"] is not None and report["method"] != "ar":
         line += f", tau {s['tau']:.3f}"
     if "lossless" in report:
-        line += f", lossless {report['lossless']}"
+        line += f", lossless {report['lossless']} (exact {report['lossless_exact']}, tie flips {report['tie_flips']}"
+        if report.get("min_margin") is not None:
+            line += f", smallest margin {report['min_margin']:.4g}"
+        line += ")" + (", exact mode" if report.get("exact") else "")
     print(line)
 
 
@@ -254,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(json.dumps(report))
     else:
         print_text(report)
-    if report.get("lossless") == 0:
+    if report.get("lossless") == 0 or (report.get("exact") and report.get("lossless_exact") == 0):
         return 3
     return 0
 
