@@ -108,7 +108,7 @@ def _row_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, of
                  out_dtype: torch.dtype) -> torch.Tensor:
     if use_triton(x):
         return row_norm_triton(x, weight, eps, offset, mean, out_dtype)
-    return row_norm_reference(x, weight, eps, offset, mean, out_dtype)
+    return row_norm_reference(x, weight, eps, offset, mean, out_dtype).contiguous()  # the fake's layout
 
 
 @_row_norm_op.register_fake

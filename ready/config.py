@@ -192,6 +192,10 @@ class EvalConfig:
     # held-out regenerated sequences (the validation split, regen lengths) on which every drafting
     # row's teacher-forced acceptance `heldout_tf/tau` is measured over every full-block anchor; 0 = off
     heldout_tf_samples: int = 128
+    # exact mode: the target's verify and AR step run row-invariant kernels, so the speculative output
+    # equals AR token for token in 16-bit too (lossless_exact); off = the fast path, checked by greedy_valid
+    # within a tie margin (docs/benchmarks.md "What lossless means": cost and flip rates on the H200)
+    exact: bool = False
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional
 
 import torch
@@ -40,14 +41,25 @@ linear = _small_m_linear()
 # body: `_elementwise` pads them so every element takes the vectorised body.
 
 
-def _exact_ops():
+def _load_exact_ops():
+    """(exact_linear, row_norm, tree_sum) from ready_kernels, loaded once at import (traced code must
+    not import); None when the kernel modules are missing (exact mode then says how to fix it)."""
     from ready.fastops import load_kernel
 
     gemm, norm = load_kernel("small_m_gemm"), load_kernel("row_norm")
     if gemm is None or norm is None:
+        return None
+    return gemm.exact_linear, norm.row_norm, norm.tree_sum
+
+
+_EXACT_OPS = _load_exact_ops()
+
+
+def _exact_ops():
+    if _EXACT_OPS is None:
         raise RuntimeError("the target's exact mode needs ready_kernels.small_m_gemm and ready_kernels.row_norm; "
                            "reinstall the project (pip install -e .)")
-    return gemm.exact_linear, norm.row_norm, norm.tree_sum
+    return _EXACT_OPS
 
 
 def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -383,7 +395,7 @@ def _verify_states(q, k, v, g, beta, init, out_states: torch.Tensor, exact: bool
 
 
 # READY_EXACT_GDN=torch: exact mode runs `_exact_recurrence` on CUDA too (instead of the fused kernel)
-_EXACT_GDN_TORCH = __import__("os").environ.get("READY_EXACT_GDN", "kernel") == "torch"
+_EXACT_GDN_TORCH = os.environ.get("READY_EXACT_GDN", "kernel") == "torch"
 
 
 def _exact_recurrence(q, k, v, g, beta, init, out_states: torch.Tensor) -> torch.Tensor:
