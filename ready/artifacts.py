@@ -100,9 +100,10 @@ def _read_marker(folder: Path) -> tuple[Optional[dict], Optional[str]]:
     return meta, None
 
 
-def verify(folder: str | os.PathLike, spec_hash: Optional[str] = None) -> Optional[str]:
-    """None when every file the marker lists is there with its recorded size and sha256 (and the
-    marker names `spec_hash`, when given); otherwise what is wrong, in a few words."""
+def verify(folder: str | os.PathLike, spec_hash: Optional[str] = None,
+           patterns: tuple[str, ...] = ("*",)) -> Optional[str]:
+    """None when every file the marker lists (those matching `patterns`) is there with its recorded
+    size and sha256 (and the marker names `spec_hash`, when given); else what is wrong, in a few words."""
     folder = Path(folder)
     meta, why = _read_marker(folder)
     if why:
@@ -112,6 +113,8 @@ def verify(folder: str | os.PathLike, spec_hash: Optional[str] = None) -> Option
     if spec_hash is not None and meta.get("spec") not in (None, spec_hash):
         return f"built from spec {meta.get('spec')}, expected {spec_hash}"
     for name, rec in sorted(meta["files"].items()):
+        if not any(fnmatch.fnmatch(name, p) for p in patterns):
+            continue
         path = folder / name
         try:
             size = path.stat().st_size
@@ -153,15 +156,18 @@ def intact(folder: str | os.PathLike, spec: Any = None, label: Optional[str] = N
     return True
 
 
-def check_folder(folder: str | os.PathLike, what: str) -> None:
-    """For a folder the user supplied: raise ArtifactError when it carries a manifest its files no
-    longer match. A folder without one (e.g. a Hugging Face download) is not checked here."""
+def check_folder(folder: str | os.PathLike, what: str, patterns: tuple[str, ...] = ("*",)) -> None:
+    """For a folder the user supplied: raise ArtifactError when the files matching `patterns` no
+    longer match the manifest it was written with (e.g. only "*.safetensors": a hand-edited
+    config.json is the user's business, changed weights are not). A folder without a manifest
+    (e.g. a Hugging Face download) is not checked here."""
     folder = Path(folder)
     if not (folder / DONE).exists():
         return
-    why = verify(folder)
+    why = verify(folder, patterns=patterns)
     if why is not None:
-        raise ArtifactError(f"{folder}: {why}; expected the {what} as it was written (restore or rebuild it)")
+        raise ArtifactError(f"{folder}: {why}; expected the {what} as it was written (restore it, or delete "
+                            f"{folder / DONE} if the change was on purpose)")
 
 
 def content_id(folder: str | os.PathLike, patterns: tuple[str, ...] = ("*",)) -> str:

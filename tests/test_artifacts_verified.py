@@ -114,6 +114,10 @@ def test_a_user_folder_that_changed_is_one_error_never_a_rebuild(tmp_path: Path)
     with pytest.raises(ArtifactError, match=r"ckpt: sub/b.json: content differs .*expected the drafter checkpoint"):
         check_folder(tmp_path / "ckpt", "drafter checkpoint")
     assert (tmp_path / "ckpt" / "sub" / "b.json").exists()  # left as it is
+    check_folder(tmp_path / "ckpt", "drafter checkpoint", patterns=("*.bin",))  # a hand-edited JSON: not checked
+    truncate(tmp_path / "ckpt" / "a.bin")
+    with pytest.raises(ArtifactError, match=r"a.bin: 500 bytes.*or delete .*ckpt/DONE if the change was on purpose"):
+        check_folder(tmp_path / "ckpt", "drafter checkpoint", patterns=("*.bin",))
     check_folder(tmp_path, "anything")  # no marker (e.g. a Hugging Face download): nothing to compare
 
 

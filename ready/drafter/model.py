@@ -491,7 +491,7 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
         raise DrafterError(f"{path}: no drafter checkpoint here; expected a folder written by DSparkDrafter.save "
                            f"({META_FILE} + {WEIGHTS_FILE})")
     try:
-        check_folder(path, "drafter checkpoint")
+        check_folder(path, "drafter checkpoint", patterns=("*.safetensors",))  # weights; JSON is parsed below
     except ArtifactError as e:
         raise DrafterError(str(e)) from None
     meta = _read_meta(path / META_FILE)

@@ -118,7 +118,7 @@ def load_target(
             f"target {name!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing checkpoint directory"
         )
     try:
-        check_folder(path, "target checkpoint")
+        check_folder(path, "target checkpoint", patterns=("*.safetensors",))  # weights; JSON is parsed below
     except ArtifactError as e:
         raise TargetError(str(e)) from None
     cfg_file = path / "config.json"
