@@ -16,7 +16,8 @@ import sys
 import torch
 
 KERNEL_TEST_FILES = ("tests/test_kernels_state_reader.py", "tests/test_kernels_gdn_verify.py",
-                     "tests/test_kernels_rmsnorm.py", "tests/test_kernels_small_m_gemm.py")
+                     "tests/test_kernels_rmsnorm.py", "tests/test_kernels_small_m_gemm.py",
+                     "tests/test_kernels_row_norm.py")
 
 
 def interpreter_active() -> bool:
