@@ -363,9 +363,9 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: A
     are evaluated once. Returns (record, reused)."""
     from ready.artifacts import cached, content_id
 
-    drafter_id = content_id(folder) if cfg.drafter.checkpoint and method == "dspark" else \
-        f"{folder.parent.parent.name}/{folder.parent.name}"  # <kind>/<hash> inside the artifacts folder
-    target_id = content_id(loaded.target_path) if Path(loaded.target_path).is_dir() else loaded.target_path
+    weights = ("config.json", "*.safetensors", "*.safetensors.index.json")  # not metrics.json's timings
+    drafter_id = content_id(folder, (*weights, "drafter.json"))  # the weights: a rebuild that differs is evaluated anew
+    target_id = content_id(loaded.target_path, weights) if Path(loaded.target_path).is_dir() else loaded.target_path
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "eval": to_container(cfg.eval), "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),

@@ -196,3 +196,12 @@ def test_the_state_placebo_trains_on_the_next_rows_states_at_its_own_anchors(tmp
         assert not torch.allclose(theirs[b], mine[b])
     with pytest.raises(TrainStageError, match="at least 2 sequences"):
         _target_forward(target, placebo, tokens[:1], anchors[:1])
+
+
+def test_an_unreadable_resume_checkpoint_is_set_aside_and_the_stage_starts_over(tmp_path, target, data, capsys):
+    cfg = micro_cfg(tmp_path)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "checkpoint.pt").write_bytes(b"\0garbage" * 64)  # a killed disk write, say
+    res = train_stage("stage1", _drafter(cfg, target, reader=True), target, data, cfg, tmp_path / "work", progress=False)
+    assert res.resumed_from == 0 and res.steps == len(res.losses)
+    assert "ignoring unreadable checkpoint" in capsys.readouterr().out  # tqdm.write, beside the progress bar

@@ -196,7 +196,14 @@ def load_checkpoint(path: Path, params, opt, sched, fingerprint: str) -> Optiona
     """Restore a matching checkpoint in place; None when there is none or it is for other inputs."""
     if not path.is_file():
         return None
-    ck = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(ck, dict):
+            raise ValueError("not a checkpoint dict")
+    except Exception as e:  # truncated or overwritten: training starts over instead of failing every run
+        tqdm.write(f"ignoring unreadable checkpoint {path} ({type(e).__name__}); this stage starts over")
+        path.unlink(missing_ok=True)
+        return None
     if ck.get("fingerprint") != fingerprint:
         tqdm.write(f"ignoring checkpoint {path}: it was written for another stage config, drafter or data")
         return None
