@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from ready.bench_engine import forced_acceptance, main, parse_accept_dist
+from ready.bench.engine import forced_acceptance, main, parse_accept_dist
 from ready.decode import DecodeError
 from ready.target import HybridConfig, HybridLM, save_target
 

@@ -1,10 +1,10 @@
 """Benchmark the decoding engine: AR tokens/s, verify-vs-step cost, forced-acceptance TPS, and the
 DSpark / ReaDy round at paper size.
 
-    python -m ready.bench_engine --target tiny --device cpu --json
-    python -m ready.bench_engine --target qwen3_5_27b --device cuda --dtype bfloat16 \
+    python -m ready.bench.engine --target tiny --device cpu --json
+    python -m ready.bench.engine --target qwen3_5_27b --device cuda --dtype bfloat16 \
         --accept-dist "0:0.1,3:0.3,7:0.6" --accept-dist "0:0.05,3:0.25,7:0.7" --json
-    python -m ready.bench_engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
+    python -m ready.bench.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
         --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --breakdown --json
 
 Prints one JSON object:
@@ -159,13 +159,10 @@ def time_verify(target: Any, prompt: torch.Tensor, block_sizes: list[int], iters
 
 def drafter_configs(preset: str, block_size: int) -> tuple[Any, Any]:
     """(drafter, reader) configs: schema <- experiments/base.yaml <- experiments/presets/<preset>.yaml."""
-    from pathlib import Path
-
     from omegaconf import OmegaConf
 
     from ready.config import merge, schema
-
-    root = Path(__file__).resolve().parent.parent / "experiments"
+    from sweeps.spec import EXPERIMENTS_DIR as root
     layers = []
     for f in (root / "base.yaml", root / "presets" / f"{preset}.yaml"):
         if f.is_file():
@@ -487,7 +484,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ready.bench_engine", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ready.bench.engine", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="tiny", help="preset or checkpoint directory (default tiny)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")

@@ -1,7 +1,7 @@
 """Benchmark the target: prefill tokens/s and decode step time, against the weight-streaming bound.
 
-    python -m ready.bench_target --preset tiny --device cpu --json
-    python -m ready.bench_target --preset qwen3_5_27b --device cuda --dtype bfloat16 --json
+    python -m ready.bench.target --preset tiny --device cpu --json
+    python -m ready.bench.target --preset qwen3_5_27b --device cuda --dtype bfloat16 --json
 
 Decode step = verify one token + commit (batch 1), the unit of AR decoding; on CUDA the
 forward is replayed from a CUDA graph (GraphedVerify).
