@@ -134,6 +134,7 @@ def verify_vs_steps(model, block: torch.Tensor, prompt: torch.Tensor, graphs: bo
             "argmax_equal": bool(torch.equal(logits.argmax(-1), sl.argmax(-1)))}
 
 
+@torch.inference_mode()
 def probe_target(name: str = "tiny", T: int = 8) -> dict[str, Any]:
     from ready.target import load_target
 
@@ -166,6 +167,7 @@ def _time_replays(fn, n: int) -> float:
     return times[len(times) // 2]
 
 
+@torch.inference_mode()
 def cost(model, k: int, prompt_len: int, new_tokens: int, iters: int) -> dict[str, Any]:
     from ready.decode.engine import Engine
     from ready.decode.ngram import NgramDrafter
@@ -225,22 +227,48 @@ def cost(model, k: int, prompt_len: int, new_tokens: int, iters: int) -> dict[st
     return res
 
 
-def flips(model, prompts: list[list[int]], new_tokens: int, k: int) -> dict[str, Any]:
-    from ready.decode.evaluate import evaluate
+@torch.inference_mode()
+def attention_vs_buffer_length(lengths=(264, 271, 279, 512), positions=range(60, 264, 7)) -> dict[str, Any]:
+    """Exact mode's row attention over a static buffer: does a query row's output depend on the buffer
+    length L (the keys past the row's position are masked)? 27B attention shapes, bf16."""
+    from ready.target.layers import row_attention
+
+    torch.manual_seed(0)
+    L0 = max(lengths)
+    q = torch.randn(1, 24, 1, 256, device="cuda").to(torch.bfloat16)
+    keys = torch.randn(1, 4, L0, 256, device="cuda").to(torch.bfloat16)
+    values = torch.randn(1, 4, L0, 256, device="cuda").to(torch.bfloat16)
+    differ = []
+    for p in positions:
+        outs = []
+        for L in lengths:
+            mask = (torch.arange(L, device="cuda") <= p)[None]
+            outs.append(row_attention(q, keys[:, :, :L].contiguous(), values[:, :, :L].contiguous(), mask, False))
+        if not all(torch.equal(outs[0], o) for o in outs[1:]):
+            differ.append(p)
+    return {"lengths": list(lengths), "positions_checked": len(list(positions)), "positions_that_differ": differ}
+
+
+def flips(model, prompts: list[list[int]], new_tokens: int, k: int, modes=("fast", "exact")) -> dict[str, Any]:
+    from ready.decode.evaluate import evaluate, first_mismatch, run_ar
     from ready.decode.ngram import NgramDrafter
 
     out = {}
-    for exact in (False, True):
+    for mode in modes:
+        exact = mode == "exact"
         t0 = time.perf_counter()
+        ar = run_ar(model, prompts, new_tokens, progress=False, exact=exact)
         res = evaluate(model, NgramDrafter(model.config.vocab_size, k), prompts, new_tokens, benchmark="flips",
-                       method="ngram", progress=False, exact=exact)
-        out["exact" if exact else "fast"] = {
+                       method="ngram", progress=False, exact=exact, ar=ar)
+        firsts = [first_mismatch(a.tokens, p.tokens) for a, p in zip(ar, res.prompts)]
+        out[mode] = {"first_divergence": [None if f is None else f[0] for f in firsts],
             **res.validity(), "prompts": len(prompts), "new_tokens": res.metrics.new_tokens,
             "prompts_identical": sum(p.lossless_exact for p in res.prompts),
             "tau": res.metrics.tau, "tps": res.metrics.tps, "ar_tps": res.ar.tps,
             "mismatch": None if res.mismatch is None else vars(res.mismatch),
             "per_prompt_flips": [p.tie_flips for p in res.prompts],
-            "per_prompt_min_margin": [p.min_margin for p in res.prompts], "wall_s": time.perf_counter() - t0}
+            "per_prompt_min_margin": [p.min_margin for p in res.prompts],
+            "per_prompt_noise_floor": [p.noise_floor for p in res.prompts], "wall_s": time.perf_counter() - t0}
     model.exact = False
     return out
 
@@ -256,12 +284,17 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("-k", type=int, default=7)
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--modes", default="fast,exact", help="--flips modes, comma-separated")
+    p.add_argument("--probe-attention", action="store_true", help="row attention vs static buffer length")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_exact needs CUDA", file=sys.stderr)
         return 2
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.probe_attention:
+        report["attention_vs_buffer_length"] = attention_vs_buffer_length()
+        print(json.dumps(report), flush=True)
     if args.probe:
         t0 = time.perf_counter()
         report["ops"] = probe_ops()
@@ -281,7 +314,7 @@ def main(argv=None) -> int:
         if args.flips:
             rows = [json.loads(x) for x in Path(args.flips).read_text().splitlines() if x.strip()][: args.limit]
             prompts = [r["prompt_ids"] if isinstance(r, dict) else r for r in rows]
-            report["flips"] = flips(model, prompts, args.new_tokens, args.k)
+            report["flips"] = flips(model, prompts, args.new_tokens, args.k, tuple(args.modes.split(",")))
         from ready_kernels import small_m_gemm as sm
 
         report["exact_configs"] = {f"{n}x{kk}": c.name() for (n, kk, _, _), c in sm.EXACT_CHOICE.items()}

@@ -32,7 +32,8 @@ there runs the graphs' static-cache path without capturing, for tests).
 Exact mode (`target.exact`, read when the engine is built): verify and the AR step run the
 target's row-invariant ops, so the speculative output equals AR token for token in any dtype. With
 graphs, the shortened last round is then padded to K+1 tokens (copies of its last token, never
-committed; the cache has K spare positions for them) and replayed from the same graph, because the
+committed; every engine's cache has EXACT_PAD spare positions, so AR and speculative caches
+have one length) and replayed from the same graph, because the
 eager verify would not run the compiled layers the graphs run.
 """
 
@@ -49,6 +50,7 @@ from ready.decode.protocol import DraftStep, Drafter, describe
 from ready.metrics import SequenceLog
 
 # an acceptance rule: (drafts [K], target argmaxes [K+1]) -> accepted count A in 0..K
+EXACT_PAD = 15  # exact mode, graphs: spare cache positions of every engine (>= K of any drafter: K + 1 <= 16)
 AcceptFn = Callable[[torch.Tensor, torch.Tensor], int]
 
 
@@ -239,10 +241,13 @@ class Engine:
 
     # --- forwards (eager, or replayed from CUDA graphs) -------------------------------
     def _pad_room(self, need: int) -> int:
-        """Spare cache positions for exact mode's padded last round (0 when not needed or no room)."""
-        if not (self.exact and self.graphs is not None and self.k):
+        """Spare cache positions in exact mode with graphs: room for the padded last round, and the same
+        for every engine (AR too), so that the AR and the speculative engines' static caches have the
+        same length: attention over a static cache reads the whole buffer, and its reduction may be
+        split by the buffer's length (0 without exact mode or graphs, or without room)."""
+        if not (self.exact and self.graphs is not None):
             return 0
-        return max(0, min(self.k, int(self.target.config.max_position_embeddings) - need))
+        return max(0, min(EXACT_PAD, int(self.target.config.max_position_embeddings) - need))
 
     def _verify(self, block: torch.Tensor) -> Any:
         t = block.shape[1]

@@ -11,8 +11,14 @@ Two checks (docs/benchmarks.md "What lossless means"):
   one teacher-forced pass of the target over prompt + output scores it: at the first divergence both
   the AR token and the speculative token must lie within the margin of the top-1 logit (a tie flip,
   counted), and every later speculative token too (a token below the top-1 but within the margin is
-  another flip). A token beyond the margin is a loud failure. The margin of a position is
-  `tie_rel * max(|top-1 logit|, std of its logits)` (`TIE_REL`, per dtype). `min_margin` is the
+  another flip). A token beyond the margin is a loud failure. The margin of a position is the larger
+  of `tie_rel * max(|top-1 logit|, std of its logits)` (`TIE_REL`, per dtype) and NOISE_MULT times the
+  prompt's noise floor: the largest amount by which a token of the common prefix (before the first
+  divergence, where the AR and speculative outputs agree) falls short of the teacher pass's top-1.
+  Those tokens are greedy by definition (AR chose them), so that shortfall is what two correct
+  forward paths disagree by on this target in this dtype; a later token may not fall short by more
+  than NOISE_MULT times it.
+  `min_margin` is the
   smallest signed margin seen over the scored tokens: logit of the committed token minus the best
   other logit (negative where another token was higher). `lossless` (what tables use) = greedy_valid.
 """
@@ -45,6 +51,9 @@ class LosslessWarning(UserWarning):
 TIE_REL = {torch.bfloat16: 2.0**-4, torch.float16: 2.0**-7, torch.float32: 1e-4, torch.float64: 1e-9}
 
 
+NOISE_MULT = 2.0  # margin >= this times the prompt's noise floor (common-prefix tokens' shortfall)
+
+
 def tie_rel_for(dtype: torch.dtype) -> float:
     return TIE_REL.get(dtype, 2.0**-4)
 
@@ -58,6 +67,7 @@ class Validity:
     tie_flips: int  # tokens within the margin of, but not equal to, the path-independent choice
     min_margin: Optional[float] = None  # smallest signed margin over the scored tokens (None: none scored)
     failure: Optional[dict] = None  # the first token beyond the margin: position, token, top1, deficit, margin
+    noise_floor: Optional[float] = None  # largest shortfall of a common-prefix token in the teacher pass
 
 
 def teacher_forced_logits(target: Any, prompt: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
@@ -82,11 +92,15 @@ def check_greedy(target: Any, prompt: torch.Tensor, ar_tokens: Sequence[int], sp
         return Validity(0, 0, 0, None, {"position": pos, "token": None, "reason": "speculative output stopped early"})
     rel = tie_rel_for(target.dtype) if tie_rel is None else float(tie_rel)
     logits = teacher_forced_logits(target, as_prompt(prompt), spec_tokens)
+    noise = 0.0
+    if pos:  # the common prefix: tokens both paths chose, greedy by definition
+        pre = torch.tensor(list(spec_tokens[:pos]), device=logits.device)
+        noise = float((logits[:pos].max(-1).values - logits[:pos].gather(1, pre[:, None])[:, 0]).max())
     flips, min_margin, failure = 0, None, None
     for i in range(pos, len(spec_tokens)):
         row = logits[i]
         top_val, top_tok = (float(v) for v in row.max(0))
-        margin = rel * max(abs(top_val), float(row.std()))
+        margin = max(rel * max(abs(top_val), float(row.std())), NOISE_MULT * noise)
         toks = [spec_tokens[i]] + ([ar_tokens[i]] if i == pos and ar_tokens[i:i + 1] else [])
         for who, tok in zip(("speculative", "AR"), toks):
             deficit = top_val - float(row[tok])
@@ -101,7 +115,7 @@ def check_greedy(target: Any, prompt: torch.Tensor, ar_tokens: Sequence[int], sp
         if i == pos or signed < 0:
             flips += 1
     return Validity(lossless_exact=0, greedy_valid=int(failure is None), tie_flips=flips, min_margin=min_margin,
-                    failure=failure)
+                    failure=failure, noise_floor=noise)
 
 
 @dataclass
@@ -141,6 +155,7 @@ class PromptResult:
     greedy_valid: int = 1  # every token greedy up to the tie margin (module docstring)
     tie_flips: int = 0
     min_margin: Optional[float] = None  # smallest signed margin over the scored tokens (None: nothing scored)
+    noise_floor: Optional[float] = None  # the margin's noise floor (None: nothing scored)
 
 
 @dataclass
@@ -301,7 +316,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
                                     horizons=s.horizons, wall_s=s.wall_s, ar_wall_s=a.wall_s, lossless=v.greedy_valid,
                                     committed=list(s.committed), donor=None if donors is None else int(donors[i]),
                                     lossless_exact=v.lossless_exact, greedy_valid=v.greedy_valid,
-                                    tie_flips=v.tie_flips, min_margin=v.min_margin))
+                                    tie_flips=v.tie_flips, min_margin=v.min_margin, noise_floor=v.noise_floor))
     greedy_valid = int(all(v.greedy_valid for v in checks))
     lossless_exact = int(all(v.lossless_exact for v in checks))
     tie_flips = sum(v.tie_flips for v in checks)
