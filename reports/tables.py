@@ -231,6 +231,22 @@ def _lossless_notes(variants: Sequence[Variant], aside: dict[str, tuple[int, ...
     return out
 
 
+def _tie_flip_note(evaluations: Mapping[str, dict]) -> str | None:
+    """Footnote: prompts that are greedy-valid but not identical to AR (16-bit fast mode's tie flips),
+    counted from the per-prompt records of the runs' evaluation.json (docs/benchmarks.md)."""
+    prompts = flips = 0
+    for ev in evaluations.values():
+        for bench in ((ev or {}).get("benchmarks") or {}).values():
+            for rec in (bench.get("prompts") if isinstance(bench, Mapping) else None) or ():
+                if isinstance(rec, Mapping) and rec.get("lossless_exact") == 0 and rec.get("greedy_valid", 1):
+                    prompts += 1
+                    flips += int(rec.get("tie_flips") or 0)
+    if not prompts:
+        return None
+    return (f"Lossless here means greedy-valid: {prompts} prompt decode(s) left AR's tokens at a near-tie, with "
+            f"{flips} tie flip(s) within the margin of the target's top-1 logit (16-bit fast mode)")
+
+
 def _baseline(variants: Sequence[Variant], method: str, notes: _Notes, sweep: str, purpose: str) -> Variant | None:
     found = [v for v in variants if v.method == method]
     if not found:
@@ -383,6 +399,7 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
               + "; TPS mean ± std over seeds.",
               "State reliance: τ with the row's own states minus τ with another prompt's states."]
     about += [t for t in (_timing(ev),) if t] + _search_about(sweep, evaluations)
+    notes.add(_tie_flip_note(evaluations))
     rule = {1} if len(rows) > 1 else set()
     if controls and rest:
         rule.add(1 + len(controls))
@@ -472,6 +489,7 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
     about = _reading(ev, counts, "")
     about += ["TPS and τ per method: mean ± std over seeds; × is TPS over AR's."]
     about += [t for t in (_timing(ev),) if t]
+    notes.add(_tie_flip_note(evaluations))
     return Table(spec, sweep, collect.models(runs), collect.seed_counts(variants), columns, rows,
                  rule_before={len(rows) - 1} if len(rows) > 1 else set(), notes=notes.items,
                  lossless_notes=_lossless_notes(variants, aside), about=about)

@@ -276,3 +276,15 @@ def test_generate_cli_reports_both_checks(capsys, tmp_path):
     assert code == 0 and report["exact"] is True
     assert report["lossless"] == report["greedy_valid"] == report["lossless_exact"] == 1
     assert report["tie_flips"] == 0 and all(r["lossless_exact"] == 1 for r in report["results"])
+
+
+def test_tables_footnote_counts_tie_flips():
+    from reports.tables import _tie_flip_note
+
+    ev = {"run1": {"benchmarks": {"humaneval": {"prompts": [
+        {"lossless_exact": 1, "greedy_valid": 1, "tie_flips": 0},
+        {"lossless_exact": 0, "greedy_valid": 1, "tie_flips": 3}]}}},
+          "run2": {"benchmarks": {"humaneval": {"prompts": [{"lossless_exact": 0, "greedy_valid": 1, "tie_flips": 2}]}}}}
+    note = _tie_flip_note(ev)
+    assert "2 prompt decode(s)" in note and "5 tie flip(s)" in note
+    assert _tie_flip_note({"run1": {"benchmarks": {"b": {"prompts": [{"lossless": 1}]}}}}) is None
