@@ -53,10 +53,17 @@ class VariantResult:
     evaluation: dict[str, Any] = field(default_factory=dict)  # the evaluation JSON artifact
 
     def metrics(self) -> dict[str, float]:
-        """Flat MLflow metrics, `<benchmark>/<name>` and `overall/<name>` (docs/interfaces.md)."""
+        """Flat MLflow metrics, `<benchmark>/<name>` and `overall/<name>` (docs/interfaces.md);
+        `<b>/lossless` is greedy validity, `<b>/lossless_exact` token identity with AR."""
         out: dict[str, float] = {}
         for m in [*self.benchmarks, self.overall]:
             out.update(m.mlflow_metrics())
+        exact = {b: rec["lossless_exact"] for b, rec in (self.evaluation.get("benchmarks") or {}).items()
+                 if rec.get("lossless_exact") is not None}
+        for b, value in exact.items():
+            out[f"{b}/lossless_exact"] = float(value)
+        if exact:
+            out["overall/lossless_exact"] = float(all(exact.values()))
         return out
 
     @property
@@ -136,6 +143,7 @@ def _load(cfg: DictConfig, progress: bool) -> _Loaded:
                                   "has no tokenizer or weights; expected target.pretrain=true or a checkpoint directory")
     dtype = getattr(torch, str(cfg.target.dtype))
     target = load_target(path, device=device, dtype=dtype)
+    target.exact = bool(cfg.eval.exact)  # AR reference and drafting rows decode in the same mode
     for p in target.parameters():
         p.requires_grad_(False)
     from ready.data.tokenizer import load_tokenizer
@@ -337,7 +345,7 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
     total = overall([r.metrics for r in results], ar=[r.ar for r in results])
     benchmarks = {}
     for r in results:
-        benchmarks[r.benchmark] = {"metrics": r.metrics.to_dict(), "ar": r.ar.to_dict(), "lossless": r.lossless,
+        benchmarks[r.benchmark] = {"metrics": r.metrics.to_dict(), "ar": r.ar.to_dict(), **r.validity(),
                                    "mismatch": None if r.mismatch is None else r.mismatch.__dict__,
                                    "prompts": _prompt_records(r)}
         if r.benchmark in swaps:
