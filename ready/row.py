@@ -1,4 +1,4 @@
-"""One run of a sweep row: shared artifacts -> train -> evaluate -> metrics.
+"""One sweep row's run (`ready.row`): shared artifacts -> train -> evaluate -> metrics.
 
 `run_variant(cfg, method)` is what a sweep worker calls for every row, baselines included:
 

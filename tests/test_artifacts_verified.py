@@ -157,7 +157,7 @@ def _one(pattern: str, root: Path) -> Path:
 def _rebuild(kind: str, smoke: Smoke) -> None:
     """Ask for the artifact the way the pipeline does (which rebuilds it when needed)."""
     from ready.data import ensure_default_target
-    from ready.pipeline import _load, _suites, ar_generations
+    from ready.row import _load, _suites, ar_generations
     from ready.train import ensure_base_drafter, train_variant
     from ready.train.regen import build_regen_data
 

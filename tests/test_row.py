@@ -1,10 +1,10 @@
-"""ready.pipeline: rank clamping, method / config agreement, metric names, and where the AR row's timing comes from."""
+"""ready.row: rank clamping, method / config agreement, metric names, and where the AR row's timing comes from."""
 
 from __future__ import annotations
 
 import pytest
 
-from ready.pipeline import PipelineConfigError, VariantResult, resolve_rank, run_variant
+from ready.row import PipelineConfigError, VariantResult, resolve_rank, run_variant
 from ready.metrics import SequenceLog, overall, summarize
 from sweeps.spec import load_sweep
 

@@ -148,7 +148,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if int(cfg.eval.heldout_tf_samples) < 2:
         raise SystemExit("error: eval.heldout_tf_samples must be >= 2: the curves are measured on those sequences")
 
-    from ready.pipeline import _load
+    from ready.row import _load
     from ready.train.pipeline import ensure_base_drafter
     from ready.train.regen import build_regen_data, build_validation_data
 
