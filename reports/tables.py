@@ -51,6 +51,10 @@ TABLES: dict[str, TableSpec] = {
     "layers": TableSpec("table4", "ablation", "State source layers (target layer IDs).", "Source layers"),
     "inject_layer": TableSpec("table5", "ablation", "Injection layers (zero-indexed draft layer IDs).", "Inject layers"),
     "inject_pos": TableSpec("table6", "ablation", "Injection position in the final draft layer.", "Position"),
+    "positive_control": TableSpec(
+        "table_positive_control", "ablation",
+        "Positive control (not in the paper): the drafter sees a cut context, so older text reaches it only "
+        "through the committed states; ReaDy must beat FT and the placebo must not.", "Variant"),
 }
 
 BENCHMARK_NAMES = {
