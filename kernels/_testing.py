@@ -44,3 +44,13 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     assert torch.isfinite(a).all(), "non-finite values in the kernel output"
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def kernel_test_marks(has_triton: bool, runnable: bool) -> list:
+    """The pytest marks every kernel test module carries: skip without Triton, and skip when Triton
+    was imported before its interpreter was switched on (the fresh-process test re-runs them)."""
+    import pytest
+
+    return [pytest.mark.skipif(not has_triton, reason="needs triton"),
+            pytest.mark.skipif(not runnable, reason="triton was imported before its interpreter was switched on; "
+                               "tests/test_kernels_fresh_process.py runs these in a fresh process")]

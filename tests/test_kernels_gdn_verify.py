@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ready_kernels._testing import prepare_interpreter, rel_err  # noqa: E402
+from ready_kernels._testing import kernel_test_marks, prepare_interpreter, rel_err  # noqa: E402
 
 # On CPU: Triton's interpreter, switched on before the kernel module imports triton. If another
 # module imported triton first, these tests skip here and test_kernels_fresh_process runs them.
@@ -19,9 +19,7 @@ RUNNABLE = prepare_interpreter()
 gv = importlib.import_module("ready_kernels.gdn_verify")
 from ready_kernels._common import KernelInputError  # noqa: E402
 
-pytestmark = [pytest.mark.skipif(not gv.HAS_TRITON, reason="needs triton"),
-              pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
-                                 "tests/test_kernels_fresh_process.py runs these in a fresh process")]
+pytestmark = kernel_test_marks(gv.HAS_TRITON, RUNNABLE)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -7,15 +7,13 @@ import importlib
 import pytest
 import torch
 
-from ready_kernels._testing import prepare_interpreter, rel_err  # noqa: E402
+from ready_kernels._testing import kernel_test_marks, prepare_interpreter, rel_err  # noqa: E402
 
 RUNNABLE = prepare_interpreter()
 
 rn = importlib.import_module("ready_kernels.row_norm")
 
-pytestmark = [pytest.mark.skipif(not rn.HAS_TRITON, reason="needs triton"),
-              pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
-                                 "tests/test_kernels_fresh_process.py runs these in a fresh process")]
+pytestmark = kernel_test_marks(rn.HAS_TRITON, RUNNABLE)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -11,16 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ready_kernels._testing import prepare_interpreter, rel_err  # noqa: E402
+from ready_kernels._testing import kernel_test_marks, prepare_interpreter, rel_err  # noqa: E402
 
 RUNNABLE = prepare_interpreter()
 
 sm = importlib.import_module("ready_kernels.small_m_gemm")
 from ready_kernels._common import KernelInputError  # noqa: E402
 
-pytestmark = [pytest.mark.skipif(not sm.HAS_TRITON, reason="needs triton"),
-              pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
-                                 "tests/test_kernels_fresh_process.py runs these in a fresh process")]
+pytestmark = kernel_test_marks(sm.HAS_TRITON, RUNNABLE)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # (M, N, K): K a multiple of BK or not, N a multiple of BN or not, M from 1 to the 16-row limit

@@ -9,7 +9,7 @@ import importlib
 import pytest
 import torch
 
-from ready_kernels._testing import prepare_interpreter, rel_err  # noqa: E402
+from ready_kernels._testing import kernel_test_marks, prepare_interpreter, rel_err  # noqa: E402
 
 # On CPU: Triton's interpreter, switched on before the kernel module imports triton. If another
 # module imported triton first, these tests skip here and test_kernels_fresh_process runs them.
@@ -18,9 +18,7 @@ RUNNABLE = prepare_interpreter()
 sr = importlib.import_module("ready_kernels.state_reader")
 from ready_kernels._common import KernelInputError  # noqa: E402
 
-pytestmark = [pytest.mark.skipif(not sr.HAS_TRITON, reason="needs triton"),
-              pytest.mark.skipif(not RUNNABLE, reason="triton was imported before its interpreter was switched on; "
-                                 "tests/test_kernels_fresh_process.py runs these in a fresh process")]
+pytestmark = kernel_test_marks(sr.HAS_TRITON, RUNNABLE)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -14,12 +14,6 @@ from ready.train.regen import RegenError
 from test_train_helpers import micro_cfg, micro_prompts, micro_target
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture()

@@ -13,12 +13,6 @@ from ready.train.stages import TrainStageError, evaluate_loss
 from test_train_helpers import micro_cfg, micro_prompts, micro_target
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():  # the shared 2-core box is oversubscribed; 2 spinning threads only slow it down
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
