@@ -36,6 +36,19 @@ graphs, the shortened last round is then padded to K+1 tokens (copies of its las
 committed; every engine's cache has EXACT_PAD spare positions, so AR and speculative caches
 have one length) and replayed from the same graph, because the
 eager verify would not run the compiled layers the graphs run.
+
+Sampling (`Engine(sampling=SamplingParams(temperature > 0, top_p, seed))`, `ready.decode.sampling`):
+AR draws each token from the warped target distribution p; a speculative round draws the block
+from the drafter's q position by position (`drafter.sample`, conditioned on the previously sampled
+token; a drafter without `sample` is deterministic, q a point mass), then accepts draft j with
+probability min(1, p_j(d_j)/q_j(d_j)), draws the correction from normalise(max(0, p_A - q_A)) at the
+first rejection, or the bonus from p_K after a full block. The output is distributed exactly as
+AR sampling; commit, horizons and censoring are the greedy ones. One CPU generator per generation
+(`generate(..., seed=)`) supplies the uniforms: K for the drafts, K for the acceptances and one for
+the next token per round (one per AR step), the same count whatever happens, so rows that decode
+the same (prompt, seed) share their random numbers. Temperature 0 is the greedy path, unchanged.
+`generate(..., trace_rounds=R)` keeps the first R rounds' p, q and drafts (`engine.traces`) for
+the evaluation's distribution check (`ready.decode.dist_check`).
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ import torch
 
 from ready.decode.errors import DecodeError
 from ready.decode.protocol import DraftStep, Drafter, describe
+from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
 from ready.metrics import SequenceLog
 
 # an acceptance rule: (drafts [K], target argmaxes [K+1]) -> accepted count A in 0..K
@@ -79,6 +93,18 @@ class Generation:
         from dataclasses import asdict
 
         return asdict(self)
+
+
+@dataclass
+class RoundTrace:
+    """One sampled round as the acceptance rule saw it (device tensors, for `ready.decode.dist_check`)."""
+
+    start: int  # committed tokens before the round (the block's first token is tokens[start - 1])
+    drafts: list[int]  # the k verified drafts
+    logits: torch.Tensor  # [k+1, V] float32 target logits of the verify
+    p: torch.Tensor  # [k+1, V] warped target distribution
+    q: torch.Tensor  # [k, V] the drafter's distribution the drafts were drawn from
+    accepted: int  # A (raw, before the horizon cap)
 
 
 def greedy_accept(drafts: torch.Tensor, argmax: torch.Tensor) -> int:
@@ -188,12 +214,21 @@ class Engine:
     one static cache and token/feature buffers across prompts."""
 
     def __init__(self, target: Any, drafter: Optional[Drafter] = None, *, eos_token_id: Optional[int] = None,
-                 cuda_graphs: Optional[bool] = None, accept_fn: Optional[AcceptFn] = None) -> None:
+                 cuda_graphs: Optional[bool] = None, accept_fn: Optional[AcceptFn] = None,
+                 sampling: Optional[SamplingParams] = None) -> None:
         """`eos_token_id` defaults to `target.config.eos_token_id`. `cuda_graphs` (default: on
         CUDA) replays captured verify/step graphs. `accept_fn` replaces greedy matching (only
-        for engine benchmarks that force acceptance lengths: the output is then not lossless)."""
+        for engine benchmarks that force acceptance lengths: the output is then not lossless).
+        `sampling` with temperature > 0 samples (module docstring); None or temperature 0 is greedy."""
         if drafter is not None:
             check_drafter(target, drafter)
+        self.sampling = None if sampling is None or sampling.greedy else sampling
+        if self.sampling is not None and accept_fn is not None:
+            raise DecodeError("accept_fn forces greedy acceptance lengths; it cannot be combined with sampling "
+                              "(temperature > 0)")
+        self._gen: Optional[torch.Generator] = None  # this generation's uniforms (sampling)
+        self._trace_rounds = 0
+        self.traces: list[RoundTrace] = []  # the first rounds of the last generation, when asked
         self.target = target
         self.drafter = drafter
         self.k = drafter.block_size if drafter is not None else 0
@@ -301,14 +336,32 @@ class Engine:
             self._donor_s += time.perf_counter() - t0
         return self.donor_cache
 
+    def _uniforms(self, n: int) -> torch.Tensor:
+        """n uniforms in [0, 1) from this generation's generator (float32, CPU)."""
+        return torch.rand(n, generator=self._gen, dtype=torch.float32)
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token from logits [V]: argmax (greedy), or a draw from the warped distribution."""
+        if self.sampling is None:
+            return logits.argmax(-1)
+        probs = warp(logits, self.sampling.temperature, self.sampling.top_p)
+        return draw(probs, self._uniforms(1)[0].to(probs.device))
+
     @torch.inference_mode()
     def generate(self, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int,
-                 donor: Optional[Sequence[int] | torch.Tensor] = None) -> Generation:
-        """Greedy-decode up to `max_new_tokens` new tokens (speculatively if a drafter is set).
+                 donor: Optional[Sequence[int] | torch.Tensor] = None, seed: Optional[int] = None,
+                 trace_rounds: int = 0) -> Generation:
+        """Decode up to `max_new_tokens` new tokens (speculatively if a drafter is set): greedily, or
+        sampled when the engine samples.
 
         `donor` (the state placebo): another sequence whose committed states the drafter reads
         in place of this one's, position for position; the output is unchanged (verification is
-        the target's own), only the drafts and so the acceptance can differ."""
+        the target's own), only the drafts and so the acceptance can differ. `seed` (sampling):
+        this generation's random numbers (default the params' seed). `trace_rounds` (sampling,
+        speculative): keep the first that-many rounds in `self.traces`."""
+        self.traces, self._trace_rounds = [], int(trace_rounds)
+        if self.sampling is not None:
+            self._gen = torch.Generator().manual_seed(int(self.sampling.seed if seed is None else seed))
         ids = as_prompt(prompt)
         check_prompt(self.target, ids, max_new_tokens)
         p = ids.numel()
@@ -322,7 +375,7 @@ class Engine:
         _sync(self.device)
         t0 = time.perf_counter()
         out = self.target.prefill(ids[None], self.cache, capture_layers=self.capture)
-        first = int(out.logits[0, -1].argmax())
+        first = int(self._pick(out.logits[0, -1]))
         self._store_features(0, out.hidden)
         self.tokens[0, p] = first
         _sync(self.device)
@@ -342,7 +395,10 @@ class Engine:
         last = self.tokens[:, gen.prompt_len:gen.prompt_len + 1]
         while len(gen.tokens) < budget:
             out = self._step(last)
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            if self.sampling is None:
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            else:
+                nxt = self._pick(out.logits[0, -1]).view(1, 1)
             tok = int(nxt)
             gen.tokens.append(tok)
             gen.accepted.append(0)
@@ -363,17 +419,21 @@ class Engine:
                 target=self.target,
                 cache=self._donor_cache(t - 1),
             )
-            drafts = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)
             # drafts past the budget can never be committed: verify at most `remaining` of them,
             # so the sequence (and the cache) never grows past prompt + max_new_tokens
             remaining = budget - len(gen.tokens)
-            block = torch.cat([self.tokens[:, t - 1:t], drafts[:, : min(k, remaining)].to(self.device)], dim=1)
-            out = self._verify(block)
-            # one device->host copy of drafts and argmaxes per round; the rest is host bookkeeping
-            both = torch.cat([block[0, 1:], out.logits[0].argmax(-1)]).cpu()
-            drafted, argmax = both[: block.shape[1] - 1], both[block.shape[1] - 1:]
-            raw = min(self.accept_fn(drafted, argmax), block.shape[1] - 1)
-            res = settle_round(drafted.tolist(), argmax.tolist(), raw, remaining, self.eos)
+            if self.sampling is not None:
+                out, drafted_l, nexts, raw = self._sampled_round(step, t, remaining)
+                res = settle_round(drafted_l, nexts, raw, remaining, self.eos)
+            else:
+                drafts = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)
+                block = torch.cat([self.tokens[:, t - 1:t], drafts[:, : min(k, remaining)].to(self.device)], dim=1)
+                out = self._verify(block)
+                # one device->host copy of drafts and argmaxes per round; the rest is host bookkeeping
+                both = torch.cat([block[0, 1:], out.logits[0].argmax(-1)]).cpu()
+                drafted, argmax = both[: block.shape[1] - 1], both[block.shape[1] - 1:]
+                raw = min(self.accept_fn(drafted, argmax), block.shape[1] - 1)
+                res = settle_round(drafted.tolist(), argmax.tolist(), raw, remaining, self.eos)
             self.target.commit(self.cache, res.commit)
             if self.capture:
                 self._store_features(t - 1, out.hidden[:, : res.commit])
@@ -388,9 +448,49 @@ class Engine:
                 gen.stop = "eos"
                 return
 
+    def _sample_drafts(self, step: DraftStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """K drafts [1, K] and the distribution q [K, V] they were drawn from (a point mass for a
+        drafter without `sample`); K uniforms are drawn either way."""
+        k, vocab = self.k, self.target.config.vocab_size
+        u = self._uniforms(k).to(self.device)
+        sample = getattr(self.drafter, "sample", None)
+        if sample is None:
+            drafts = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)
+            return drafts, point_mass(drafts[0].to(self.device), vocab)
+        drafts, q = sample(step, DraftSampling(self.sampling.temperature, self.sampling.top_p, u[None]))
+        drafts = _check_drafts(drafts, k, vocab, self.drafter)
+        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (1, k, vocab):
+            got = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+            raise DecodeError(f"drafter {describe(self.drafter)} sampled with a distribution of shape {got}; "
+                              f"expected probabilities of shape (1, {k}, {vocab})")
+        return drafts, q[0]
+
+    def _sampled_round(self, step: DraftStep, t: int, remaining: int) -> tuple[Any, list[int], list[int], int]:
+        """Draft, verify and judge one block under the speculative sampling rule: (verify output,
+        verified drafts, the next-token list for `settle_round` (only index A is set), raw A)."""
+        k = self.k
+        drafts, q = self._sample_drafts(step)
+        n = min(k, remaining)
+        block = torch.cat([self.tokens[:, t - 1:t], drafts[:, :n].to(self.device)], dim=1)
+        out = self._verify(block)
+        u = self._uniforms(k + 1).to(self.device)
+        p = warp(out.logits[0], self.sampling.temperature, self.sampling.top_p)
+        n_acc, nxt = speculative_round(p, q[:n], block[0, 1:], u[:n], u[k])
+        # one device->host copy per round, as in greedy
+        both = torch.cat([block[0, 1:], n_acc[None], nxt[None]]).cpu().tolist()
+        drafted, raw, tok = both[:n], int(both[n]), int(both[n + 1])
+        nexts = [-1] * (n + 1)  # settle_round reads index A only (a shorter A ends in an accepted EOS)
+        nexts[raw] = tok
+        if len(self.traces) < self._trace_rounds:
+            self.traces.append(RoundTrace(start=t, drafts=drafted, logits=out.logits[0].clone(), p=p, q=q[:n].clone(),
+                                          accepted=raw))
+        return out, drafted, nexts, raw
+
 
 def generate(target: Any, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int,
              drafter: Optional[Drafter] = None, eos_token_id: Optional[int] = None,
-             donor: Optional[Sequence[int] | torch.Tensor] = None) -> Generation:
-    """One-off greedy generation (AR without a drafter, speculative with one)."""
-    return Engine(target, drafter, eos_token_id=eos_token_id).generate(prompt, max_new_tokens, donor=donor)
+             donor: Optional[Sequence[int] | torch.Tensor] = None, sampling: Optional[SamplingParams] = None,
+             seed: Optional[int] = None) -> Generation:
+    """One-off generation (AR without a drafter, speculative with one): greedy, or sampled with `sampling`."""
+    return Engine(target, drafter, eos_token_id=eos_token_id, sampling=sampling).generate(
+        prompt, max_new_tokens, donor=donor, seed=seed)

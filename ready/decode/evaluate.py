@@ -21,6 +21,12 @@ Two checks (docs/benchmarks.md "What lossless means"):
   `min_margin` is the
   smallest signed margin seen over the scored tokens: logit of the committed token minus the best
   other logit (negative where another token was higher). `lossless` (what tables use) = greedy_valid.
+
+Sampling (`sampling` with temperature > 0): every prompt is decoded `samples` times, sample s of
+prompt i with seed `sample_seed(sampling.seed, i, s)` in every row (AR too), so rows pair
+(prompt, sample) by (prompt, sample). Tokens are no longer comparable with AR: `lossless` becomes
+`dist_valid`, the distribution check of the first `check_rounds` rounds of every generation
+(`ready.decode.dist_check`); `lossless_exact` and `greedy_valid` are None.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ from tqdm.auto import tqdm
 
 from ready.decode.engine import Engine, Generation, as_prompt, check_prompt
 from ready.decode.errors import DecodeError
+from ready.decode.dist_check import DistValidity, check_distribution
 from ready.decode.protocol import Drafter
+from ready.decode.sampling import SamplingParams, sample_seed
 from ready.metrics import Metrics, summarize, with_ar
 
 
@@ -148,14 +156,20 @@ class PromptResult:
     horizons: list[int]
     wall_s: float
     ar_wall_s: float
-    lossless: int  # = greedy_valid (what tables use)
+    lossless: int  # = greedy_valid (what tables use); sampled: dist_valid
     committed: list[int] = field(default_factory=list)  # tokens appended per round (tau's numerator)
     donor: Optional[int] = None  # the state placebo: index of the prompt whose states the reader read
-    lossless_exact: int = 1  # identical to the AR tokens
-    greedy_valid: int = 1  # every token greedy up to the tie margin (module docstring)
+    lossless_exact: Optional[int] = 1  # identical to the AR tokens (None when sampled)
+    greedy_valid: Optional[int] = 1  # every token greedy up to the tie margin (module docstring; None when sampled)
     tie_flips: int = 0
     min_margin: Optional[float] = None  # smallest signed margin over the scored tokens (None: nothing scored)
     noise_floor: Optional[float] = None  # the margin's noise floor (None: nothing scored)
+    sample: int = 0  # which sample of this prompt (sampling: 0 .. samples-1)
+    seed: Optional[int] = None  # the generation's seed (sampling; the same in every row)
+    dist_valid: Optional[int] = None  # sampling: the distribution check passed (ready.decode.dist_check)
+    dist_rounds: int = 0  # rounds it checked
+    rule_err: Optional[float] = None  # largest |law - p| of the acceptance rule (<= 1e-6)
+    state_err: Optional[float] = None  # largest target-logit deviation over its margin (<= 1)
 
 
 @dataclass
@@ -169,17 +183,25 @@ class EvalResult:
     lossless: int  # = greedy_valid: what tables use
     mismatch: Optional[Mismatch]  # the first token that differs from AR (tie flip or failure)
     prompts: list[PromptResult] = field(default_factory=list)
-    lossless_exact: int = 1  # every prompt identical to AR
-    greedy_valid: int = 1  # every prompt greedy up to the tie margin
+    lossless_exact: Optional[int] = 1  # every prompt identical to AR (None when sampled)
+    greedy_valid: Optional[int] = 1  # every prompt greedy up to the tie margin (None when sampled)
     tie_flips: int = 0  # summed over prompts
     min_margin: Optional[float] = None  # smallest over prompts (None: every prompt identical to AR)
     exact: bool = False  # the target ran in exact mode
+    sampling: Optional[dict] = None  # {"temperature", "top_p", "seed", "samples"} when sampled
+    dist_valid: Optional[int] = None  # sampled: every generation's checked rounds passed
+    dist_rounds: int = 0  # rounds checked, summed
+    rule_err: Optional[float] = None  # largest over generations
+    state_err: Optional[float] = None
 
     def validity(self) -> dict[str, Any]:
-        """The per-benchmark keys of evaluation.json: lossless (= greedy_valid), lossless_exact, greedy_valid,
-        tie_flips, min_margin, exact."""
+        """The per-benchmark keys of evaluation.json: lossless (= greedy_valid, or dist_valid when sampled),
+        lossless_exact, greedy_valid (None when sampled), tie_flips, min_margin, exact, sampling, dist_valid,
+        dist_rounds, rule_err, state_err."""
         return {"lossless": self.lossless, "lossless_exact": self.lossless_exact, "greedy_valid": self.greedy_valid,
-                "tie_flips": self.tie_flips, "min_margin": self.min_margin, "exact": self.exact}
+                "tie_flips": self.tie_flips, "min_margin": self.min_margin, "exact": self.exact,
+                "sampling": self.sampling, "dist_valid": self.dist_valid, "dist_rounds": self.dist_rounds,
+                "rule_err": self.rule_err, "state_err": self.state_err}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,19 +223,39 @@ def set_exact(target: Any, exact: Optional[bool]) -> None:
         target.exact = bool(exact)
 
 
+def sampled(sampling: Optional[SamplingParams]) -> Optional[SamplingParams]:
+    """The params when they sample (temperature > 0), None for greedy."""
+    return None if sampling is None or sampling.greedy else sampling
+
+
+def units(n_prompts: int, sampling: Optional[SamplingParams], samples: int) -> list[tuple[int, int, Optional[int]]]:
+    """(prompt index, sample, seed) of every generation, prompt-major: one per prompt when greedy,
+    `samples` per prompt when sampling (seeds shared by every row of a setting)."""
+    sampling = sampled(sampling)
+    if sampling is None:
+        return [(i, 0, None) for i in range(n_prompts)]
+    if samples < 1:
+        raise DecodeError(f"samples per prompt = {samples}; expected an integer >= 1")
+    return [(i, s, sample_seed(sampling.seed, i, s)) for i in range(n_prompts) for s in range(samples)]
+
+
 def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
            warmup: int = 1, progress: bool = True, desc: str = "AR",
-           cuda_graphs: Optional[bool] = None, exact: Optional[bool] = None) -> list[Generation]:
-    """Greedy AR generations of every prompt (the lossless reference and the speed baseline).
+           cuda_graphs: Optional[bool] = None, exact: Optional[bool] = None,
+           sampling: Optional[SamplingParams] = None, samples: int = 1) -> list[Generation]:
+    """AR generations of every prompt (the lossless reference and the speed baseline): greedy, or with
+    `sampling` (temperature > 0) `samples` per prompt, prompt-major (`units`).
     `exact`: put the target in (True) or out of (False) exact mode first; None leaves it."""
     set_exact(target, exact)
     prompts = [as_prompt(p) for p in prompts]
     for p in prompts:
         check_prompt(target, p, max_new_tokens)
-    engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
+    engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampled(sampling))
     if prompts:
         _warm_up(engine, prompts, max_new_tokens, warmup)
-    return [engine.generate(p, max_new_tokens) for p in tqdm(prompts, desc=desc, disable=not progress, leave=False)]
+    todo = units(len(prompts), sampling, samples)
+    return [engine.generate(prompts[i], max_new_tokens, seed=seed)
+            for i, _, seed in tqdm(todo, desc=desc, disable=not progress, leave=False)]
 
 
 def next_prompt_donors(n: int) -> list[int]:
@@ -224,9 +266,10 @@ def next_prompt_donors(n: int) -> list[int]:
     return [(i + 1) % n for i in range(n)]
 
 
-def donor_tokens(prompts: Sequence[torch.Tensor], ar: Sequence[Generation], j: int) -> torch.Tensor:
-    """Prompt j followed by its greedy AR continuation: the text whose states a placebo reads."""
-    return torch.cat([prompts[j].cpu(), torch.tensor(ar[j].tokens, dtype=torch.long)])
+def donor_tokens(prompts: Sequence[torch.Tensor], ar: Sequence[Generation], j: int, samples: int = 1) -> torch.Tensor:
+    """Prompt j followed by its AR continuation (the first sample's when sampled, `ar` prompt-major with
+    `samples` per prompt): the text whose states a placebo reads."""
+    return torch.cat([prompts[j].cpu(), torch.tensor(ar[j * samples].tokens, dtype=torch.long)])
 
 
 def report_lossless_failure(benchmark: str, method: str, mm: Mismatch, failure: Optional[dict] = None,
@@ -254,7 +297,8 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
              eos_token_id: Optional[int] = None, warmup: int = 1, progress: bool = True,
              ar: Optional[Sequence[Generation]] = None, cuda_graphs: Optional[bool] = None,
              donors: Optional[Sequence[int]] = None, interleave_ar: bool = False, exact: Optional[bool] = None,
-             tie_rel: Optional[float] = None) -> EvalResult:
+             tie_rel: Optional[float] = None, sampling: Optional[SamplingParams] = None, samples: int = 1,
+             check_rounds: int = 2) -> EvalResult:
     """Decode every prompt with `drafter` (AR when None) and with AR, compare them, measure.
 
     `ar` reuses AR generations of the same prompts (the sweep runner decodes AR once per
@@ -266,40 +310,56 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     default); otherwise the speedup uses the timing stored with `ar`.
     `exact`: put the target in (True) or out of (False) exact mode first (None leaves it; `ar` given
     must come from the same mode). `tie_rel`: the tie margin (default `TIE_REL` of the target's dtype).
+    `sampling` (temperature > 0): `samples` generations per prompt with shared seeds (`units`; `ar`, when
+    given, must hold them prompt-major), lossless = the distribution check of the first `check_rounds`
+    rounds of every generation (module docstring).
     """
     set_exact(target, exact)
+    sampling = sampled(sampling)
     ids = [as_prompt(p) for p in prompts]
     if not ids:
         raise DecodeError(f"benchmark {benchmark!r} has no prompts; expected at least one")
     for p in ids:
         check_prompt(target, p, max_new_tokens)
     method = method or ("ar" if drafter is None else type(drafter).__name__.lower())
+    todo = units(len(ids), sampling, samples)
+    n_samples = len(todo) // len(ids)
     if ar is None:
         ar = run_ar(target, ids, max_new_tokens, eos_token_id=eos_token_id, warmup=warmup, progress=progress,
-                    desc=f"{benchmark} AR", cuda_graphs=cuda_graphs)
-    elif len(ar) != len(ids):
-        raise DecodeError(f"got {len(ar)} AR generations for {len(ids)} prompts; expected one per prompt")
+                    desc=f"{benchmark} AR", cuda_graphs=cuda_graphs, sampling=sampling, samples=n_samples)
+    elif len(ar) != len(todo):
+        per = "prompt" if sampling is None else f"(prompt, sample): {len(ids)} prompts x {n_samples} samples"
+        raise DecodeError(f"got {len(ar)} AR generations for {len(todo)} generations; expected one per {per}")
     if donors is not None and (drafter is None or len(donors) != len(ids)):
         raise DecodeError(f"got {len(donors)} donors for {len(ids)} prompts and drafter {drafter!r}; expected one "
                           "donor prompt index per prompt and a drafter")
+    rel = tie_rel_for(target.dtype) if tie_rel is None else float(tie_rel)
+    dist: list[DistValidity] = []  # sampled drafting rows: the check of every generation, in `todo` order
     if drafter is None:
         spec = list(ar)
     else:
-        engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
+        engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampling)
         _warm_up(engine, ids, max_new_tokens, warmup,
-                 donor=None if donors is None else donor_tokens(ids, ar, donors[0]))
+                 donor=None if donors is None else donor_tokens(ids, ar, donors[0], n_samples))
         desc = f"{benchmark} {method}" + (" (donor states)" if donors is not None else "")
         ar_engine = None
         if interleave_ar:
-            ar_engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
+            ar_engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampling)
             _warm_up(ar_engine, ids, max_new_tokens, warmup)
         spec, timed = [], []
-        for i, p in enumerate(tqdm(ids, desc=desc, disable=not progress, leave=False)):
+        trace = int(check_rounds) if sampling is not None else 0
+        for i, _s, seed in tqdm(todo, desc=desc, disable=not progress, leave=False):
+            p = ids[i]
             if ar_engine is not None:
-                timed.append(ar_engine.generate(p, max_new_tokens))
-            spec.append(engine.generate(p, max_new_tokens, donor=None if donors is None else donor_tokens(ids, ar, donors[i])))
+                timed.append(ar_engine.generate(p, max_new_tokens, seed=seed))
+            spec.append(engine.generate(p, max_new_tokens, seed=seed, trace_rounds=trace,
+                                        donor=None if donors is None else donor_tokens(ids, ar, donors[i], n_samples)))
+            if sampling is not None:  # checked now, off the clock, so the traces need not be kept
+                dist.append(check_distribution(target, p, spec[-1].tokens, engine.traces, rel))
         if ar_engine is not None:  # the same tokens as `ar` (lossless is checked against those), timed here
             ar = timed
+    if sampling is not None:
+        return _sampled_result(benchmark, method, drafter, ids, todo, ar, spec, dist, donors, sampling)
 
     exact_mode = bool(getattr(target, "exact", False))
     results, mismatch, loud, checks = [], None, None, []
@@ -338,3 +398,46 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     return EvalResult(benchmark=benchmark, method=method, metrics=metrics, ar=ar_metrics, lossless=lossless,
                       mismatch=mismatch, prompts=results, lossless_exact=lossless_exact, greedy_valid=greedy_valid,
                       tie_flips=tie_flips, min_margin=min(margins) if margins else None, exact=exact_mode)
+
+
+def report_distribution_failure(benchmark: str, method: str, index: int, sample: int, failure: dict) -> None:
+    """The loud report of a sampled generation that failed the distribution check."""
+    msg = (f"LOSSLESS FAILURE on {benchmark} ({method}, sampled): prompt {index}, sample {sample}: the "
+           f"{failure.get('check')} check failed ({failure}); the output is not distributed as the target's "
+           "sampling (ready/decode/dist_check.py); this is a bug.")
+    print("!" * 80 + "\n" + msg + "\n" + "!" * 80, file=sys.stderr, flush=True)
+    warnings.warn(msg, LosslessWarning, stacklevel=3)
+
+
+def _sampled_result(benchmark: str, method: str, drafter: Optional[Drafter], ids: Sequence[torch.Tensor],
+                    todo: Sequence[tuple[int, int, Optional[int]]], ar: Sequence[Generation],
+                    spec: Sequence[Generation], dist: Sequence[DistValidity], donors: Optional[Sequence[int]],
+                    sampling: SamplingParams) -> EvalResult:
+    """The EvalResult of a sampled evaluation: one record per (prompt, sample), lossless = dist_valid."""
+    results, loud = [], None
+    for u, ((i, s, seed), a, g) in enumerate(zip(todo, ar, spec)):
+        v = dist[u] if dist else DistValidity(dist_valid=1, rounds=0)  # AR sampling is the definition
+        if not v.dist_valid and loud is None:
+            loud = (i, s, v.failure)
+        results.append(PromptResult(index=i, prompt_len=g.prompt_len, tokens=g.tokens, accepted=g.accepted,
+                                    horizons=g.horizons, wall_s=g.wall_s, ar_wall_s=a.wall_s, lossless=v.dist_valid,
+                                    committed=list(g.committed), donor=None if donors is None else int(donors[i]),
+                                    lossless_exact=None, greedy_valid=None, sample=s, seed=seed,
+                                    dist_valid=v.dist_valid, dist_rounds=v.rounds, rule_err=v.rule_err,
+                                    state_err=v.state_err))
+    if loud is not None:
+        report_distribution_failure(benchmark, method, *loud)
+    lossless = int(all(r.lossless for r in results))
+    k = drafter.block_size if drafter is not None else 0
+    ar_metrics = summarize([g.log() for g in ar], benchmark, "ar", 0)
+    ar_metrics.lossless, ar_metrics.speedup = 1, 1.0
+    metrics = summarize([g.log() for g in spec], benchmark, method, k)
+    with_ar(metrics, ar_metrics)
+    metrics.lossless = lossless
+    info = {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
+            "samples": len(todo) // max(1, len(ids))}
+    return EvalResult(benchmark=benchmark, method=method, metrics=metrics, ar=ar_metrics, lossless=lossless,
+                      mismatch=None, prompts=results, lossless_exact=None, greedy_valid=None, sampling=info,
+                      dist_valid=lossless, dist_rounds=sum(v.rounds for v in dist),
+                      rule_err=max((v.rule_err for v in dist), default=None),
+                      state_err=max((v.state_err for v in dist), default=None))

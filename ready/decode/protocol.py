@@ -49,6 +49,11 @@ class Drafter(Protocol):
         """Return the next K draft tokens, LongTensor [B, K]."""
         ...
 
+    # Optional, for sampling at temperature > 0 (`ready.decode.sampling`):
+    #   def sample(self, step: DraftStep, sampling: DraftSampling) -> tuple[LongTensor [B, K], Tensor [B, K, V]]
+    # draws position j from q_j (conditioned on the token drawn at j-1) with `draw(q_j, uniforms[:, j])` and
+    # returns q. A drafter without it is deterministic: the engine takes `propose`'s tokens as point masses.
+
 
 def describe(drafter: Any) -> str:
     """A short name for messages and logs."""

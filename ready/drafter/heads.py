@@ -8,8 +8,9 @@ the previous token x_{j-1} (the anchor token for j = 1):
 - `gated`:   bias = W2 (sigmoid(G [h_j; W1[x_{j-1}]]) * W1[x_{j-1}])  (the hidden state gates the bigram)
 - `rnn`:     a GRU-like state s_j over the drafted prefix, bias = W2 tanh(o_j)
 
-Training is teacher-forced on the label tokens; drafting is greedy, position by position. Both
-go through the same `step`, so they cannot disagree. W2 starts at zero: an untrained head adds
+Training is teacher-forced on the label tokens; drafting is greedy (or, at temperature > 0,
+sampled: `sample` conditions each position on the token drawn before it), position by position.
+All go through the same `step`, so they cannot disagree. W2 starts at zero: an untrained head adds
 nothing to the backbone's logits.
 """
 
@@ -19,6 +20,8 @@ from typing import Optional
 
 import torch
 from torch import nn
+
+from ready.decode.sampling import draw, warp
 
 HEAD_TYPES = ("vanilla", "gated", "rnn")
 
@@ -66,6 +69,20 @@ class VanillaHead(nn.Module):
             prev = logits[-1].argmax(-1)
             toks.append(prev)
         return torch.stack(toks, dim=1), torch.stack(logits, dim=1)
+
+    @torch.no_grad()
+    def sample(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor, temperature: float,
+               top_p: float, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft by sampling: position j is drawn from q_j = warp(base_j + bias(x_{j-1})) with uniforms[:, j],
+        x_{j-1} the token drawn at j-1 -> (tokens [B, K], q [B, K, V] float32). No host sync (graph-safe)."""
+        state = self.init_state(hidden[:, 0])
+        prev, toks, probs = first_prev, [], []
+        for j in range(base.shape[1]):
+            state, bias = self.step(state, prev, hidden[:, j])
+            probs.append(warp(base[:, j] + bias.to(base.dtype), temperature, top_p))
+            prev = draw(probs[-1], uniforms[:, j])
+            toks.append(prev)
+        return torch.stack(toks, dim=1), torch.stack(probs, dim=1)
 
 
 class GatedHead(VanillaHead):

@@ -344,8 +344,23 @@ class DSparkDrafter(nn.Module):
         return self.draft(step)[0]
 
     @torch.no_grad()
-    def draft(self, step: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """`propose` with the logits the tokens were drawn from: ([B, K] tokens, [B, K, V] fp32 logits)."""
+    def sample(self, step: Any, sampling: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled draft (temperature > 0, `ready.decode.sampling.DraftSampling`): position j drawn from
+        q_j with `sampling.uniforms[:, j]`, the sequence head conditioned on the token drawn at j-1
+        -> ([B, K] tokens, [B, K, V] float32 q). The engine's acceptance rule needs q."""
+        return self.draft(step, sampling)
+
+    def _finish(self, base: torch.Tensor, first: torch.Tensor, h: torch.Tensor, mode: Optional[tuple],
+                uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequence head over the backbone's logits: greedy (mode None) or sampled (mode = (T, top_p))."""
+        if mode is None:
+            return self.head.greedy(base, first, h)
+        return self.head.sample(base, first, h, mode[0], mode[1], uniforms)
+
+    @torch.no_grad()
+    def draft(self, step: Any, sampling: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`propose` with the logits the tokens were drawn from: ([B, K] tokens, [B, K, V] fp32 logits);
+        with `sampling` (a DraftSampling) the sampled tokens and their distribution q (see `sample`)."""
         tokens = step.tokens
         B, T = tokens.shape
         dev = tokens.device
@@ -353,9 +368,13 @@ class DSparkDrafter(nn.Module):
         if feats is not None and feats.shape[1] != T - 1:
             raise DrafterError(f"DraftStep.features covers {feats.shape[1]} tokens; expected T-1 = {T - 1} "
                                "(features of every committed token but the last)")
+        mode = None if sampling is None else (float(sampling.temperature), float(sampling.top_p))
+        uniforms = None if sampling is None else sampling.uniforms
+        if uniforms is not None and tuple(uniforms.shape) != (B, self.block_size):
+            raise DrafterError(f"sampling uniforms of shape {tuple(uniforms.shape)}; expected ({B}, {self.block_size})")
         graphs = dev.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
         if graphs and feats is not None and T - 1 >= self.block_size + 1:
-            return self._draft_static(step)
+            return self._draft_static(step, mode, uniforms)
         context_kv = self._context_kv(feats, B, dev)
         if self.context_window:  # the last W context positions, as forward_train masks them
             context_kv = [(k[:, :, -self.context_window:], v[:, :, -self.context_window:]) for k, v in context_kv]
@@ -366,12 +385,14 @@ class DSparkDrafter(nn.Module):
         pos = (T - 1 + torch.arange(self.block_size, device=dev)).expand(B, -1)
         cos, sin = self._rope(pos)
         h = self._backbone(self._block_input(tokens[:, -1]), cos, sin, context_kv, None, read)
-        return self.head.greedy(self._logits(h), tokens[:, -1], h)
+        return self._finish(self._logits(h), tokens[:, -1], h, mode, uniforms)
 
     # --- the static (CUDA-graph) draft step ----------------------------------------------------
-    def _draft_static(self, step: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft_static(self, step: Any, mode: Optional[tuple] = None,
+                      uniforms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft step over fixed shapes: rows before the last K+1 are projected eagerly (after
-        the prefill), then the graph of `_static_body` is replayed (or run, off CUDA)."""
+        the prefill), then the graph of `_static_body` is replayed (or run, off CUDA). Sampling
+        (`mode` = (T, top_p)) has its own graph, with the uniforms as a static input."""
         tokens, feats, cache = step.tokens, step.features, step.cache
         B, T = tokens.shape
         n, R = T - 1, self.block_size + 1
@@ -379,7 +400,9 @@ class DSparkDrafter(nn.Module):
         c = self._ensure_ctx(B, room, tokens.device)
         self._resume(c, feats, n)
         self._project_rows(feats, c["n"], n - R)  # the prefill's rows (the body re-projects the last R)
-        g = self._graph_for(cache, B, R, feats)
+        g = self._graph_for(cache, B, R, feats, mode)
+        if uniforms is not None:
+            g.u.copy_(uniforms)
         g.feats.copy_(feats[:, n - R:n])
         g.tok.copy_(tokens[:, -1])
         g.n.fill_(n)
@@ -389,13 +412,14 @@ class DSparkDrafter(nn.Module):
         c["n"] = n
         return out[0].clone(), out[1].clone()
 
-    def _graph_for(self, cache: Any, B: int, R: int, feats: torch.Tensor) -> "_DraftGraph":
-        """The graph bound to this very cache object (and its state tensor), made on first use."""
+    def _graph_for(self, cache: Any, B: int, R: int, feats: torch.Tensor,
+                   mode: Optional[tuple] = None) -> "_DraftGraph":
+        """The graph bound to this very cache object (and its state tensor) and draft mode, made on first use."""
         for i, g in enumerate(self._graphs):
-            if g.cache() is cache and g.ssm_ptr == cache.ssm.data_ptr() and g.B == B:
+            if g.cache() is cache and g.ssm_ptr == cache.ssm.data_ptr() and g.B == B and g.mode == mode:
                 self._graphs.insert(0, self._graphs.pop(i))  # most recently used first
                 return g
-        g = _DraftGraph(self, cache, B, R, feats)
+        g = _DraftGraph(self, cache, B, R, feats, mode)
         self._graphs = ([g] + self._graphs)[: self.MAX_GRAPHS]  # the least recently used one goes
         return g
 
@@ -421,7 +445,7 @@ class DSparkDrafter(nn.Module):
         cos, sin = self._rope((g.n + torch.arange(K, device=dev)).expand(B, K))
         context_kv = list(zip(c["k"], c["v"]))
         h = self._backbone(self._block_input(g.tok), cos, sin, context_kv, mask, read)
-        return self.head.greedy(self._logits(h), g.tok, h)
+        return self._finish(self._logits(h), g.tok, h, g.mode, g.u)
 
     # --- checkpoints ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -525,15 +549,18 @@ class _DraftGraph:
     It holds a weak reference to the cache and the address of its state tensor: the drafter
     replays it only for that very cache, so the reader never reads states of another cache."""
 
-    def __init__(self, drafter: DSparkDrafter, cache: Any, B: int, R: int, feats: torch.Tensor):
+    def __init__(self, drafter: DSparkDrafter, cache: Any, B: int, R: int, feats: torch.Tensor,
+                 mode: Optional[tuple] = None):
         dev = feats.device
         self.cache = weakref.ref(cache)
         self.ssm_ptr = cache.ssm.data_ptr()
         self.B = B
+        self.mode = mode  # None: greedy; (temperature, top_p): sampled with the uniforms in `u`
         with torch.inference_mode(False):  # plain tensors: written in place in and out of inference mode
             self.feats = torch.zeros((B, R) + tuple(feats.shape[2:]), device=dev, dtype=feats.dtype)
             self.tok = torch.zeros(B, dtype=torch.long, device=dev)
             self.n = torch.full((), R, dtype=torch.long, device=dev)
+            self.u = torch.zeros(B, drafter.block_size, dtype=torch.float32, device=dev)
         self.src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.out: Optional[tuple[torch.Tensor, torch.Tensor]] = None
