@@ -144,9 +144,11 @@ def test_a_shape_tuned_for_more_rows_lends_its_choice_to_fewer():
 
 
 # --- exact mode: one configuration for every M ------------------------------------------------------
-def _rows_invariant(fn, x):
+def _rows_invariant(fn, x, counts=(2, 5, 9)):
+    """Every row of an M-row call equals the 1-row call of that row, for M in `counts` (the
+    interpreter is slow: a few M, the largest covering every row)."""
     single = [fn(x[i:i + 1]) for i in range(x.shape[0])]
-    return all(torch.equal(fn(x[:m])[i:i + 1], single[i]) for m in range(1, x.shape[0] + 1) for i in range(m))
+    return all(torch.equal(fn(x[:m])[i:i + 1], single[i]) for m in counts if m <= x.shape[0] for i in range(m))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name())
