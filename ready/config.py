@@ -160,6 +160,9 @@ class TrainConfig:
     checkpoint_every: int = 50  # optimizer steps between resumable checkpoints
     # seed of the base DSpark drafter, which every variant and seed of a sweep shares
     base_seed: int = 0
+    # data-parallel processes (GPUs; gloo processes on CPU); N > 1 trains under torchrun, not hashed
+    # (same global batch, same result up to rounding; docs/sweeps.md "GPUs for rows and within a row")
+    devices: int = 1
 
 
 @dataclass
@@ -253,6 +256,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("reader.inject_layers", len(c.reader.inject_layers) >= 1, "a non-empty list of draft layer ids"),
         ("train.loss.decay_gamma", c.train.loss.decay_gamma > 0, "a positive number"),
         ("train.loss.l1_weight", c.train.loss.l1_weight >= 0, "a number >= 0"),
+        ("train.devices", c.train.devices >= 1, "an integer >= 1 (data-parallel training processes)"),
         ("eval.max_new_tokens", c.eval.max_new_tokens >= 1, "an integer >= 1"),
         ("eval.heldout_tf_samples", c.eval.heldout_tf_samples >= 0, "an integer >= 0 (0 = no teacher-forced metric)"),
         ("eval.interleave_ar", c.eval.interleave_ar in ("auto", "on", "off"), "auto, on or off"),

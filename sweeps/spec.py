@@ -180,7 +180,7 @@ class Sweep:
 # Hashing: a variant is a pure function of its config; knobs that cannot change a result are
 # left out, and a baseline ignores the sections it never uses.
 
-_NEVER_HASHED = ("name", "artifacts_dir")
+_NEVER_HASHED = ("name", "artifacts_dir", "train.devices")  # train.devices: same result, other speed
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed

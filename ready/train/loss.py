@@ -9,12 +9,18 @@ w_j = exp(-j/γ): early positions matter most because a block is only as long as
 accepted prefix. Positions a mask marks invalid (past the sequence end or after EOS) get
 weight 0. Normalising by the weight sum makes the loss independent of whether j starts at
 0 or 1.
+
+Data-parallel training (ready.train.distributed): each rank holds a slice of the global batch.
+Given `all_reduce` (a sum over the ranks), the weight sum in the denominator is the global
+batch's, so each rank's `loss` is its share of the global batch's loss: the ranks' shares add up
+to the one-process loss, and so do their gradients. The logged numbers (`value`, `ce`, `l1`,
+`accuracy`, `tau_hat`) are the global batch's on every rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +30,8 @@ import torch.nn.functional as F
 class LossTerms:
     """The loss to back-propagate and its parts (detached floats for logging)."""
 
-    loss: torch.Tensor  # scalar, carries the graph
+    loss: torch.Tensor  # scalar, carries the graph (data-parallel: this rank's share of the global loss)
+    value: float  # the global batch's loss (= float(loss) in one process)
     ce: float
     l1: float
     accuracy: float  # top-1 agreement with the label, unweighted, over valid positions
@@ -44,11 +51,13 @@ def draft_loss(
     mask: Optional[torch.Tensor] = None,
     l1_weight: float = 0.1,
     gamma: float = 4.0,
+    all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
 ) -> LossTerms:
     """L_CE + l1_weight * L_L1 over draft blocks.
 
     draft_logits, target_logits: [..., K, V]; labels: [..., K]; mask: [..., K] bool (None =
-    all valid). target_logits is detached here: the target is a fixed teacher.
+    all valid). target_logits is detached here: the target is a fixed teacher. all_reduce: sums
+    a 1-D tensor over data-parallel ranks (module doc); None = this batch is the whole batch.
     """
     if draft_logits.shape != target_logits.shape or draft_logits.shape[:-1] != labels.shape:
         raise ValueError(
@@ -59,23 +68,29 @@ def draft_loss(
     w = position_weights(K, gamma, draft_logits.device).expand(labels.shape)
     valid = torch.ones_like(labels, dtype=torch.bool) if mask is None else mask.bool()
     w = w * valid.float()
-    den = w.sum().clamp_min(1e-12)
 
     logits = draft_logits.float()
     ce = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1).clamp_min(0), reduction="none").view(labels.shape)
-    ce_mean = (ce * w).sum() / den
+    ce_sum = (ce * w).sum()
 
     p_draft = logits.softmax(-1)
     p_target = target_logits.detach().float().softmax(-1)
     l1 = (p_draft - p_target).abs().sum(-1)
-    l1_mean = (l1 * w).sum() / den
+    l1_sum = (l1 * w).sum()
 
-    loss = ce_mean + float(l1_weight) * l1_mean
     with torch.no_grad():
         hit = (logits.argmax(-1) == labels) & valid
-        n_valid = valid.sum().clamp_min(1)
-        accuracy = float(hit.sum() / n_valid)
         blocks = valid[..., 0]
         prefix = hit.int().cumprod(-1).sum(-1)
-        tau_hat = float(1 + prefix[blocks].float().mean()) if bool(blocks.any()) else float("nan")
-    return LossTerms(loss=loss, ce=float(ce_mean.detach()), l1=float(l1_mean.detach()), accuracy=accuracy, tau_hat=tau_hat)
+        # weight sum, CE and L1 numerators, hits, valid positions, accepted-prefix sum, blocks
+        stats = torch.stack([w.sum(), ce_sum.detach(), l1_sum.detach(), hit.sum().float(), valid.sum().float(),
+                             prefix[blocks].sum().float(), blocks.sum().float()])
+        if all_reduce is not None:
+            stats = all_reduce(stats)
+    den = stats[0].clamp_min(1e-12)
+    loss = ce_sum / den + float(l1_weight) * (l1_sum / den)
+    ce_mean, l1_mean = float(stats[1] / den), float(stats[2] / den)
+    accuracy = float(stats[3] / stats[4].clamp_min(1))
+    tau_hat = float(1 + stats[5] / stats[6]) if float(stats[6]) > 0 else float("nan")
+    return LossTerms(loss=loss, value=ce_mean + float(l1_weight) * l1_mean, ce=ce_mean, l1=l1_mean,
+                     accuracy=accuracy, tau_hat=tau_hat)

@@ -15,6 +15,13 @@ While a stage runs, its checkpoints live in `<final folder>.work/`; a killed run
 from there on the next call and the folder is removed once the stage's result is in place.
 LoRA adapters are merged into the backbone before saving, so every saved drafter is a plain
 `DSparkDrafter` that `ready.drafter.load_drafter` reads.
+
+Data-parallel (ready.train.distributed): under torchrun every rank runs these functions; rank 0
+decides whether an artifact is already built, writes it, and the others wait at a barrier, so
+`artifacts_dir` must be a filesystem every rank sees. A plain process with `train.devices = N > 1`
+does not train itself: `ensure_base_drafter` and `train_variant` run the same call under
+`torchrun --standalone --nproc-per-node N` (ready.train.launch) when something is still to be
+built, then read the artifacts. The callback is then not called (the curves are in train.json).
 """
 
 from __future__ import annotations
@@ -30,12 +37,15 @@ from omegaconf import OmegaConf
 
 from ready.artifacts import artifact_dir, atomic_dir, intact
 from ready.config import config_hash, to_container
+from ready.train import distributed
 from ready.train.lora import has_lora, merge_lora_
-from ready.train.regen import RegenData, build_regen_data
+from ready.train.regen import RegenData, build_regen_data, regen_artifact
 from ready.train.stages import MetricsCallback, TrainResult, stage_seed, train_stage
 
 DRAFTER_SUBDIR = "drafter"
 LOG_FILE = "train.json"
+STAGES_SUBDIR = "stages"  # <artifacts_dir>/stages: where sweep rows keep their stage folders (ready.row)
+Prompts = Optional[torch.Tensor]  # explicit training prompts [N, prompt_len]; None = the corpus's
 
 
 class PipelineError(ValueError):
@@ -68,11 +78,18 @@ def _run_cached_stage(
     cfg: Any,
     callback: Optional[MetricsCallback],
     progress: bool,
+    launched: bool = False,
 ) -> Path:
     """Train `stage` into `final/drafter` unless it is already there and intact (resuming a killed
-    run; a finished folder whose files no longer match its manifest is trained again)."""
-    if intact(final, spec, label=f"{final.parent.name}/{final.name}"):
+    run; a finished folder whose files no longer match its manifest is trained again). Every rank
+    trains; rank 0 writes. `launched`: torchrun was to have built it, so training here is an error."""
+    label = f"{final.parent.name}/{final.name}"
+    if distributed.main_decides(lambda: intact(final, spec, label=label)):
         return final / DRAFTER_SUBDIR
+    if launched:
+        raise PipelineError(f"{final}: the data-parallel training (train.devices={cfg.train.devices}) did not build "
+                            "this stage; expected the target and prompts of this process to be the ones the torchrun "
+                            f"processes load from the config (target.source={cfg.target.source!r})")
     work = final.parent / f"{final.name}.work"
     drafter = make_drafter()
     result = train_stage(stage, drafter, target, data, cfg, work, callback=callback, progress=progress)
@@ -80,17 +97,20 @@ def _run_cached_stage(
         merge_lora_(drafter)
     for p in drafter.parameters():
         p.requires_grad_(False)
-    with atomic_dir(final, spec=spec) as tmp:
-        (tmp / "spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True, default=str))
-        log = {**asdict(result), "first_loss": result.first_loss, "last_loss": result.last_loss}
-        (tmp / LOG_FILE).write_text(json.dumps(log, indent=1))
-        drafter.save(tmp / DRAFTER_SUBDIR)
-    shutil.rmtree(work, ignore_errors=True)
+    if distributed.world().main:
+        with atomic_dir(final, spec=spec) as tmp:
+            (tmp / "spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True, default=str))
+            log = {**asdict(result), "first_loss": result.first_loss, "last_loss": result.last_loss,
+                   "world_size": distributed.world().size}
+            (tmp / LOG_FILE).write_text(json.dumps(log, indent=1))
+            drafter.save(tmp / DRAFTER_SUBDIR)
+        shutil.rmtree(work, ignore_errors=True)
+    distributed.barrier()  # the next stage starts from this folder on every rank
     return final / DRAFTER_SUBDIR
 
 
-def _data_and_spec(cfg: Any, target: Any, tokenizer: Any, progress: bool) -> tuple[RegenData, str]:
-    data, folder = build_regen_data(cfg, target, tokenizer, progress=progress)
+def _data_and_spec(cfg: Any, target: Any, tokenizer: Any, progress: bool, prompts: Prompts = None) -> tuple[RegenData, str]:
+    data, folder = build_regen_data(cfg, target, tokenizer, prompts=prompts, progress=progress)
     return data, folder.name
 
 
@@ -114,6 +134,7 @@ def ensure_base_drafter(
     tokenizer: Any,
     callback: Optional[MetricsCallback] = None,
     progress: bool = True,
+    prompts: Prompts = None,
 ) -> Path:
     """The base DSpark drafter's folder: `drafter.checkpoint` when given, else trained from scratch (cached)."""
     if cfg.drafter.checkpoint:
@@ -121,9 +142,15 @@ def ensure_base_drafter(
         if not path.is_dir():
             raise PipelineError(f"drafter.checkpoint = {str(path)!r} is not a folder; expected a drafter saved by DSparkDrafter.save")
         return path
+    launched = _launch_if_asked(cfg, target, tokenizer, "base", None, None, prompts)
+    return _ensure_base(cfg, target, tokenizer, callback, progress, prompts, launched)
+
+
+def _ensure_base(cfg: Any, target: Any, tokenizer: Any, callback: Optional[MetricsCallback], progress: bool,
+                 prompts: Prompts, launched: bool) -> Path:
     from ready.drafter import DSparkDrafter
 
-    data, data_id = _data_and_spec(cfg, target, tokenizer, progress)
+    data, data_id = _data_and_spec(cfg, target, tokenizer, progress, prompts)
     spec = base_spec(cfg, data_id)
     final = artifact_dir(cfg.artifacts_dir, "drafter_base", spec)
     reader_off = OmegaConf.merge(cfg.reader, {"enabled": False})
@@ -132,7 +159,7 @@ def ensure_base_drafter(
         torch.manual_seed(stage_seed(int(cfg.train.base_seed), "base"))
         return DSparkDrafter(cfg.drafter, reader_off, target).to(target.embed_tokens.weight.device)
 
-    return _run_cached_stage(final, spec, make, "base", target, data, cfg, callback, progress)
+    return _run_cached_stage(final, spec, make, "base", target, data, cfg, callback, progress, launched)
 
 
 def stage_spec(cfg: Any, stage: str, start_id: str, data_id: str) -> dict:
@@ -158,6 +185,7 @@ def train_variant(
     out_dir: str | Path,
     callback: Optional[MetricsCallback] = None,
     progress: bool = True,
+    prompts: Prompts = None,
 ) -> Path:
     """Train one variant (reader config of `cfg`) and return the folder of its final drafter.
 
@@ -167,27 +195,72 @@ def train_variant(
     """
     from ready.drafter import load_drafter
 
-    data, data_id = _data_and_spec(cfg, target, tokenizer, progress)
+    launched = _launch_if_asked(cfg, target, tokenizer, "variant", base_drafter_dir, out_dir, prompts)
+    data, data_id = _data_and_spec(cfg, target, tokenizer, progress, prompts)
     if base_drafter_dir is None:
-        base_drafter_dir = ensure_base_drafter(cfg, target, tokenizer, callback, progress)
-    base_drafter_dir = Path(base_drafter_dir)
-    base = load_drafter(base_drafter_dir, target)  # validates the folder and the target
-    start_id = _state_fingerprint(base)
-    del base
-    out_dir = Path(out_dir)
-    current = base_drafter_dir
-    for i, stage in enumerate(("stage1", "stage2")):
-        spec = stage_spec(cfg, stage, start_id, data_id)
-        final = out_dir / f"{stage}-{config_hash(spec)}"
-        prev, fresh_reader = current, i == 0
+        base_drafter_dir = (Path(cfg.drafter.checkpoint) if cfg.drafter.checkpoint
+                            else _ensure_base(cfg, target, tokenizer, callback, progress, prompts, launched))
+    current = Path(base_drafter_dir)
+    for stage, final, spec in stage_chain(cfg, target, current, data_id, Path(out_dir)):
+        fresh_reader = stage == "stage1"
 
-        def make(prev: Path = prev, fresh_reader: bool = fresh_reader) -> torch.nn.Module:
+        def make(prev: Path = current, fresh_reader: bool = fresh_reader) -> torch.nn.Module:
             torch.manual_seed(stage_seed(int(cfg.seed), "stage1"))
             return load_drafter(prev, target, reader_cfg=cfg.reader if fresh_reader else None)
 
-        current = _run_cached_stage(final, spec, make, stage, target, data, cfg, callback, progress)
-        start_id = config_hash(spec)
+        current = _run_cached_stage(final, spec, make, stage, target, data, cfg, callback, progress, launched)
     return current
+
+
+def stage_chain(cfg: Any, target: Any, base_drafter_dir: Path, data_id: str, out_dir: Path) -> list[tuple[str, Path, dict]]:
+    """(stage, final folder, spec) of stage 1 and stage 2 from this base drafter (validated against
+    the target); builds nothing."""
+    from ready.drafter import load_drafter
+
+    base = load_drafter(base_drafter_dir, target)  # validates the folder and the target
+    start_id = _state_fingerprint(base)
+    del base
+    chain = []
+    for stage in ("stage1", "stage2"):
+        spec = stage_spec(cfg, stage, start_id, data_id)
+        chain.append((stage, out_dir / f"{stage}-{config_hash(spec)}", spec))
+        start_id = config_hash(spec)
+    return chain
+
+
+def built(cfg: Any, target: Any, tokenizer: Any, what: str, base_drafter_dir: Optional[str | Path] = None,
+          out_dir: Optional[str | Path] = None, prompts: Prompts = None) -> bool:
+    """Whether everything `what` ("base" or "variant") needs is already built and intact: the
+    regenerated data, the base drafter (unless given) and, for a variant, both stages."""
+    folder, regen_spec = regen_artifact(cfg, target, tokenizer, prompts)
+    if not intact(folder, regen_spec):
+        return False
+    if base_drafter_dir is None and cfg.drafter.checkpoint:
+        base_drafter_dir = cfg.drafter.checkpoint
+    if base_drafter_dir is None:
+        final = artifact_dir(cfg.artifacts_dir, "drafter_base", base_spec(cfg, folder.name))
+        if not intact(final, base_spec(cfg, folder.name)):
+            return False
+        base_drafter_dir = final / DRAFTER_SUBDIR
+    if what == "base":
+        return True
+    chain = stage_chain(cfg, target, Path(base_drafter_dir), folder.name, Path(out_dir))
+    return all(intact(final, spec) for _, final, spec in chain)
+
+
+def _launch_if_asked(cfg: Any, target: Any, tokenizer: Any, what: str, base_drafter_dir: Optional[str | Path],
+                     out_dir: Optional[str | Path], prompts: Prompts) -> bool:
+    """With `train.devices = N > 1` in a process outside torchrun, run this call under torchrun on
+    N processes (unless all is built already); True when it did. Inside torchrun: join its group."""
+    distributed.init_from_env(target.embed_tokens.weight.device.type)  # no-op outside torchrun
+    if int(cfg.train.devices) <= 1 or distributed.under_torchrun():
+        return False
+    if built(cfg, target, tokenizer, what, base_drafter_dir, out_dir, prompts):
+        return False
+    from ready.train.launch import run_under_torchrun
+
+    run_under_torchrun(cfg, what, base_drafter_dir, out_dir, prompts)
+    return True
 
 
 def read_train_log(drafter_dir: str | Path) -> dict:

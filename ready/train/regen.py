@@ -6,6 +6,12 @@ built once per (regen config, prompts, target) and cached by content hash under
 `<artifacts>/regen/<hash>/` as `data.pt`: token ids [N, prompt_len + response_len], the
 prompt length, and per sequence the number of valid tokens (up to and including the first
 EOS; tokens after it are padding).
+
+Under data-parallel training (ready.train.distributed) the decoding is sharded: the prompts
+are cut into the same batches of `regen.batch_size` as in one process, rank r decodes batches
+r, r+N, r+2N, ..., the batches are gathered once, and rank 0 writes the artifact. A batch holds
+the same prompts whatever N is, so the tokens equal one process's on the same hardware, and
+the cache key (regen config, prompts, target) does not depend on N.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from ready.artifacts import atomic_torch_save, cached
+from ready.artifacts import artifact_dir, atomic_torch_save, cached, intact
 from ready.config import to_container
+from ready.train import distributed
 
 DATA_FILE = "data.pt"
 
@@ -88,29 +95,27 @@ def greedy_responses(
     batch_size: int = 64,
     progress: bool = True,
 ) -> RegenData:
-    """Greedy-decode `response_len` tokens after each prompt with the target's KV/state cache."""
+    """Greedy-decode `response_len` tokens after each prompt with the target's KV/state cache.
+
+    Data-parallel: every rank decodes its share of the batches and returns the whole data."""
     prompts = as_prompt_tensor(prompts)
     N, P = prompts.shape
     vocab = int(target.config.vocab_size)
     if int(prompts.max()) >= vocab or int(prompts.min()) < 0:
         raise RegenError(f"training prompts hold token ids outside [0, {vocab}); expected ids of the target's tokenizer")
-    device = next(target.parameters()).device
-    target.eval()
-    out = torch.empty(N, P + response_len, dtype=torch.long)
-    out[:, :P] = prompts
-    bar = tqdm(total=N, desc="regen: target greedy responses", unit="seq", disable=not progress)
-    for s in range(0, N, batch_size):
-        ids = prompts[s : s + batch_size].to(device)
-        B = ids.shape[0]
-        cache = target.new_cache(batch_size=B, max_len=P + response_len)
-        logits = target.prefill(ids, cache).logits[:, -1]
-        for t in range(response_len):
-            nxt = logits.argmax(-1)
-            out[s : s + B, P + t] = nxt.cpu()
-            if t + 1 < response_len:
-                logits = target.step(nxt.view(B, 1), cache).logits[:, -1]
-        bar.update(B)
+    w = distributed.world()
+    starts = list(range(0, N, batch_size))[w.rank :: w.size]
+    bar = tqdm(total=sum(min(batch_size, N - s) for s in starts), desc="regen: target greedy responses", unit="seq",
+               disable=not (progress and w.main))
+    mine = {}
+    for s in starts:
+        mine[s] = _greedy_batch(target, prompts[s : s + batch_size], response_len)
+        bar.update(mine[s].shape[0])
     bar.close()
+    out = torch.empty(N, P + response_len, dtype=torch.long)
+    for part in distributed.gather_objects(mine):  # once, all batches to every rank
+        for s, rows in part.items():
+            out[s : s + rows.shape[0]] = rows
     lengths = torch.full((N,), P + response_len, dtype=torch.long)
     if eos_id is not None:
         is_eos = out[:, P:] == int(eos_id)
@@ -120,6 +125,23 @@ def greedy_responses(
         pad = torch.arange(P + response_len).unsqueeze(0) >= lengths.unsqueeze(1)
         out = out.masked_fill(pad, int(eos_id))
     return RegenData(tokens=out, prompt_len=P, lengths=lengths)
+
+
+def _greedy_batch(target: Any, prompts: torch.Tensor, response_len: int) -> torch.Tensor:
+    """One batch of prompts [B, P] -> prompts + greedy responses [B, P + response_len] (on CPU)."""
+    device = next(target.parameters()).device
+    ids = prompts.to(device)
+    B, P = ids.shape
+    out = torch.empty(B, P + response_len, dtype=torch.long)
+    out[:, :P] = prompts
+    cache = target.new_cache(batch_size=B, max_len=P + response_len)
+    logits = target.prefill(ids, cache).logits[:, -1]
+    for t in range(response_len):
+        nxt = logits.argmax(-1)
+        out[:, P + t] = nxt.cpu()
+        if t + 1 < response_len:
+            logits = target.step(nxt.view(B, 1), cache).logits[:, -1]
+    return out
 
 
 def target_fingerprint(target: Any) -> str:
@@ -163,6 +185,32 @@ def build_regen_data(
 
     Prompts default to `ready.data.training_prompts(tokenizer, cfg.regen, corpus_cfg=cfg.corpus)`.
     """
+    prompts, spec, eos_id = _regen_inputs(cfg, target, tokenizer, prompts)
+    batch = max(1, int(getattr(cfg.regen, "batch_size", 64)))
+    folder = artifact_dir(cfg.artifacts_dir, "regen", spec)
+    if not distributed.world().active:
+        def build(tmp: Path) -> None:
+            data = greedy_responses(target, prompts, int(cfg.regen.response_len), eos_id, batch, progress)
+            data.save(tmp / DATA_FILE)
+
+        folder = cached(cfg.artifacts_dir, "regen", spec, build)
+    elif not distributed.main_decides(lambda: intact(folder, spec, label=f"regen/{folder.name}")):
+        data = greedy_responses(target, prompts, int(cfg.regen.response_len), eos_id, batch, progress)  # sharded
+        if distributed.world().main:
+            cached(cfg.artifacts_dir, "regen", spec, lambda tmp: data.save(tmp / DATA_FILE))
+        distributed.barrier()  # the others read what rank 0 wrote
+    return RegenData.load(folder / DATA_FILE), folder
+
+
+def regen_artifact(cfg: Any, target: Any, tokenizer: Any,
+                   prompts: Optional[Sequence[Sequence[int]] | torch.Tensor] = None) -> tuple[Path, dict]:
+    """(folder, spec) where `build_regen_data` keeps, or will keep, the data; decodes nothing."""
+    spec = _regen_inputs(cfg, target, tokenizer, prompts)[1]
+    return artifact_dir(cfg.artifacts_dir, "regen", spec), spec
+
+
+def _regen_inputs(cfg: Any, target: Any, tokenizer: Any, prompts: Any) -> tuple[torch.Tensor, dict, Optional[int]]:
+    """(prompts as a tensor, the artifact spec, the EOS id) for `build_regen_data`."""
     if prompts is None:
         from ready.data import training_prompts
 
@@ -173,14 +221,7 @@ def build_regen_data(
         eos_id = getattr(target.config, "eos_token_id", None)
     spec = regen_spec(cfg, target, prompts)
     spec["eos_id"] = eos_id
-    batch = max(1, int(getattr(cfg.regen, "batch_size", 64)))
-
-    def build(tmp: Path) -> None:
-        data = greedy_responses(target, prompts, int(cfg.regen.response_len), eos_id, batch, progress)
-        data.save(tmp / DATA_FILE)
-
-    folder = cached(cfg.artifacts_dir, "regen", spec, build)
-    return RegenData.load(folder / DATA_FILE), folder
+    return prompts, spec, eos_id
 
 
 def build_validation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True) -> Optional[RegenData]:

@@ -20,6 +20,14 @@ warmup then cosine decay, gradient clipping, bf16 autocast on CUDA. Every
 `train.checkpoint_every` steps (and at the end) the trainable weights, optimizer, scheduler,
 RNG and step are saved atomically in `out_dir/checkpoint.pt`; calling the stage again with
 the same inputs resumes from there and ends with the same weights as an uninterrupted run.
+
+Data-parallel (ready.train.distributed, started by torchrun): every rank draws the same global
+batch (sequence ids and anchors), takes its contiguous slice of it, and DDP sums the ranks'
+gradients of their loss shares (ready.train.loss), so N ranks give one process's loss curve
+and weights up to floating-point rounding. Rank 0 alone shows progress, calls the callback and
+writes checkpoints; a checkpoint holds no trace of N, so a stage resumes with any number of
+ranks. The state placebo rolls states within each rank's slice (row b reads row b+1 of the same
+slice, its last row the slice's first), so its batches pair rows differently for different N.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from tqdm.auto import tqdm
 
 from ready.artifacts import atomic_torch_save
 from ready.config import config_hash, to_container
+from ready.train import distributed
 from ready.train.anchors import gather_blocks, sample_anchors
 from ready.train.lora import has_lora, inject_lora, lora_parameters
 from ready.train.loss import draft_loss
@@ -192,6 +201,23 @@ def save_checkpoint(path: Path, step: int, params, opt, sched, losses: list[floa
     )
 
 
+def resume(path: Path, params, opt, sched, fingerprint: str) -> Optional[dict]:
+    """`load_checkpoint` for every rank: rank 0 decides whether (and from which step) the stage
+    resumes; the others then read the same file, which must be on a filesystem they all see."""
+    w = distributed.world()
+    if not w.active:
+        return load_checkpoint(path, params, opt, sched, fingerprint)
+    ck = load_checkpoint(path, params, opt, sched, fingerprint) if w.main else None
+    step = distributed.main_decides(lambda: int(ck["step"]) if ck else -1)
+    if w.main or step < 0:
+        return ck
+    ck = load_checkpoint(path, params, opt, sched, fingerprint)
+    if ck is None or int(ck["step"]) != step:
+        raise TrainStageError(f"rank {w.rank} cannot read the checkpoint {path} that rank 0 resumes from (step {step}); "
+                              "expected the stage's folder on a filesystem every rank shares (artifacts_dir)")
+    return ck
+
+
 def load_checkpoint(path: Path, params, opt, sched, fingerprint: str) -> Optional[dict]:
     """Restore a matching checkpoint in place; None when there is none or it is for other inputs."""
     if not path.is_file():
@@ -249,7 +275,8 @@ def _target_forward(target: nn.Module, drafter: nn.Module, tokens: torch.Tensor,
     """The frozen target's logits, context features and (when the drafter reads state) states at anchors-1.
 
     For the state placebo, row b gets the states of row b+1 (the last row: row 0) at row b's own
-    positions: another text's states at the same place, so only the information differs."""
+    positions: another text's states at the same place, so only the information differs. Under
+    data-parallel training `tokens` is this rank's slice, so the rows roll within the slice."""
     kw: dict = dict(capture_layers=list(drafter.capture_layers))
     shuffled = reads_shuffled_states(drafter)
     if drafter.state_layers:
@@ -257,7 +284,8 @@ def _target_forward(target: nn.Module, drafter: nn.Module, tokens: torch.Tensor,
         if shuffled:
             if tokens.shape[0] < 2:
                 raise TrainStageError("reader.states=shuffled reads another sequence's states, so it needs batches of "
-                                      "at least 2 sequences; raise train.<stage>.batch_size")
+                                      "at least 2 sequences (data-parallel: 2 per process); raise "
+                                      "train.<stage>.batch_size")
             positions = positions.roll(1, dims=0)  # row b+1 is asked for row b's positions ...
         kw.update(state_layers=list(drafter.state_layers), state_positions=positions)
     out = target(tokens, **kw)
@@ -297,6 +325,12 @@ def train_stage(
     if len(data) == 0:
         raise TrainStageError("training data is empty; expected regenerated sequences (regen.num_samples > 0)")
 
+    dp = distributed.world()
+    if int(sc.batch_size) < dp.size:
+        raise TrainStageError(f"train.{stage}.batch_size={sc.batch_size} is smaller than the {dp.size} data-parallel "
+                              f"processes; expected at least one sequence per process (batch_size >= {dp.size})")
+    rows = distributed.shard(int(sc.batch_size), dp)  # this rank's slice of every global batch
+
     device = next(drafter.parameters()).device
     for p in target.parameters():
         p.requires_grad_(False)
@@ -311,41 +345,46 @@ def train_stage(
     out_dir.mkdir(parents=True, exist_ok=True)
     ck_path = out_dir / CHECKPOINT
     fingerprint = _fingerprint(stage, cfg, params, data, seed)
-    ck = load_checkpoint(ck_path, params, opt, sched, fingerprint)
+    ck = resume(ck_path, params, opt, sched, fingerprint)
     start = int(ck["step"]) if ck else 0
     losses: list[float] = list(ck["losses"]) if ck else []
+    forward = _ddp(drafter, device) if dp.active else drafter.forward_train
+    reduce = distributed.all_reduce_sum if dp.active else None
 
     K = int(drafter.block_size)
     trainable = [p for _, p in params]
     every = max(1, int(cfg.train.checkpoint_every))
     l1_weight, gamma = float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)
     t0 = time.perf_counter()
-    bar = tqdm(range(start, steps), desc=f"train {stage}", unit="step", initial=start, total=steps, disable=not progress)
+    bar = tqdm(range(start, steps), desc=f"train {stage}", unit="step", initial=start, total=steps,
+               disable=not (progress and dp.main))
     for step in bar:
         idx = batch_indices(step, int(sc.batch_size), len(data), seed)
-        tokens = data.tokens[idx].to(device)
         gen = torch.Generator().manual_seed(seed * 104729 + step)
         anchors, mask = sample_anchors(data.lengths[idx], data.prompt_len, K, int(sc.anchors_per_sample), gen)
+        idx, anchors, mask = idx[rows], anchors[rows], mask[rows]  # the whole batch for one process
+        tokens = data.tokens[idx].to(device)
         anchors, mask = anchors.to(device), mask.to(device)
         tout, states = _target_forward(target, drafter, tokens, anchors)
         labels = gather_blocks(tokens, anchors, K, offset=1)
         teacher = gather_blocks(tout.logits, anchors, K, offset=0)
         with autocast:
-            logits = drafter.forward_train(tokens, tout.hidden, anchors, states)
-        terms = draft_loss(logits, labels, teacher, mask, l1_weight, gamma)
+            logits = forward(tokens, tout.hidden, anchors, states)
+        terms = draft_loss(logits, labels, teacher, mask, l1_weight, gamma, all_reduce=reduce)
         opt.zero_grad(set_to_none=True)
-        terms.loss.backward()
+        # DDP averages the ranks' gradients; the shares' gradients must be summed: scale by N
+        (terms.loss * dp.size if dp.active else terms.loss).backward()
         gnorm = torch.nn.utils.clip_grad_norm_(trainable, float(sc.grad_clip))
         opt.step()
         lr = opt.param_groups[0]["lr"]
         sched.step()
-        loss = float(terms.loss.detach())
+        loss = terms.value
         losses.append(loss)
         done = step + 1
-        if done % every == 0 or done == steps:
+        if dp.main and (done % every == 0 or done == steps):
             save_checkpoint(ck_path, done, params, opt, sched, losses, fingerprint)
         bar.set_postfix(loss=f"{loss:.3f}", acc=f"{terms.accuracy:.2f}")
-        if callback is not None:
+        if callback is not None and dp.main:
             for key, value in (
                 ("loss", loss),
                 ("ce", terms.ce),
@@ -367,3 +406,25 @@ def train_stage(
         resumed_from=start,
         seconds=time.perf_counter() - t0,
     )
+
+
+class _TrainForward(nn.Module):
+    """The drafter's `forward_train` as a module's `forward`: DDP hooks `forward` only."""
+
+    def __init__(self, drafter: nn.Module):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, tokens, hidden, anchors, states):  # noqa: D102
+        return self.drafter.forward_train(tokens, hidden, anchors, states)
+
+
+def _ddp(drafter: nn.Module, device: torch.device) -> nn.Module:
+    """The drafter's training forward under DistributedDataParallel (gradients summed over ranks
+    in buckets while the backward runs). Building it copies rank 0's weights to every rank.
+    static_graph: every step reaches the same parameters, and a trainable tensor that a
+    configuration never reaches (e.g. a part used only while drafting) must not stall the reduction."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(_TrainForward(drafter), device_ids=[device.index] if device.type == "cuda" else None,
+                                   static_graph=True)
