@@ -179,7 +179,8 @@ class BenchmarkConfig:
 
 @dataclass
 class EvalConfig:
-    """Greedy speculative decoding measurement, and the cheaper teacher-forced measure beside it."""
+    """Speculative decoding measurement (greedy, or sampled at temperature > 0), and the cheaper
+    teacher-forced measure beside it."""
 
     # 2 suites x 64 prompts x 16 new tokens: as many decoded tokens per row as the earlier
     # 2 x 16 x 64, spread over 4x the prompts (the unit every interval resamples)
@@ -199,6 +200,16 @@ class EvalConfig:
     # equals AR token for token in 16-bit too (lossless_exact); off = the fast path, checked by greedy_valid
     # within a tie margin (docs/benchmarks.md "What lossless means": cost and flip rates on the H200)
     exact: bool = False
+    # sampling (docs/sweeps.md "Sampling"): 0 = greedy, the paper's setting; > 0 = AR and speculative sampling
+    # with the standard acceptance rule (exact in distribution), lossless then = the distribution check
+    temperature: float = 0.0
+    top_p: float = 1.0  # nucleus mass kept at temperature > 0 (1 = every token)
+    # base of the per-(prompt, sample) seeds; every row of a setting draws the same random numbers
+    sample_seed: int = 0
+    # generations per prompt at temperature > 0 (the intervals resample prompts with all their samples)
+    samples_per_prompt: int = 4
+    # rounds of every sampled generation checked in distribution (rule and target states; 0 = none)
+    check_rounds: int = 2
 
 
 @dataclass
@@ -260,6 +271,10 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.max_new_tokens", c.eval.max_new_tokens >= 1, "an integer >= 1"),
         ("eval.heldout_tf_samples", c.eval.heldout_tf_samples >= 0, "an integer >= 0 (0 = no teacher-forced metric)"),
         ("eval.interleave_ar", c.eval.interleave_ar in ("auto", "on", "off"), "auto, on or off"),
+        ("eval.temperature", c.eval.temperature >= 0, "a number >= 0 (0 = greedy)"),
+        ("eval.top_p", 0 < c.eval.top_p <= 1, "a number in (0, 1] (1 = no nucleus cut)"),
+        ("eval.samples_per_prompt", c.eval.samples_per_prompt >= 1, "an integer >= 1"),
+        ("eval.check_rounds", c.eval.check_rounds >= 0, "an integer >= 0 (0 = no distribution check)"),
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
         ("bench.suites", len(c.bench.suites) >= 1, "a non-empty list of benchmark names (e.g. [humaneval, heldout])"),
