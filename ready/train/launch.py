@@ -168,16 +168,17 @@ def train(cfg: DictConfig, what: str, base_drafter_dir: Optional[str], out_dir: 
     target, tokenizer, prompts = load_for_training(cfg, prompts_arg)
     out = Path(out_dir) if out_dir else Path(cfg.artifacts_dir) / STAGES_SUBDIR
     t0 = time.perf_counter()
-    if what == "base":
-        final = ensure_base_drafter(cfg, target, tokenizer, progress=w.main, prompts=prompts)
-    else:
-        final = train_variant(cfg, target, tokenizer, base_drafter_dir, out, progress=w.main, prompts=prompts)
+    base = Path(base_drafter_dir) if base_drafter_dir else ensure_base_drafter(cfg, target, tokenizer, progress=w.main,
+                                                                                prompts=prompts)
+    final = base if what == "base" else train_variant(cfg, target, tokenizer, base, out, progress=w.main, prompts=prompts)
     return {"world_size": w.size, "device": str(target.embed_tokens.weight.device.type), "what": what,
-            "drafter": str(final), "seconds": round(time.perf_counter() - t0, 3), "stages": stage_logs(Path(final))}
+            "drafter": str(final), "seconds": round(time.perf_counter() - t0, 3),
+            "stages": {**stage_logs(Path(base)), **stage_logs(Path(final))}}
 
 
 def stage_logs(final: Path) -> dict[str, dict]:
-    """The train.json of the stages behind a trained drafter folder (stage 2 -> stage 1; or base)."""
+    """The train.json of the stages behind a trained drafter folder: stage 2 and stage 1, or the
+    base drafter ({} for a drafter not trained here, e.g. drafter.checkpoint)."""
     out: dict[str, dict] = {}
     folder = final.parent
     while (folder / "train.json").is_file():
