@@ -127,18 +127,31 @@ def gpu_ids() -> list[str]:
         return []
 
 
+def gpu_groups(gpus: list[str], workers: int, per_worker: int) -> list[str]:
+    """CUDA_VISIBLE_DEVICES of each worker: `per_worker` consecutive GPUs (a row's data-parallel
+    training, `train.devices`), groups handed out round-robin when the workers need more GPUs than
+    there are (8 GPUs, 4 workers, 2 each: "0,1", "2,3", "4,5", "6,7")."""
+    k = max(1, min(per_worker, len(gpus)))
+    n_groups = max(1, len(gpus) // k)
+    return [",".join(gpus[(i % n_groups) * k:(i % n_groups) * k + k]) for i in range(workers)]
+
+
 def spawn_workers(args: argparse.Namespace, sweep: Sweep, run_dir: Path, uri: str, experiment_id: str,
                   parent_id: str) -> int:
-    """Start `--workers` processes (`python -m sweeps.worker`), one GPU each when there are GPUs."""
+    """Start `--workers` processes (`python -m sweeps.worker`), each with `train.devices` GPUs (one
+    by default) when there are GPUs."""
     gpus = gpu_ids()
-    if gpus and args.workers > len(gpus):
-        print(f"[sweeps] {args.workers} workers share {len(gpus)} GPU(s) round-robin", flush=True)
+    per_worker = max(int(job.cfg.train.devices) for job in sweep.jobs()) if sweep.jobs() else 1
+    if gpus and args.workers * per_worker > len(gpus):
+        print(f"[sweeps] {args.workers} workers x {per_worker} GPU(s) (train.devices) share {len(gpus)} GPU(s) "
+              "round-robin", flush=True)
+    groups = gpu_groups(gpus, args.workers, per_worker) if gpus else []
     procs = []
     for i in range(args.workers):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+            env["CUDA_VISIBLE_DEVICES"] = groups[i]
         cmd = [sys.executable, "-m", "sweeps.worker", sweep.name, *sweep.overrides,
                "--storage", args.storage or "", "--run-dir", str(run_dir), "--tracking-uri", uri,
                "--experiment-id", experiment_id, "--parent-run-id", parent_id, "--runner", args.runner,

@@ -157,6 +157,14 @@ def test_a_batch_smaller_than_the_process_count_is_refused(tmp_path, monkeypatch
                     progress=False)
 
 
+def test_each_worker_gets_train_devices_gpus():
+    from sweeps.run import gpu_groups
+
+    assert gpu_groups(list("01234567"), 4, 2) == ["0,1", "2,3", "4,5", "6,7"]
+    assert gpu_groups(list("0123"), 4, 1) == ["0", "1", "2", "3"]
+    assert gpu_groups(list("012"), 3, 2) == ["0,1", "0,1", "0,1"]  # too few GPUs: groups shared round-robin
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_nccl_gpus_follow_one_gpu(tmp_path):

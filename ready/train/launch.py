@@ -121,8 +121,10 @@ def sweep_row_config(sweep: str, row: str, seed: Optional[int], overrides: Seque
     jobs = load_sweep(sweep, list(overrides)).jobs()
     match = [j for j in jobs if j.variant.label == row and (seed is None or j.seed == seed)]
     if not match:
-        labels = sorted({f"{j.variant.label!r} (seed {j.seed})" for j in jobs})
-        raise LaunchError(f"--row {row!r} --seed {seed}: no such row in sweep {sweep!r}; expected one of {', '.join(labels)}")
+        labels = ", ".join(repr(x) for x in dict.fromkeys(j.variant.label for j in jobs))
+        seeds = sorted({j.seed for j in jobs})
+        raise LaunchError(f"--row {row!r} --seed {seed}: no such row in sweep {sweep!r}; expected a label of "
+                          f"{labels} and a seed in {seeds}")
     return match[0].cfg
 
 
