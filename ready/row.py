@@ -54,7 +54,8 @@ class VariantResult:
 
     def metrics(self) -> dict[str, float]:
         """Flat MLflow metrics, `<benchmark>/<name>` and `overall/<name>` (docs/interfaces.md);
-        `<b>/lossless` is greedy validity, `<b>/lossless_exact` token identity with AR."""
+        `<b>/lossless` is greedy validity (at eval.temperature > 0 the distribution check), `<b>/lossless_exact`
+        token identity with AR (greedy only)."""
         out: dict[str, float] = {}
         for m in [*self.benchmarks, self.overall]:
             out.update(m.mlflow_metrics())
@@ -159,8 +160,24 @@ def _suites(cfg: DictConfig, tokenizer: Any) -> dict[str, list[list[int]]]:
     return {name: [p.ids for p in load_suite(name, cfg.bench, tokenizer, cfg.corpus)] for name in cfg.bench.suites}
 
 
+def sampling_params(cfg: DictConfig) -> Any:
+    """`ready.decode.sampling.SamplingParams` of `eval.temperature` > 0, None for greedy decoding."""
+    from ready.decode.sampling import params_from
+
+    return params_from(float(cfg.eval.temperature), float(cfg.eval.top_p), int(cfg.eval.sample_seed))
+
+
+def sampling_spec(cfg: DictConfig) -> dict:
+    """The sampling settings that decide a decode (none when greedy, so greedy caches keep their hashes)."""
+    if sampling_params(cfg) is None:
+        return {}
+    return {"temperature": float(cfg.eval.temperature), "top_p": float(cfg.eval.top_p),
+            "sample_seed": int(cfg.eval.sample_seed), "samples_per_prompt": int(cfg.eval.samples_per_prompt)}
+
+
 def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list[int]]], progress: bool) -> dict[str, list]:
-    """Greedy AR generations per benchmark, decoded once per (target contents, prompts, budget) and cached.
+    """AR generations per benchmark (greedy, or `eval.samples_per_prompt` samples per prompt at
+    eval.temperature > 0), decoded once per (target contents, prompts, budget, sampling) and cached.
 
     The target is checked first (finite weights, finite logits on a probe prompt): a broken target
     fails the run here rather than leaving generations, or a run, that later rows would trust.
@@ -183,13 +200,14 @@ def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list
             "target_content": target_id, "checked": "health/1",
             "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "max_new_tokens": budget, "warmup": int(cfg.eval.warmup_rounds),
-            "eos": loaded.eos}
+            "eos": loaded.eos, **({"sampling": sampling_spec(cfg)} if sampling_spec(cfg) else {})}
 
     def build(tmp: Path) -> None:
         out = {}
         for name, prompts in suites.items():
             out[name] = run_ar(loaded.target, prompts, budget, eos_token_id=loaded.eos,
-                               warmup=int(cfg.eval.warmup_rounds), progress=progress, desc=f"{name} AR")
+                               warmup=int(cfg.eval.warmup_rounds), progress=progress, desc=f"{name} AR",
+                               sampling=sampling_params(cfg), samples=int(cfg.eval.samples_per_prompt), stream=name)
         problem = generations_problem(out, budget)
         if problem:
             raise HealthError(f"AR decoding of target {loaded.target_path}: {problem}")
@@ -333,7 +351,8 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
                         method=method, eos_token_id=loaded.eos, warmup=int(cfg.eval.warmup_rounds),
                         progress=progress, cuda_graphs=None, donors=donors, interleave_ar=interleave,
                         # the AR row times its own decoding; drafting rows compare with the cache
-                        ar=None if method == "ar" else ar[name])
+                        ar=None if method == "ar" else ar[name], sampling=sampling_params(cfg),
+                        samples=int(cfg.eval.samples_per_prompt), check_rounds=int(cfg.eval.check_rounds))
 
     results, swaps = [], {}
     with torch.no_grad():
@@ -374,9 +393,13 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: A
     weights = ("config.json", "*.safetensors", "*.safetensors.index.json")  # not metrics.json's timings
     drafter_id = content_id(folder, (*weights, "drafter.json"))  # the weights: a rebuild that differs is evaluated anew
     target_id = content_id(loaded.target_path, weights) if Path(loaded.target_path).is_dir() else loaded.target_path
+    evals = to_container(cfg.eval)
+    if sampling_params(cfg) is None:  # knobs of sampling cannot change a greedy evaluation: greedy caches stay valid
+        for key in ("temperature", "top_p", "sample_seed", "samples_per_prompt", "check_rounds"):
+            evals.pop(key, None)
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
-            "eval": to_container(cfg.eval), "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),
+            "eval": evals, "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),
             "eos": loaded.eos}
     built = []
 

@@ -11,6 +11,10 @@ sums:
   drawn seed, and pool everything drawn;
 - `overall` is the unweighted mean over benchmarks of the per-benchmark value (as in
   `ready.metrics.overall`); its resampling draws prompts within each benchmark (stratified).
+- sampled runs (eval.temperature > 0) decode each prompt several times, sample s of prompt i with
+  the same seed in every row; a prompt's samples are pooled into its unit (the prompt stays the unit
+  resampled), and two runs pair only when every prompt has the same (sample, seed) set in both, so
+  (prompt, sample) of A meets (prompt, sample) of B.
 
 Point estimates are computed on the full data; intervals are 95 % percentile intervals of
 N_RESAMPLES resamples from a fixed seed, so a table rebuilt from the same runs reads the same.
@@ -52,6 +56,8 @@ class Tallies:
     new_tokens: np.ndarray  # [P] generated tokens (prefill token included), for TPS
     wall_s: np.ndarray  # [P] decode wall time, for TPS
     ar_wall_s: Optional[np.ndarray] = None  # [P] AR's wall time on the same prompt, for the speedup
+    # sampled runs: per unit, the sorted (sample, seed) pairs pooled into it (None: one greedy decode per prompt)
+    samples: Optional[tuple] = None
 
     @property
     def size(self) -> int:
@@ -139,7 +145,7 @@ def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[in
                              "expected the tokens each round appended")
         hits[i] = (acc[i][:, None] >= js).sum(0)
         observed[i] = (hor[i][:, None] >= js).sum(0)
-    return Tallies(
+    per_record = Tallies(
         index=np.asarray([int(r.get("index", i)) for i, r in enumerate(recs)], dtype=np.int64),
         committed=np.asarray(committed, dtype=float),
         rounds=np.asarray([a.size for a in acc], dtype=float),
@@ -149,6 +155,30 @@ def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[in
         wall_s=np.asarray([float(r.get("wall_s") or 0.0) for r in recs], dtype=float),
         ar_wall_s=np.asarray([float(r.get("ar_wall_s") or 0.0) for r in recs], dtype=float),
     )
+    if not any("sample" in r for r in recs):
+        return per_record
+    keys = [(int(r.get("sample") or 0), None if r.get("seed") is None else int(r["seed"])) for r in recs]
+    return pool_samples(per_record, keys, where)
+
+
+def pool_samples(t: Tallies, keys: Sequence[tuple], where: str = "prompts") -> Tallies:
+    """One unit per prompt from per-(prompt, sample) rows: columns summed, the (sample, seed) keys kept."""
+    groups: dict[int, list[int]] = {}
+    for row, i in enumerate(t.index.tolist()):
+        groups.setdefault(int(i), []).append(row)
+    sig = []
+    for i, rows in groups.items():
+        ks = sorted(keys[r] for r in rows)
+        if len(set(k[0] for k in ks)) != len(ks):
+            raise StatsError(f"{where} prompt {i}: a sample appears twice; expected one record per (prompt, sample)")
+        sig.append(tuple(ks))
+
+    def pool(x: np.ndarray) -> np.ndarray:
+        return np.stack([x[rows].sum(0) for rows in groups.values()]) if groups else x[:0]
+
+    return Tallies(index=np.asarray(list(groups), dtype=np.int64), committed=pool(t.committed), rounds=pool(t.rounds),
+                   hits=pool(t.hits), observed=pool(t.observed), new_tokens=pool(t.new_tokens), wall_s=pool(t.wall_s),
+                   ar_wall_s=None if t.ar_wall_s is None else pool(t.ar_wall_s), samples=tuple(sig))
 
 
 def sequence_tallies(heldout: Mapping[str, Any], where: str = HELDOUT_TF) -> Tallies:
@@ -265,16 +295,24 @@ def _strata(run: RunTallies, key: str, swapped: bool = False) -> dict[str, Talli
 
 
 def _aligned(a: Tallies, b: Tallies, where: str) -> Tallies:
-    """`b` reordered to `a`'s units; StatsError when the two runs did not decode the same units."""
+    """`b` reordered to `a`'s units; StatsError when the two runs did not decode the same units (prompts,
+    and for sampled runs the same (sample, seed) set of every prompt)."""
     if a.size == b.size and np.array_equal(a.index, b.index):
-        return b
-    if a.size != b.size or set(a.index.tolist()) != set(b.index.tolist()):
-        raise StatsError(f"{where}: the runs decoded different prompts ({a.size} vs {b.size}); expected the "
-                         "same prompts in both rows (runs of one sweep setting)")
-    pos = {int(i): k for k, i in enumerate(b.index)}
-    order = np.asarray([pos[int(i)] for i in a.index])
-    return Tallies(a.index, b.committed[order], b.rounds[order], b.hits[order], b.observed[order],
-                   b.new_tokens[order], b.wall_s[order], None if b.ar_wall_s is None else b.ar_wall_s[order])
+        out = b
+    else:
+        if a.size != b.size or set(a.index.tolist()) != set(b.index.tolist()):
+            raise StatsError(f"{where}: the runs decoded different prompts ({a.size} vs {b.size}); expected the "
+                             "same prompts in both rows (runs of one sweep setting)")
+        pos = {int(i): k for k, i in enumerate(b.index)}
+        order = np.asarray([pos[int(i)] for i in a.index])
+        out = Tallies(a.index, b.committed[order], b.rounds[order], b.hits[order], b.observed[order],
+                      b.new_tokens[order], b.wall_s[order], None if b.ar_wall_s is None else b.ar_wall_s[order],
+                      None if b.samples is None else tuple(b.samples[k] for k in order))
+    if a.samples != out.samples:
+        raise StatsError(f"{where}: the runs decoded different samples of their prompts (one greedy, or other "
+                         "samples or seeds); expected the same eval.temperature, eval.samples_per_prompt and "
+                         "eval.sample_seed in both rows")
+    return out
 
 
 def _columns(t: Tallies, what: str, k: int = 0) -> np.ndarray:

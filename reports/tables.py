@@ -251,6 +251,21 @@ def _tie_flip_note(evaluations: Mapping[str, dict]) -> str | None:
             f"{flips} tie flip(s) within the margin of the target's top-1 logit (16-bit fast mode)")
 
 
+def _sampling_about(evaluations: Mapping[str, dict]) -> list[str]:
+    """Caption sentence for runs decoded by sampling (eval.temperature > 0), from their evaluation.json."""
+    seen = set()
+    for ev in evaluations.values():
+        for bench in ((ev or {}).get("benchmarks") or {}).values():
+            info = bench.get("sampling") if isinstance(bench, Mapping) else None
+            if isinstance(info, Mapping):
+                seen.add((info.get("temperature"), info.get("top_p"), info.get("samples")))
+    if not seen:
+        return []
+    settings = "; ".join(f"temperature {t}, top-p {p}, {n} samples per prompt" for t, p, n in sorted(seen, key=str))
+    return [f"Sampled decoding ({settings}): the same seed for a (prompt, sample) in every row; τ, survival and "
+            "TPS count speculative sampling's acceptances; lossless = the distribution check (docs/sweeps.md)."]
+
+
 def _baseline(variants: Sequence[Variant], method: str, notes: _Notes, sweep: str, purpose: str) -> Variant | None:
     found = [v for v in variants if v.method == method]
     if not found:
@@ -402,7 +417,7 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
     about += ["τ pooled over seeds and prompts" + ("" if any_evidence else " (mean ± std over seeds)")
               + "; TPS mean ± std over seeds.",
               "State reliance: τ with the row's own states minus τ with another prompt's states."]
-    about += [t for t in (_timing(ev),) if t] + _search_about(sweep, evaluations)
+    about += [t for t in (_timing(ev),) if t] + _search_about(sweep, evaluations) + _sampling_about(evaluations)
     notes.add(_tie_flip_note(evaluations))
     rule = {1} if len(rows) > 1 else set()
     if controls and rest:
@@ -492,7 +507,7 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
     _seed_notes(variants, notes, aside)
     about = _reading(ev, counts, "")
     about += ["TPS and τ per method: mean ± std over seeds; × is TPS over AR's."]
-    about += [t for t in (_timing(ev),) if t]
+    about += [t for t in (_timing(ev),) if t] + _sampling_about(evaluations)
     notes.add(_tie_flip_note(evaluations))
     return Table(spec, sweep, collect.models(runs), collect.seed_counts(variants), columns, rows,
                  rule_before={len(rows) - 1} if len(rows) > 1 else set(), notes=notes.items,

@@ -221,3 +221,52 @@ def test_speedup_pairs_each_prompt_with_ars_timing_of_the_same_prompt():
     assert m["humaneval/speedup_lo"] == ours.lo and "overall/speedup_hi" in m
     prompts[0]["ar_wall_s"] = 0.0  # a prompt without an AR timing: no paired speedup at all
     assert stats.speedup([stats.tallies(ev)], "humaneval") is None
+
+
+def _sampled(seed, samples=3, prompts=6, rounds=20, gain=0.0, ref=None, sample_seeds=None):
+    """A sampled evaluation: `samples` records per prompt (index, sample, seed), prompts shuffled in order."""
+    rng = np.random.default_rng(seed)
+    recs, drawn = [], {}
+    for i in range(prompts):
+        for s in range(samples):
+            acc = ref[(i, s)] if ref is not None else [int(a) for a in rng.binomial(K, 0.3, size=rounds)]
+            if ref is not None and gain:
+                acc = [min(K, a + int(rng.random() < gain)) for a in acc]
+            drawn[(i, s)] = acc
+            rec = record(i, acc)
+            rec["sample"], rec["seed"] = s, (sample_seeds or {}).get((i, s), 1000 * i + s)
+            recs.append(rec)
+    order = rng.permutation(len(recs))
+    ev = {"method": "ready", "benchmarks": {"b": {"metrics": {"block_size": K}, "prompts": [recs[j] for j in order]}}}
+    return drawn, ev
+
+
+def test_samples_of_a_prompt_pool_into_one_unit_and_pair_by_prompt_and_sample():
+    drawn, ref = _sampled(1)
+    _, row = _sampled(2, ref=drawn, gain=0.3)
+    t = stats.tallies(row).benchmarks["b"]
+    assert t.size == 6 and sorted(t.index.tolist()) == list(range(6))  # the prompt stays the unit
+    assert len(t.samples[0]) == 3 and t.rounds.sum() == 6 * 3 * 20
+    pooled = stats.tau([stats.tallies(row)], "b").value
+    assert pooled == pytest.approx(t.committed.sum() / t.rounds.sum())
+    gain = stats.gain_pct([stats.tallies(row)], [stats.tallies(ref)], "b")
+    assert gain.lo > 0  # every (prompt, sample) gained: the paired interval sees it
+    # the prompt is the resampling unit: the same interval as one record per prompt holding all its rounds
+    ref_t = stats.tallies(ref).benchmarks["b"]
+    merged = [record(int(i), sum((drawn[(int(i), s)] for s in range(3)), [])) for i in ref_t.index]
+    one_per_prompt = {"method": "ready", "benchmarks": {"b": {"metrics": {"block_size": K}, "prompts": merged}}}
+    assert stats.tau([stats.tallies(one_per_prompt)], "b") == stats.tau([stats.tallies(ref)], "b")
+
+
+def test_sampled_rows_with_other_seeds_or_samples_do_not_pair():
+    drawn, ref = _sampled(1)
+    _, other_seeds = _sampled(2, ref=drawn, sample_seeds={(0, 0): 7})
+    with pytest.raises(stats.StatsError, match="different samples of their prompts"):
+        stats.gain_pct([stats.tallies(other_seeds)], [stats.tallies(ref)], "b")
+    _, fewer = _sampled(3, samples=2)
+    with pytest.raises(stats.StatsError, match="different samples of their prompts"):
+        stats.gain_pct([stats.tallies(fewer)], [stats.tallies(ref)], "b")
+    ev = _sampled(4)[1]
+    ev["benchmarks"]["b"]["prompts"].append(dict(ev["benchmarks"]["b"]["prompts"][0]))
+    with pytest.raises(stats.StatsError, match="a sample appears twice"):
+        stats.tallies(ev)

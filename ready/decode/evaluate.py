@@ -23,7 +23,7 @@ Two checks (docs/benchmarks.md "What lossless means"):
   other logit (negative where another token was higher). `lossless` (what tables use) = greedy_valid.
 
 Sampling (`sampling` with temperature > 0): every prompt is decoded `samples` times, sample s of
-prompt i with seed `sample_seed(sampling.seed, i, s)` in every row (AR too), so rows pair
+prompt i with seed `sample_seed(sampling.seed, i, s, benchmark)` in every row (AR too), so rows pair
 (prompt, sample) by (prompt, sample). Tokens are no longer comparable with AR: `lossless` becomes
 `dist_valid`, the distribution check of the first `check_rounds` rounds of every generation
 (`ready.decode.dist_check`); `lossless_exact` and `greedy_valid` are None.
@@ -228,23 +228,25 @@ def sampled(sampling: Optional[SamplingParams]) -> Optional[SamplingParams]:
     return None if sampling is None or sampling.greedy else sampling
 
 
-def units(n_prompts: int, sampling: Optional[SamplingParams], samples: int) -> list[tuple[int, int, Optional[int]]]:
+def units(n_prompts: int, sampling: Optional[SamplingParams], samples: int,
+          stream: str = "") -> list[tuple[int, int, Optional[int]]]:
     """(prompt index, sample, seed) of every generation, prompt-major: one per prompt when greedy,
-    `samples` per prompt when sampling (seeds shared by every row of a setting)."""
+    `samples` per prompt when sampling (seeds shared by every row of a setting; `stream`, the benchmark,
+    keeps benchmarks' random numbers apart)."""
     sampling = sampled(sampling)
     if sampling is None:
         return [(i, 0, None) for i in range(n_prompts)]
     if samples < 1:
         raise DecodeError(f"samples per prompt = {samples}; expected an integer >= 1")
-    return [(i, s, sample_seed(sampling.seed, i, s)) for i in range(n_prompts) for s in range(samples)]
+    return [(i, s, sample_seed(sampling.seed, i, s, stream)) for i in range(n_prompts) for s in range(samples)]
 
 
 def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
            warmup: int = 1, progress: bool = True, desc: str = "AR",
            cuda_graphs: Optional[bool] = None, exact: Optional[bool] = None,
-           sampling: Optional[SamplingParams] = None, samples: int = 1) -> list[Generation]:
+           sampling: Optional[SamplingParams] = None, samples: int = 1, stream: str = "") -> list[Generation]:
     """AR generations of every prompt (the lossless reference and the speed baseline): greedy, or with
-    `sampling` (temperature > 0) `samples` per prompt, prompt-major (`units`).
+    `sampling` (temperature > 0) `samples` per prompt, prompt-major (`units`; `stream`: the benchmark).
     `exact`: put the target in (True) or out of (False) exact mode first; None leaves it."""
     set_exact(target, exact)
     prompts = [as_prompt(p) for p in prompts]
@@ -253,7 +255,7 @@ def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new
     engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampled(sampling))
     if prompts:
         _warm_up(engine, prompts, max_new_tokens, warmup)
-    todo = units(len(prompts), sampling, samples)
+    todo = units(len(prompts), sampling, samples, stream)
     return [engine.generate(prompts[i], max_new_tokens, seed=seed)
             for i, _, seed in tqdm(todo, desc=desc, disable=not progress, leave=False)]
 
@@ -322,11 +324,12 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     for p in ids:
         check_prompt(target, p, max_new_tokens)
     method = method or ("ar" if drafter is None else type(drafter).__name__.lower())
-    todo = units(len(ids), sampling, samples)
+    todo = units(len(ids), sampling, samples, benchmark)
     n_samples = len(todo) // len(ids)
     if ar is None:
         ar = run_ar(target, ids, max_new_tokens, eos_token_id=eos_token_id, warmup=warmup, progress=progress,
-                    desc=f"{benchmark} AR", cuda_graphs=cuda_graphs, sampling=sampling, samples=n_samples)
+                    desc=f"{benchmark} AR", cuda_graphs=cuda_graphs, sampling=sampling, samples=n_samples,
+                    stream=benchmark)
     elif len(ar) != len(todo):
         per = "prompt" if sampling is None else f"(prompt, sample): {len(ids)} prompts x {n_samples} samples"
         raise DecodeError(f"got {len(ar)} AR generations for {len(todo)} generations; expected one per {per}")

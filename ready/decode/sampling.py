@@ -54,9 +54,11 @@ class DraftSampling:
     uniforms: torch.Tensor  # [B, K] float32 in [0, 1), on the drafter's device
 
 
-def sample_seed(base: int, prompt_index: int, sample: int) -> int:
-    """The seed of one (prompt, sample) generation: every row of a setting draws the same numbers."""
-    digest = hashlib.sha256(f"ready-sample/{int(base)}/{int(prompt_index)}/{int(sample)}".encode()).hexdigest()
+def sample_seed(base: int, prompt_index: int, sample: int, stream: str = "") -> int:
+    """The seed of one (prompt, sample) generation of a benchmark (`stream`): every row of a setting draws
+    the same numbers for it, and other benchmarks draw independent ones."""
+    key = f"ready-sample/{int(base)}/{stream}/{int(prompt_index)}/{int(sample)}"
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return int(digest[:15], 16)
 
 
