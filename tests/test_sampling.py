@@ -157,3 +157,20 @@ def test_a_drafter_reporting_another_q_than_it_drew_from_fails_the_rule_check(ta
         res = evaluate(target, Halved(), [[2, 7, 1, 8]], 12, sampling=T1, samples=1, warmup=0, progress=False)
     assert res.lossless == 0 and res.rule_err > 1e-3
     assert any(issubclass(w.category, LosslessWarning) and "rule check failed" in str(w.message) for w in caught)
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_captured_sampled_draft_step_and_graphed_engine_match_eager():
+    tgt = tiny_target().cuda()
+    with torch.no_grad():
+        tgt.lm_head.weight.mul_(8.0)
+    eager, graphed = drafter_for(tgt).cuda(), drafter_for(tgt).cuda()
+    eager.cuda_graphs = False
+    prompt = list(range(1, 14))
+    want = Engine(tgt, eager, sampling=T1, cuda_graphs=False).generate(prompt, 24, seed=5)
+    engine = Engine(tgt, graphed, sampling=T1)  # verify and the draft step replayed from CUDA graphs
+    got = engine.generate(prompt, 24, seed=5)
+    assert graphed._graphs and all(g.graph is not None and g.mode == (1.0, 1.0) for g in graphed._graphs)
+    assert (got.tokens, got.accepted) == (want.tokens, want.accepted)
+    res = evaluate(tgt, graphed, [prompt, prompt[:5]], 16, sampling=T1, samples=2, warmup=1, progress=False)
+    assert res.lossless == 1 and res.rule_err < 1e-6 and res.state_err < 1
