@@ -167,12 +167,16 @@ def sampling_params(cfg: DictConfig) -> Any:
     return params_from(float(cfg.eval.temperature), float(cfg.eval.top_p), int(cfg.eval.sample_seed))
 
 
+SAMPLING_VERSION = 2  # how seeds and draws are made (ready.decode.sampling); a change re-decodes sampled caches
+
+
 def sampling_spec(cfg: DictConfig) -> dict:
     """The sampling settings that decide a decode (none when greedy, so greedy caches keep their hashes)."""
     if sampling_params(cfg) is None:
         return {}
     return {"temperature": float(cfg.eval.temperature), "top_p": float(cfg.eval.top_p),
-            "sample_seed": int(cfg.eval.sample_seed), "samples_per_prompt": int(cfg.eval.samples_per_prompt)}
+            "sample_seed": int(cfg.eval.sample_seed), "samples_per_prompt": int(cfg.eval.samples_per_prompt),
+            "version": SAMPLING_VERSION}
 
 
 def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list[int]]], progress: bool) -> dict[str, list]:
@@ -397,6 +401,8 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: A
     if sampling_params(cfg) is None:  # knobs of sampling cannot change a greedy evaluation: greedy caches stay valid
         for key in ("temperature", "top_p", "sample_seed", "samples_per_prompt", "check_rounds"):
             evals.pop(key, None)
+    else:
+        evals["sampling_version"] = SAMPLING_VERSION
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "eval": evals, "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),

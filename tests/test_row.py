@@ -79,11 +79,12 @@ def test_rows_that_end_with_the_same_drafter_are_evaluated_once(tmp_path):
 
 
 def test_sampling_settings_reach_the_decode_and_its_cache_keys_only_when_sampling():
-    from ready.row import sampling_params, sampling_spec
+    from ready.row import SAMPLING_VERSION, sampling_params, sampling_spec
 
     greedy = load_sweep("ft_control", ["profile=smoke"]).common
     sampled = load_sweep("ft_control", ["profile=smoke", "eval.temperature=1.0", "eval.top_p=0.9"]).common
     assert sampling_params(greedy) is None and sampling_spec(greedy) == {}  # greedy caches keep their keys
     params = sampling_params(sampled)
     assert (params.temperature, params.top_p, params.seed) == (1.0, 0.9, 0)
-    assert sampling_spec(sampled) == {"temperature": 1.0, "top_p": 0.9, "sample_seed": 0, "samples_per_prompt": 4}
+    assert sampling_spec(sampled) == {"temperature": 1.0, "top_p": 0.9, "sample_seed": 0, "samples_per_prompt": 4,
+                                      "version": SAMPLING_VERSION}
