@@ -101,7 +101,7 @@ class RoundTrace:
 
     start: int  # committed tokens before the round (the block's first token is tokens[start - 1])
     drafts: list[int]  # the k verified drafts
-    logits: torch.Tensor  # [k+1, V] float32 target logits of the verify
+    logits: torch.Tensor  # [k+1, V] target logits of the verify (the target's dtype)
     p: torch.Tensor  # [k+1, V] warped target distribution
     q: torch.Tensor  # [k, V] the drafter's distribution the drafts were drawn from
     accepted: int  # A (raw, before the horizon cap)
