@@ -64,7 +64,7 @@ def check_distribution(target: Any, prompt: torch.Tensor, tokens: Sequence[int],
 
     full = prompt.tolist() + list(tokens)
     p_len = prompt.numel()
-    tf = teacher_forced_logits(target, prompt, tokens)  # row i predicts tokens[i]
+    tf = teacher_forced_logits(target, prompt, tokens).float().cpu()  # row i predicts tokens[i]; on the host beside the traces
     rule_err, state_err, failure = 0.0, 0.0, None
     for r, tr in enumerate(traces):
         q = tr.q.detach().double().cpu()
