@@ -13,7 +13,10 @@ on the evaluation suites (`overall`) and teacher-forced on held-out regenerated 
   not when one lies below 0, and is inconclusive otherwise;
 - the saturation claim ("full rank adds little over r = 8") reproduces when the interval of the
   full-rank gain lies below +SATURATION_PCT, does not when it lies above it, and is inconclusive
-  otherwise.
+  otherwise;
+- a null claim ("rank does not matter") is only worth something when the reader shows a state
+  effect at all: a finding's precondition comparison (ReaDy above the state placebo) must clear 0,
+  or the finding reads "vacuous" instead of "reproduces".
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class Comparison:
     row: str  # a row label of the sweep (tag ready.label)
     ref: str  # the row it is compared with
     # "above": row beats ref; "below": row loses to ref; "saturated": gain < SATURATION_PCT;
-    # "null": row must not beat ref (the placebo); "info": shown for context, not judged
+    # "null": row must not beat ref (the placebo); "info": shown for context, not judged;
+    # "precondition": like "above", but what it guards is a null/saturation claim (overall_verdict)
     claim: str = "above"
 
 
@@ -65,7 +69,8 @@ FINDINGS = (
              Comparison("ReaDy", "DSpark"), Comparison("DSpark + FT", "DSpark", "info"))),
     Finding("Rank 8 is near saturation", "rank",
             "full rank (r = 128) adds +0.0119 τ (+0.26 %) over r = 8 (Table 3)",
-            (Comparison("r=128", "r=8", "saturated"), Comparison("r=8", "DSpark + FT", "info"))),
+            (Comparison("r=128", "r=8", "saturated"), Comparison("r=8", "Placebo (shuffled states)", "precondition"),
+             Comparison("r=8", "DSpark + FT", "info"))),
     Finding("Layer 62 is the best single source, (30, 62) the best set, adding layer 2 hurts", "layers",
             "{62} > {30}, {2}; {30,62} best; {2,30,62} < {30,62} (Table 4)",
             (Comparison("{62}", "{30}"), Comparison("{62}", "{2}"), Comparison("{30,62}", "{62}"),
@@ -93,18 +98,23 @@ def judge(c: Comparison, iv: Optional[Interval]) -> Optional[str]:
         return "reproduces" if iv.lo <= 0 else "does not"
     if c.claim == "saturated":
         return "reproduces" if iv.hi < SATURATION_PCT else ("does not" if iv.lo > SATURATION_PCT else "inconclusive")
-    sign = 1 if c.claim == "above" else -1
+    sign = -1 if c.claim == "below" else 1
     lo, hi = sorted((sign * iv.lo, sign * iv.hi))
     return "reproduces" if lo > 0 else ("does not" if hi < 0 else "inconclusive")
 
 
-def overall_verdict(verdicts: Sequence[Optional[str]]) -> str:
+def overall_verdict(verdicts: Sequence[Optional[str]], preconditions: Sequence[Optional[str]] = ()) -> str:
+    """One finding's verdict from its comparisons' verdicts; `preconditions` are the verdicts of its
+    precondition comparisons: a finding whose claims all reproduce but whose reader showed no state
+    effect is "vacuous" (a rank cannot matter to a reader that reads nothing)."""
     vs = [v for v in verdicts if v is not None]
-    if not vs or "not run" in vs:
+    if not vs or "not run" in vs or "not run" in preconditions:
         return "not run"
     if "does not" in vs:
         return "does not reproduce"
-    return "reproduces" if all(v == "reproduces" for v in vs) else "inconclusive"
+    if not all(v == "reproduces" for v in vs):
+        return "inconclusive"
+    return "reproduces" if all(v == "reproduces" for v in preconditions) else "vacuous (no state effect shown)"
 
 
 def store_for(sweep: str, tracking_uris: Sequence[str]) -> str:
@@ -128,29 +138,29 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
         return "\n".join(head + [f"**Verdict: not run** — {e}", ""])
     evidence = Evidence(runs, collect.load_evaluations(tracking_uri, runs, cache_dir))
     variants = {v.name: v for v in collect.aggregate(runs)}
-    rows, verdicts, notes = [], [], []
+    rows, verdicts, preconditions, notes = [], [], [], []
     for c in finding.comparisons:
         a, b = variants.get(c.row), variants.get(c.ref)
         if a is None or b is None:
             missing = c.row if a is None else c.ref
             rows.append(f"| {c.row} vs {c.ref} | — | — | — | row {missing!r} not in sweep {finding.sweep} |")
-            verdicts.append(judge(c, None))
+            (preconditions if c.claim == "precondition" else verdicts).append(judge(c, None))
             continue
         engine, note = evidence.gain(a, b, stats.OVERALL)
         tf, _ = evidence.gain(a, b, stats.HELDOUT_TF)
         counts = evidence.counts(a, stats.OVERALL)
         n = f"{counts.seeds} × {counts.prompts} × {counts.rounds:,}" if counts else "—"
         verdict = judge(c, engine)
-        verdicts.append(verdict)
+        (preconditions if c.claim == "precondition" else verdicts).append(verdict)
         claim = {"above": "> 0", "below": "< 0", "saturated": f"< +{SATURATION_PCT:g} %", "null": "not > 0",
-                 "info": "(context)"}[c.claim]
+                 "info": "(context)", "precondition": "> 0 (precondition)"}[c.claim]
         rows.append(f"| {c.row} vs {c.ref} | {_fmt(engine)} | {_fmt(tf)} | {n} | {claim}: {verdict or '—'} |")
         if note:
             notes.append(note)
     table = ["| comparison | Δτ engine (%) [95 % CI] | Δτ teacher-forced (%) [95 % CI] | seeds × prompts × rounds | claim: verdict |",
              "|---|---|---|---|---|", *rows]
     out = head + table + [""] + [f"- {n}" for n in notes] + (["" ] if notes else [])
-    out += [f"**Verdict: {overall_verdict(verdicts)}.** Regenerate: `python -m reports.findings` "
+    out += [f"**Verdict: {overall_verdict(verdicts, preconditions)}.** Regenerate: `python -m reports.findings` "
             f"(sweep `{finding.sweep}`: `python -m sweeps.run {finding.sweep}`).", ""]
     return "\n".join(out)
 

@@ -30,3 +30,13 @@ def test_one_failed_comparison_decides_and_a_missing_row_says_not_run():
     assert overall_verdict(["reproduces", "inconclusive"]) == "inconclusive"
     assert overall_verdict(["reproduces", "does not", "inconclusive"]) == "does not reproduce"
     assert overall_verdict(["reproduces", "not run"]) == "not run"
+
+
+def test_a_null_claim_without_a_state_effect_is_vacuous_not_reproduced():
+    pre = Comparison("r=8", "Placebo (shuffled states)", "precondition")
+    assert judge(pre, Interval(2.0, 0.5, 3.5)) == "reproduces"
+    assert judge(pre, Interval(0.1, -0.3, 0.4)) == "inconclusive"
+    assert overall_verdict(["reproduces"], ["reproduces"]) == "reproduces"
+    assert overall_verdict(["reproduces"], ["inconclusive"]) == "vacuous (no state effect shown)"
+    assert overall_verdict(["does not"], ["inconclusive"]) == "does not reproduce"
+    assert overall_verdict(["reproduces"], ["not run"]) == "not run"
