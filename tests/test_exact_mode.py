@@ -81,6 +81,24 @@ def test_exact_verify_equals_steps_bit_for_bit(static, dtype):
     assert torch.equal(sv, ss) and torch.equal(cv, cs)
 
 
+@pytest.mark.parametrize("static", [True, False], ids=["static_cache", "growing_cache"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_exact_verify_ignores_the_cache_capacity(static, dtype):
+    """The AR and the speculative engine size their caches differently (and budgets change them): exact
+    attention reads keys 0..pos in a fixed block order, so the capacity never changes a bit (the
+    per-row SDPA over the whole static buffer it replaced did, in fp32 on CPU already)."""
+    model = make_target(dtype)
+    g = torch.Generator().manual_seed(1)
+    prompt, block = torch.randint(0, VOCAB, (1, 150), generator=g), torch.randint(0, VOCAB, (1, 8), generator=g)
+    logits = []
+    for capacity in (160, 175, 250):
+        c = model.new_cache(1, capacity, 8)
+        model.prefill(prompt, c)
+        c.static = static
+        logits.append(model.verify(block, c).logits[0])
+    assert all(torch.equal(logits[0], x) for x in logits[1:])
+
+
 def test_exact_mode_is_only_for_verify(exact_bf16):
     """Prefill and the teacher-forced forward keep the fast path; the flag is read per pass."""
     ids = torch.randint(0, VOCAB, (1, 9))

@@ -33,23 +33,26 @@ linear = _small_m_linear()
 # reduces or picks a kernel by shape goes through a path whose per-row result does not depend on
 # the row count: the linears through `ready_kernels.small_m_gemm.exact_linear` (one Triton
 # configuration per weight on CUDA, row-by-row F.linear on CPU), every norm through
-# `ready_kernels.row_norm` (one program per row / a tree sum), attention one query row at a time
-# (`row_attention`: the same SDPA call the AR step makes, split over the context only), the causal
-# conv as a fixed sum over its taps, and the GDN recurrence one token at a time (the fused kernel on
-# CUDA, a tree-sum recurrence on CPU). Elementwise ops round the same in any shape, except that on
+# `ready_kernels.row_norm` (one program per row / a tree sum), attention through
+# `ready_kernels.exact_attention` (one program per query row, keys walked from 0 in fixed blocks: a
+# row's bits depend on its query and its keys 0..pos only, not on the static buffer's capacity, which
+# differs between the AR and the speculative engine, nor on the row count), the causal conv as a
+# fixed sum over its taps, and the GDN recurrence one token at a time (the fused kernel on CUDA, a
+# tree-sum recurrence on CPU). Elementwise ops round the same in any shape, except that on
 # CPU ATen's scalar tail loop can round transcendental functions differently from its vectorised
 # body: `_elementwise` pads them so every element takes the vectorised body.
 
 
 def _load_exact_ops():
-    """(exact_linear, row_norm, tree_sum) from ready_kernels, loaded once at import (traced code must
-    not import); None when the kernel modules are missing (exact mode then says how to fix it)."""
+    """(exact_linear, row_norm, tree_sum, exact_attention) from ready_kernels, loaded once at import
+    (traced code must not import); None when the kernel modules are missing (exact mode then says how
+    to fix it)."""
     from ready.fastops import load_kernel
 
-    gemm, norm = load_kernel("small_m_gemm"), load_kernel("row_norm")
-    if gemm is None or norm is None:
+    gemm, norm, attn = load_kernel("small_m_gemm"), load_kernel("row_norm"), load_kernel("exact_attention")
+    if gemm is None or norm is None or attn is None:
         return None
-    return gemm.exact_linear, norm.row_norm, norm.tree_sum
+    return gemm.exact_linear, norm.row_norm, norm.tree_sum, attn.exact_attention
 
 
 _EXACT_OPS = _load_exact_ops()
@@ -57,7 +60,8 @@ _EXACT_OPS = _load_exact_ops()
 
 def _exact_ops():
     if _EXACT_OPS is None:
-        raise RuntimeError("the target's exact mode needs ready_kernels.small_m_gemm and ready_kernels.row_norm; "
+        raise RuntimeError("the target's exact mode needs ready_kernels.small_m_gemm, ready_kernels.row_norm and "
+                           "ready_kernels.exact_attention; "
                            "reinstall the project (pip install -e .)")
     return _EXACT_OPS
 
@@ -90,25 +94,11 @@ def _elementwise(fn, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
     return fn(F.pad(flat, (0, (-n) % _LANES)))[:n].view(x.shape)
 
 
-@torch.library.custom_op("ready_target::row_attention", mutates_args=())
-def row_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                  trim: bool) -> torch.Tensor:
-    """Attention one query row at a time (exact mode): row i of q [B, H, T, hd] is the very SDPA call
-    the AR step makes for that token, q [B, H, 1, hd] against the keys it sees, with its mask row.
-    `trim` (a growing cache): row i attends over the first L - (T-1-i) keys (the AR step's slice);
-    otherwise (a static cache) over all L keys, masked. An opaque op, so torch.compile keeps it."""
-    T, L = q.shape[2], keys.shape[2]
-    outs = []
-    for i in range(T):
-        n = L - (T - 1 - i) if trim else L
-        outs.append(F.scaled_dot_product_attention(q[:, :, i:i + 1].contiguous(), keys[:, :, :n], values[:, :, :n],
-                                                   attn_mask=mask[i:i + 1, :n].contiguous(), enable_gqa=True))
-    return torch.cat(outs, dim=2)
-
-
-@row_attention.register_fake
-def _(q, keys, values, mask, trim):
-    return q.new_empty(*q.shape[:3], values.shape[-1])
+def exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+    """Exact mode's attention: row t of q [B, H, T, hd] attends over keys 0..n_keys[t]-1 of the cache
+    buffers [B, H_kv, L, hd], in fixed key blocks from 0 (`torch.ops.ready_kernels.exact_attention`: an
+    opaque op, so torch.compile keeps it; Triton on CUDA, its row-invariant torch reference elsewhere)."""
+    return _exact_ops()[3](q, keys, values, n_keys)
 
 
 def fuse_state_dict_names(module: nn.Module, fused: str, parts: list[tuple[str, int]]) -> None:
@@ -255,10 +245,10 @@ class Attention(nn.Module):
                 cache.value[:, :, start : start + T] = v
                 keys, values = cache.key[:, :, : start + T], cache.value[:, :, : start + T]
             # query at absolute position p sees keys 0..p
-            mask = torch.arange(keys.shape[2], device=x.device)[None, :] <= pos[:, None]
-            if exact:  # one query row at a time: the AR step's own call for each token
-                out = row_attention(q, keys, values, mask, not cache.static)
+            if exact:  # fixed key-block order over keys 0..p: the same bits whatever the buffer or T
+                out = exact_attention(q, cache.key, cache.value, pos + 1)
             else:
+                mask = torch.arange(keys.shape[2], device=x.device)[None, :] <= pos[:, None]
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         out = out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
         return lin(out, self.o_proj.weight, exact)
