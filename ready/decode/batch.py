@@ -1,0 +1,405 @@
+"""Batched greedy decoding: B sequences at once, autoregressive or speculative, with ragged acceptance.
+
+`BatchEngine(target, drafter, batch_size=B).generate(prompts, max_new_tokens)` decodes any number of
+prompts through B slots (continuous batching: a slot whose sequence ended takes the next prompt).
+Every round runs one target forward over all B slots:
+
+1. drafting (speculative): the DSpark / ReaDy drafter proposes K tokens for every slot in one
+   batched draft step (`BatchDraft`: each row's context length, rotary positions, context mask
+   and reader slot are its own); another drafter (n-gram) is asked row by row;
+2. one ragged verify of the [B, K+1] block (`ready.target.ragged`): row b sits at its own
+   committed length, attention reads a shared padded KV buffer through a per-row mask;
+3. each row is settled exactly as the single-sequence engine settles it (`settle_round`: its own
+   token budget, horizon, accepted EOS), so its tokens, accepted lengths, horizons and committed
+   counts equal a batch-1 generation's;
+4. one commit with a per-row count (the GDN commit kernel takes one), and per-row lengths advance
+   by what each row committed. A slot with nothing to decode (its sequence ended, no prompt left)
+   is still computed (fixed shapes) but commits nothing to its length and appends nothing.
+
+A row never verifies fewer than K drafts (the block is one tensor); drafts past a row's budget are
+verified but ignored by `settle_round`, exactly as if the block had been shortened (greedy
+argmaxes are causal: position j's argmax does not depend on later positions). The cache keeps
+K+1 spare positions per row for them.
+
+Timing: one clock for the whole call (a device synchronisation at both ends on CUDA). Every span is
+charged to the rows it served: a prefill to its row, a round in equal shares to the rows still
+decoding in it. So each generation's `wall_s` is its share of the clock, the shares add up to the
+call's wall time, and a benchmark's TPS (sum of new tokens / sum of wall times, `ready.metrics`)
+is the throughput at concurrency B: total committed tokens / wall time. `prefill_s` is the row's
+own prefill.
+
+Greedy only (no sampling, no state placebo donors, no exact mode): those stay with `Engine`.
+On CUDA (default there) the verify of each block length and the batched draft step are replayed
+from CUDA graphs captured per batch size; on CPU everything runs eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ready.decode.engine import (
+    AcceptFn, Generation, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, settle_round,
+    target_device,
+)
+from ready.decode.errors import DecodeError
+from ready.decode.protocol import DraftStep, Drafter
+from ready.target.ragged import RaggedCache, RaggedGraphedVerify, new_ragged_cache, prefill_row, ragged_commit
+
+
+@dataclass
+class BatchResult:
+    """The outcome of one `BatchEngine.generate` call."""
+
+    generations: list[Generation]  # one per prompt, in the prompts' order
+    batch_size: int  # B, the concurrency
+    wall_s: float  # first prefill .. last token of the whole call
+    rounds: int  # batched target forwards (verify passes) after the prefills
+    slot_rounds: list[int] = field(default_factory=list)  # rounds in which each slot was decoding
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(g.tokens) for g in self.generations)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Throughput at concurrency B: every committed token / the call's wall time."""
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _greedy_count(drafted: list[int], argmax: list[int]) -> int:
+    a = 0
+    while a < len(drafted) and drafted[a] == argmax[a]:
+        a += 1
+    return a
+
+
+def is_block_drafter(drafter: Any) -> bool:
+    """A DSpark / ReaDy drafter (batched draft step); anything else is asked row by row."""
+    try:
+        from ready.drafter.model import DSparkDrafter
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(drafter, DSparkDrafter)
+
+
+class BatchDraft:
+    """The DSpark / ReaDy draft step for B ragged rows over static buffers.
+
+    Per row b with n[b] context tokens (committed tokens but the last; = the cache row's length):
+    the drafter's context keys/values live in per-layer buffers [B, H_kv, cap, hd]; a row's prompt
+    rows are projected when it is admitted (`admit`), and every step re-projects its last K+1 rows
+    (no row gains more per round), as the single-sequence static draft step does. The block sits at
+    positions n[b] .. n[b]+K-1, attends to context rows < n[b] (the last `context_window` of them
+    when set) through a per-row mask, and the reader reads row b of the target cache. The same
+    drafter weights and pieces as `DSparkDrafter.draft`; one CUDA graph per engine (batch size)."""
+
+    def __init__(self, drafter: Any, cache: RaggedCache, features: torch.Tensor, cuda_graphs: bool) -> None:
+        from ready.reader import StateSource
+
+        self.d = drafter
+        self.cache, self.features = cache, features
+        B, cap = cache.batch_size, features.shape[1]
+        self.B, self.cap, self.K = B, cap, drafter.block_size
+        dev, dt = features.device, drafter.fc.weight.dtype
+        attn = drafter.layers[0].self_attn
+        self.hkv, self.hd = attn.num_kv_heads, attn.head_dim
+        with torch.inference_mode(False):  # plain tensors: written in place in and out of inference mode
+            shape = (B, self.hkv, cap, self.hd)
+            self.k = [torch.zeros(shape, device=dev, dtype=dt) for _ in drafter.layers]
+            self.v = [torch.zeros(shape, device=dev, dtype=dt) for _ in drafter.layers]
+            self.tok = torch.zeros(B, dtype=torch.long, device=dev)
+            self.rows_b = torch.arange(B, device=dev)
+            self.ar_r = torch.arange(self.K + 1, device=dev)
+            self.ar_k = torch.arange(self.K, device=dev)
+            self.ar_cap = torch.arange(cap, device=dev)
+            self.ones = torch.ones(B, self.K, dtype=torch.bool, device=dev)
+        self.src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
+        self.graphs = cuda_graphs and dev.type == "cuda"
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.out: Optional[torch.Tensor] = None
+        self.failed = False
+
+    @torch.no_grad()
+    def admit(self, b: int, n: int) -> None:
+        """Project the context rows 0..n-1 of row b (its prompt's features)."""
+        if n <= 0:
+            return
+        d = self.d
+        ctx = d._context(self.features[b:b + 1, :n])
+        cos, sin = d._rope(torch.arange(n, device=ctx.device)[None])
+        for i, layer in enumerate(d.layers):
+            k, v = layer.self_attn.kv(ctx, cos, sin)
+            self.k[i][b:b + 1, :, :n] = k
+            self.v[i][b:b + 1, :, :n] = v
+
+    def _body(self) -> torch.Tensor:
+        d, B, K = self.d, self.B, self.K
+        n = self.cache.lengths_t
+        rows = (n - (K + 1)).clamp(min=0)[:, None] + self.ar_r  # [B, K+1]; rows >= n are masked below
+        rows = rows.clamp(max=self.cap - 1)
+        ctx = d._context(self.features[self.rows_b[:, None], rows])
+        cos, sin = d._rope(rows)
+        idx = rows[:, None, :, None].expand(B, self.hkv, K + 1, self.hd)
+        for i, layer in enumerate(d.layers):
+            k, v = layer.self_attn.kv(ctx, cos, sin)
+            self.k[i].scatter_(2, idx, k)
+            self.v[i].scatter_(2, idx, v)
+        sees = self.ar_cap[None, :] < n[:, None]
+        if d.context_window:  # the last W context positions, as forward_train masks them
+            sees = sees & (self.ar_cap[None, :] >= (n - d.context_window)[:, None])
+        mask = torch.cat([sees, self.ones], dim=-1)[:, None, None, :].expand(B, 1, K, self.cap + K)
+        read = None
+        if self.src is not None:
+            src = self.src
+            read = lambda reader, h: reader(h, src)  # noqa: E731
+        cos, sin = d._rope(n[:, None] + self.ar_k)
+        h = d._backbone(d._block_input(self.tok), cos, sin, list(zip(self.k, self.v)), mask, read)
+        return d._finish(d._logits(h), self.tok, h, None, None)[0]
+
+    def _capture(self, warmup: int = 2) -> None:
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):  # writes the same context rows the replay will
+                    self._body()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.out = self._body()
+            self.graph = graph
+        except Exception as e:  # pragma: no cover - depends on the device; stays correct eagerly
+            self.graph, self.failed = None, True
+            warnings.warn(f"batched draft: CUDA-graph capture failed ({type(e).__name__}: {e}); drafting eagerly",
+                          RuntimeWarning, stacklevel=3)
+
+    @torch.no_grad()
+    def __call__(self, tok: torch.Tensor) -> torch.Tensor:
+        """Drafts [B, K] after the anchors `tok` [B] (each row's last committed token)."""
+        self.tok.copy_(tok)
+        if self.graphs and self.graph is None and not self.failed:
+            self._capture()
+        if self.graph is None:
+            return self._body()
+        self.graph.replay()
+        return self.out.clone()
+
+
+class BatchEngine:
+    """Greedy decoding of many prompts through `batch_size` slots (module docstring)."""
+
+    def __init__(self, target: Any, drafter: Optional[Drafter] = None, *, batch_size: int,
+                 eos_token_id: Optional[int] = None, cuda_graphs: Optional[bool] = None,
+                 accept_fn: Optional[AcceptFn] = None) -> None:
+        """`accept_fn` (benchmarks only): replaces greedy matching per row with (drafts [n], argmax
+        [n+1]) -> A, as in `Engine`; the output is then not lossless."""
+        if int(batch_size) < 1:
+            raise DecodeError(f"batch_size={batch_size}; expected an integer >= 1")
+        if drafter is not None:
+            check_drafter(target, drafter)
+        if bool(getattr(target, "exact", False)):
+            raise DecodeError("batched decoding runs the target's fast path; the target is in exact mode "
+                              "(eval.exact): decode at concurrency 1 or turn exact mode off")
+        self.target, self.drafter = target, drafter
+        self.batch_size = int(batch_size)
+        self.k = drafter.block_size if drafter is not None else 0
+        self.capture = list(getattr(drafter, "capture_layers", []) or []) if drafter is not None else []
+        self.eos = target.config.eos_token_id if eos_token_id is None else eos_token_id
+        self.device = target_device(target)
+        self.accept_fn = accept_fn
+        self.graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        self.block_drafter = drafter is not None and is_block_drafter(drafter)
+        self.cache: Optional[RaggedCache] = None
+        self.features: Optional[torch.Tensor] = None
+        self.draft: Optional[BatchDraft] = None
+        self.verifiers: dict[int, RaggedGraphedVerify] = {}
+
+    # --- buffers ---------------------------------------------------------------------------------
+    def reserve(self, max_len: int) -> None:
+        """Size the cache and buffers for sequences of up to `max_len` tokens (prompt + new)."""
+        self._prepare(max_len)
+
+    def _prepare(self, max_len: int) -> None:
+        need = min(max_len + self.k + 1, int(self.target.config.max_position_embeddings))
+        if self.cache is not None and self.cache.max_len >= need:
+            self.cache.reset()
+            return
+        self.cache = new_ragged_cache(self.target, self.batch_size, need, max_verify=self.k + 1)
+        self.features, self.draft = None, None
+        self.verifiers = {}
+        if self.capture:
+            cfg = self.target.config
+            self.features = torch.zeros(self.batch_size, need, len(self.capture), cfg.hidden_size,
+                                        dtype=self.target.dtype, device=self.device)
+        if self.block_drafter:
+            self.draft = BatchDraft(self.drafter, self.cache, self.features, self.graphs)
+
+    def _verify(self, block: torch.Tensor) -> Any:
+        t = block.shape[1]
+        v = self.verifiers.get(t)
+        if v is None:
+            v = self.verifiers[t] = RaggedGraphedVerify(self.target, self.cache, t, self.capture) if self.graphs \
+                else None
+        if v is None:
+            from ready.target.ragged import ragged_verify
+
+            return ragged_verify(self.target, block, self.cache, self.capture)
+        return v(block)
+
+    def _store_features(self, hidden: torch.Tensor) -> None:
+        """Verified tokens' features at each row's positions lengths..lengths+T-1 (before the commit);
+        those past what the row commits are rewritten next round."""
+        B, T = hidden.shape[:2]
+        pos = (self.cache.lengths_t[:, None] + torch.arange(T, device=self.device)).clamp(max=self.features.shape[1] - 1)
+        self.features[torch.arange(B, device=self.device)[:, None], pos] = hidden
+
+    # --- drafting ----------------------------------------------------------------------------------
+    def _propose(self, last: torch.Tensor, live: list[bool], seqs: list[list[int]]) -> torch.Tensor:
+        if self.draft is not None:
+            return self.draft(last)
+        k, vocab = self.k, self.target.config.vocab_size
+        out = torch.zeros(self.batch_size, k, dtype=torch.long, device=self.device)
+        for b in range(self.batch_size):  # any other drafter: one batch-1 step per decoding row
+            if not live[b]:
+                continue
+            t = len(seqs[b])
+            step = DraftStep(tokens=torch.tensor(seqs[b], dtype=torch.long, device=self.device)[None],
+                             features=self.features[b:b + 1, :t - 1] if self.capture else None,
+                             target=self.target, cache=self.cache.row_view(b))
+            out[b] = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)[0].to(self.device)
+        return out
+
+    # --- decoding ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int] | torch.Tensor],
+                 max_new_tokens: int | Sequence[int]) -> BatchResult:
+        """Decode every prompt (greedy; speculatively with a drafter) through the engine's slots; the
+        budget is one number or one per prompt. Generations come back in the prompts' order."""
+        ids = [as_prompt(p) for p in prompts]
+        if not ids:
+            raise DecodeError("no prompts to decode; expected at least one")
+        budgets = [int(max_new_tokens)] * len(ids) if isinstance(max_new_tokens, int) else [int(m) for m in max_new_tokens]
+        if len(budgets) != len(ids):
+            raise DecodeError(f"{len(budgets)} token budgets for {len(ids)} prompts; expected one number or one per prompt")
+        for p, m in zip(ids, budgets):
+            check_prompt(self.target, p, m)
+        self._prepare(max(p.numel() + m for p, m in zip(ids, budgets)))
+        B, K, dev = self.batch_size, self.k, self.device
+        gens: list[Optional[Generation]] = [None] * len(ids)
+        slot: list[Optional[int]] = [None] * B  # prompt index decoding in each slot
+        seqs: list[list[int]] = [[] for _ in range(B)]  # committed tokens (prompt + new) per slot
+        last_host = [0] * B
+        slot_rounds = [0] * B
+        queue = list(range(len(ids)))
+        last = torch.zeros(B, dtype=torch.long, device=dev)
+
+        _sync(dev)
+        t0 = mark = time.perf_counter()
+
+        def admit(b: int) -> None:
+            """Prefill queued prompts into slot b until one still has tokens to decode (or none is left)."""
+            nonlocal mark
+            while queue:
+                i = queue.pop(0)
+                p = ids[i].to(dev)
+                if self.drafter is not None and not self.block_drafter:
+                    self.drafter.begin(p[None])
+                out = prefill_row(self.target, self.cache, b, p, self.capture)
+                first = int(out.logits[0, -1].argmax(-1))
+                if self.capture:
+                    self.features[b, :p.numel()] = out.hidden[0]
+                    if self.draft is not None:
+                        self.draft.admit(b, p.numel())
+                _sync(dev)
+                now = time.perf_counter()
+                g = Generation(prompt_len=p.numel(), tokens=[first], block_size=K, prefill_s=now - mark,
+                               wall_s=now - mark)
+                mark = now
+                gens[i] = g
+                if first == self.eos:
+                    g.stop = "eos"
+                    continue
+                if budgets[i] <= 1:
+                    continue
+                slot[b], seqs[b], last_host[b] = i, ids[i].tolist() + [first], first
+                last[b] = first
+                return
+            slot[b] = None
+
+        for b in range(B):
+            admit(b)
+        rounds = 0
+        while any(s is not None for s in slot):
+            live = [s is not None for s in slot]
+            if K:
+                drafts = self._propose(last, live, seqs)
+                block = torch.cat([last[:, None], drafts], dim=1)
+            else:
+                block = last[:, None]
+            out = self._verify(block)
+            # one device->host copy per round: every row's drafts and argmaxes
+            host = torch.cat([block[:, 1:], out.logits.argmax(-1)], dim=1).cpu().tolist()
+            commit, advance = [1] * B, [0] * B
+            ended = []
+            for b in range(B):
+                i = slot[b]
+                if i is None:
+                    continue
+                g = gens[i]
+                remaining = budgets[i] - len(g.tokens)
+                n = min(K, remaining)
+                drafted, argmax = host[b][:n], host[b][K:K + n + 1]
+                if self.accept_fn is None:
+                    raw = _greedy_count(drafted, argmax)
+                else:
+                    raw = min(int(self.accept_fn(torch.tensor(drafted), torch.tensor(argmax))), n)
+                res = settle_round(drafted, argmax, raw, remaining, self.eos)
+                commit[b] = advance[b] = res.commit
+                g.tokens.extend(res.tokens)
+                g.accepted.append(res.accepted)
+                g.horizons.append(res.horizon)
+                g.committed.append(len(res.tokens))
+                seqs[b].extend(res.tokens)
+                last_host[b] = res.tokens[-1]
+                slot_rounds[b] += 1
+                if res.eos:
+                    g.stop = "eos"
+                if res.eos or len(g.tokens) >= budgets[i]:
+                    ended.append(b)
+            if self.capture:
+                self._store_features(out.hidden)
+            upd = torch.tensor([commit, advance, last_host], dtype=torch.long).to(dev)
+            ragged_commit(self.cache, upd[0], upd[1])
+            last.copy_(upd[2])
+            rounds += 1
+            now = time.perf_counter()
+            share = (now - mark) / sum(live)
+            mark = now
+            for b in range(B):
+                if live[b]:
+                    gens[slot[b]].wall_s += share
+            for b in ended:
+                admit(b)
+        _sync(dev)
+        end = time.perf_counter()
+        done = [g for g in gens if g is not None]
+        if done and end > mark:  # the final synchronisation, charged to every generation alike
+            for g in done:
+                g.wall_s += (end - mark) / len(done)
+        return BatchResult(generations=done, batch_size=B, wall_s=end - t0, rounds=rounds, slot_rounds=slot_rounds)
+
+
+def generate_batch(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int | Sequence[int],
+                   drafter: Optional[Drafter] = None, batch_size: Optional[int] = None,
+                   eos_token_id: Optional[int] = None) -> list[Generation]:
+    """One-off batched greedy generation (AR without a drafter): `batch_size` slots (default: one per prompt)."""
+    engine = BatchEngine(target, drafter, batch_size=batch_size or len(prompts), eos_token_id=eos_token_id)
+    return engine.generate(prompts, max_new_tokens).generations
+
+
+__all__ = ["BatchDraft", "BatchEngine", "BatchResult", "generate_batch", "is_block_drafter"]

@@ -1,0 +1,243 @@
+"""Ragged batches over the hybrid target: B sequences in one static cache, each at its own length.
+
+The single-sequence passes (`HybridLM.prefill/verify/commit`) keep one committed length for the
+whole cache (`cache.length`). Batched speculative decoding needs one per row: each row accepts its
+own number of drafts per round. `RaggedCache` is a `HybridCache` with a per-row length tensor, and
+this module's passes read it:
+
+- `prefill_row(model, cache, b, ids)`: the prompt of row b through the ordinary batch-1 prefill on
+  a view of that row (`row_view`): the very computation of the single-sequence engine;
+- `ragged_verify(model, ids, cache)`: one forward of a [B, T] block, row b at positions
+  lengths[b] .. lengths[b] + T - 1. GDN layers are per row already (states after every token go
+  to `pending_*`); attention writes each row's keys/values at its own positions in the shared
+  padded KV buffer and attends over the whole buffer with a per-row mask (key j is seen by a query
+  at position p iff j <= p), so whatever a longer row or an earlier occupant left beyond a row's
+  length is never read;
+- `ragged_commit(model, cache, n, advance)`: row b keeps its first n[b] verified tokens (the GDN
+  commit kernel takes a per-row count) and its length moves by advance[b] (0 for a finished row,
+  whose state may then change but whose output no longer does).
+
+Everything takes device tensors and never reads a length on the host, so `RaggedGraphedVerify`
+captures the verify of a [B, T] block once and replays it (CUDA). The attention here is the
+target's (same weights and ops, `ready.target.layers`) with per-row positions; it runs the fast
+path only (no exact mode).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ready.target.cache import HybridCache
+from ready.target.config import TargetError
+from ready.target.layers import lin, rotary, apply_rotary
+import ready.target.layers as _layers
+
+
+@dataclass
+class RaggedCache(HybridCache):
+    """A `HybridCache` whose rows have their own committed lengths.
+
+    `lengths_t` [B] int64 on the device (what the passes read); `length`, `length_t` and `pending`
+    of the base class are unused by the ragged passes. Allocate with `new_ragged_cache`."""
+
+    lengths_t: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.static = True  # attention always reads the whole buffer (per-row masks)
+        if self.lengths_t is None:
+            self.lengths_t = torch.zeros(self.batch_size, dtype=torch.long, device=self.ssm.device)
+
+    def reset(self) -> None:
+        super().reset()
+        self.lengths_t.zero_()
+
+    def row_view(self, b: int) -> HybridCache:
+        """Row b as a batch-1 `HybridCache` of views (writes go to this cache), not static, empty:
+        what the single-sequence prefill runs on. Its length starts at 0."""
+        s = slice(b, b + 1)
+        return HybridCache(ssm=self.ssm[:, s], conv=self.conv[:, s], key=self.key[:, s], value=self.value[:, s],
+                           pending_ssm=self.pending_ssm[:, s], pending_conv=self.pending_conv[:, s],
+                           length_t=torch.zeros((), dtype=torch.long, device=self.ssm.device))
+
+
+def new_ragged_cache(model: Any, batch_size: int, max_len: int, max_verify: int = 16) -> RaggedCache:
+    """A `RaggedCache` for `model` with B rows of up to `max_len` positions each."""
+    if max_len > model.config.max_position_embeddings:
+        raise TargetError(f"max_len {max_len} exceeds the target's context of "
+                          f"{model.config.max_position_embeddings} tokens")
+    if batch_size < 1:
+        raise TargetError(f"batch_size {batch_size}; expected an integer >= 1")
+    return RaggedCache.allocate(model.config, batch_size, max_len, max_verify, model.device, model.dtype)
+
+
+@torch.no_grad()
+def prefill_row(model: Any, cache: RaggedCache, b: int, ids: torch.Tensor,
+                capture_layers: Sequence[int] = ()) -> Any:
+    """Forget row b and run a prompt `ids` [P] (or [1, P]) through it: the batch-1 prefill on the row's
+    view, so the row's states, KV and outputs are those of the single-sequence engine."""
+    ids = ids.reshape(1, -1)
+    view = cache.row_view(b)
+    view.reset()  # zero the row's GDN state and conv window (prefill starts from them)
+    out = model.prefill(ids, view, capture_layers)
+    cache.lengths_t[b] = ids.shape[1]
+    return out
+
+
+def _ragged_attention(attn: Any, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      pos: torch.Tensor) -> torch.Tensor:
+    """The target's gated attention (`layers.Attention.forward`, fast path) with per-row positions
+    pos [B, T] over the shared buffers key/value [B, H_kv, L, hd]."""
+    B, T, _ = x.shape
+    L = key.shape[2]
+    qg, k, v = lin(x, attn.qkv_proj.weight).split(attn.split, dim=-1)
+    q, gate = qg.reshape(B, T, attn.n_heads, 2 * attn.hd).chunk(2, dim=-1)
+    gate = gate.reshape(B, T, -1)
+    q = attn.q_norm(q).transpose(1, 2)
+    k = attn.k_norm(k.reshape(B, T, attn.n_kv, attn.hd)).transpose(1, 2)
+    v = v.reshape(B, T, attn.n_kv, attn.hd).transpose(1, 2)
+    cos, sin = rotary(pos.reshape(-1), attn.rot_dim, attn.cfg.rope_theta, q.dtype)
+    cos, sin = cos.view(B, 1, T, -1), sin.view(B, 1, T, -1)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    # positions past the buffer (a finished row's junk block near the end) land on the last slot,
+    # which lies beyond every live row's committed length
+    idx = pos.clamp(max=L - 1)[:, None, :, None].expand(B, attn.n_kv, T, attn.hd)
+    key.scatter_(2, idx, k)
+    value.scatter_(2, idx, v)
+    mask = torch.arange(L, device=x.device)[None, None, :] <= pos[:, :, None]  # [B, T, L]
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask[:, None], enable_gqa=True)
+    out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate)
+    return lin(out, attn.o_proj.weight)
+
+
+def _ragged_layer(layer: Any, x: torch.Tensor, slot: Any, kv: Optional[tuple], pos: torch.Tensor) -> torch.Tensor:
+    """One pre-norm block of a ragged verify (`layers.decoder_layer_forward`, mode verify, fast path)."""
+    h = layer.input_layernorm(x)
+    if kv is None:
+        h, _ = layer.linear_attn(h, "verify", slot, None, False)
+    else:
+        h = _ragged_attention(layer.self_attn, h, kv[0], kv[1], pos)
+    x = x + h
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+_COMPILED: Any = None
+
+
+def _compiled_layer() -> Any:
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(_ragged_layer, dynamic=False)
+    return _COMPILED
+
+
+def _run_ragged(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layers: Sequence[int] = (),
+                compiled: bool = False) -> Any:
+    from ready.target.model import TargetOutput
+
+    B, T = ids.shape
+    if B != cache.batch_size:
+        raise TargetError(f"ragged verify of {B} rows on a cache of {cache.batch_size}; expected one row per cache row")
+    if T > cache.max_verify:
+        raise TargetError(f"verify block of {T} tokens exceeds the cache's max_verify={cache.max_verify}")
+    capture = model._check_capture(capture_layers)
+    pos = cache.lengths_t[:, None] + torch.arange(T, device=ids.device)
+    fn = _compiled_layer() if compiled else _ragged_layer
+    x = model.model.embed_tokens(ids)
+    hidden = {}
+    for lid, layer in enumerate(model.model.layers):
+        gi = model._gdn_index.get(lid, -1)
+        if gi >= 0:
+            x = fn(layer, x, cache.gdn_slots[gi], None, pos)
+        else:
+            ai = model._attn_index[lid]
+            x = fn(layer, x, None, (cache.key[ai], cache.value[ai]), pos)
+        if lid in capture:
+            hidden[lid] = x
+    h = model.model.norm(x)
+    logits = lin(h, model.lm_head.weight) if model.lm_head.bias is None else model.lm_head(h)
+    hid = torch.stack([hidden[i] for i in capture], dim=2) if capture else None
+    return TargetOutput(logits=logits, hidden=hid)
+
+
+@torch.no_grad()
+def ragged_verify(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layers: Sequence[int] = ()) -> Any:
+    """Score a [B, T] block, row b after its lengths[b] committed tokens; states after every token go
+    to `cache.pending_*` (nothing committed). Returns logits [B, T, V] and the captured hidden
+    outputs [B, T, C, D]."""
+    return _run_ragged(model, ids, cache, capture_layers)
+
+
+@torch.no_grad()
+def ragged_commit(cache: RaggedCache, n: torch.Tensor, advance: Optional[torch.Tensor] = None) -> None:
+    """Row b keeps the state after its n[b]-th verified token (1..T; LongTensor [B] on the device) and
+    its length moves by advance[b] (default n). KV past a row's length needs no truncation: the
+    attention mask never reads beyond it."""
+    kernel = _layers.GDN_COMMIT_KERNEL
+    if kernel is not None:
+        kernel(cache.ssm, cache.pending_ssm, n, cache.conv, cache.pending_conv)
+    else:
+        rows = torch.arange(cache.batch_size, device=cache.ssm.device)
+        cache.ssm.copy_(cache.pending_ssm[:, rows, n - 1])
+        cache.conv.copy_(cache.pending_conv[:, rows, n - 1])
+    cache.lengths_t += n if advance is None else advance
+
+
+class RaggedGraphedVerify:
+    """`ragged_verify` of [B, T] blocks on one cache, replayed from a CUDA graph (eager off CUDA).
+
+    Positions come from `cache.lengths_t` on the device, so one capture serves every round. On CUDA
+    the layers run compiled (torch.compile) inside the graph when the target's `graphs_compile()`
+    says so; a failed capture warns once and stays eager."""
+
+    def __init__(self, model: Any, cache: RaggedCache, tokens: int, capture_layers: Sequence[int] = (),
+                 warmup: int = 2) -> None:
+        self.model, self.cache, self.tokens = model, cache, tokens
+        self.capture_layers = list(capture_layers)
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.out: Any = None
+        with torch.inference_mode(False):
+            self.ids = torch.zeros(cache.batch_size, tokens, dtype=torch.long, device=model.device)
+        if model.device.type != "cuda":
+            return
+        compiled = model.graphs_compile() and os.environ.get("READY_COMPILE", "1") != "0"
+        if compiled:
+            import torch._dynamo
+
+            dcfg = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dcfg, name):
+                    setattr(dcfg, name, max(getattr(dcfg, name), 64))
+        saved = cache.lengths_t.clone()  # warm-ups and the capture write pending states and junk KV only
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.no_grad():
+                for _ in range(warmup):
+                    _run_ragged(model, self.ids, cache, self.capture_layers, compiled=compiled)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.no_grad():
+                self.out = _run_ragged(model, self.ids, cache, self.capture_layers, compiled=compiled)
+            self.graph = graph
+        except Exception as e:  # pragma: no cover - depends on the device; stays correct eagerly
+            self.graph = None
+            warnings.warn(f"ragged verify: CUDA-graph capture of a [{cache.batch_size}, {tokens}] block failed "
+                          f"({type(e).__name__}: {e}); verifying eagerly", RuntimeWarning, stacklevel=2)
+        cache.lengths_t.copy_(saved)
+
+    def __call__(self, block: torch.Tensor) -> Any:
+        if tuple(block.shape) != tuple(self.ids.shape):
+            raise ValueError(f"graphed ragged verify takes blocks of shape {tuple(self.ids.shape)}; "
+                             f"got {tuple(block.shape)}")
+        if self.graph is None:
+            return ragged_verify(self.model, block, self.cache, self.capture_layers)
+        self.ids.copy_(block)
+        self.graph.replay()
+        return self.out

@@ -1,0 +1,175 @@
+"""Batched decoding (`ready.decode.batch`): B sequences per target forward, each row at its own length,
+with its own acceptance, budget and EOS, gives every row exactly its batch-1 generation (tokens, and
+also accepted lengths, horizons and committed counts, which show the batched drafts are the batch-1
+drafts). Float32 on CPU; the CUDA tests replay the captured graphs."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from ready.config import DrafterConfig, ReaderConfig
+from ready.decode import DecodeError, Engine, NgramDrafter
+from ready.decode.batch import BatchEngine, generate_batch
+from ready.target import HybridConfig, HybridLM
+
+torch.set_num_threads(1)  # tiny models: one thread beats two on a shared machine
+drafter_mod = pytest.importorskip("ready.drafter")
+VOCAB = 128
+PROMPT_LENS = (1, 6, 15, 3, 30, 9)
+BUDGETS = (20, 7, 25, 1, 13, 18)  # rows finish at different rounds; one ends at the prefill
+
+
+@pytest.fixture(scope="module")
+def target() -> HybridLM:
+    torch.manual_seed(5)
+    cfg = HybridConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=256,
+    )
+    return HybridLM(cfg).eval()
+
+
+def make_drafter(target: HybridLM, kind: str, k: int = 3):
+    """None (AR), the n-gram drafter, or a small untrained DSpark drafter; ReaDy's reader gets a
+    non-zero output projection so its drafts really depend on the states it reads."""
+    if kind == "ar":
+        return None
+    if kind == "ngram":
+        return NgramDrafter(VOCAB, k)
+    torch.manual_seed(6)
+    d = drafter_mod.DSparkDrafter(DrafterConfig(block_size=k, num_layers=2, head_rank=8),
+                                  ReaderConfig(enabled=kind == "ready", rank=4, mlp_hidden=16), target).eval()
+    for r in d.readers.values():
+        torch.nn.init.normal_(r.fuse_out.weight, std=0.5)
+    return d
+
+
+def prompts(seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(n)] for n in PROMPT_LENS]
+
+
+def content_accept(drafted: torch.Tensor, argmax: torch.Tensor) -> int:
+    """A forced acceptance rule that depends only on the round's content: the batch-1 engine and the
+    batched one draw the same A wherever their drafts and argmaxes agree, and A varies over 0..n."""
+    return int((int(drafted.sum()) * 31 + int(argmax[0])) % (drafted.numel() + 1))
+
+
+def fields(g) -> tuple:
+    return g.prompt_len, g.tokens, g.accepted, g.horizons, g.committed, g.stop
+
+
+def check_equal(target, drafter, batch_size, ps, budgets, **kw) -> list:
+    want = [Engine(target, drafter, **kw).generate(p, m) for p, m in zip(ps, budgets)]
+    res = BatchEngine(target, drafter, batch_size=batch_size, **kw).generate(ps, list(budgets))
+    got = res.generations
+    assert len(got) == len(want)
+    for i, (w, g) in enumerate(zip(want, got)):
+        assert fields(g) == fields(w), f"prompt {i} (batch {batch_size})"
+    # every span of the clock is charged to the generations it served: TPS at concurrency B is
+    # total tokens / wall time, and each generation's share is positive
+    assert sum(g.wall_s for g in got) == pytest.approx(res.wall_s, rel=1e-6)
+    assert res.tokens_per_s == pytest.approx(sum(len(g.tokens) for g in got) / res.wall_s)
+    assert all(g.wall_s > 0 for g in got)
+    return want
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("kind", ["ar", "ngram", "dspark", "ready"])
+def test_batched_greedy_equals_batch_one(target, kind, batch_size):
+    """Six prompts of different lengths and budgets through 1 or 4 slots (slots are refilled as rows end)."""
+    drafter = make_drafter(target, kind)
+    want = check_equal(target, drafter, batch_size, prompts(), BUDGETS)
+    if kind == "ngram":  # prompt lookup does get drafts accepted here: ragged commits
+        assert any(a > 0 for g in want for a in g.accepted)
+
+
+@pytest.mark.parametrize("batch_size", [2, 4, 8])
+@pytest.mark.parametrize("kind", ["dspark", "ready"])
+def test_ragged_forced_acceptance_equals_batch_one(target, kind, batch_size):
+    """Every round accepts 0..K drafts per row (a content rule, the same in both engines), so rows grow
+    by different amounts each round: the batched drafter's per-row context, positions and reader slot,
+    and the per-row commit, must follow each row exactly (8 slots: more slots than prompts)."""
+    drafter = make_drafter(target, kind)
+    want = check_equal(target, drafter, batch_size, prompts(1), BUDGETS, accept_fn=content_accept)
+    accepted = {a for g in want for a in g.accepted}
+    assert accepted == {0, 1, 2, 3}
+
+
+def eos_inside_a_round(gens) -> tuple[int, int]:
+    """(prompt index, token) such that the token first appears in that prompt's output as the first
+    accepted draft of a round that committed 2+ tokens."""
+    for i, g in enumerate(gens):
+        pos = 1  # tokens[0] comes from the prefill
+        for c in g.committed:
+            if c >= 2 and g.tokens[pos] not in g.tokens[:pos]:
+                return i, g.tokens[pos]
+            pos += c
+    raise AssertionError("no round committed 2+ tokens")
+
+
+@pytest.mark.parametrize("kind", ["ar", "ngram", "dspark", "ready"])
+def test_eos_in_the_middle_of_a_block(target, kind):
+    """EOS = a token some row commits as the first accepted draft of a multi-token round (forced
+    acceptance): that row stops there, inside its block (horizon 1 < K), while
+    the others go on to their budgets or their own EOS, all as in batch 1. AR: EOS mid-sequence."""
+    drafter = make_drafter(target, kind)
+    ps = prompts(2)
+    kw = {"accept_fn": content_accept} if kind != "ar" else {}
+    free = [Engine(target, drafter, eos_token_id=-1, **kw).generate(p, 24) for p in ps]
+    if kind == "ar":
+        row, eos = 2, free[2].tokens[5]
+    else:
+        row, eos = eos_inside_a_round(free)
+    want = check_equal(target, drafter, 4, ps, [24] * len(ps), eos_token_id=eos, **kw)
+    assert want[row].stop == "eos" and want[row].tokens[-1] == eos and len(want[row].tokens) < 24
+    assert "budget" in [g.stop for g in want]
+    if kind != "ar":
+        assert want[row].horizons[-1] == 1 and want[row].accepted[-1] == 1
+
+
+def test_generate_batch_helper_and_a_batch_of_one(target):
+    ps = prompts(3)[:3]
+    assert [g.tokens for g in generate_batch(target, ps, 9)] == [Engine(target).generate(p, 9).tokens for p in ps]
+    one = BatchEngine(target, batch_size=1).generate(ps[:1], 9).generations[0]
+    assert fields(one) == fields(Engine(target).generate(ps[0], 9))
+
+
+def test_bad_input_is_one_clear_error(target):
+    with pytest.raises(DecodeError, match="batch_size"):
+        BatchEngine(target, batch_size=0)
+    engine = BatchEngine(target, batch_size=2)
+    with pytest.raises(DecodeError, match="one number or one per prompt"):
+        engine.generate([[1, 2], [3]], [4, 5, 6])
+    with pytest.raises(DecodeError, match="prompt is empty"):
+        engine.generate([[1, 2], []], 4)
+    exact = copy.deepcopy(target)
+    exact.exact = True
+    with pytest.raises(DecodeError, match="exact mode"):
+        BatchEngine(exact, batch_size=2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["ar", "dspark", "ready"])
+def test_batched_equals_batch_one_on_cuda(target, kind):
+    """On CUDA (fp32): captured ragged verify per block length and the captured batched draft step, at
+    batch sizes 1, 4 and 16 (more slots than prompts), give every row its batch-1 generation."""
+    tgt = copy.deepcopy(target).cuda()
+    drafter = make_drafter(tgt, kind)
+    if drafter is not None:
+        drafter = drafter.cuda()
+    ps = prompts(4)
+    kw = {"accept_fn": content_accept} if kind != "ar" else {}
+    want = [Engine(tgt, drafter, **kw).generate(p, m) for p, m in zip(ps, BUDGETS)]
+    for b in (1, 4, 16):
+        engine = BatchEngine(tgt, drafter, batch_size=b, **kw)
+        assert engine.graphs
+        got = engine.generate(ps, list(BUDGETS)).generations
+        assert [fields(g) for g in got] == [fields(w) for w in want], f"batch {b}"
+        again = engine.generate(ps[::-1], list(BUDGETS[::-1])).generations  # replayed graphs, reused cache
+        assert [fields(g) for g in again] == [fields(w) for w in want[::-1]], f"batch {b}, second call"
