@@ -1,7 +1,7 @@
 """`python -m reports.findings`: the paper's five ablation findings, checked against this store.
 
     python -m reports.findings                       # Markdown to stdout (docs/findings.md is its output)
-    python -m reports.findings --out docs/findings.md
+    python -m reports.findings --out docs/findings.md   # keeps the hand-written text above MARKER
 
 Each finding names the sweep that tests it, the paper's figure, and the paired comparisons that
 decide it: row A against row B of the same sweep setting, seed by seed and prompt by prompt, as a
@@ -33,6 +33,7 @@ from reports import collect
 from reports.errors import ReportError
 from reports.intervals import Evidence
 
+MARKER = "<!-- generated below by python -m reports.findings; hand-written text above this line is kept -->"
 SATURATION_PCT = 1.0  # "near saturation": the full-rank gain over r = 8 stays under +1 % τ
 
 
@@ -174,6 +175,15 @@ def render(tracking_uris: Sequence[str], cache_dir: Optional[Path] = None) -> st
     return "\n".join([intro] + sections)
 
 
+def with_preface(out: Path, text: str) -> str:
+    """`text` below the hand-written part of `out` (what lies above MARKER), so regenerating the
+    tables never erases the reading written around them."""
+    old = out.read_text() if out.is_file() else ""
+    if MARKER not in old:
+        return text
+    return old.split(MARKER)[0] + MARKER + "\n\n" + text
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m reports.findings", description=__doc__.split("\n")[0])
     p.add_argument("--tracking-uri", action="append", default=None,
@@ -190,7 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.out:
         from ready.artifacts import atomic_write_text
 
-        atomic_write_text(args.out, text)
+        atomic_write_text(args.out, with_preface(Path(args.out), text))
         print(f"[findings] wrote {args.out}", file=sys.stderr)
     else:
         print(text)

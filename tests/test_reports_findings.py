@@ -40,3 +40,12 @@ def test_a_null_claim_without_a_state_effect_is_vacuous_not_reproduced():
     assert overall_verdict(["reproduces"], ["inconclusive"]) == "vacuous (no state effect shown)"
     assert overall_verdict(["does not"], ["inconclusive"]) == "does not reproduce"
     assert overall_verdict(["reproduces"], ["not run"]) == "not run"
+
+
+def test_regenerating_keeps_the_hand_written_preface(tmp_path):
+    from reports.findings import MARKER, with_preface
+
+    out = tmp_path / "findings.md"
+    assert with_preface(out, "tables v1") == "tables v1"  # no file yet
+    out.write_text("# Reading\n\nwhat the numbers mean\n\n" + MARKER + "\n\ntables v1")
+    assert with_preface(out, "tables v2") == "# Reading\n\nwhat the numbers mean\n\n" + MARKER + "\n\ntables v2"
