@@ -167,6 +167,11 @@ def sampling_params(cfg: DictConfig) -> Any:
     return params_from(float(cfg.eval.temperature), float(cfg.eval.top_p), int(cfg.eval.sample_seed))
 
 
+def concurrency(cfg: DictConfig) -> int:
+    """`eval.concurrency`: sequences decoded together (1 when the config predates the key)."""
+    return int(OmegaConf.select(cfg, "eval.concurrency", default=1) or 1)
+
+
 SAMPLING_VERSION = 2  # how seeds and draws are made (ready.decode.sampling); a change re-decodes sampled caches
 
 
@@ -204,14 +209,16 @@ def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list
             "target_content": target_id, "checked": "health/1",
             "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "max_new_tokens": budget, "warmup": int(cfg.eval.warmup_rounds),
-            "eos": loaded.eos, **({"sampling": sampling_spec(cfg)} if sampling_spec(cfg) else {})}
+            "eos": loaded.eos, **({"sampling": sampling_spec(cfg)} if sampling_spec(cfg) else {}),
+            **({"concurrency": concurrency(cfg)} if concurrency(cfg) > 1 else {})}
 
     def build(tmp: Path) -> None:
         out = {}
         for name, prompts in suites.items():
             out[name] = run_ar(loaded.target, prompts, budget, eos_token_id=loaded.eos,
                                warmup=int(cfg.eval.warmup_rounds), progress=progress, desc=f"{name} AR",
-                               sampling=sampling_params(cfg), samples=int(cfg.eval.samples_per_prompt), stream=name)
+                               sampling=sampling_params(cfg), samples=int(cfg.eval.samples_per_prompt), stream=name,
+                               concurrency=concurrency(cfg))
         problem = generations_problem(out, budget)
         if problem:
             raise HealthError(f"AR decoding of target {loaded.target_path}: {problem}")
@@ -356,7 +363,8 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
                         progress=progress, cuda_graphs=None, donors=donors, interleave_ar=interleave,
                         # the AR row times its own decoding; drafting rows compare with the cache
                         ar=None if method == "ar" else ar[name], sampling=sampling_params(cfg),
-                        samples=int(cfg.eval.samples_per_prompt), check_rounds=int(cfg.eval.check_rounds))
+                        samples=int(cfg.eval.samples_per_prompt), check_rounds=int(cfg.eval.check_rounds),
+                        concurrency=concurrency(cfg))
 
     results, swaps = [], {}
     with torch.no_grad():
@@ -403,6 +411,8 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: A
             evals.pop(key, None)
     else:
         evals["sampling_version"] = SAMPLING_VERSION
+    if int(evals.get("concurrency", 1)) == 1:  # one prompt at a time: the evaluations cached before the key stay valid
+        evals.pop("concurrency", None)
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "eval": evals, "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),

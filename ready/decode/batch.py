@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from ready.decode.engine import (
     AcceptFn, Generation, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, settle_round,
@@ -276,10 +277,11 @@ class BatchEngine:
 
     # --- decoding ----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[Sequence[int] | torch.Tensor],
-                 max_new_tokens: int | Sequence[int]) -> BatchResult:
+    def generate(self, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int | Sequence[int],
+                 progress: bool = False, desc: str = "") -> BatchResult:
         """Decode every prompt (greedy; speculatively with a drafter) through the engine's slots; the
-        budget is one number or one per prompt. Generations come back in the prompts' order."""
+        budget is one number or one per prompt. Generations come back in the prompts' order.
+        `progress`: a progress bar over finished prompts."""
         ids = [as_prompt(p) for p in prompts]
         if not ids:
             raise DecodeError("no prompts to decode; expected at least one")
@@ -297,6 +299,7 @@ class BatchEngine:
         slot_rounds = [0] * B
         queue = list(range(len(ids)))
         last = torch.zeros(B, dtype=torch.long, device=dev)
+        bar = tqdm(total=len(ids), desc=desc or f"batch of {B}", disable=not progress, leave=False)
 
         _sync(dev)
         t0 = mark = time.perf_counter()
@@ -323,8 +326,8 @@ class BatchEngine:
                 gens[i] = g
                 if first == self.eos:
                     g.stop = "eos"
-                    continue
-                if budgets[i] <= 1:
+                if first == self.eos or budgets[i] <= 1:
+                    bar.update(1)
                     continue
                 slot[b], seqs[b], last_host[b] = i, ids[i].tolist() + [first], first
                 last[b] = first
@@ -383,10 +386,12 @@ class BatchEngine:
             for b in range(B):
                 if live[b]:
                     gens[slot[b]].wall_s += share
+            bar.update(len(ended))
             for b in ended:
                 admit(b)
         _sync(dev)
         end = time.perf_counter()
+        bar.close()
         done = [g for g in gens if g is not None]
         if done and end > mark:  # the final synchronisation, charged to every generation alike
             for g in done:

@@ -193,15 +193,16 @@ class EvalResult:
     dist_rounds: int = 0  # rounds checked, summed
     rule_err: Optional[float] = None  # largest over generations
     state_err: Optional[float] = None
+    concurrency: int = 1  # sequences the drafting (or AR) row decoded together (ready.decode.batch)
 
     def validity(self) -> dict[str, Any]:
         """The per-benchmark keys of evaluation.json: lossless (= greedy_valid, or dist_valid when sampled),
         lossless_exact, greedy_valid (None when sampled), tie_flips, min_margin, exact, sampling, dist_valid,
-        dist_rounds, rule_err, state_err."""
+        dist_rounds, rule_err, state_err, concurrency."""
         return {"lossless": self.lossless, "lossless_exact": self.lossless_exact, "greedy_valid": self.greedy_valid,
                 "tie_flips": self.tie_flips, "min_margin": self.min_margin, "exact": self.exact,
                 "sampling": self.sampling, "dist_valid": self.dist_valid, "dist_rounds": self.dist_rounds,
-                "rule_err": self.rule_err, "state_err": self.state_err}
+                "rule_err": self.rule_err, "state_err": self.state_err, "concurrency": self.concurrency}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,17 +242,49 @@ def units(n_prompts: int, sampling: Optional[SamplingParams], samples: int,
     return [(i, s, sample_seed(sampling.seed, i, s, stream)) for i in range(n_prompts) for s in range(samples)]
 
 
+def check_concurrency(concurrency: int, sampling: Optional[SamplingParams]) -> int:
+    """The concurrency as an int >= 1; batched decoding (> 1) is greedy only."""
+    c = int(concurrency)
+    if c < 1:
+        raise DecodeError(f"concurrency={concurrency}; expected an integer >= 1 (sequences decoded together)")
+    if c > 1 and sampled(sampling) is not None:
+        raise DecodeError(f"concurrency={c} decodes greedily (ready.decode.batch); sampling at temperature > 0 "
+                          "runs at concurrency 1")
+    return c
+
+
+def run_batched(target: Any, drafter: Optional[Drafter], prompts: Sequence[torch.Tensor], max_new_tokens: int,
+                concurrency: int, *, eos_token_id: Optional[int] = None, warmup: int = 1, progress: bool = True,
+                desc: str = "", cuda_graphs: Optional[bool] = None) -> list[Generation]:
+    """Greedy generations of every prompt through a `BatchEngine` of `concurrency` slots (AR without a
+    drafter), after `warmup` untimed passes over the first `concurrency` prompts (sizes the cache for the
+    longest prompt, captures the graphs). Each generation's wall_s is its share of the timed pass, so a
+    benchmark's TPS is its throughput at that concurrency (`ready.decode.batch`)."""
+    from ready.decode.batch import BatchEngine
+
+    engine = BatchEngine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
+    engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
+    for _ in range(warmup):
+        engine.generate(prompts[:concurrency], max_new_tokens)
+    return engine.generate(prompts, max_new_tokens, progress=progress, desc=desc).generations
+
+
 def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
            warmup: int = 1, progress: bool = True, desc: str = "AR",
            cuda_graphs: Optional[bool] = None, exact: Optional[bool] = None,
-           sampling: Optional[SamplingParams] = None, samples: int = 1, stream: str = "") -> list[Generation]:
+           sampling: Optional[SamplingParams] = None, samples: int = 1, stream: str = "",
+           concurrency: int = 1) -> list[Generation]:
     """AR generations of every prompt (the lossless reference and the speed baseline): greedy, or with
     `sampling` (temperature > 0) `samples` per prompt, prompt-major (`units`; `stream`: the benchmark).
-    `exact`: put the target in (True) or out of (False) exact mode first; None leaves it."""
+    `exact`: put the target in (True) or out of (False) exact mode first; None leaves it. `concurrency` > 1
+    (greedy): `concurrency` prompts decoded together (`run_batched`)."""
     set_exact(target, exact)
     prompts = [as_prompt(p) for p in prompts]
     for p in prompts:
         check_prompt(target, p, max_new_tokens)
+    if check_concurrency(concurrency, sampling) > 1:
+        return run_batched(target, None, prompts, max_new_tokens, int(concurrency), eos_token_id=eos_token_id,
+                           warmup=warmup, progress=progress, desc=desc, cuda_graphs=cuda_graphs)
     engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampled(sampling))
     if prompts:
         _warm_up(engine, prompts, max_new_tokens, warmup)
@@ -300,7 +333,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
              ar: Optional[Sequence[Generation]] = None, cuda_graphs: Optional[bool] = None,
              donors: Optional[Sequence[int]] = None, interleave_ar: bool = False, exact: Optional[bool] = None,
              tie_rel: Optional[float] = None, sampling: Optional[SamplingParams] = None, samples: int = 1,
-             check_rounds: int = 2) -> EvalResult:
+             check_rounds: int = 2, concurrency: int = 1) -> EvalResult:
     """Decode every prompt with `drafter` (AR when None) and with AR, compare them, measure.
 
     `ar` reuses AR generations of the same prompts (the sweep runner decodes AR once per
@@ -315,8 +348,13 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     `sampling` (temperature > 0): `samples` generations per prompt with shared seeds (`units`; `ar`, when
     given, must hold them prompt-major), lossless = the distribution check of the first `check_rounds`
     rounds of every generation (module docstring).
+    `concurrency` > 1 (greedy): the drafter's (and, when decoded here, AR's) generations come from a batched
+    engine with that many slots (`run_batched`; interleaving then alternates whole passes, AR first); every
+    prompt keeps its own record. The state placebo (`donors`) decodes one prompt at a time whatever it says
+    (the donor cache is per sequence); `EvalResult.concurrency` records what was used.
     """
     set_exact(target, exact)
+    concurrency = check_concurrency(concurrency, sampling)
     sampling = sampled(sampling)
     ids = [as_prompt(p) for p in prompts]
     if not ids:
@@ -326,10 +364,14 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     method = method or ("ar" if drafter is None else type(drafter).__name__.lower())
     todo = units(len(ids), sampling, samples, benchmark)
     n_samples = len(todo) // len(ids)
+    if donors is not None and concurrency > 1:
+        print(f"note ({benchmark}, {method}): the state placebo decodes one prompt at a time (concurrency 1, "
+              f"not {concurrency}): its donor cache is per sequence", file=sys.stderr)
+        concurrency = 1
     if ar is None:
         ar = run_ar(target, ids, max_new_tokens, eos_token_id=eos_token_id, warmup=warmup, progress=progress,
                     desc=f"{benchmark} AR", cuda_graphs=cuda_graphs, sampling=sampling, samples=n_samples,
-                    stream=benchmark)
+                    stream=benchmark, concurrency=concurrency)
     elif len(ar) != len(todo):
         per = "prompt" if sampling is None else f"(prompt, sample): {len(ids)} prompts x {n_samples} samples"
         raise DecodeError(f"got {len(ar)} AR generations for {len(todo)} generations; expected one per {per}")
@@ -340,6 +382,12 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     dist: list[DistValidity] = []  # sampled drafting rows: the check of every generation, in `todo` order
     if drafter is None:
         spec = list(ar)
+    elif concurrency > 1:
+        if interleave_ar:  # whole passes side by side: AR timed afresh here, then the drafter
+            ar = run_batched(target, None, ids, max_new_tokens, concurrency, eos_token_id=eos_token_id, warmup=warmup,
+                             progress=progress, desc=f"{benchmark} AR", cuda_graphs=cuda_graphs)
+        spec = run_batched(target, drafter, ids, max_new_tokens, concurrency, eos_token_id=eos_token_id, warmup=warmup,
+                           progress=progress, desc=f"{benchmark} {method}", cuda_graphs=cuda_graphs)
     else:
         engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampling)
         _warm_up(engine, ids, max_new_tokens, warmup,
@@ -400,7 +448,8 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     metrics.lossless = lossless
     return EvalResult(benchmark=benchmark, method=method, metrics=metrics, ar=ar_metrics, lossless=lossless,
                       mismatch=mismatch, prompts=results, lossless_exact=lossless_exact, greedy_valid=greedy_valid,
-                      tie_flips=tie_flips, min_margin=min(margins) if margins else None, exact=exact_mode)
+                      tie_flips=tie_flips, min_margin=min(margins) if margins else None, exact=exact_mode,
+                      concurrency=concurrency)
 
 
 def report_distribution_failure(benchmark: str, method: str, index: int, sample: int, failure: dict) -> None:

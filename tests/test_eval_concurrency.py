@@ -1,0 +1,97 @@
+"""`eval.concurrency`: a sweep row's evaluation decodes its prompts through a batched engine of that many
+slots. Each prompt keeps its own record (rounds, accepted lengths: what the statistics resample), the
+tokens stay AR's, and the row's TPS is all committed tokens over the wall time of the batched pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ready.config import ConfigError, DrafterConfig, ReaderConfig
+from ready.decode import DecodeError, evaluate, run_ar
+from ready.decode.sampling import SamplingParams
+from ready.row import _evaluate, _Loaded
+from ready.target import HybridConfig, HybridLM
+from sweeps.spec import SpecError, load_sweep
+
+torch.set_num_threads(1)  # tiny models: one thread beats two on a shared machine
+drafter_mod = pytest.importorskip("ready.drafter")
+VOCAB = 128
+BUDGET = 12
+
+
+@pytest.fixture(scope="module")
+def target() -> HybridLM:
+    torch.manual_seed(5)
+    cfg = HybridConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=256,
+    )
+    return HybridLM(cfg).eval()
+
+
+def drafter(target: HybridLM, reader: bool):
+    torch.manual_seed(6)
+    d = drafter_mod.DSparkDrafter(DrafterConfig(block_size=3, num_layers=1, head_rank=8),
+                                  ReaderConfig(enabled=reader, rank=4, mlp_hidden=16), target).eval()
+    for r in d.readers.values():
+        torch.nn.init.normal_(r.fuse_out.weight, std=0.5)
+    return d
+
+
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (4, 11, 2, 17, 7, 9)]
+
+
+def test_a_sweep_row_evaluated_at_concurrency_4(target):
+    """A ReaDy row of the rank sweep (smoke profile, eval.concurrency=4) through ready.row's evaluation:
+    the AR generations and the drafting pass are batched 4 at a time, the record says so, every prompt has
+    its own rounds, and they equal those of the same row at concurrency 1."""
+    over = ["profile=smoke", "eval.heldout_tf_samples=0", f"eval.max_new_tokens={BUDGET}", "eval.warmup_rounds=0"]
+    rows = {c: load_sweep("rank", over + [f"eval.concurrency={c}"]).common for c in (1, 4)}
+    assert rows[4].eval.concurrency == 4 and rows[1].eval.concurrency == 1
+    loaded = _Loaded(target=target, tokenizer=None, eos=None, target_path="tiny (test)", device="cpu")
+    suites = {"toy": prompts()}
+    d = drafter(target, reader=True)
+    records = {}
+    for c, cfg in rows.items():
+        ar = {"toy": run_ar(target, suites["toy"], BUDGET, warmup=0, progress=False, concurrency=c)}
+        records[c] = _evaluate(cfg, "ready", loaded, d, suites, ar, progress=False)["benchmarks"]["toy"]
+    batched, single = records[4], records[1]
+    assert batched["concurrency"] == 4 and single["concurrency"] == 1
+    assert batched["lossless"] == 1 and batched["lossless_exact"] == 1
+    assert len(batched["prompts"]) == len(suites["toy"])
+    for b, s in zip(batched["prompts"], single["prompts"]):
+        assert (b["index"], b["tokens"], b["accepted"], b["horizons"], b["committed"]) == \
+            (s["index"], s["tokens"], s["accepted"], s["horizons"], s["committed"])
+        assert b["wall_s"] > 0 and b["ar_wall_s"] > 0
+    m = batched["metrics"]
+    assert m["rounds"] == single["metrics"]["rounds"] and m["tau"] == single["metrics"]["tau"]
+    assert m["tps"] == pytest.approx(m["new_tokens"] / sum(p["wall_s"] for p in batched["prompts"]))
+    # the state swap (another prompt's states) runs one prompt at a time: its donor cache is per sequence
+    assert batched["state_swap"]["tau"] == single["state_swap"]["tau"]
+
+
+def test_evaluate_batched_ar_and_dspark_pass_with_per_prompt_records(target):
+    ps = prompts()
+    res1 = evaluate(target, drafter(target, reader=False), ps, BUDGET, warmup=0, progress=False)
+    res4 = evaluate(target, drafter(target, reader=False), ps, BUDGET, warmup=1, progress=False, concurrency=4,
+                    interleave_ar=True)
+    assert res4.concurrency == 4 and res4.lossless == 1 and res4.lossless_exact == 1
+    assert [p.accepted for p in res4.prompts] == [p.accepted for p in res1.prompts]
+    assert [p.tokens for p in res4.prompts] == [p.tokens for p in res1.prompts]
+    assert res4.metrics.wall_s == pytest.approx(sum(p.wall_s for p in res4.prompts))
+    assert res4.ar.wall_s == pytest.approx(sum(p.ar_wall_s for p in res4.prompts))
+
+
+def test_concurrency_is_checked(target):
+    with pytest.raises(DecodeError, match="greedily"):
+        run_ar(target, prompts(), 4, progress=False, concurrency=2, sampling=SamplingParams(temperature=1.0))
+    with pytest.raises(DecodeError, match="integer >= 1"):
+        evaluate(target, None, prompts(), 4, progress=False, concurrency=0)
+    for bad, expected in ((["eval.concurrency=0"], "an integer >= 1"),
+                          (["eval.concurrency=4", "eval.temperature=1.0"], "1 when eval.temperature > 0")):
+        with pytest.raises((ConfigError, SpecError), match=expected):
+            load_sweep("rank", ["profile=smoke"] + bad)
