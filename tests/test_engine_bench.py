@@ -98,3 +98,23 @@ def test_dspark_and_ready_rounds_under_identical_acceptance_on_cpu(tmp_path, cap
 def test_unknown_drafter_is_refused(capsys):
     assert main(["--target", "tiny", "--device", "cpu", "--drafter", "eagle"]) == 2
     assert "expected a comma list of none, random, dspark, ready" in capsys.readouterr().err
+
+
+def test_batched_benchmark_prints_json_for_each_batch_size(capsys):
+    """`--batch 1,2` on the tiny preset: AR, DSpark and ReaDy through the batched engine at each size, the
+    drafters under the same forced accepted lengths (identical rounds), the reader's share of a round."""
+    code = main(["--target", "tiny", "--device", "cpu", "--prompt-len", "6", "--new-tokens", "8", "-k", "3",
+                 "--accept-dist", "0:1,3:1", "--drafter", "dspark,ready", "--batch", "1,2", "--batch-only",
+                 "--repeats", "1", "--json"])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    b = res["batched"]
+    assert b["batches"] == [1, 2] and [r["batch"] for r in b["runs"]] == [1, 2]
+    for run in b["runs"]:
+        n = run["batch"] * b["waves"]
+        for k in ("ar", "dspark", "ready"):
+            assert run[k]["prompts"] == n and run[k]["new_tokens"] == 8 * n and run[k]["tokens_per_s"] > 0
+        assert run["ar"]["tau"] == 1.0 and run["same_rounds"] and run["dspark"]["tau"] == run["ready"]["tau"] > 1
+        assert run["ready"]["breakdown"]["draft_us"] > 0 and "reader_share" in run and run["ready_over_dspark"] > 0
+    assert main(["--target", "tiny", "--device", "cpu", "--batch", "0,2"]) == 2
+    assert "--batch" in capsys.readouterr().err

@@ -6,6 +6,8 @@ DSpark / ReaDy round at paper size.
         --accept-dist "0:0.1,3:0.3,7:0.6" --accept-dist "0:0.05,3:0.25,7:0.7" --json
     python -m ready.bench.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
         --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --breakdown --json
+    python -m ready.bench.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
+        --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --batch 1,2,4,8,16 --batch-only --json
 
 Prints one JSON object:
 - `ar`: greedy AR through the engine (CUDA graphs on CUDA); `tokens_per_s` follows
@@ -34,6 +36,13 @@ Prints one JSON object:
 - `profile` (`--profile`): the top device kernels of a few DSpark and ReaDy rounds (torch.profiler)
   and the kernels whose time differs most between them.
 - `small_m`: the shapes the small-M linear tuned and what each picked (CUDA).
+- `batched` (`--batch 1,2,4,8,16`): AR, DSpark and ReaDy (the `--drafter` kinds, paper-size drafters as
+  above, forced acceptance from the first `--accept-dist`, reseeded per call so both drafters run identical
+  rounds) through `ready.decode.batch.BatchEngine` at each batch size: `--waves` x B prompts per timed call,
+  `tokens_per_s` = all new tokens / wall time, `decode_tokens_per_s` without the prefills, per-round µs of
+  draft / verify / commit, `reader_share` = (ReaDy draft µs - DSpark draft µs) / ReaDy round µs,
+  `ready_over_dspark`, and `reader` (the readers' own µs at that batch, CUDA). CUDA graphs per batch size
+  (verify per block length, the batched draft step). `--batch-only` skips the single-sequence sections.
 """
 
 from __future__ import annotations
@@ -239,19 +248,20 @@ class _Timed:
         return {f"{k}_us": round(v, 1) for k, v in out.items()}
 
 
-def time_readers(drafter: Any, cache: Any, iters: int = 20) -> dict[str, float]:
+def time_readers(drafter: Any, cache: Any, iters: int = 20, batch: int = 1) -> dict[str, float]:
     """µs per draft step of the readers' own work (norm, query, fused read, MLP, residual) and of the
-    fused read alone, each as `iters` calls inside one CUDA graph (the draft graph runs them so)."""
+    fused read alone, for `batch` rows of the cache, each as `iters` calls inside one CUDA graph (the
+    draft graph runs them so)."""
     from ready.reader import StateSource, read_states
 
     if not drafter.reader_enabled or cache.ssm.device.type != "cuda":
         return {}
     K, D = drafter.block_size, drafter.hidden_size
-    src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, 1)
-    h = torch.randn(1, K, D, device=cache.ssm.device, dtype=drafter.fc.weight.dtype)
+    src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, batch)
+    h = torch.randn(batch, K, D, device=cache.ssm.device, dtype=drafter.fc.weight.dtype)
     readers = list(drafter.readers.values())
     r0 = readers[0]
-    z = torch.randn(1, K, r0.num_pairs, r0.rank, device=h.device, dtype=h.dtype)
+    z = torch.randn(batch, K, r0.num_pairs, r0.rank, device=h.device, dtype=h.dtype)
 
     def graph_us(fn: Callable[[], Any]) -> float:
         s = torch.cuda.Stream()
@@ -372,6 +382,114 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
     return out
 
 
+class _BatchTimed:
+    """Per-round device time of draft, verify and commit in one `BatchEngine` (CUDA events; host clock on CPU)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.cuda = engine, engine.device.type == "cuda"
+        self.marks: dict[str, list] = {"draft": [], "verify": [], "commit": []}
+
+    _mark, _wrap, _ms = _Timed._mark, _Timed._wrap, _Timed._ms
+
+    def __enter__(self) -> "_BatchTimed":
+        import ready.decode.batch as batch_mod
+
+        e = self.engine
+        e._propose = self._wrap("draft", e._propose)
+        e._verify = self._wrap("verify", e._verify)
+        self._commit = batch_mod.ragged_commit
+        batch_mod.ragged_commit = self._wrap("commit", self._commit)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import ready.decode.batch as batch_mod
+
+        del self.engine._propose, self.engine._verify
+        batch_mod.ragged_commit = self._commit
+
+    def summary(self) -> dict[str, float]:
+        _sync(self.engine.device)
+        out = {k: statistics.median(self._ms(a, b) for a, b in v) * 1e3 for k, v in self.marks.items() if v}
+        starts = [a for a, _ in self.marks["verify"]]
+        rounds = [self._ms(a, b) for a, b in zip(starts, starts[1:])]
+        if rounds:
+            out["round"] = statistics.median(rounds) * 1e3
+            out["other"] = out["round"] - out.get("draft", 0) - out.get("verify", 0) - out.get("commit", 0)
+        return {f"{k}_us": round(v, 1) for k, v in out.items()}
+
+
+def _batch_summary(results: list[Any]) -> dict[str, Any]:
+    """Throughput of timed `BatchEngine.generate` calls (median over repeats)."""
+    walls = [r.wall_s for r in results]
+    decode = [r.wall_s - sum(g.prefill_s for g in r.generations) for r in results]
+    r0 = results[0]
+    n, prompts = r0.new_tokens, len(r0.generations)
+    acc = [a for g in r0.generations for a in g.accepted]
+    wall, dec = statistics.median(walls), statistics.median(decode)
+    return {"prompts": prompts, "new_tokens": n, "wall_s": wall, "tokens_per_s": n / wall,
+            "decode_tokens_per_s": (n - prompts) / dec if dec > 0 else 0.0, "rounds": r0.rounds,
+            "round_ms": dec * 1e3 / r0.rounds if r0.rounds else None,
+            "tau": (sum(a + 1 for a in acc) / len(acc)) if acc else None,
+            "decode_tps_runs": [round((r.new_tokens - prompts) / d, 2) if d > 0 else 0.0 for r, d in zip(results, decode)]}
+
+
+def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, dist: Optional[tuple[str, dict]],
+                  prompt_len: int, new_tokens: int, batches: list[int], waves: int, repeats: int, graphs: bool,
+                  seed: int) -> dict[str, Any]:
+    """AR, DSpark and ReaDy through `ready.decode.batch.BatchEngine` at each batch size (concurrency):
+    `waves` x B prompts of `prompt_len` random tokens per timed call (slots are refilled as rows end), TPS =
+    all new tokens / wall time. The drafters decode under forced acceptance (`dist`, reseeded per call, so
+    DSpark and ReaDy run identical rounds); `reader_share` = (ReaDy's draft µs - DSpark's) / ReaDy's round µs
+    (per-round medians, CUDA events), `ready_over_dspark` = ReaDy TPS / DSpark TPS."""
+    from ready.decode.batch import BatchEngine
+
+    drafters = {k: build_drafter(target, k, preset, block_size, seed) for k in kinds}
+    gen = torch.Generator().manual_seed(seed + 1)
+    vocab = target.config.vocab_size
+    out: dict[str, Any] = {"batches": list(batches), "waves": waves, "accept_dist": None if dist is None else dist[1],
+                           "spec": None if dist is None else dist[0], "runs": []}
+    for B in batches:
+        prompts = [torch.randint(0, vocab, (prompt_len,), generator=gen) for _ in range(B * waves)]
+        engines = {"ar": BatchEngine(target, None, batch_size=B, eos_token_id=-1, cuda_graphs=graphs)}
+        if dist is not None:
+            engines.update({k: BatchEngine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs)
+                            for k, d in drafters.items()})
+
+        def call(k: str, e: Any) -> Any:
+            if k != "ar":
+                e.accept_fn = forced_acceptance(dist[1], seed)  # the same accepted lengths for both drafters
+            return e.generate(prompts, new_tokens)
+
+        for k, e in engines.items():  # warm-up: allocation, graph capture, compile, kernel tuning
+            e.reserve(prompt_len + new_tokens)
+            call(k, e)
+        timed: dict[str, list] = {k: [] for k in engines}
+        for _ in range(repeats):  # interleaved, so drifts of the device hit every method alike
+            for k, e in engines.items():
+                timed[k].append(call(k, e))
+        run: dict[str, Any] = {"batch": B, **{k: _batch_summary(v) for k, v in timed.items()}}
+        ar_tps = run["ar"]["decode_tokens_per_s"]
+        for k in drafters if dist is not None else []:
+            run[k]["decode_speedup_vs_ar"] = run[k]["decode_tokens_per_s"] / ar_tps if ar_tps else None
+            with _BatchTimed(engines[k]) as t:
+                call(k, engines[k])
+            run[k]["breakdown"] = t.summary()
+        if "dspark" in timed and "ready" in timed:
+            a, b = run["dspark"], run["ready"]
+            run["same_rounds"] = [r.rounds for r in timed["dspark"]] == [r.rounds for r in timed["ready"]]
+            run["ready_over_dspark"] = b["decode_tokens_per_s"] / a["decode_tokens_per_s"]
+            bd, ba = b["breakdown"], a["breakdown"]
+            if "round_us" in bd:
+                run["reader_extra_draft_us"] = round(bd["draft_us"] - ba["draft_us"], 1)
+                run["reader_share"] = (bd["draft_us"] - ba["draft_us"]) / bd["round_us"]
+            run["reader"] = time_readers(engines["ready"].drafter, engines["ready"].cache, batch=B)
+        out["runs"].append(run)
+        del engines
+        if target.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def first_vs_later(target: Any, preset: str, block_size: int, dist: dict, prompt: torch.Tensor, new_tokens: int,
                    repeats: int, graphs: bool, seed: int) -> dict[str, Any]:
     """Decode TPS of the first and of a second engine of the process (each with its own ReaDy drafter),
@@ -399,7 +517,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
           dists: list[str], repeats: int, verify_iters: int, bandwidth: float, cuda_graphs: Optional[bool],
           compile_layers: Optional[bool], seed: int, drafters: tuple[str, ...] = ("random",),
           drafter_preset: Optional[str] = None, verify_tokens: Optional[list[int]] = None,
-          breakdown: bool = False, profile: bool = False, first_later: bool = False) -> dict[str, Any]:
+          breakdown: bool = False, profile: bool = False, first_later: bool = False,
+          batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False) -> dict[str, Any]:
     from ready.target import PRESETS, load_target
 
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
@@ -422,6 +541,16 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
     prompt = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed))
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     streamed = weight_bytes - target.embed_tokens.weight.numel() * target.embed_tokens.weight.element_size()
+    batched = None
+    if batches:  # first, so its timings are not taken after the single-sequence sections warmed other shapes
+        kinds = [d for d in drafters if d in ("dspark", "ready")]
+        batched = bench_batched(target, kinds, preset, block_size, dists_parsed[0] if dists_parsed else None,
+                                prompt_len, new_tokens, batches, waves, repeats, graphs, seed)
+        if batch_only:
+            return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
+                    "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
+                    "prompt_len": prompt_len, "new_tokens": new_tokens, "block_size": block_size,
+                    "repeats": repeats, "batched": batched}
 
     ar_profile = None
     first = None
@@ -465,6 +594,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
                                          graphs, seed, ar["decode_tokens_per_s"], breakdown, profile)
     if first is not None:
         out["first_vs_later"] = first
+    if batched is not None:
+        out["batched"] = batched
     if ar_profile is not None:
         out["ar_profile"] = ar_profile
     out["compiled_layers"] = bool(dev.type == "cuda" and graphs and target.compile_in_graphs is not False
@@ -511,6 +642,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--profile", action="store_true", help="torch.profiler tables of DSpark and ReaDy rounds")
     ap.add_argument("--first-later", action="store_true",
                     help="first: time the first and a second ReaDy engine of the process, each warmed up as evaluate does")
+    ap.add_argument("--batch", default=None,
+                    help="comma list of batch sizes (concurrency), e.g. 1,2,4,8,16: AR and the --drafter kinds "
+                         "dspark/ready through the batched engine at each, under the first --accept-dist")
+    ap.add_argument("--waves", type=int, default=2, help="prompts per slot in each --batch measurement (default 2)")
+    ap.add_argument("--batch-only", action="store_true", help="with --batch: skip the single-sequence sections")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -525,12 +661,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         if a.block_size < 1 or a.new_tokens < 2 or a.prompt_len < 1 or a.repeats < 1:
             raise DecodeError("expected -k >= 1, --new-tokens >= 2, --prompt-len >= 1 and --repeats >= 1")
         vt = [int(t) for t in a.verify_tokens.split(",") if t.strip()] if a.verify_tokens is not None else None
+        try:
+            batches = [int(b) for b in a.batch.split(",") if b.strip()] if a.batch is not None else None
+        except ValueError:
+            raise DecodeError(f"--batch {a.batch!r}: expected a comma list of batch sizes, e.g. 1,2,4,8,16") from None
+        if batches is not None and (not batches or min(batches) < 1 or a.waves < 1):
+            raise DecodeError(f"--batch {a.batch!r} --waves {a.waves}: expected batch sizes >= 1 and --waves >= 1")
         with torch.no_grad():
             res = bench(a.target, a.device, dtype, a.prompt_len, a.new_tokens, a.block_size, dists, a.repeats,
                         a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed,
                         drafters=tuple(d.strip() for d in a.drafter.split(",") if d.strip()),
                         drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
-                        profile=a.profile, first_later=a.first_later)
+                        profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
+                        batch_only=a.batch_only)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise
