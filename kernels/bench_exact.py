@@ -6,6 +6,10 @@ does the fast path flip ties. Prints one JSON object.
         (for contrast) the fast tuned linear and cuBLAS: is row i of an M-row call the same bits as
         the 1-row call of row i? Then the tiny target in bf16: verify(8) vs 8 steps, eager and in
         CUDA graphs with compiled layers, fast and exact.
+    python kernels/bench_exact.py --probe-attention --json
+        exact mode's attention at the 27B shapes: bits across static-buffer capacities (279 .. 4096) and
+        row counts (8 rows vs 1), for the fixed-order kernel (kernels/exact_attention.py) and the per-row
+        SDPA it replaced; error against the float32 reference; µs per call.
     python kernels/bench_exact.py --target qwen3_5_27b --cost --flips PROMPTS.jsonl --new-tokens 200 --json
         --cost: per mode, the step and verify(K+1) graph replays (µs, CUDA events), AR decode tok/s
         (Engine.generate), and verify(K+1) vs K+1 steps bit for bit on the target itself;
@@ -227,26 +231,58 @@ def cost(model, k: int, prompt_len: int, new_tokens: int, iters: int) -> dict[st
     return res
 
 
+def _sdpa_rows(q, keys, values, n_keys):
+    """The attention exact mode ran before kernels/exact_attention.py, for contrast: one SDPA call per
+    query row over the whole buffer, masked to keys 0..n-1."""
+    import torch.nn.functional as F
+
+    mask = torch.arange(keys.shape[2], device=q.device)[None, :] < n_keys[:, None]
+    return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1].contiguous(), keys, values,
+                                                     attn_mask=mask[i:i + 1].contiguous(), enable_gqa=True)
+                      for i in range(q.shape[2])], dim=2)
+
+
 @torch.inference_mode()
-def attention_vs_buffer_length(lengths=(264, 271, 279, 512), positions=range(60, 264, 7)) -> dict[str, Any]:
-    """Exact mode's row attention over a static buffer: does a query row's output depend on the buffer
-    length L (the keys past the row's position are masked)? 27B attention shapes, bf16."""
-    from ready.target.layers import row_attention
+def attention_vs_buffer_length(capacities=(279, 286, 294, 512, 1024, 4096), positions=range(60, 279, 7),
+                               rows: int = 8, iters: int = 50) -> dict[str, Any]:
+    """Exact-mode attention at the 27B shapes (24 query heads, 4 KV heads, head dim 256, bf16): does a
+    query row's output depend on the static buffer's capacity (the keys past its position are masked /
+    never read), or on how many rows share the call? For the fixed-order kernel exact mode runs
+    (`exact_attention_triton`) and, for contrast, the per-row SDPA it replaced. Also: its error against
+    the float32 reference, and µs per call (CUDA events, median) for 1 and `rows` rows at the smallest
+    capacity."""
+    from ready_kernels.exact_attention import exact_attention_reference, exact_attention_triton
 
     torch.manual_seed(0)
-    L0 = max(lengths)
-    q = torch.randn(1, 24, 1, 256, device="cuda").to(torch.bfloat16)
+    L0 = max(capacities)
+    q = torch.randn(1, 24, rows, 256, device="cuda").to(torch.bfloat16)
     keys = torch.randn(1, 4, L0, 256, device="cuda").to(torch.bfloat16)
     values = torch.randn(1, 4, L0, 256, device="cuda").to(torch.bfloat16)
-    differ = []
-    for p in positions:
-        outs = []
-        for L in lengths:
-            mask = (torch.arange(L, device="cuda") <= p)[None]
-            outs.append(row_attention(q, keys[:, :, :L].contiguous(), values[:, :, :L].contiguous(), mask, False))
-        if not all(torch.equal(outs[0], o) for o in outs[1:]):
-            differ.append(p)
-    return {"lengths": list(lengths), "positions_checked": len(list(positions)), "positions_that_differ": differ}
+    bufs = {L: (keys[:, :, :L].contiguous(), values[:, :, :L].contiguous()) for L in capacities}
+    out: dict[str, Any] = {"capacities": list(capacities), "positions_checked": len(list(positions))}
+    for name, fn in (("exact_attention_triton", exact_attention_triton), ("sdpa_per_row_before", _sdpa_rows)):
+        cap_differ, row_differ, worst = [], [], 0.0
+        for p in positions:
+            n1 = torch.tensor([p + 1], device="cuda")
+            outs = [fn(q[:, :, :1], k, v, n1) for k, v in bufs.values()]
+            if not all(torch.equal(outs[0], o) for o in outs[1:]):
+                cap_differ.append(p)
+                worst = max(worst, max(float((outs[0].float() - o.float()).abs().max()) for o in outs[1:]))
+        for p in positions:  # a verify block at positions p..p+rows-1 vs its rows one at a time
+            k, v = bufs[min(capacities)] if p + rows <= min(capacities) else bufs[L0]
+            n = torch.arange(p + 1, p + rows + 1, device="cuda")
+            full = fn(q, k, v, n)
+            if not all(torch.equal(full[:, :, i:i + 1], fn(q[:, :, i:i + 1], k, v, n[i:i + 1])) for i in range(rows)):
+                row_differ.append(p)
+        k, v = bufs[min(capacities)]
+        n = torch.arange(min(capacities) - rows + 1, min(capacities) + 1, device="cuda")
+        timing = {f"us_rows{m}": round(_time_replays(lambda m=m: fn(q[:, :, :m], k, v, n[-m:]), iters), 1)
+                  for m in (1, rows)}
+        ref = exact_attention_reference(q.float(), k.float(), v.float(), n)
+        out[name] = {"positions_that_differ_across_capacity": cap_differ, "max_abs_diff_across_capacity": worst,
+                     "positions_where_rows_differ_from_1_row_calls": row_differ,
+                     "max_abs_err_vs_fp32_reference": float((fn(q, k, v, n).float() - ref).abs().max()), **timing}
+    return out
 
 
 def flips(model, prompts: list[list[int]], new_tokens: int, k: int, modes=("fast", "exact")) -> dict[str, Any]:
@@ -285,7 +321,8 @@ def main(argv=None) -> int:
     p.add_argument("-k", type=int, default=7)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--modes", default="fast,exact", help="--flips modes, comma-separated")
-    p.add_argument("--probe-attention", action="store_true", help="row attention vs static buffer length")
+    p.add_argument("--probe-attention", action="store_true",
+                   help="exact-mode attention (and the per-row SDPA it replaced) vs buffer capacity and row count")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
