@@ -173,3 +173,12 @@ def test_batched_equals_batch_one_on_cuda(target, kind):
         assert [fields(g) for g in got] == [fields(w) for w in want], f"batch {b}"
         again = engine.generate(ps[::-1], list(BUDGETS[::-1])).generations  # replayed graphs, reused cache
         assert [fields(g) for g in again] == [fields(w) for w in want[::-1]], f"batch {b}, second call"
+
+
+def test_rows_that_reach_the_end_of_the_context(target):
+    """Prompt + budget = the target's whole context: the last rounds verify K drafts past it (the
+    cache's spare positions), and nothing past a row's budget leaks into what it commits."""
+    ctx = target.config.max_position_embeddings
+    ps = [[i % VOCAB for i in range(1, ctx - 20)], [5, 6, 7], [i * 7 % VOCAB for i in range(3, ctx - 30)]]
+    budgets = [20, 20, 30]
+    check_equal(target, make_drafter(target, "ready"), 2, ps, budgets, accept_fn=content_accept)

@@ -474,6 +474,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
             with _BatchTimed(engines[k]) as t:
                 call(k, engines[k])
             run[k]["breakdown"] = t.summary()
+            t.engine = None  # the engine (and its graphs' memory) goes with `engines` below
         if "dspark" in timed and "ready" in timed:
             a, b = run["dspark"], run["ready"]
             run["same_rounds"] = [r.rounds for r in timed["dspark"]] == [r.rounds for r in timed["ready"]]

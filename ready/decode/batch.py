@@ -19,7 +19,7 @@ Every round runs one target forward over all B slots:
 A row never verifies fewer than K drafts (the block is one tensor); drafts past a row's budget are
 verified but ignored by `settle_round`, exactly as if the block had been shortened (greedy
 argmaxes are causal: position j's argmax does not depend on later positions). The cache keeps
-K+1 spare positions per row for them.
+K+1 spare positions per row for them (past the target's context too: they are never committed).
 
 Timing: one clock for the whole call (a device synchronisation at both ends on CUDA). Every span is
 charged to the rows it served: a prefill to its row, a round in equal shares to the rows still
@@ -226,11 +226,11 @@ class BatchEngine:
         self._prepare(max_len)
 
     def _prepare(self, max_len: int) -> None:
-        need = min(max_len + self.k + 1, int(self.target.config.max_position_embeddings))
+        need = max_len + self.k + 1  # room for a block verified past the budget (never committed)
         if self.cache is not None and self.cache.max_len >= need:
             self.cache.reset()
             return
-        self.cache = new_ragged_cache(self.target, self.batch_size, need, max_verify=self.k + 1)
+        self.cache = new_ragged_cache(self.target, self.batch_size, need, max_verify=self.k + 1, spare=self.k + 1)
         self.features, self.draft = None, None
         self.verifiers = {}
         if self.capture:

@@ -67,9 +67,11 @@ class RaggedCache(HybridCache):
                            length_t=torch.zeros((), dtype=torch.long, device=self.ssm.device))
 
 
-def new_ragged_cache(model: Any, batch_size: int, max_len: int, max_verify: int = 16) -> RaggedCache:
-    """A `RaggedCache` for `model` with B rows of up to `max_len` positions each."""
-    if max_len > model.config.max_position_embeddings:
+def new_ragged_cache(model: Any, batch_size: int, max_len: int, max_verify: int = 16, spare: int = 0) -> RaggedCache:
+    """A `RaggedCache` for `model` with B rows of up to `max_len` positions each. `spare`: positions
+    allowed past the target's context (a batched round verifies up to K tokens past a row's budget; they
+    are never committed, and keeping them in the buffer means no write ever has to be clamped)."""
+    if max_len > model.config.max_position_embeddings + spare:
         raise TargetError(f"max_len {max_len} exceeds the target's context of "
                           f"{model.config.max_position_embeddings} tokens")
     if batch_size < 1:
