@@ -55,8 +55,10 @@ if HAS_TRITON:
 
     # Everything that varies with the buffer capacity L, the row count T or the batch stays a plain
     # runtime value: a specialised int (== 1, divisible by 16) would compile another kernel, whose
-    # tiles could reduce in another order.
-    @triton.jit(do_not_specialize=["HQ", "GROUP", "T", "L", "k_b", "k_h", "v_b", "v_h", "n_b", "n_t"])
+    # tiles could reduce in another order. n_keys may be a view at any offset (a scalar load: its
+    # alignment must not pick another kernel either); q and o are fresh, k and v checked (_rows_layout).
+    @triton.jit(do_not_specialize=["HQ", "GROUP", "T", "L", "k_b", "k_h", "v_b", "v_h", "n_b", "n_t"],
+                do_not_specialize_on_alignment=["n_ptr"])
     def _exact_attention_kernel(q_ptr, k_ptr, v_ptr, n_ptr, o_ptr,
                                 k_b, k_h, v_b, v_h, n_b, n_t,
                                 HQ, GROUP, T, L, scale,
@@ -206,6 +208,7 @@ def exact_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_
         k.stride(0) // D, k.stride(1) // D, v.stride(0) // DV, v.stride(1) // DV, n_keys.stride(0), n_keys.stride(1),
         HQ, HQ // HKV, T, L, scale,
         D=D, DV=DV, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, BLOCK_N=block_n, num_warps=num_warps,
+        enable_fp_fusion=True,  # pinned: TRITON_DEFAULT_FP_FUSION (or Triton 3.10's default) must not change the bits
     )
     return o
 
