@@ -122,10 +122,11 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tens
         require(t.dtype in _DTYPES, f"exact_attention: {name} must be float32, bfloat16 or float16, got {t.dtype}")
     require(not n_keys.is_floating_point() and n_keys.dtype != torch.bool,
             f"exact_attention: n_keys must be an integer tensor, got {n_keys.dtype}")
+    shape_msg = f"exact_attention: n_keys must be [T={T}] or [B={B}, T={T}], got {tuple(n_keys.shape)}"
     if n_keys.dim() == 1:
-        require(n_keys.shape[0] == T, f"exact_attention: n_keys must be [T={T}] or [B={B}, T={T}], got {tuple(n_keys.shape)}")
+        require(n_keys.shape[0] == T, shape_msg)
         n_keys = n_keys[None].expand(B, T)
-    require(tuple(n_keys.shape) == (B, T), f"exact_attention: n_keys must be [T={T}] or [B={B}, T={T}], got {tuple(n_keys.shape)}")
+    require(tuple(n_keys.shape) == (B, T), shape_msg)
     devs = {t.device for t in (q, k, v, n_keys)}
     require(len(devs) == 1, f"exact_attention: all inputs must be on one device, got {sorted(map(str, devs))}")
     return n_keys

@@ -99,6 +99,42 @@ def test_exact_verify_ignores_the_cache_capacity(static, dtype):
     assert all(torch.equal(logits[0], x) for x in logits[1:])
 
 
+def graphed_verify_vs_steps_in_capacities(device: str, capacities=(160, 250)) -> list[torch.Tensor]:
+    """bf16 exact target: the logits of verify(8) through its CUDA graph (compiled layers, as the engine
+    runs it) and of 8 graphed steps, from a 150-token prefix, in static caches of each capacity."""
+    from ready.target import GraphedVerify
+
+    model = make_target().to(device)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (1, 150), generator=g).to(device)
+    block = torch.randint(0, VOCAB, (1, 8), generator=g).to(device)
+
+    def fresh(capacity):
+        c = model.new_cache(1, capacity, 8)
+        c.static = True  # the engine's graphs: static from the prefill on
+        model.prefill(prompt, c)
+        return c
+
+    out = []
+    for capacity in capacities:
+        out.append(GraphedVerify(model, fresh(capacity), 8)(block).logits[0].clone())
+        c = fresh(capacity)
+        step = GraphedVerify(model, c, 1)
+        rows = []
+        for i in range(8):
+            rows.append(step(block[:, i:i + 1]).logits[0, 0].clone())
+            model.commit(c, 1)
+        out.append(torch.stack(rows))
+    return out
+
+
+@pytest.mark.cuda
+def test_cuda_exact_graphed_verify_equals_steps_in_any_capacity():
+    logits = graphed_verify_vs_steps_in_capacities("cuda")
+    assert all(torch.equal(logits[0], x) for x in logits[1:]), \
+        [float((logits[0].float() - x.float()).abs().max()) for x in logits[1:]]
+
+
 def test_exact_mode_is_only_for_verify(exact_bf16):
     """Prefill and the teacher-forced forward keep the fast path; the flag is read per pass."""
     ids = torch.randint(0, VOCAB, (1, 9))

@@ -83,7 +83,8 @@ def test_scale_and_shared_lengths_and_zero_keys():
     got = ea.exact_attention_triton(q, k, v, shared, scale=0.3)
     assert torch.equal(got, ea.exact_attention_triton(q, k, v, shared.expand(2, 3).contiguous(), scale=0.3))
     assert rel_err(got, ea.exact_attention_reference(q, k, v, shared, scale=0.3)) < 2e-6
-    assert rel_err(ea.exact_attention_reference(q, k, v, shared, scale=0.3), sdpa(q * (0.3 * 32**0.5), k, v, shared)) < 2e-6
+    ref = ea.exact_attention_reference(q, k, v, shared, scale=0.3)
+    assert rel_err(ref, sdpa(q * (0.3 * 32**0.5), k, v, shared)) < 2e-6  # sdpa's scale is 32**-0.5
     # a row with no keys reads nothing and gives zeros (never NaN); n past the buffer is clamped to it
     odd = torch.tensor([0, 500, 1], device=DEVICE)
     for fn in IMPLS.values():
