@@ -365,8 +365,8 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     todo = units(len(ids), sampling, samples, benchmark)
     n_samples = len(todo) // len(ids)
     if donors is not None and concurrency > 1:
-        print(f"note ({benchmark}, {method}): the state placebo decodes one prompt at a time (concurrency 1, "
-              f"not {concurrency}): its donor cache is per sequence", file=sys.stderr)
+        print(f"note ({benchmark}, {method}): decoding on another prompt's states (placebo, state swap) runs one "
+              f"prompt at a time (concurrency 1, not {concurrency}): the donor cache is per sequence", file=sys.stderr)
         concurrency = 1
     if ar is None:
         ar = run_ar(target, ids, max_new_tokens, eos_token_id=eos_token_id, warmup=warmup, progress=progress,
