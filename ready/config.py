@@ -212,8 +212,8 @@ class EvalConfig:
     check_rounds: int = 2
     # sequences decoded together (ready.decode.batch, issue 19): 1 = one prompt at a time, the paper's
     # setting; c > 1 decodes each benchmark's prompts through c slots of one batched engine (AR and
-    # drafting rows alike; greedy and fast path only), TPS = all committed tokens / wall time at that
-    # concurrency; per-prompt rounds and accepted lengths stay per prompt
+    # drafting rows alike; greedy only), TPS = all committed tokens / wall time at that concurrency;
+    # per-prompt rounds and accepted lengths stay per prompt
     concurrency: int = 1
 
 
@@ -281,8 +281,8 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.samples_per_prompt", c.eval.samples_per_prompt >= 1, "an integer >= 1"),
         ("eval.check_rounds", c.eval.check_rounds >= 0, "an integer >= 0 (0 = no distribution check)"),
         ("eval.concurrency", c.eval.concurrency >= 1, "an integer >= 1 (sequences decoded together)"),
-        ("eval.concurrency", c.eval.concurrency == 1 or (c.eval.temperature == 0 and not c.eval.exact),
-         "1 when eval.temperature > 0 or eval.exact=true (batched decoding is greedy and runs the fast path)"),
+        ("eval.concurrency", c.eval.concurrency == 1 or c.eval.temperature == 0,
+         "1 when eval.temperature > 0 (batched decoding is greedy)"),
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
         ("bench.suites", len(c.bench.suites) >= 1, "a non-empty list of benchmark names (e.g. [humaneval, heldout])"),

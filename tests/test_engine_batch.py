@@ -148,10 +148,6 @@ def test_bad_input_is_one_clear_error(target):
         engine.generate([[1, 2], [3]], [4, 5, 6])
     with pytest.raises(DecodeError, match="prompt is empty"):
         engine.generate([[1, 2], []], 4)
-    exact = copy.deepcopy(target)
-    exact.exact = True
-    with pytest.raises(DecodeError, match="exact mode"):
-        BatchEngine(exact, batch_size=2)
 
 
 @pytest.mark.cuda
@@ -182,3 +178,74 @@ def test_rows_that_reach_the_end_of_the_context(target):
     ps = [[i % VOCAB for i in range(1, ctx - 20)], [5, 6, 7], [i * 7 % VOCAB for i in range(3, ctx - 30)]]
     budgets = [20, 20, 30]
     check_equal(target, make_drafter(target, "ready"), 2, ps, budgets, accept_fn=content_accept)
+
+
+@pytest.mark.parametrize("kind", ["ar", "ready"])
+def test_exact_mode_batched_equals_batch_one_in_bfloat16(target, kind):
+    """Exact mode, bfloat16: the ragged verify runs the row-invariant ops (exact linears and norms,
+    fixed-order attention with per-row key counts, token-by-token GDN), so a row's bits do not depend on
+    the batch: the tokens (and, through forced acceptance, the drafts) equal batch 1 exactly."""
+    bf = copy.deepcopy(target).to(torch.bfloat16)
+    bf.exact = True
+    drafter = make_drafter(bf, kind)
+    if drafter is not None:
+        drafter = drafter.to(torch.bfloat16)
+    kw = {"accept_fn": content_accept} if kind != "ar" else {}
+    check_equal(bf, drafter, 4, prompts(5)[:5], [9, 4, 12, 1, 7], **kw)
+
+
+def _verify_logits(model: HybridLM, device: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Logits of one [4, 4] ragged verify after prompts of four lengths, and of each row's batch-1 verify."""
+    from ready.target.ragged import new_ragged_cache, prefill_row, ragged_verify
+
+    gen = torch.Generator().manual_seed(0)
+    ps = [torch.randint(0, VOCAB, (n,), generator=gen).to(device) for n in (5, 17, 9, 30)]
+    blocks = torch.randint(0, VOCAB, (4, 4), generator=gen).to(device)
+    with torch.inference_mode():
+        cache = new_ragged_cache(model, 4, 64, max_verify=4)
+        for b, p in enumerate(ps):
+            prefill_row(model, cache, b, p)
+        batched = ragged_verify(model, blocks, cache).logits
+        single = []
+        for b, p in enumerate(ps):
+            one = model.new_cache(1, 64, max_verify=4)
+            model.prefill(p[None], one)
+            single.append(model.verify(blocks[b:b + 1], one).logits[0])
+    return batched, single
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_ragged_verify_logits_match_the_single_sequence_verify(target, exact):
+    """Row b of a ragged verify after a prompt of its own length = the batch-1 verify of that row (exact
+    mode: bit for bit, in bfloat16)."""
+    model = copy.deepcopy(target)
+    if exact:
+        model = model.to(torch.bfloat16)
+        model.exact = True
+    batched, single = _verify_logits(model, "cpu")
+    for b, s in enumerate(single):
+        if exact:
+            assert torch.equal(batched[b], s), f"row {b}"
+        else:
+            torch.testing.assert_close(batched[b], s, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["ar", "ready"])
+def test_exact_mode_batched_is_bit_identical_on_cuda(target, kind):
+    """bfloat16, exact mode, on CUDA (Triton exact linears/norms/attention, the fused GDN verify): the ragged
+    verify's logits equal each row's batch-1 verify bit for bit, and the batched engine (graphs captured per
+    batch size) gives every row its batch-1 generation at B = 4 and 16."""
+    tgt = copy.deepcopy(target).cuda().to(torch.bfloat16)
+    tgt.exact = True
+    batched, single = _verify_logits(tgt, "cuda")
+    assert all(torch.equal(batched[b], s) for b, s in enumerate(single))
+    drafter = make_drafter(tgt, kind)
+    if drafter is not None:
+        drafter = drafter.to(device="cuda", dtype=torch.bfloat16)
+    kw = {"accept_fn": content_accept} if kind != "ar" else {}
+    ps = prompts(6)
+    want = [Engine(tgt, drafter, **kw).generate(p, m) for p, m in zip(ps, BUDGETS)]
+    for b in (4, 16):
+        got = BatchEngine(tgt, drafter, batch_size=b, **kw).generate(ps, list(BUDGETS)).generations
+        assert [fields(g) for g in got] == [fields(w) for w in want], f"batch {b}"

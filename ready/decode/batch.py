@@ -28,7 +28,10 @@ call's wall time, and a benchmark's TPS (sum of new tokens / sum of wall times, 
 is the throughput at concurrency B: total committed tokens / wall time. `prefill_s` is the row's
 own prefill.
 
-Greedy only (no sampling, no state placebo donors, no exact mode): those stay with `Engine`.
+Exact mode (`target.exact`): the verify runs the target's row-invariant ops (`ready.target.ragged`),
+so every row's tokens equal the single-sequence engine's in any dtype, not only within ties.
+
+Greedy only (no sampling, no state placebo donors): those stay with `Engine`.
 On CUDA (default there) the verify of each block length and the batched draft step are replayed
 from CUDA graphs captured per batch size; on CPU everything runs eagerly.
 """
@@ -203,9 +206,6 @@ class BatchEngine:
             raise DecodeError(f"batch_size={batch_size}; expected an integer >= 1")
         if drafter is not None:
             check_drafter(target, drafter)
-        if bool(getattr(target, "exact", False)):
-            raise DecodeError("batched decoding runs the target's fast path; the target is in exact mode "
-                              "(eval.exact): decode at concurrency 1 or turn exact mode off")
         self.target, self.drafter = target, drafter
         self.batch_size = int(batch_size)
         self.k = drafter.block_size if drafter is not None else 0

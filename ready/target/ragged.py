@@ -19,8 +19,12 @@ this module's passes read it:
 
 Everything takes device tensors and never reads a length on the host, so `RaggedGraphedVerify`
 captures the verify of a [B, T] block once and replays it (CUDA). The attention here is the
-target's (same weights and ops, `ready.target.layers`) with per-row positions; it runs the fast
-path only (no exact mode).
+target's (same weights and ops, `ready.target.layers`) with per-row positions.
+
+Exact mode (`model.exact`, read per pass as `HybridLM.verify` does): every op is the target's
+row-invariant one (exact linears and norms, the fixed key-block-order `exact_attention` with per-row
+key counts, the GDN token-by-token recurrence), so a row's logits and states have the same bits in a
+batch of B as in the single-sequence engine's verify, in any dtype.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch.nn.functional as F
 
 from ready.target.cache import HybridCache
 from ready.target.config import TargetError
-from ready.target.layers import lin, rotary, apply_rotary
+from ready.target.layers import _elementwise, apply_rotary, exact_attention, lin, rotary
 import ready.target.layers as _layers
 
 
@@ -93,18 +97,18 @@ def prefill_row(model: Any, cache: RaggedCache, b: int, ids: torch.Tensor,
 
 
 def _ragged_attention(attn: Any, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      pos: torch.Tensor) -> torch.Tensor:
-    """The target's gated attention (`layers.Attention.forward`, fast path) with per-row positions
-    pos [B, T] over the shared buffers key/value [B, H_kv, L, hd]."""
+                      pos: torch.Tensor, exact: bool = False) -> torch.Tensor:
+    """The target's gated attention (`layers.Attention.forward`) with per-row positions pos [B, T] over
+    the shared buffers key/value [B, H_kv, L, hd]; `exact`: its row-invariant ops."""
     B, T, _ = x.shape
     L = key.shape[2]
-    qg, k, v = lin(x, attn.qkv_proj.weight).split(attn.split, dim=-1)
+    qg, k, v = lin(x, attn.qkv_proj.weight, exact).split(attn.split, dim=-1)
     q, gate = qg.reshape(B, T, attn.n_heads, 2 * attn.hd).chunk(2, dim=-1)
     gate = gate.reshape(B, T, -1)
-    q = attn.q_norm(q).transpose(1, 2)
-    k = attn.k_norm(k.reshape(B, T, attn.n_kv, attn.hd)).transpose(1, 2)
+    q = attn.q_norm(q, exact).transpose(1, 2)
+    k = attn.k_norm(k.reshape(B, T, attn.n_kv, attn.hd), exact).transpose(1, 2)
     v = v.reshape(B, T, attn.n_kv, attn.hd).transpose(1, 2)
-    cos, sin = rotary(pos.reshape(-1), attn.rot_dim, attn.cfg.rope_theta, q.dtype)
+    cos, sin = rotary(pos.reshape(-1), attn.rot_dim, attn.cfg.rope_theta, q.dtype, exact)
     cos, sin = cos.view(B, 1, T, -1), sin.view(B, 1, T, -1)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     # positions past the buffer (a finished row's junk block near the end) land on the last slot,
@@ -112,31 +116,37 @@ def _ragged_attention(attn: Any, x: torch.Tensor, key: torch.Tensor, value: torc
     idx = pos.clamp(max=L - 1)[:, None, :, None].expand(B, attn.n_kv, T, attn.hd)
     key.scatter_(2, idx, k)
     value.scatter_(2, idx, v)
-    mask = torch.arange(L, device=x.device)[None, None, :] <= pos[:, :, None]  # [B, T, L]
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask[:, None], enable_gqa=True)
-    out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate)
-    return lin(out, attn.o_proj.weight)
-
-
-def _ragged_layer(layer: Any, x: torch.Tensor, slot: Any, kv: Optional[tuple], pos: torch.Tensor) -> torch.Tensor:
-    """One pre-norm block of a ragged verify (`layers.decoder_layer_forward`, mode verify, fast path)."""
-    h = layer.input_layernorm(x)
-    if kv is None:
-        h, _ = layer.linear_attn(h, "verify", slot, None, False)
+    if exact:  # fixed key-block order over keys 0..p of each row: the single-sequence verify's bits
+        out = exact_attention(q, key, value, pos + 1)
     else:
-        h = _ragged_attention(layer.self_attn, h, kv[0], kv[1], pos)
+        mask = torch.arange(L, device=x.device)[None, None, :] <= pos[:, :, None]  # [B, T, L]
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask[:, None], enable_gqa=True)
+    out = out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
+    return lin(out, attn.o_proj.weight, exact)
+
+
+def _ragged_layer(layer: Any, x: torch.Tensor, slot: Any, kv: Optional[tuple], pos: torch.Tensor,
+                  exact: bool = False) -> torch.Tensor:
+    """One pre-norm block of a ragged verify (`layers.decoder_layer_forward` in verify mode)."""
+    h = layer.input_layernorm(x, exact)
+    if kv is None:
+        h, _ = layer.linear_attn(h, "verify", slot, None, exact)
+    else:
+        h = _ragged_attention(layer.self_attn, h, kv[0], kv[1], pos, exact)
     x = x + h
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    return x + layer.mlp(layer.post_attention_layernorm(x, exact), exact)
 
 
-_COMPILED: Any = None
+_COMPILED: dict[bool, Any] = {}
 
 
-def _compiled_layer() -> Any:
-    global _COMPILED
-    if _COMPILED is None:
-        _COMPILED = torch.compile(_ragged_layer, dynamic=False)
-    return _COMPILED
+def _compiled_layer(exact: bool) -> Any:
+    """The torch.compile'd layer (exact mode: its own variant that rounds every 16-bit cast as eager code
+    does, as `HybridLM.compile_layers` makes for the single-sequence graphs)."""
+    if exact not in _COMPILED:
+        opts = {"options": {"emulate_precision_casts": True}} if exact else {}
+        _COMPILED[exact] = torch.compile(_ragged_layer, dynamic=False, **opts)
+    return _COMPILED[exact]
 
 
 def _run_ragged(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layers: Sequence[int] = (),
@@ -149,21 +159,22 @@ def _run_ragged(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layer
     if T > cache.max_verify:
         raise TargetError(f"verify block of {T} tokens exceeds the cache's max_verify={cache.max_verify}")
     capture = model._check_capture(capture_layers)
+    exact = bool(getattr(model, "exact", False))
     pos = cache.lengths_t[:, None] + torch.arange(T, device=ids.device)
-    fn = _compiled_layer() if compiled else _ragged_layer
+    fn = _compiled_layer(exact) if compiled else _ragged_layer
     x = model.model.embed_tokens(ids)
     hidden = {}
     for lid, layer in enumerate(model.model.layers):
         gi = model._gdn_index.get(lid, -1)
         if gi >= 0:
-            x = fn(layer, x, cache.gdn_slots[gi], None, pos)
+            x = fn(layer, x, cache.gdn_slots[gi], None, pos, exact)
         else:
             ai = model._attn_index[lid]
-            x = fn(layer, x, None, (cache.key[ai], cache.value[ai]), pos)
+            x = fn(layer, x, None, (cache.key[ai], cache.value[ai]), pos, exact)
         if lid in capture:
             hidden[lid] = x
-    h = model.model.norm(x)
-    logits = lin(h, model.lm_head.weight) if model.lm_head.bias is None else model.lm_head(h)
+    h = model.model.norm(x, exact)
+    logits = lin(h, model.lm_head.weight, exact) if model.lm_head.bias is None else model.lm_head(h)
     hid = torch.stack([hidden[i] for i in capture], dim=2) if capture else None
     return TargetOutput(logits=logits, hidden=hid)
 
@@ -196,7 +207,8 @@ class RaggedGraphedVerify:
 
     Positions come from `cache.lengths_t` on the device, so one capture serves every round. On CUDA
     the layers run compiled (torch.compile) inside the graph when the target's `graphs_compile()`
-    says so; a failed capture warns once and stays eager."""
+    says so; a failed capture warns once and stays eager. The target's exact mode is read at capture
+    (a graph replays the mode it was captured in, as `GraphedVerify`)."""
 
     def __init__(self, model: Any, cache: RaggedCache, tokens: int, capture_layers: Sequence[int] = (),
                  warmup: int = 2) -> None:
