@@ -41,7 +41,8 @@ Prints one JSON object:
   rounds) through `ready.decode.batch.BatchEngine` at each batch size: `--waves` x B prompts per timed call,
   `tokens_per_s` = all new tokens / wall time, `decode_tokens_per_s` without the prefills, per-round µs of
   draft / verify / commit, `reader_share` = (ReaDy draft µs - DSpark draft µs) / ReaDy round µs,
-  `ready_over_dspark`, and `reader` (the readers' own µs at that batch, CUDA). CUDA graphs per batch size
+  `ready_over_dspark`, `reader` (the readers' own µs at that batch, CUDA) and `reader_share_direct` =
+  those µs / ReaDy round µs. CUDA graphs per batch size
   (verify per block length, the batched draft step). `--batch-only` skips the single-sequence sections.
 """
 
@@ -484,6 +485,8 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
                 run["reader_extra_draft_us"] = round(bd["draft_us"] - ba["draft_us"], 1)
                 run["reader_share"] = (bd["draft_us"] - ba["draft_us"]) / bd["round_us"]
             run["reader"] = time_readers(engines["ready"].drafter, engines["ready"].cache, batch=B)
+            if run["reader"].get("readers_us") and bd.get("round_us"):  # the readers' own µs (CUDA graph) / round
+                run["reader_share_direct"] = run["reader"]["readers_us"] / bd["round_us"]
         out["runs"].append(run)
         del engines
         if target.device.type == "cuda":
