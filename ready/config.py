@@ -196,10 +196,12 @@ class EvalConfig:
     # held-out regenerated sequences (the validation split, regen lengths) on which every drafting
     # row's teacher-forced acceptance `heldout_tf/tau` is measured over every full-block anchor; 0 = off
     heldout_tf_samples: int = 128
-    # exact mode: the target's verify and AR step run row-invariant kernels, so the speculative output
-    # equals AR token for token in 16-bit too (lossless_exact); off = the fast path, checked by greedy_valid
-    # within a tie margin (docs/benchmarks.md "What lossless means": cost and flip rates on the H200)
-    exact: bool = False
+    # auto | on | off. exact mode: the target's verify and AR step run row-invariant kernels, so the
+    # speculative output equals AR token for token in 16-bit too (lossless_exact); off = the fast path,
+    # checked by greedy_valid within a tie margin. auto = on for a bfloat16/float16 target (3 % AR cost on
+    # the H200, 27B preset), off for float32 (bit-identical there already; exact mode's CPU path is slow)
+    # (docs/benchmarks.md "What lossless means")
+    exact: str = "auto"
     # sampling (docs/sweeps.md "Sampling"): 0 = greedy, the paper's setting; > 0 = AR and speculative sampling
     # with the standard acceptance rule (exact in distribution), lossless then = the distribution check
     temperature: float = 0.0
@@ -276,6 +278,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.max_new_tokens", c.eval.max_new_tokens >= 1, "an integer >= 1"),
         ("eval.heldout_tf_samples", c.eval.heldout_tf_samples >= 0, "an integer >= 0 (0 = no teacher-forced metric)"),
         ("eval.interleave_ar", c.eval.interleave_ar in ("auto", "on", "off"), "auto, on or off"),
+        ("eval.exact", str(c.eval.exact).lower() in EXACT_VALUES, "auto, on or off (or true / false)"),
         ("eval.temperature", c.eval.temperature >= 0, "a number >= 0 (0 = greedy)"),
         ("eval.top_p", 0 < c.eval.top_p <= 1, "a number in (0, 1] (1 = no nucleus cut)"),
         ("eval.samples_per_prompt", c.eval.samples_per_prompt >= 1, "an integer >= 1"),
@@ -290,6 +293,16 @@ def validate(cfg: DictConfig | Config) -> None:
     for key, ok, expected in checks:
         if not ok:
             raise ConfigError(f"bad value at key '{key}': {OmegaConf.select(c, key)!r}; expected {expected}")
+
+
+EXACT_VALUES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
+
+
+def exact_mode(cfg: DictConfig | Config) -> bool:
+    """`eval.exact` resolved: on / off as given; auto = on for a 16-bit target. Depends on the config
+    only (never on the machine), so a row hashes the same everywhere."""
+    value = EXACT_VALUES[str(cfg.eval.exact).lower()]
+    return cfg.target.dtype in ("bfloat16", "float16") if value is None else value
 
 
 def length_mismatch(cfg: DictConfig | Config) -> Optional[str]:

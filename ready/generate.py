@@ -32,7 +32,7 @@ import torch
 from ready.decode.errors import DecodeError
 
 METHODS = ("ar", "ngram", "dspark", "ready")
-DEFAULT_EXACT = False  # the fast path; exact mode costs (docs/benchmarks.md "What lossless means")
+DEFAULT_EXACT = None  # as eval.exact's auto: exact mode for a 16-bit target, the fast path in float32
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -54,7 +54,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--check-lossless", action="store_true",
                    help="also decode with AR: lossless_exact (token for token) and greedy_valid (up to the tie margin)")
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=DEFAULT_EXACT,
-                   help="exact mode: verify and the AR step bit-identical (row-invariant kernels; default: %(default)s)")
+                   help="exact mode: verify and the AR step bit-identical (row-invariant kernels; default: on for "
+                        "--dtype bfloat16/float16, off for float32, like eval.exact=auto)")
     p.add_argument("--tie-margin", type=float, default=None,
                    help="greedy_valid's tie margin relative to max(|top-1 logit|, logit std) (default: per dtype, "
                         "ready.decode.evaluate.TIE_REL)")
@@ -187,6 +188,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except DecodeError as e:
             raise DecodeError(f"prompt {i}: {e}") from None
     drafter = build_drafter(args.method, args, target)
+    if args.exact is None:
+        args.exact = args.dtype in ("bfloat16", "float16")
     target.exact = bool(args.exact)
     on_cuda = target.device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else int(on_cuda)

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import cached
-from ready.config import to_container
+from ready.config import exact_mode, to_container
 from ready.metrics import Metrics, overall
 
 METHODS = ("ar", "dspark", "ft", "placebo", "ready")
@@ -144,7 +144,7 @@ def _load(cfg: DictConfig, progress: bool) -> _Loaded:
                                   "has no tokenizer or weights; expected target.pretrain=true or a checkpoint directory")
     dtype = getattr(torch, str(cfg.target.dtype))
     target = load_target(path, device=device, dtype=dtype)
-    target.exact = bool(cfg.eval.exact)  # AR reference and drafting rows decode in the same mode
+    target.exact = exact_mode(cfg)  # AR reference and drafting rows decode in the same mode
     for p in target.parameters():
         p.requires_grad_(False)
     from ready.data.tokenizer import load_tokenizer
@@ -210,7 +210,8 @@ def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list
             "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "max_new_tokens": budget, "warmup": int(cfg.eval.warmup_rounds),
             "eos": loaded.eos, **({"sampling": sampling_spec(cfg)} if sampling_spec(cfg) else {}),
-            **({"concurrency": concurrency(cfg)} if concurrency(cfg) > 1 else {})}
+            **({"concurrency": concurrency(cfg)} if concurrency(cfg) > 1 else {}),
+            **({"exact": True} if exact_mode(cfg) else {})}  # 16-bit AR tokens differ by mode; earlier caches were fast
 
     def build(tmp: Path) -> None:
         out = {}
@@ -413,6 +414,7 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: A
         evals["sampling_version"] = SAMPLING_VERSION
     if int(evals.get("concurrency", 1)) == 1:  # one prompt at a time: the evaluations cached before the key stay valid
         evals.pop("concurrency", None)
+    evals["exact"] = exact_mode(cfg)  # auto resolved: float32 auto hashes as the earlier `false`
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "eval": evals, "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),

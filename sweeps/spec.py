@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ready.config import ConfigError, config_hash, merge, schema, to_container, validate
+from ready.config import ConfigError, config_hash, exact_mode, merge, schema, to_container, validate
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 METHODS = ("ar", "dspark", "ft", "placebo", "ready")
@@ -203,6 +203,8 @@ def canonical(cfg: DictConfig, method: str) -> dict:
     tree = to_container(cfg)
     for key in _NEVER_HASHED + _UNUSED_BY[method]:
         _drop(tree, key)
+    if "eval" in tree:  # auto / on / true name the same decoding (a float32 auto row hashes as before: false)
+        tree["eval"]["exact"] = exact_mode(cfg)
     reader = tree.get("reader")
     if reader is not None:  # -1 and num_layers-1 name the same draft layer
         n = tree["drafter"]["num_layers"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from sweeps.basegen import drift, render
 from sweeps.run import main
+from ready.config import ConfigError, merge, schema, validate
 from sweeps.spec import EXPERIMENTS_DIR, SpecError, list_sweeps, load_sweep
 
 SWEEPS = ["main", "ft_control", "rank", "layers", "inject_layer", "inject_pos", "search_loss", "positive_control"]
@@ -180,3 +181,20 @@ def test_default_threads_use_the_idle_cores_shared_among_workers(monkeypatch):
     assert run.default_threads(1) == 4 and run.default_threads(2) == 2 and run.default_threads(8) == 1
     monkeypatch.setattr(run.os, "getloadavg", lambda: (3.2, 0.0, 0.0))  # another job holds 3 cores
     assert run.default_threads(1) == 1
+
+
+def test_exact_mode_auto_is_on_for_16_bit_targets_and_keeps_float32_hashes():
+    from ready.config import exact_mode
+    from sweeps.spec import job_hash
+
+    cfg = merge(schema(), {})
+    assert cfg.eval.exact == "auto" and exact_mode(cfg) is False  # float32: the fast path is bit-identical
+    bf16 = merge(cfg, {"target": {"dtype": "bfloat16"}})
+    assert exact_mode(bf16) is True
+    assert exact_mode(merge(bf16, {"eval": {"exact": False}})) is False
+    assert exact_mode(merge(cfg, {"eval": {"exact": "on"}})) is True
+    # auto and the value it resolves to are one decoding, so one row
+    assert job_hash(cfg, "ready") == job_hash(merge(cfg, {"eval": {"exact": "off"}}), "ready")
+    assert job_hash(bf16, "ready") == job_hash(merge(bf16, {"eval": {"exact": True}}), "ready")
+    with pytest.raises(ConfigError, match="eval.exact"):
+        validate(merge(cfg, {"eval": {"exact": "sometimes"}}))

@@ -222,9 +222,9 @@ class RaggedGraphedVerify:
             return
         compiled = model.graphs_compile() and os.environ.get("READY_COMPILE", "1") != "0"
         if compiled:
-            import torch._dynamo
+            import torch._dynamo as dynamo  # a plain `import torch._dynamo` here would make `torch` local
 
-            dcfg = torch._dynamo.config
+            dcfg = dynamo.config
             for name in ("recompile_limit", "cache_size_limit"):
                 if hasattr(dcfg, name):
                     setattr(dcfg, name, max(getattr(dcfg, name), 64))
