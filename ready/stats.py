@@ -155,8 +155,8 @@ def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[in
         wall_s=np.asarray([float(r.get("wall_s") or 0.0) for r in recs], dtype=float),
         ar_wall_s=np.asarray([float(r.get("ar_wall_s") or 0.0) for r in recs], dtype=float),
     )
-    if not any("sample" in r for r in recs):
-        return per_record
+    if not any(r.get("seed") is not None or int(r.get("sample") or 0) for r in recs):
+        return per_record  # greedy: `sample: 0, seed: null` (or no such keys, as written before sampling existed)
     keys = [(int(r.get("sample") or 0), None if r.get("seed") is None else int(r["seed"])) for r in recs]
     return pool_samples(per_record, keys, where)
 

@@ -270,3 +270,15 @@ def test_sampled_rows_with_other_seeds_or_samples_do_not_pair():
     ev["benchmarks"]["b"]["prompts"].append(dict(ev["benchmarks"]["b"]["prompts"][0]))
     with pytest.raises(stats.StatsError, match="a sample appears twice"):
         stats.tallies(ev)
+
+
+def test_a_greedy_row_written_with_sample_keys_pairs_with_one_written_before_sampling_existed():
+    # greedy records now say `sample: 0, seed: null`; evaluations cached earlier have no such keys
+    drawn, old = _row(1)
+    written = evaluation("ready", drawn)
+    for bench in written["benchmarks"].values():
+        for rec in bench["prompts"]:
+            rec.update(sample=0, seed=None)
+    new = stats.tallies(written)
+    assert new.benchmarks["humaneval"].samples is None
+    assert stats.gain_pct([new], [old], stats.OVERALL).value == pytest.approx(0.0)
