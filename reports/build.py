@@ -1,4 +1,5 @@
-"""`python -m reports.build`: write the paper's tables (LaTeX + Markdown) and Figure 5 from MLflow.
+"""`python -m reports.build`: write the paper's tables (LaTeX + Markdown), Figure 5 and, for a sweep
+evaluated at several `eval.concurrency` values, its TPS-vs-concurrency figure, from MLflow.
 
     python -m reports.build                         # every sweep in sqlite:///mlflow.db
     python -m reports.build --sweep rank --fragment # tabular-only reports/out/table3.tex
@@ -16,12 +17,13 @@ from typing import Callable, Sequence
 import polars as pl
 
 from ready.artifacts import atomic_write_text
-from reports import collect, latex, markdown
+from reports import collect, concurrency, latex, markdown
 from reports.errors import ReportError
 from reports.figures import plot_survival, survival_curves
 from reports.tables import build_table, seeds_text
 
 FIGURE_STEM = "fig5_survival"
+CONCURRENCY_STEM = "fig_tps_concurrency_{sweep}"
 MAIN_SWEEP = "main"
 CACHE = Path(".cache") / "evaluations"  # under the output folder: evaluation.json per finished run id
 
@@ -61,6 +63,33 @@ def _figure(tracking_uri: str, loaded: dict[str, pl.DataFrame], out_dir: Path,
     return []
 
 
+def _concurrency_figures(tracking_uri: str, every_run: dict[str, pl.DataFrame], out_dir: Path,
+                         echo: Callable[[str], None]) -> list[Path]:
+    """Per sweep whose settings ran several `eval.concurrency` values: decode TPS against concurrency
+    (`reports.concurrency`, over all its settings, not only the one the tables report)."""
+    written: list[Path] = []
+    for sweep, runs in every_run.items():
+        data = concurrency.tps_by_concurrency(runs)
+        if data is None:
+            continue
+        used = runs.filter(pl.col("run_id").is_in(data.run_ids))
+        logs = {} if concurrency.devices_in_params(used) else _evaluations(tracking_uri, used, out_dir, echo)
+        found = concurrency.devices(used, logs)
+        stem = CONCURRENCY_STEM.format(sweep=sweep)
+        variants = collect.aggregate(used)
+        model = ", ".join(collect.models(used)) or "unknown model"
+        note = concurrency.timing_note(found)
+        title = (f"Decode TPS vs concurrency — sweep {sweep}, {model}, {seeds_text(collect.seed_counts(variants))}; "
+                 f"mean ± std over seeds" + (f"\n{note}" if note else ""))
+        paths = concurrency.plot_tps(data, title, out_dir / stem)
+        for msg in data.notes:
+            echo(f"{stem}: {msg}")
+        cs = ", ".join(map(str, data.concurrencies))
+        echo(f"{stem}: sweep {sweep}, concurrency {cs}{'; ' + note if note else ''} -> {', '.join(str(p) for p in paths)}")
+        written += paths
+    return written
+
+
 def build_reports(
     tracking_uri: str,
     sweeps: Sequence[str] | None,
@@ -69,7 +98,8 @@ def build_reports(
     *,
     echo: Callable[[str], None] | None = print,
 ) -> list[Path]:
-    """Write `<table>.tex` + `<table>.md` per sweep and the survival figure; return the files written.
+    """Write `<table>.tex` + `<table>.md` per sweep, the survival figure and, per sweep that ran several
+    `eval.concurrency` values, `fig_tps_concurrency_<sweep>.pdf/.png`; return the files written.
 
     `sweeps` None or empty means every `ready-*` experiment in the store. `fragment` writes
     tabular-only .tex files for \\input{}. Each Markdown table is also passed to `echo` (print).
@@ -83,9 +113,10 @@ def build_reports(
     names = list(dict.fromkeys(sweeps or [])) or collect.list_sweeps(tracking_uri)
     if not names:
         raise ReportError(f"tracking URI {tracking_uri!r}: no experiments named ready-<sweep>; run a sweep first")
-    loaded = {}
+    loaded, every_run = {}, {}
     for name in names:
-        runs, msg = collect.latest_setting(collect.load_runs(tracking_uri, name))
+        every_run[name] = collect.load_runs(tracking_uri, name)  # every setting: the concurrency figure's
+        runs, msg = collect.latest_setting(every_run[name])
         if msg:
             say(f"sweep {name}: {msg}")
         loaded[name] = runs
@@ -103,6 +134,7 @@ def build_reports(
         written += [tex, md]
         say(text)
     written += _figure(tracking_uri, loaded, out, say)
+    written += _concurrency_figures(tracking_uri, every_run, out, say)
     return written
 
 
