@@ -205,6 +205,8 @@ def canonical(cfg: DictConfig, method: str) -> dict:
         _drop(tree, key)
     if "eval" in tree:  # auto / on / true name the same decoding (a float32 auto row hashes as before: false)
         tree["eval"]["exact"] = exact_mode(cfg)
+        if tree["eval"].get("concurrency") == 1:  # one prompt at a time, as every row before the key: same hash
+            del tree["eval"]["concurrency"]
     reader = tree.get("reader")
     if reader is not None:  # -1 and num_layers-1 name the same draft layer
         n = tree["drafter"]["num_layers"]

@@ -198,3 +198,11 @@ def test_exact_mode_auto_is_on_for_16_bit_targets_and_keeps_float32_hashes():
     assert job_hash(bf16, "ready") == job_hash(merge(bf16, {"eval": {"exact": True}}), "ready")
     with pytest.raises(ConfigError, match="eval.exact"):
         validate(merge(cfg, {"eval": {"exact": "sometimes"}}))
+
+
+def test_rows_hash_as_before_the_concurrency_key_unless_they_batch():
+    from sweeps.spec import canonical, job_hash
+
+    cfg = merge(schema(), {})
+    assert "concurrency" not in canonical(cfg, "ready")["config"]["eval"]  # rows run before the key stay found
+    assert job_hash(merge(cfg, {"eval": {"concurrency": 4}}), "ready") != job_hash(cfg, "ready")
