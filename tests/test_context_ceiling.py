@@ -1,0 +1,48 @@
+"""The context ceiling counts the positions where the target's greedy token needs text beyond a window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ready.decode.context_ceiling import greedy_change_rate
+from ready.train import greedy_responses
+from test_train_helpers import micro_prompts, micro_target
+
+
+@pytest.fixture(scope="module")
+def regenerated():
+    target = micro_target()
+    return target, greedy_responses(target, micro_prompts(6, 12), 10, eos_id=None, batch_size=6, progress=False)
+
+
+def test_a_window_that_holds_every_prefix_changes_nothing(regenerated):
+    target, data = regenerated
+    rate, n = greedy_change_rate(target, data, window=int(data.tokens.shape[1]))
+    assert n == 6 * 10 and rate == 0.0
+
+
+def test_a_one_token_window_changes_some_greedy_tokens(regenerated):
+    target, data = regenerated
+    short, _ = greedy_change_rate(target, data, window=1)
+    assert 0.0 < short <= 1.0
+
+
+def test_the_count_matches_a_position_by_position_recount(regenerated):
+    target, data = regenerated
+    w, changed, n = 5, 0, 0
+    with torch.no_grad():
+        for i in range(len(data)):
+            seq = data.tokens[i, : int(data.lengths[i])]
+            for t in range(data.prompt_len - 1, seq.numel() - 1):
+                full = target(seq[None, : t + 1]).logits[0, -1].argmax()
+                cut = target(seq[None, max(0, t + 1 - w): t + 1]).logits[0, -1].argmax()
+                changed += int(full != cut)
+                n += 1
+    assert greedy_change_rate(target, data, window=w) == (pytest.approx(changed / n), n)
+
+
+def test_a_window_below_one_is_refused(regenerated):
+    target, data = regenerated
+    with pytest.raises(ValueError, match="window 0"):
+        greedy_change_rate(target, data, window=0)
