@@ -14,9 +14,13 @@ on the evaluation suites (`overall`) and teacher-forced on held-out regenerated 
 - the saturation claim ("full rank adds little over r = 8") reproduces when the interval of the
   full-rank gain lies below +SATURATION_PCT, does not when it lies above it, and is inconclusive
   otherwise;
-- a null claim ("rank does not matter") is only worth something when the reader shows a state
-  effect at all: a finding's precondition comparison (ReaDy above the state placebo) must clear 0,
-  or the finding reads "vacuous" instead of "reproduces".
+- a finding about how the reader should be built (rank, source layers, injection) is only worth
+  something when the reader shows a state effect at all: its precondition comparison (the default
+  ReaDy row above the state placebo) must clear 0, or the finding reads "vacuous" instead of
+  "reproduces" (a rank cannot matter, and a layer cannot win on state information, for a reader
+  that has not been shown to read anything);
+- when the engine's interval and the teacher-forced one both exclude 0 but with opposite signs, the
+  comparison is "inconclusive" (the two metrics disagree).
 """
 
 from __future__ import annotations
@@ -75,13 +79,16 @@ FINDINGS = (
     Finding("Layer 62 is the best single source, (30, 62) the best set, adding layer 2 hurts", "layers",
             "{62} > {30}, {2}; {30,62} best; {2,30,62} < {30,62} (Table 4)",
             (Comparison("{62}", "{30}"), Comparison("{62}", "{2}"), Comparison("{30,62}", "{62}"),
-             Comparison("{2,30,62}", "{30,62}", "below"))),
+             Comparison("{2,30,62}", "{30,62}", "below"),
+             Comparison("{30,62}", "Placebo (shuffled states)", "precondition"))),
     Finding("Injecting once, in the last draft layer, is best", "inject_layer",
             "{last} > {0}, {0,last}, all (Table 5)",
-            (Comparison("{last}", "{0}"), Comparison("{last}", "{0,last} = all"))),
+            (Comparison("{last}", "{0}"), Comparison("{last}", "{0,last} = all"),
+             Comparison("{last}", "Placebo (shuffled states)", "precondition"))),
     Finding("Post-attention injection beats pre-attention", "inject_pos",
             "post-attention > pre-attention (Table 6)",
-            (Comparison("post-attention", "pre-attention"),)),
+            (Comparison("post-attention", "pre-attention"),
+             Comparison("post-attention", "Placebo (shuffled states)", "precondition"))),
 )
 
 
@@ -102,6 +109,16 @@ def judge(c: Comparison, iv: Optional[Interval]) -> Optional[str]:
     sign = -1 if c.claim == "below" else 1
     lo, hi = sorted((sign * iv.lo, sign * iv.hi))
     return "reproduces" if lo > 0 else ("does not" if hi < 0 else "inconclusive")
+
+
+def reconcile(verdict: Optional[str], engine: Optional[Interval], tf: Optional[Interval]) -> Optional[str]:
+    """A decided verdict becomes "inconclusive" when the teacher-forced interval clears 0 on the other
+    side of the engine's (both metrics certain, and opposed)."""
+    if verdict not in ("reproduces", "does not") or engine is None or tf is None:
+        return verdict
+    engine_sign = 1 if engine.lo > 0 else (-1 if engine.hi < 0 else 0)
+    tf_sign = 1 if tf.lo > 0 else (-1 if tf.hi < 0 else 0)
+    return "inconclusive" if engine_sign * tf_sign < 0 else verdict
 
 
 def overall_verdict(verdicts: Sequence[Optional[str]], preconditions: Sequence[Optional[str]] = ()) -> str:
@@ -152,6 +169,9 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
         counts = evidence.counts(a, stats.OVERALL)
         n = f"{counts.seeds} × {counts.prompts} × {counts.rounds:,}" if counts else "—"
         verdict = judge(c, engine)
+        if reconcile(verdict, engine, tf) != verdict:
+            verdict = "inconclusive"
+            notes.append(f"{c.row} vs {c.ref}: the engine and teacher-forced intervals exclude 0 with opposite signs")
         (preconditions if c.claim == "precondition" else verdicts).append(verdict)
         claim = {"above": "> 0", "below": "< 0", "saturated": f"< +{SATURATION_PCT:g} %", "null": "not > 0",
                  "info": "(context)", "precondition": "> 0 (precondition)"}[c.claim]

@@ -49,3 +49,14 @@ def test_regenerating_keeps_the_hand_written_preface(tmp_path):
     assert with_preface(out, "tables v1") == "tables v1"  # no file yet
     out.write_text("# Reading\n\nwhat the numbers mean\n\n" + MARKER + "\n\ntables v1")
     assert with_preface(out, "tables v2") == "# Reading\n\nwhat the numbers mean\n\n" + MARKER + "\n\ntables v2"
+
+
+def test_opposed_certain_metrics_make_a_comparison_inconclusive():
+    from reports.findings import reconcile
+
+    up, down, either = Interval(0.8, 0.2, 1.8), Interval(-0.2, -0.3, -0.04), Interval(0.1, -0.2, 0.3)
+    assert reconcile("reproduces", up, down) == "inconclusive"
+    assert reconcile("reproduces", up, either) == "reproduces"  # teacher-forced undecided: the engine decides
+    assert reconcile("reproduces", up, Interval(0.3, 0.1, 0.5)) == "reproduces"
+    assert reconcile("inconclusive", up, down) == "inconclusive"
+    assert reconcile(None, up, down) is None
