@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ready.decode.context_ceiling import greedy_change_rate
+from ready.decode.context_ceiling import greedy_change_rate, rejection_share
 from ready.train import greedy_responses
 from test_train_helpers import micro_prompts, micro_target
 
@@ -46,3 +46,20 @@ def test_a_window_below_one_is_refused(regenerated):
     target, data = regenerated
     with pytest.raises(ValueError, match="window 0"):
         greedy_change_rate(target, data, window=0)
+
+
+def test_an_untrained_drafters_rejections_are_its_anchor_positions(regenerated):
+    # a drafter that accepts nothing rejects its first draft at every anchor: both shares count the
+    # same positions, so they must agree; a window holding every prefix makes both zero
+    from ready.config import merge, schema
+    from ready.drafter import DSparkDrafter
+
+    target, data = regenerated
+    cfg = merge(schema(), {"drafter": {"block_size": 4, "num_layers": 1, "head_rank": 8}})
+    torch.manual_seed(0)
+    drafter = DSparkDrafter(cfg.drafter, cfg.reader, target).eval()
+    r = rejection_share(drafter, target, data, window=3)
+    assert r["anchors"] > 0 and r["rejections"] == r["anchors"]
+    assert r["rejection_share"] == pytest.approx(r["anchor_share"]) and 0 < r["anchor_share"] <= 1
+    whole = rejection_share(drafter, target, data, window=int(data.tokens.shape[1]))
+    assert whole["anchor_share"] == 0.0 and whole["rejection_share"] == 0.0

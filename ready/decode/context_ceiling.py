@@ -8,7 +8,9 @@ target is given only the last W tokens before each position; the share of positi
 greedy choice then changes is what a drafter that sees only W tokens cannot know without the
 states (the positive control cuts the drafter's context to W: experiments/positive_control.yaml).
 A small share bounds the effect any reader can show; a large one says the information exists, so
-a null result points at the reader or its training instead. Prints JSON.
+a null result points at the reader or its training instead. With `--drafter DIR` (a trained
+drafter, e.g. the base drafter of a positive-control seed) it also says where that drafter's
+rejections fall: among positions that need older text, or elsewhere. Prints JSON.
 """
 
 from __future__ import annotations
@@ -24,24 +26,59 @@ from ready.train.regen import RegenData
 
 
 @torch.no_grad()
+def changed_positions(target: Any, seq: torch.Tensor, window: int) -> torch.Tensor:
+    """Bool [T]: entry t says whether the target's greedy token after seq[: t + 1] changes when it
+    sees only the last `window` of those tokens (False where the prefix fits in the window)."""
+    if window < 1:
+        raise ValueError(f"window {window}: expected an integer >= 1")
+    full = target(seq[None]).logits[0].argmax(-1)
+    out = torch.zeros(seq.numel(), dtype=torch.bool, device=seq.device)
+    cut = list(range(window, seq.numel()))  # t + 1 > window: the window drops something
+    if cut:
+        windows = torch.stack([seq[t + 1 - window: t + 1] for t in cut])
+        out[cut] = target(windows).logits[:, -1].argmax(-1) != full[cut]
+    return out
+
+
 def greedy_change_rate(target: Any, data: RegenData, window: int) -> tuple[float, int]:
     """(share of response positions whose greedy token changes when the target sees only the last
     `window` tokens, positions counted). Positions with fewer than `window` tokens before them see
     their whole prefix either way and count as unchanged."""
-    if window < 1:
-        raise ValueError(f"window {window}: expected an integer >= 1")
     changed = counted = 0
     device = next(target.parameters()).device
     for i in range(len(data)):
         seq = data.tokens[i, : int(data.lengths[i])].to(device)
-        full = target(seq[None]).logits[0].argmax(-1)
-        positions = list(range(int(data.prompt_len) - 1, seq.numel() - 1))  # each predicts a response token
-        cut = [t for t in positions if t + 1 > window]
-        if cut:
-            windows = torch.stack([seq[t + 1 - window: t + 1] for t in cut])
-            changed += int((target(windows).logits[:, -1].argmax(-1) != full[cut]).sum())
-        counted += len(positions)
+        flags = changed_positions(target, seq, window)[int(data.prompt_len) - 1: seq.numel() - 1]
+        changed, counted = changed + int(flags.sum()), counted + flags.numel()
     return (changed / counted if counted else 0.0), counted
+
+
+@torch.no_grad()
+def rejection_share(drafter: Any, target: Any, data: RegenData, window: int, batch_size: int = 8) -> dict[str, Any]:
+    """Where a drafter fails: over every full-block anchor (teacher-forced, as `heldout_tf/tau`), the
+    share of anchor positions whose target token needs text beyond `window`, and the same share
+    among the positions of the drafter's first rejected draft. A rejection share well above the
+    anchor share says the drafter fails where older text matters: what reading states could fix."""
+    from ready.decode.teacher_forced import _batches, block_acceptance, full_block_anchors
+
+    K = int(drafter.block_size)
+    device = next(drafter.parameters()).device
+    anchors, valid = full_block_anchors(data, K)
+    n_anchor = n_anchor_changed = n_rej = n_rej_changed = 0
+    for rows in _batches(len(data), max(2, batch_size)):
+        tokens, a, ok = data.tokens[rows].to(device), anchors[rows].to(device), valid[rows].to(device)
+        if a.shape[1] == 0:
+            continue
+        acc = block_acceptance(drafter, target, tokens, a)
+        for b in range(tokens.shape[0]):
+            flags = changed_positions(target, tokens[b, : int(data.lengths[rows][b])], window)
+            an, A = a[b][ok[b]], acc[b][ok[b]]
+            n_anchor, n_anchor_changed = n_anchor + an.numel(), n_anchor_changed + int(flags[an].sum())
+            rejected = A < K  # draft A + 1 (token an + A + 1, predicted after an + A) was rejected
+            n_rej, n_rej_changed = n_rej + int(rejected.sum()), n_rej_changed + int(flags[(an + A)[rejected]].sum())
+    return {"window": window, "anchors": n_anchor, "rejections": n_rej,
+            "anchor_share": n_anchor_changed / n_anchor if n_anchor else 0.0,
+            "rejection_share": n_rej_changed / n_rej if n_rej else 0.0}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -51,6 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     p = argparse.ArgumentParser(prog="python -m ready.decode.context_ceiling", description=__doc__.split("\n")[0])
     p.add_argument("--windows", default="4,8,16,32,64", help="comma list of context windows W (tokens)")
+    p.add_argument("--drafter", default=None, help="a trained drafter's folder: where its rejections fall")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value (which target, which sequences)")
     args = p.parse_args(argv)
@@ -77,6 +115,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         out["rates"][str(w)] = round(rate, 4)
         out["positions"] = n
         print(f"[context_ceiling] W={w}: greedy token changes at {rate:.1%} of {n} positions", file=sys.stderr, flush=True)
+    if args.drafter:
+        from ready.drafter import load_drafter
+
+        drafter = load_drafter(args.drafter, loaded.target).eval()
+        out["drafter"] = {"path": args.drafter, "by_window": {}}
+        for w in windows:
+            r = rejection_share(drafter, loaded.target, val, w)
+            out["drafter"]["by_window"][str(w)] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+            print(f"[context_ceiling] W={w}: {r['rejection_share']:.1%} of {r['rejections']} rejections vs "
+                  f"{r['anchor_share']:.1%} of anchor positions need older text", file=sys.stderr, flush=True)
     print(json.dumps(out))
     return out
 
