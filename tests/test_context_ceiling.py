@@ -63,3 +63,22 @@ def test_an_untrained_drafters_rejections_are_its_anchor_positions(regenerated):
     assert r["rejection_share"] == pytest.approx(r["anchor_share"]) and 0 < r["anchor_share"] <= 1
     whole = rejection_share(drafter, target, data, window=int(data.tokens.shape[1]))
     assert whole["anchor_share"] == 0.0 and whole["rejection_share"] == 0.0
+
+
+def test_cutting_only_attention_to_a_window_that_holds_every_prefix_changes_nothing(regenerated):
+    from ready.decode.context_ceiling import attention_only_change_rate, attention_window
+
+    target, data = regenerated
+    assert attention_only_change_rate(target, data, window=int(data.tokens.shape[1])) == (0.0, 6 * 10)
+    seq = data.tokens[0]
+    with torch.no_grad():
+        whole = target(seq[None]).logits
+        with attention_window(2):
+            cut = target(seq[None]).logits
+        again = target(seq[None]).logits
+    assert not torch.equal(whole, cut)  # the window reached the attention layers
+    assert torch.equal(whole, again)  # and was undone on leaving
+    # a window of 1 keeps the first query's only key: its logits are untouched
+    with torch.no_grad(), attention_window(1):
+        first = target(seq[None, :1]).logits
+    assert torch.allclose(first, whole[:, :1], atol=1e-6)

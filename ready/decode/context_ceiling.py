@@ -10,15 +10,19 @@ states (the positive control cuts the drafter's context to W: experiments/positi
 A small share bounds the effect any reader can show; a large one says the information exists, so
 a null result points at the reader or its training instead. With `--drafter DIR` (a trained
 drafter, e.g. the base drafter of a positive-control seed) it also says where that drafter's
-rejections fall: among positions that need older text, or elsewhere. Prints JSON.
+rejections fall: among positions that need older text, or elsewhere. `attention_only_rates` cuts
+only the target's attention layers to W (its GDN states keep the whole prefix): what changes then
+is older text the target reads through attention, which no state reader can recover. Prints JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from typing import Any, Optional, Sequence
+import types
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -38,6 +42,47 @@ def changed_positions(target: Any, seq: torch.Tensor, window: int) -> torch.Tens
         windows = torch.stack([seq[t + 1 - window: t + 1] for t in cut])
         out[cut] = target(windows).logits[:, -1].argmax(-1) != full[cut]
     return out
+
+
+@contextlib.contextmanager
+def attention_window(window: int) -> Iterator[None]:
+    """Inside: the target's full-attention layers (their uncached, causal forward) see only the last
+    `window` keys of each query, while its GDN layers still run over the whole prefix. Comparing
+    the target so cut with the target whole says how much of what it knows of older text travels
+    through attention rather than through the GDN states (all a reader sees)."""
+    from ready.target import layers
+
+    real = layers.F
+
+    def sdpa(q, k, v, attn_mask=None, is_causal=False, **kw):
+        if not is_causal or attn_mask is not None:
+            return real.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+        i = torch.arange(q.shape[-2], device=q.device)[:, None] + (k.shape[-2] - q.shape[-2])
+        j = torch.arange(k.shape[-2], device=q.device)[None, :]
+        return real.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (j > i - window), **kw)
+
+    layers.F = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
+    layers.F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        layers.F = real
+
+
+@torch.no_grad()
+def attention_only_change_rate(target: Any, data: RegenData, window: int) -> tuple[float, int]:
+    """Like `greedy_change_rate`, but only the attention layers lose what lies beyond `window`
+    (`attention_window`); the GDN states keep the whole prefix."""
+    changed = counted = 0
+    device = next(target.parameters()).device
+    for i in range(len(data)):
+        seq = data.tokens[i, : int(data.lengths[i])].to(device)
+        full = target(seq[None]).logits[0].argmax(-1)
+        with attention_window(window):
+            cut = target(seq[None]).logits[0].argmax(-1)
+        span = slice(int(data.prompt_len) - 1, seq.numel() - 1)
+        changed, counted = changed + int((cut[span] != full[span]).sum()), counted + full[span].numel()
+    return (changed / counted if counted else 0.0), counted
 
 
 def greedy_change_rate(target: Any, data: RegenData, window: int) -> tuple[float, int]:
@@ -110,11 +155,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     loaded = _load(cfg, progress=True)
     val = build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=True)
     out: dict[str, Any] = {"sequences": len(val), "prompt_len": int(val.prompt_len), "rates": {}}
+    out["attention_only_rates"] = {}
     for w in windows:
         rate, n = greedy_change_rate(loaded.target, val, w)
         out["rates"][str(w)] = round(rate, 4)
         out["positions"] = n
         print(f"[context_ceiling] W={w}: greedy token changes at {rate:.1%} of {n} positions", file=sys.stderr, flush=True)
+        att, _ = attention_only_change_rate(loaded.target, val, w)
+        out["attention_only_rates"][str(w)] = round(att, 4)
+        print(f"[context_ceiling] W={w}: {att:.1%} when only the attention layers are cut (GDN states whole)",
+              file=sys.stderr, flush=True)
     if args.drafter:
         from ready.drafter import load_drafter
 
