@@ -12,15 +12,14 @@ lossless seeds (`collect.aggregate`). Nothing is drawn when the sweep ran a sing
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 import polars as pl
 
-from ready.artifacts import atomic_write_bytes
 from reports import collect
+from reports.figures import save_figure
 
 KEY = collect.PARAM_PREFIX + "eval.concurrency"
 METRIC = "overall/tps"
@@ -197,12 +196,4 @@ def plot_tps(fig_data: TpsFigure, title: str, out_stem: Path) -> list[Path]:
     ax.legend(loc="best", fontsize=7)
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
-    written = []
-    for ext, kw in (("pdf", {"metadata": {"CreationDate": None}}), ("png", {"dpi": 200})):
-        buf = io.BytesIO()
-        fig.savefig(buf, format=ext, **kw)
-        path = out_stem.with_suffix(f".{ext}")
-        atomic_write_bytes(path, buf.getvalue())
-        written.append(path)
-    plt.close(fig)
-    return written
+    return save_figure(fig, out_stem)

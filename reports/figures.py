@@ -104,6 +104,22 @@ def survival_curves(runs: pl.DataFrame, evaluations: Mapping[str, dict] | None =
     return out
 
 
+def save_figure(fig, out_stem: Path) -> list[Path]:
+    """`fig` as <out_stem>.pdf (no creation date: reproducible bytes) and .png, each written
+    atomically; the figure is closed. Returns the paths."""
+    import matplotlib.pyplot as plt
+
+    written = []
+    for ext, kw in (("pdf", {"metadata": {"CreationDate": None}}), ("png", {"dpi": 200})):
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, **kw)
+        path = out_stem.with_suffix(f".{ext}")
+        atomic_write_bytes(path, buf.getvalue())
+        written.append(path)
+    plt.close(fig)
+    return written
+
+
 def plot_survival(curves: dict[str, list[Curve]], title: str, out_stem: Path) -> list[Path]:
     """Draw one panel per benchmark; write `<stem>.pdf` and `<stem>.png` atomically."""
     import matplotlib
@@ -142,12 +158,4 @@ def plot_survival(curves: dict[str, list[Curve]], title: str, out_stem: Path) ->
     axes[0].legend(loc="lower left", fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    written = []
-    for ext, kw in (("pdf", {"metadata": {"CreationDate": None}}), ("png", {"dpi": 200})):
-        buf = io.BytesIO()
-        fig.savefig(buf, format=ext, **kw)
-        path = out_stem.with_suffix(f".{ext}")
-        atomic_write_bytes(path, buf.getvalue())
-        written.append(path)
-    plt.close(fig)
-    return written
+    return save_figure(fig, out_stem)
