@@ -205,6 +205,8 @@ def build_drafter(target: Any, kind: str, preset: str, block_size: int, seed: in
 class _Timed:
     """Per-round device time of draft, verify and commit in one engine (CUDA events; host clock on CPU)."""
 
+    round_start = "draft"  # the mark whose successive starts delimit a round
+
     def __init__(self, engine: Engine) -> None:
         self.engine, self.cuda = engine, engine.device.type == "cuda"
         self.marks: dict[str, list] = {"draft": [], "verify": [], "commit": []}
@@ -241,7 +243,7 @@ class _Timed:
     def summary(self) -> dict[str, float]:
         _sync(self.engine.device)
         out = {k: statistics.median(self._ms(a, b) for a, b in v) * 1e3 for k, v in self.marks.items() if v}
-        starts = [a for a, _ in self.marks["draft"]]
+        starts = [a for a, _ in self.marks[self.round_start]]
         rounds = [self._ms(a, b) for a, b in zip(starts, starts[1:])]
         if rounds:
             out["round"] = statistics.median(rounds) * 1e3
@@ -383,14 +385,10 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
     return out
 
 
-class _BatchTimed:
+class _BatchTimed(_Timed):
     """Per-round device time of draft, verify and commit in one `BatchEngine` (CUDA events; host clock on CPU)."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.cuda = engine, engine.device.type == "cuda"
-        self.marks: dict[str, list] = {"draft": [], "verify": [], "commit": []}
-
-    _mark, _wrap, _ms = _Timed._mark, _Timed._wrap, _Timed._ms
+    round_start = "verify"
 
     def __enter__(self) -> "_BatchTimed":
         import ready.decode.batch as batch_mod
@@ -407,16 +405,6 @@ class _BatchTimed:
 
         del self.engine._propose, self.engine._verify
         batch_mod.ragged_commit = self._commit
-
-    def summary(self) -> dict[str, float]:
-        _sync(self.engine.device)
-        out = {k: statistics.median(self._ms(a, b) for a, b in v) * 1e3 for k, v in self.marks.items() if v}
-        starts = [a for a, _ in self.marks["verify"]]
-        rounds = [self._ms(a, b) for a, b in zip(starts, starts[1:])]
-        if rounds:
-            out["round"] = statistics.median(rounds) * 1e3
-            out["other"] = out["round"] - out.get("draft", 0) - out.get("verify", 0) - out.get("commit", 0)
-        return {f"{k}_us": round(v, 1) for k, v in out.items()}
 
 
 def _batch_summary(results: list[Any]) -> dict[str, Any]:
