@@ -327,6 +327,18 @@ def report_lossless_failure(benchmark: str, method: str, mm: Mismatch, failure: 
     warnings.warn(msg, LosslessWarning, stacklevel=3)
 
 
+def _summaries(ar: Sequence[Any], spec: Sequence[Any], benchmark: str, method: str, drafter: Optional[Drafter],
+               lossless: int) -> tuple[Any, Any]:
+    """(the drafting row's metrics with its speedup over AR, AR's metrics) of one benchmark's generations."""
+    k = drafter.block_size if drafter is not None else 0
+    ar_metrics = summarize([g.log() for g in ar], benchmark, "ar", 0)
+    ar_metrics.lossless, ar_metrics.speedup = 1, 1.0
+    metrics = summarize([g.log() for g in spec], benchmark, method, k)
+    with_ar(metrics, ar_metrics)
+    metrics.lossless = lossless
+    return metrics, ar_metrics
+
+
 def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence[int] | torch.Tensor],
              max_new_tokens: int, *, benchmark: str = "default", method: Optional[str] = None,
              eos_token_id: Optional[int] = None, warmup: int = 1, progress: bool = True,
@@ -440,12 +452,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
               f"margin {min(margins):.4g}); expected in 16-bit fast mode, see docs/benchmarks.md", file=sys.stderr)
     lossless = greedy_valid
 
-    k = drafter.block_size if drafter is not None else 0
-    ar_metrics = summarize([g.log() for g in ar], benchmark, "ar", 0)
-    ar_metrics.lossless, ar_metrics.speedup = 1, 1.0
-    metrics = summarize([g.log() for g in spec], benchmark, method, k)
-    with_ar(metrics, ar_metrics)
-    metrics.lossless = lossless
+    metrics, ar_metrics = _summaries(ar, spec, benchmark, method, drafter, lossless)
     return EvalResult(benchmark=benchmark, method=method, metrics=metrics, ar=ar_metrics, lossless=lossless,
                       mismatch=mismatch, prompts=results, lossless_exact=lossless_exact, greedy_valid=greedy_valid,
                       tie_flips=tie_flips, min_margin=min(margins) if margins else None, exact=exact_mode,
@@ -480,12 +487,7 @@ def _sampled_result(benchmark: str, method: str, drafter: Optional[Drafter], ids
     if loud is not None:
         report_distribution_failure(benchmark, method, *loud)
     lossless = int(all(r.lossless for r in results))
-    k = drafter.block_size if drafter is not None else 0
-    ar_metrics = summarize([g.log() for g in ar], benchmark, "ar", 0)
-    ar_metrics.lossless, ar_metrics.speedup = 1, 1.0
-    metrics = summarize([g.log() for g in spec], benchmark, method, k)
-    with_ar(metrics, ar_metrics)
-    metrics.lossless = lossless
+    metrics, ar_metrics = _summaries(ar, spec, benchmark, method, drafter, lossless)
     info = {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
             "samples": len(todo) // max(1, len(ids))}
     return EvalResult(benchmark=benchmark, method=method, metrics=metrics, ar=ar_metrics, lossless=lossless,
