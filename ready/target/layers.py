@@ -219,14 +219,19 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         fuse_state_dict_names(self, "qkv_proj", list(zip(("q_proj", "k_proj", "v_proj"), self.split)))
 
-    def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None, exact: bool = False) -> torch.Tensor:
+    def project(self, x: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, ...]:
+        """q, k, v [B, H, T, hd] (q and k normed, before rotary) and the output gate [B, T, H*hd]."""
         B, T, _ = x.shape
         qg, k, v = lin(x, self.qkv_proj.weight, exact).split(self.split, dim=-1)
         q, gate = qg.reshape(B, T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
-        gate = gate.reshape(B, T, -1)
         q = self.q_norm(q, exact).transpose(1, 2)
         k = self.k_norm(k.reshape(B, T, self.n_kv, self.hd), exact).transpose(1, 2)
         v = v.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)
+        return q, k, v, gate.reshape(B, T, -1)
+
+    def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None, exact: bool = False) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v, gate = self.project(x, exact)
         if cache is not None and cache.static:
             pos = cache.length_t + torch.arange(T, device=x.device)
         else:

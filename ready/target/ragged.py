@@ -102,12 +102,7 @@ def _ragged_attention(attn: Any, x: torch.Tensor, key: torch.Tensor, value: torc
     the shared buffers key/value [B, H_kv, L, hd]; `exact`: its row-invariant ops."""
     B, T, _ = x.shape
     L = key.shape[2]
-    qg, k, v = lin(x, attn.qkv_proj.weight, exact).split(attn.split, dim=-1)
-    q, gate = qg.reshape(B, T, attn.n_heads, 2 * attn.hd).chunk(2, dim=-1)
-    gate = gate.reshape(B, T, -1)
-    q = attn.q_norm(q, exact).transpose(1, 2)
-    k = attn.k_norm(k.reshape(B, T, attn.n_kv, attn.hd), exact).transpose(1, 2)
-    v = v.reshape(B, T, attn.n_kv, attn.hd).transpose(1, 2)
+    q, k, v, gate = attn.project(x, exact)
     cos, sin = rotary(pos.reshape(-1), attn.rot_dim, attn.cfg.rope_theta, q.dtype, exact)
     cos, sin = cos.view(B, 1, T, -1), sin.view(B, 1, T, -1)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
