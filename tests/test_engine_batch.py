@@ -14,24 +14,19 @@ import torch
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import DecodeError, Engine, NgramDrafter
 from ready.decode.batch import BatchEngine, generate_batch
-from ready.target import HybridConfig, HybridLM
+from ready.target import HybridLM
+
+from tiny_models import VOCAB, small_target
 
 torch.set_num_threads(1)  # tiny models: one thread beats two on a shared machine
 drafter_mod = pytest.importorskip("ready.drafter")
-VOCAB = 128
 PROMPT_LENS = (1, 6, 15, 3, 30, 9)
 BUDGETS = (20, 7, 25, 1, 13, 18)  # rows finish at different rounds; one ends at the prefill
 
 
 @pytest.fixture(scope="module")
 def target() -> HybridLM:
-    torch.manual_seed(5)
-    cfg = HybridConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
-        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=256,
-    )
-    return HybridLM(cfg).eval()
+    return small_target()
 
 
 def make_drafter(target: HybridLM, kind: str, k: int = 3):

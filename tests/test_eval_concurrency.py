@@ -11,24 +11,19 @@ from ready.config import ConfigError, DrafterConfig, ReaderConfig
 from ready.decode import DecodeError, evaluate, run_ar
 from ready.decode.sampling import SamplingParams
 from ready.row import _evaluate, _Loaded
-from ready.target import HybridConfig, HybridLM
+from ready.target import HybridLM
 from sweeps.spec import SpecError, load_sweep
+
+from tiny_models import VOCAB, small_target
 
 torch.set_num_threads(1)  # tiny models: one thread beats two on a shared machine
 drafter_mod = pytest.importorskip("ready.drafter")
-VOCAB = 128
 BUDGET = 12
 
 
 @pytest.fixture(scope="module")
 def target() -> HybridLM:
-    torch.manual_seed(5)
-    cfg = HybridConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
-        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=256,
-    )
-    return HybridLM(cfg).eval()
+    return small_target(num_layers=4)
 
 
 def drafter(target: HybridLM, reader: bool):
