@@ -2,8 +2,12 @@
 
 For every (batch row b, query head h, query row t), with n = n_keys[b, t] valid keys:
 
-    o[b, h, t] = softmax(scale * q[b, h, t] . k[b, h // G, j]  for j < n) @ v[b, h // G, :n]
+    o[b, h, t] = softmax(scale * q[b, h, t] . k[b, h // G, j]  for lo <= j < n) @ v[b, h // G, lo:n]
 
+with lo = 0, or lo = max(n - window, 0) for a sliding window (a target pretrained with attention over
+its last `window` keys only: `HybridConfig.sliding_window`). Key blocks stay aligned to multiples of
+BLOCK_N from key 0; a window only skips the blocks wholly before lo, so the bits still depend on the
+row's own keys only.
 (G = query heads per KV head, GQA; scale = head_dim^-0.5 unless given). The keys and values are the
 whole cache buffer [B, H_kv, L, d]; only the first n positions of a row are read, so what lies past
 them (a longer static buffer, stale keys of rejected tokens) never matters.
@@ -57,11 +61,11 @@ if HAS_TRITON:
     # runtime value: a specialised int (== 1, divisible by 16) would compile another kernel, whose
     # tiles could reduce in another order. n_keys may be a view at any offset (a scalar load: its
     # alignment must not pick another kernel either); q and o are fresh, k and v checked (_rows_layout).
-    @triton.jit(do_not_specialize=["HQ", "GROUP", "T", "L", "k_b", "k_h", "v_b", "v_h", "n_b", "n_t"],
+    @triton.jit(do_not_specialize=["HQ", "GROUP", "T", "L", "WINDOW", "k_b", "k_h", "v_b", "v_h", "n_b", "n_t"],
                 do_not_specialize_on_alignment=["n_ptr"])
     def _exact_attention_kernel(q_ptr, k_ptr, v_ptr, n_ptr, o_ptr,
                                 k_b, k_h, v_b, v_h, n_b, n_t,
-                                HQ, GROUP, T, L, scale,
+                                HQ, GROUP, T, L, WINDOW, scale,
                                 D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
                                 BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr):
         """One program per (b * HQ + h, t). q and o are contiguous [B, HQ, T, D|DV]; k/v rows are
@@ -73,6 +77,7 @@ if HAS_TRITON:
         hk = h // GROUP
         n = tl.load(n_ptr + b * n_b + t * n_t).to(tl.int32)
         n = tl.minimum(tl.maximum(n, 0), L)  # never read past the buffer, whatever n says
+        lo = tl.where(WINDOW > 0, tl.maximum(n - WINDOW, 0), 0)  # first key seen
 
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
@@ -87,9 +92,9 @@ if HAS_TRITON:
         m_i = tl.full([], float("-inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-        for start in range(0, n, BLOCK_N):  # blocks from key 0, in order; n >= 1 keeps m finite
+        for start in range((lo // BLOCK_N) * BLOCK_N, n, BLOCK_N):  # aligned blocks, in order; key lo keeps m finite
             keys = start + offs_n
-            valid = keys < n
+            valid = (keys < n) & (keys >= lo)
             kt = tl.load(k_base + keys[:, None] * D + offs_d[None, :], mask=valid[:, None] & mask_d[None, :],
                          other=0.0).to(tl.float32)
             s = tl.sum(kt * q[None, :], 1) * scale
@@ -106,7 +111,7 @@ if HAS_TRITON:
         tl.store(o_ptr + row * DV + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor, window: int = 0) -> torch.Tensor:
     """Validate; returns n_keys as [B, T] (a [T] tensor is shared by every batch row)."""
     require(q.dim() == 4, f"exact_attention: q must be [B, H_q, T, d], got {tuple(q.shape)}")
     B, HQ, T, D = q.shape
@@ -127,6 +132,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tens
         require(n_keys.shape[0] == T, shape_msg)
         n_keys = n_keys[None].expand(B, T)
     require(tuple(n_keys.shape) == (B, T), shape_msg)
+    require(int(window) >= 0, f"exact_attention: window must be >= 0 (0 = every key), got {window}")
     devs = {t.device for t in (q, k, v, n_keys)}
     require(len(devs) == 1, f"exact_attention: all inputs must be on one device, got {sorted(map(str, devs))}")
     return n_keys
@@ -143,16 +149,18 @@ def _padded_exp(x: torch.Tensor) -> torch.Tensor:
 
 
 def exact_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor,
-                              scale: Optional[float] = None, block_n: int = BLOCK_N) -> torch.Tensor:
+                              scale: Optional[float] = None, block_n: int = BLOCK_N, window: int = 0) -> torch.Tensor:
     """Plain torch, float32 inside: the online softmax over key blocks of `block_n` from key 0, every
-    block of the buffer visited (no host sync). Returns [B, H_q, T, d_v] in q's dtype."""
-    n_keys = _check(q, k, v, n_keys)
+    block of the buffer visited (no host sync; a block outside a row's keys is an exact no-op).
+    Returns [B, H_q, T, d_v] in q's dtype."""
+    n_keys = _check(q, k, v, n_keys, window)
     B, HQ, T, D = q.shape
     HKV, L, DV = k.shape[1], k.shape[2], v.shape[3]
     G = HQ // HKV
     scale = D ** -0.5 if scale is None else float(scale)
     qf = q.float().reshape(B, HKV, G, T, 1, D)
     n = n_keys.to(torch.long).clamp(0, L).reshape(B, 1, 1, T, 1)
+    lo = (n - window).clamp_min(0) if window > 0 else torch.zeros_like(n)
     m = q.new_full((B, HKV, G, T), float("-inf"), dtype=torch.float32)
     l = torch.zeros_like(m)
     acc = q.new_zeros((B, HKV, G, T, DV), dtype=torch.float32)
@@ -161,7 +169,8 @@ def exact_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if kb.shape[2] < block_n:  # the last block, padded to a whole one
             kb = F.pad(kb, (0, 0, 0, block_n - kb.shape[2]))
             vb = F.pad(vb, (0, 0, 0, block_n - vb.shape[2]))
-        valid = (start + torch.arange(block_n, device=q.device)) < n  # [B, 1, 1, T, BN]
+        j = start + torch.arange(block_n, device=q.device)
+        valid = (j < n) & (j >= lo)  # [B, 1, 1, T, BN]
         s = tree_sum(qf * kb[:, :, None, None])[..., 0] * scale  # [B, HKV, G, T, BN]
         s = torch.where(valid, s, float("-inf"))
         m_new = torch.maximum(m, s.amax(-1))
@@ -189,11 +198,11 @@ def _rows_layout(t: torch.Tensor) -> torch.Tensor:
 
 def exact_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor,
                            scale: Optional[float] = None, block_n: int = BLOCK_N,
-                           num_warps: int = NUM_WARPS) -> torch.Tensor:
+                           num_warps: int = NUM_WARPS, window: int = 0) -> torch.Tensor:
     """The fixed-order kernel (no autograd). `block_n` / `num_warps` are for tests and benchmarks: a
     row's bits are invariant for one fixed choice, and the model always uses the defaults."""
     require_triton()
-    n_keys = _check(q, k, v, n_keys)
+    n_keys = _check(q, k, v, n_keys, window)
     B, HQ, T, D = q.shape
     HKV, L, DV = k.shape[1], k.shape[2], v.shape[3]
     scale = D ** -0.5 if scale is None else float(scale)
@@ -207,7 +216,7 @@ def exact_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_
     _exact_attention_kernel[(B * HQ, T)](
         qc, k, v, n_keys, o,
         k.stride(0) // D, k.stride(1) // D, v.stride(0) // DV, v.stride(1) // DV, n_keys.stride(0), n_keys.stride(1),
-        HQ, HQ // HKV, T, L, scale,
+        HQ, HQ // HKV, T, L, int(window), scale,
         D=D, DV=DV, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, BLOCK_N=block_n, num_warps=num_warps,
         enable_fp_fusion=True,  # pinned: TRITON_DEFAULT_FP_FUSION (or Triton 3.10's default) must not change the bits
     )
@@ -216,24 +225,25 @@ def exact_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_
 
 @torch.library.custom_op("ready_kernels::exact_attention", mutates_args=())
 def _exact_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor,
-                        scale: float) -> torch.Tensor:
+                        scale: float, window: int = 0) -> torch.Tensor:
     if use_triton(q, k, v, n_keys):
-        return exact_attention_triton(q, k, v, n_keys, scale)
-    return exact_attention_reference(q, k, v, n_keys, scale).contiguous()  # the fake's layout
+        return exact_attention_triton(q, k, v, n_keys, scale, window=window)
+    return exact_attention_reference(q, k, v, n_keys, scale, window=window).contiguous()  # the fake's layout
 
 
 @_exact_attention_op.register_fake
-def _(q, k, v, n_keys, scale):
+def _(q, k, v, n_keys, scale, window=0):
     return q.new_empty(*q.shape[:3], v.shape[-1])
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor,
-                    scale: Optional[float] = None) -> torch.Tensor:
+                    scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
     """Dispatch (inference): Triton on CUDA, the reference elsewhere; opaque to torch.compile.
 
     q [B, H_q, T, d]; k, v the cache buffers [B, H_kv, L, d | d_v]; n_keys [T] or [B, T] integer (on
-    q's device): row t of batch row b attends over keys 0..n_keys[b, t]-1. Returns [B, H_q, T, d_v]."""
+    q's device): row t of batch row b attends over keys 0..n_keys[b, t]-1, or with window > 0 over
+    the last `window` of them. Returns [B, H_q, T, d_v]."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if torch.compiler.is_compiling():
-        return torch.ops.ready_kernels.exact_attention(q, k, v, n_keys, scale)
-    return _exact_attention_op(q, k, v, n_keys, scale)
+        return torch.ops.ready_kernels.exact_attention(q, k, v, n_keys, scale, int(window))
+    return _exact_attention_op(q, k, v, n_keys, scale, int(window))

@@ -26,6 +26,9 @@ class TargetConfig:
     pretrain: bool = True
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda
+    # the target's full-attention layers see only the last W tokens (pretrained so); 0 = all (Qwen3.5).
+    # A small W puts what the target knows of older text into its GDN states: the positive control
+    attention_window: int = 0
 
 
 @dataclass
@@ -288,6 +291,7 @@ def validate(cfg: DictConfig | Config) -> None:
          "1 when eval.temperature > 0 (batched decoding is greedy)"),
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
+        ("target.attention_window", c.target.attention_window >= 0, "an integer >= 0 (0 = every earlier token)"),
         ("bench.suites", len(c.bench.suites) >= 1, "a non-empty list of benchmark names (e.g. [humaneval, heldout])"),
     ]
     for key, ok, expected in checks:

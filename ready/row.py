@@ -96,6 +96,12 @@ def target_dir(cfg: DictConfig, progress: bool = True) -> str:
     from ready.target.config import PRESETS
 
     source = str(cfg.target.source)
+    window = int(OmegaConf.select(cfg, "target.attention_window", default=0) or 0)
+    if window and not (source in PRESETS and cfg.target.pretrain):
+        raise PipelineConfigError(
+            f"bad value at key 'target.attention_window': {window}; a window is pretrained into the embedded "
+            f"target (a preset with target.pretrain true), but target.source is {source!r} with "
+            f"target.pretrain {bool(cfg.target.pretrain)}: expected 0 (a checkpoint's attention is as it was trained)")
     if source in PRESETS:
         if cfg.target.pretrain:
             from ready.data import ensure_default_target

@@ -181,6 +181,9 @@ class Sweep:
 # left out, and a baseline ignores the sections it never uses.
 
 _NEVER_HASHED = ("name", "artifacts_dir", "train.devices")  # train.devices: same result, other speed
+# knobs added after rows were run: at these values every earlier row ran the same, so they are left
+# out and earlier rows keep their hashes
+_DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0}
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed
@@ -203,10 +206,11 @@ def canonical(cfg: DictConfig, method: str) -> dict:
     tree = to_container(cfg)
     for key in _NEVER_HASHED + _UNUSED_BY[method]:
         _drop(tree, key)
+    for key, default in _DEFAULT_NOT_HASHED.items():
+        if OmegaConf.select(cfg, key) == default:
+            _drop(tree, key)
     if "eval" in tree:  # auto / on / true name the same decoding (a float32 auto row hashes as before: false)
         tree["eval"]["exact"] = exact_mode(cfg)
-        if tree["eval"].get("concurrency") == 1:  # one prompt at a time, as every row before the key: same hash
-            del tree["eval"]["concurrency"]
     reader = tree.get("reader")
     if reader is not None:  # -1 and num_layers-1 name the same draft layer
         n = tree["drafter"]["num_layers"]

@@ -73,12 +73,12 @@ def test_cutting_only_attention_to_a_window_that_holds_every_prefix_changes_noth
     seq = data.tokens[0]
     with torch.no_grad():
         whole = target(seq[None]).logits
-        with attention_window(2):
+        with attention_window(target, 2):
             cut = target(seq[None]).logits
         again = target(seq[None]).logits
     assert not torch.equal(whole, cut)  # the window reached the attention layers
     assert torch.equal(whole, again)  # and was undone on leaving
     # a window of 1 keeps the first query's only key: its logits are untouched
-    with torch.no_grad(), attention_window(1):
+    with torch.no_grad(), attention_window(target, 1):
         first = target(seq[None, :1]).logits
     assert torch.allclose(first, whole[:, :1], atol=1e-6)

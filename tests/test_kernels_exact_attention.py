@@ -33,13 +33,17 @@ def make(B, HQ, HKV, T, L, D, DV, dtype, device=DEVICE, garbage=None):
     return q, k, v
 
 
-def sdpa(q, k, v, n_keys):
-    """Softmax attention with a length mask, float64 (the math both implementations must agree with)."""
+def sdpa(q, k, v, n_keys, window=0):
+    """Softmax attention with a length mask (and a sliding window), float64 (the math both
+    implementations must agree with)."""
     B, HQ, T, _ = q.shape
     G = HQ // k.shape[1]
     kk, vv = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
     n = n_keys.expand(B, T) if n_keys.dim() == 1 else n_keys
-    mask = torch.arange(k.shape[2], device=q.device)[None, None, None, :] < n[:, None, :, None]
+    j = torch.arange(k.shape[2], device=q.device)[None, None, None, :]
+    mask = j < n[:, None, :, None]
+    if window:
+        mask &= j >= n[:, None, :, None] - window
     return F.scaled_dot_product_attention(q.double(), kk.nan_to_num(0.0), vv.nan_to_num(0.0), attn_mask=mask)
 
 
@@ -110,6 +114,25 @@ def test_a_row_has_the_same_bits_in_any_buffer_capacity(impl, dtype):
     _, kg, vg = make(1, 2, 1, 4, 279, 32, 32, dtype, garbage=264)
     kg[:, :, :264], vg[:, :, :264] = k, v
     assert torch.equal(fn(q, kg, vg, n_keys), base)
+
+
+@pytest.mark.parametrize("window", [1, 5, 32, 40])  # one key; inside a block; a whole block; across blocks
+def test_a_sliding_window_sees_only_the_last_window_keys(window):
+    """A windowed target (`HybridConfig.sliding_window`): row t attends over keys n - window .. n - 1;
+    what lies before them (NaN here) is never read, and a row's bits still ignore the capacity."""
+    q, k, v = make(1, 4, 2, 4, 100, 32, 32, torch.float32)
+    n_keys = torch.tensor([3, 37, 64, 100], device=DEVICE)
+    got = ea.exact_attention_triton(q, k, v, n_keys, window=window)
+    ref = ea.exact_attention_reference(q, k, v, n_keys, window=window)
+    assert rel_err(got, ref) < 2e-6 and rel_err(ref, sdpa(q, k, v, n_keys, window)) < 2e-6
+    assert rel_err(ref, sdpa(q, k, v, n_keys)) > 1e-3 or window >= 100  # the window did cut something
+    for fn, base in ((ea.exact_attention_triton, got), (ea.exact_attention_reference, ref)):
+        early = k.clone(), v.clone()
+        early[0][:, :, :36], early[1][:, :, :36] = float("nan"), float("inf")  # before every row's window...
+        rows = slice(1, 4) if window <= 1 else slice(3, 4)  # ...of the rows that start after key 36
+        assert torch.equal(fn(q[:, :, rows], *early, n_keys[rows], window=window), base[:, :, rows])
+        kb, vb = in_buffer(k, v, 279)
+        assert torch.equal(fn(q, kb, vb, n_keys, window=window), base)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

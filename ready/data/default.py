@@ -89,10 +89,15 @@ def _preset(cfg: Any) -> str:
     return source
 
 
-def _arch_overrides(tokenizer_dir: Path) -> dict[str, int]:
+def _arch_overrides(cfg: Any, tokenizer_dir: Path) -> dict[str, int]:
+    """The preset's fields this build sets: the tokenizer's sizes and ids, and the attention window."""
     ids = json.loads((tokenizer_dir / "special_tokens.json").read_text())
-    return {"vocab_size": int(ids["vocab_size"]), "eos_token_id": int(ids["eos_token_id"]),
-            "pad_token_id": int(ids["pad_token_id"])}
+    out = {"vocab_size": int(ids["vocab_size"]), "eos_token_id": int(ids["eos_token_id"]),
+           "pad_token_id": int(ids["pad_token_id"])}
+    window = int(OmegaConf.select(cfg, "target.attention_window", default=0) or 0)
+    if window:  # absent at 0: the spec (the target's cache key) stays what it was before the knob
+        out["sliding_window"] = window
+    return out
 
 
 def target_spec(cfg: Any, tokenizer_dir: Optional[Path] = None) -> dict:
@@ -101,7 +106,7 @@ def target_spec(cfg: Any, tokenizer_dir: Optional[Path] = None) -> dict:
 
     preset = _preset(cfg)
     tok_dir = tokenizer_dir or ensure_tokenizer(cfg, progress=False)
-    arch = preset_config(preset, _arch_overrides(tok_dir)).to_hf_dict()
+    arch = preset_config(preset, _arch_overrides(cfg, tok_dir)).to_hf_dict()
     return {"version": TARGET_BUILD_VERSION, "tokenizer": tokenizer_spec(cfg), "preset": preset,
             "architecture": arch, "pretrain": _plain(cfg.pretrain)}
 
@@ -130,7 +135,7 @@ def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
         train = token_stream(corpus.train, tokenizer, eos)
         held = token_stream(corpus.heldout, tokenizer, eos)
         torch.manual_seed(int(cfg.pretrain.seed))
-        model = load_target(spec["preset"], overrides=_arch_overrides(tok_dir), device="cpu", dtype=torch.float32)
+        model = load_target(spec["preset"], overrides=_arch_overrides(cfg, tok_dir), device="cpu", dtype=torch.float32)
         if progress:
             n = sum(p.numel() for p in model.parameters())
             print(f"[ready] pretraining the '{spec['preset']}' target ({n / 1e6:.1f}M params) on "

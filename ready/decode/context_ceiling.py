@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import sys
-import types
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -45,28 +44,23 @@ def changed_positions(target: Any, seq: torch.Tensor, window: int) -> torch.Tens
 
 
 @contextlib.contextmanager
-def attention_window(window: int) -> Iterator[None]:
-    """Inside: the target's full-attention layers (their uncached, causal forward) see only the last
-    `window` keys of each query, while its GDN layers still run over the whole prefix. Comparing
-    the target so cut with the target whole says how much of what it knows of older text travels
-    through attention rather than through the GDN states (all a reader sees)."""
-    from ready.target import layers
+def attention_window(target: Any, window: int) -> Iterator[None]:
+    """Inside: the target's full-attention layers see only the last `window` keys of each query (the
+    target's own sliding window, `HybridConfig.sliding_window`, narrowed), while its GDN layers still
+    run over the whole prefix. Comparing the target so cut with the target whole says how much of
+    what it knows of older text travels through attention rather than through the GDN states (all a
+    reader sees)."""
+    from ready.target.layers import Attention
 
-    real = layers.F
-
-    def sdpa(q, k, v, attn_mask=None, is_causal=False, **kw):
-        if not is_causal or attn_mask is not None:
-            return real.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
-        i = torch.arange(q.shape[-2], device=q.device)[:, None] + (k.shape[-2] - q.shape[-2])
-        j = torch.arange(k.shape[-2], device=q.device)[None, :]
-        return real.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (j > i - window), **kw)
-
-    layers.F = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
-    layers.F.scaled_dot_product_attention = sdpa
+    mods = [m for m in target.modules() if isinstance(m, Attention)]
+    before = [m.window for m in mods]
+    for m in mods:
+        m.window = min(m.window or window, window)
     try:
         yield
     finally:
-        layers.F = real
+        for m, w in zip(mods, before):
+            m.window = w
 
 
 @torch.no_grad()
@@ -78,7 +72,7 @@ def attention_only_change_rate(target: Any, data: RegenData, window: int) -> tup
     for i in range(len(data)):
         seq = data.tokens[i, : int(data.lengths[i])].to(device)
         full = target(seq[None]).logits[0].argmax(-1)
-        with attention_window(window):
+        with attention_window(target, window):
             cut = target(seq[None]).logits[0].argmax(-1)
         span = slice(int(data.prompt_len) - 1, seq.numel() - 1)
         changed, counted = changed + int((cut[span] != full[span]).sum()), counted + full[span].numel()

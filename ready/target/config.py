@@ -34,6 +34,9 @@ class HybridConfig:
     eos_token_id: Optional[int] = None
     pad_token_id: Optional[int] = None
     bos_token_id: Optional[int] = None
+    # full-attention layers see only the last `sliding_window` keys; None = every earlier key (Qwen3.5).
+    # Not a Qwen3.5 knob: the positive control's target (older text must live in the GDN states)
+    sliding_window: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -45,6 +48,8 @@ class HybridConfig:
             raise TargetError(
                 f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}"
             )
+        if self.sliding_window is not None and int(self.sliding_window) < 1:
+            raise TargetError(f"sliding_window is {self.sliding_window}; expected an integer >= 1 or None (every key)")
         bad = sorted(set(self.layer_types) - {"linear_attention", "full_attention"})
         if bad:
             raise TargetError(f"layer_types contains {bad}; expected 'linear_attention' or 'full_attention'")
@@ -71,6 +76,10 @@ class HybridConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("full_attention_interval")
+        if d["sliding_window"] is None:  # Qwen3.5's attention: configs (and their hashes) as before the knob
+            d.pop("sliding_window")
+        else:
+            d["use_sliding_window"] = True
         rope = {"rope_type": "default", "rope_theta": d.pop("rope_theta"), "partial_rotary_factor": d.pop("partial_rotary_factor")}
         d.update(
             model_type="qwen3_5_text",
@@ -102,6 +111,8 @@ class HybridConfig:
         kw = {k: v for k, v in raw.items() if k in names}
         kw["rope_theta"] = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
         kw["partial_rotary_factor"] = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25)))
+        if raw.get("use_sliding_window") is False:  # Qwen2-style configs carry an unused window
+            kw["sliding_window"] = None
         if isinstance(kw.get("eos_token_id"), list):
             kw["eos_token_id"] = kw["eos_token_id"][0]
         return cls(**kw)

@@ -94,11 +94,13 @@ def _elementwise(fn, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
     return fn(F.pad(flat, (0, (-n) % _LANES)))[:n].view(x.shape)
 
 
-def exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+def exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: torch.Tensor,
+                    window: Optional[int] = None) -> torch.Tensor:
     """Exact mode's attention: row t of q [B, H, T, hd] attends over keys 0..n_keys[t]-1 of the cache
-    buffers [B, H_kv, L, hd], in fixed key blocks from 0 (`torch.ops.ready_kernels.exact_attention`: an
+    buffers [B, H_kv, L, hd] (only the last `window` of them with a sliding window), in fixed key
+    blocks from 0 (`torch.ops.ready_kernels.exact_attention`: an
     opaque op, so torch.compile keeps it; Triton on CUDA, its row-invariant torch reference elsewhere)."""
-    return _exact_ops()[3](q, keys, values, n_keys)
+    return _exact_ops()[3](q, keys, values, n_keys, window=window or 0)
 
 
 def fuse_state_dict_names(module: nn.Module, fused: str, parts: list[tuple[str, int]]) -> None:
@@ -203,14 +205,26 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([xr * cos + rot * sin, xp], dim=-1)
 
 
+def visible_keys(pos: torch.Tensor, n_keys: int, window: Optional[int] = None) -> torch.Tensor:
+    """Bool [..., T, n_keys]: the query at absolute position pos[..., t] sees key j when j <= pos
+    (causal) and, with a sliding window W (`HybridConfig.sliding_window`), when pos - j < W."""
+    j = torch.arange(n_keys, device=pos.device)
+    seen = j <= pos[..., None]
+    if window:
+        seen &= j > pos[..., None] - window
+    return seen
+
+
 class Attention(nn.Module):
-    """Gated full attention: q/k RMSNorm per head, partial RoPE, GQA, sigmoid output gate."""
+    """Gated full attention: q/k RMSNorm per head, partial RoPE, GQA, sigmoid output gate; over the
+    whole prefix, or its last `window` keys when the config sets a sliding window."""
 
     def __init__(self, cfg: HybridConfig):
         super().__init__()
         self.cfg = cfg
         self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.rot_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        self.window: Optional[int] = cfg.sliding_window  # None = every earlier key (Qwen3.5)
         # q (with its output gate), k and v in one GEMM; state dicts say q_proj, k_proj, v_proj
         self.split = [self.n_heads * self.hd * 2, self.n_kv * self.hd, self.n_kv * self.hd]
         self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=False)
@@ -238,8 +252,11 @@ class Attention(nn.Module):
             pos = torch.arange(start, start + T, device=x.device)
         cos, sin = rotary(pos, self.rot_dim, self.cfg.rope_theta, q.dtype, exact)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is None:
+        if cache is None and not self.window:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        elif cache is None:
+            mask = visible_keys(torch.arange(T, device=x.device), T, self.window)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         else:
             if cache.static:  # fixed shapes: write at device positions, attend over the whole buffer
                 cache.key.index_copy_(2, pos, k)
@@ -249,11 +266,11 @@ class Attention(nn.Module):
                 cache.key[:, :, start : start + T] = k
                 cache.value[:, :, start : start + T] = v
                 keys, values = cache.key[:, :, : start + T], cache.value[:, :, : start + T]
-            # query at absolute position p sees keys 0..p
+            # query at absolute position p sees keys 0..p (the last `window` of them with a window)
             if exact:  # fixed key-block order over keys 0..p: the same bits whatever the buffer or T
-                out = exact_attention(q, cache.key, cache.value, pos + 1)
+                out = exact_attention(q, cache.key, cache.value, pos + 1, self.window)
             else:
-                mask = torch.arange(keys.shape[2], device=x.device)[None, :] <= pos[:, None]
+                mask = visible_keys(pos, keys.shape[2], self.window)
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         out = out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
         return lin(out, self.o_proj.weight, exact)

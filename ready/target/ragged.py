@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from ready.target.cache import HybridCache
 from ready.target.config import TargetError
-from ready.target.layers import _elementwise, apply_rotary, exact_attention, lin, rotary
+from ready.target.layers import _elementwise, apply_rotary, exact_attention, lin, rotary, visible_keys
 import ready.target.layers as _layers
 
 
@@ -112,9 +112,9 @@ def _ragged_attention(attn: Any, x: torch.Tensor, key: torch.Tensor, value: torc
     key.scatter_(2, idx, k)
     value.scatter_(2, idx, v)
     if exact:  # fixed key-block order over keys 0..p of each row: the single-sequence verify's bits
-        out = exact_attention(q, key, value, pos + 1)
+        out = exact_attention(q, key, value, pos + 1, attn.window)
     else:
-        mask = torch.arange(L, device=x.device)[None, None, :] <= pos[:, :, None]  # [B, T, L]
+        mask = visible_keys(pos, L, attn.window)  # [B, T, L]
         out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask[:, None], enable_gqa=True)
     out = out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
     return lin(out, attn.o_proj.weight, exact)
