@@ -8,7 +8,9 @@ slower (verify of 2 tokens cost 1.4x an AR step on the H200, docs/benchmarks.md)
 The Triton kernel here reads every W element once: one program per (BN rows of W, K slice),
 the x rows padded to 16 for `tl.dot`, fp32 accumulation. With SPLIT > 1 the K range is split
 over SPLIT programs that write fp32 partials, and a second small kernel adds them and casts
-(more programs in flight for weights with few rows, e.g. N = 5120).
+(more programs in flight for weights with few rows, e.g. N = 5120). For one row (the AR step) a
+GEMV kernel without `tl.dot` takes as few as 2 rows of W per program (`tl.dot` needs 16), so a
+weight with few rows still fills every SM with many short programs and the last wave stays short.
 
 `small_m_linear` (dispatch) picks, per (M, N, K, dtype), the fastest of cuBLAS (`F.linear`) and
 the Triton configurations, timed once on the device the first time that shape is seen outside
@@ -81,6 +83,29 @@ if HAS_TRITON:
             tl.store(y, acc, mask=mask)
 
     @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, w_n,
+                     BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+        """Program n block: y[BN] = W[n block] x for one row x, fp32 products summed once at the end."""
+        pid = tl.program_id(0)
+        offs_n = pid * BN + tl.arange(0, BN)
+        offs_k = tl.arange(0, BK)
+        mask_n = offs_n < N
+        w_base = w_ptr + offs_n[:, None].to(tl.int64) * w_n
+        acc = tl.zeros([BN, BK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + offs_k
+            if EVEN_K:
+                x = tl.load(x_ptr + kk, eviction_policy="evict_last")
+                w = tl.load(w_base + kk[None, :], mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
+            else:
+                mask_k = kk < K
+                x = tl.load(x_ptr + kk, mask=mask_k, other=0.0, eviction_policy="evict_last")
+                w = tl.load(w_base + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0,
+                            eviction_policy="evict_first")
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        tl.store(y_ptr + offs_n, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=mask_n)
+
+    @triton.jit
     def _split_sum_kernel(p_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
         """y[i] = sum_s p[s, i] (fp32 partials), cast to y's dtype."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -93,16 +118,22 @@ if HAS_TRITON:
 
 @dataclass(frozen=True)
 class Config:
-    """One Triton launch shape: BN rows of W per program, BK columns per step, SPLIT slices of K."""
+    """One Triton launch shape: BN rows of W per program, BK columns per step, SPLIT slices of K;
+    `gemv`: the one-row kernel (no tl.dot, no split; only for M = 1)."""
 
     bn: int = 32
     bk: int = 256
     split: int = 1
     warps: int = 4
     stages: int = 4
+    gemv: bool = False
 
     def name(self) -> str:
-        return f"bn{self.bn}_bk{self.bk}_s{self.split}_w{self.warps}_st{self.stages}"
+        return f"{'gemv_' if self.gemv else ''}bn{self.bn}_bk{self.bk}_s{self.split}_w{self.warps}_st{self.stages}"
+
+    def runs(self, m: int) -> bool:
+        """Whether this configuration can multiply m rows."""
+        return m == 1 or not self.gemv
 
 
 DEFAULT = Config()
@@ -114,6 +145,9 @@ CONFIGS = (
     # weights with few rows (N = 5120): 16-row blocks split over K, many programs, so the last wave is short
     Config(16, 256, 2, 4, 4), Config(16, 256, 3, 4, 4), Config(16, 256, 4, 4, 4), Config(16, 512, 2, 4, 3),
     Config(16, 512, 4, 4, 3), Config(32, 256, 3, 4, 4), Config(16, 128, 4, 2, 6), Config(16, 256, 1, 2, 6),
+    # one row (the AR step): the GEMV kernel, 2..8 rows of W per program
+    Config(2, 1024, 1, 4, 3, gemv=True), Config(4, 512, 1, 4, 3, gemv=True), Config(4, 1024, 1, 4, 3, gemv=True),
+    Config(8, 512, 1, 4, 3, gemv=True), Config(8, 1024, 1, 8, 3, gemv=True), Config(4, 2048, 1, 8, 2, gemv=True),
 )
 
 
@@ -147,8 +181,13 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
         weight = weight.contiguous()
     M = x2.shape[0]
     require(M <= MAX_M, f"small_m_linear_triton: at most {MAX_M} rows, got {M}")
+    require(cfg.runs(M), f"small_m_linear_triton: configuration {cfg.name()} multiplies one row, got {M}")
     y = out if out is not None else torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M == 0:
+        return y.reshape(*x.shape[:-1], N)
+    if cfg.gemv:
+        _gemv_kernel[(triton.cdiv(N, cfg.bn),)](x2, weight, y, N, K, weight.stride(0), BN=cfg.bn, BK=cfg.bk,
+                                                EVEN_K=K % cfg.bk == 0, num_warps=cfg.warps, num_stages=cfg.stages)
         return y.reshape(*x.shape[:-1], N)
     split = max(1, min(cfg.split, -(-K // cfg.bk)))
     k_split = -(-K // (split * cfg.bk)) * cfg.bk  # every slice a whole number of BK steps
@@ -214,6 +253,8 @@ class SmallMTuner:
         times: dict[str, float] = {"torch": timer(lambda: F.linear(x2, weight))}
         best, best_t = None, times["torch"]
         for cfg in self.configs:
+            if not cfg.runs(x2.shape[0]):
+                continue
             try:
                 got = small_m_linear_triton(x2, weight, cfg).float()
             except Exception:  # a configuration this device cannot run (resources): skip it
@@ -321,6 +362,8 @@ def exact_config(x2: torch.Tensor, weight: torch.Tensor, timer: Optional[Timer] 
     scale = want.norm().clamp_min(1e-30)
     best, best_t, times = DEFAULT, float("inf"), {}
     for cfg in TUNER.configs:
+        if cfg.gemv:  # one configuration for every row count: never the one-row kernel
+            continue
         try:
             got = small_m_linear_triton(xt, weight, cfg).float()
         except Exception:  # a configuration this device cannot run: skip it

@@ -43,6 +43,35 @@ def test_matches_reference(M, N, K, dtype, cfg):
     assert rel_err(got, want) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
+GEMV = [sm.Config(2, 64, 1, 4, 2, gemv=True), sm.Config(8, 32, 1, 4, 2, gemv=True)]
+
+
+@pytest.mark.parametrize("cfg", GEMV, ids=lambda c: c.name())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,K", [(64, 256), (17, 96), (5, 200)])  # N, K multiples of the blocks or not
+def test_one_row_gemv_matches_reference_and_refuses_more_rows(N, K, dtype, cfg):
+    x, w = _operands(1, N, K, dtype)
+    got = sm.small_m_linear_triton(x, w, cfg)
+    assert got.dtype == dtype and got.shape == (1, N)
+    assert rel_err(got, F.linear(x.double(), w.double())) < (1e-6 if dtype == torch.float32 else 1e-2)
+    with pytest.raises(KernelInputError, match="multiplies one row"):
+        sm.small_m_linear_triton(torch.cat([x, x]), w, cfg)
+    assert not cfg.runs(2) and all(c.runs(2) for c in CONFIGS)
+
+
+def test_the_tuner_offers_the_gemv_to_one_row_only():
+    gemv, dot = GEMV[0], sm.Config(16, 64, 1, 4, 2)
+    timed = []
+    tuner = sm.SmallMTuner(configs=(dot, gemv), timer=lambda fn: (timed.append(fn), 1.0 - 0.1 * len(timed))[1])
+    x, w = _operands(4, 48, 64, torch.float32)
+    assert tuner.tune(x, w) == dot and set(tuner.timings[tuner.key(x, w)]) == {"torch", dot.name()}
+    assert tuner.tune(x[:1], w) == gemv  # timed last: the fastest here
+    try:
+        assert not sm.exact_config(x[:1], w, timer=lambda fn: 1.0).gemv  # exact mode: one config for every M
+    finally:
+        sm.EXACT_CHOICE.pop(sm._exact_key(w), None)
+
+
 def test_leading_dims_and_strided_rows_are_kept():
     x, w = _operands(3, 40, 128, torch.float32, lead=(2,))  # [2, 3, 128]: 6 rows
     got = sm.small_m_linear_triton(x, w, sm.Config(16, 64, 2, 4, 2))
@@ -127,7 +156,7 @@ def test_mode_switch_is_checked():
 def test_27b_projection_shapes_on_cuda(M, N, K):
     x, w = _operands(M, N, K, torch.bfloat16)
     want = F.linear(x.double(), w.double())
-    for cfg in sm.CONFIGS:
+    for cfg in (c for c in sm.CONFIGS if c.runs(M)):
         assert rel_err(sm.small_m_linear_triton(x, w, cfg), want) < 1e-2, cfg
     tuner = sm.SmallMTuner()
     tuner.tune(x.reshape(-1, K), w)
