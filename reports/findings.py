@@ -61,9 +61,9 @@ class Finding:
 
 POSITIVE_CONTROL = Finding(
     "Positive control: the pipeline sees state information when it is there", "positive_control",
-    "not in the paper; the drafter's context is cut (experiments/positive_control.yaml) so that what "
-    "the target's deep layers know of older text reaches it only through the states: ReaDy must beat "
-    "FT, the placebo must not",
+    "not in the paper; the target's attention and the drafter's context are cut to the last 16 tokens "
+    "(experiments/profiles/state_context.yaml) so that older text reaches the drafter only through the "
+    "states: ReaDy must beat FT, the placebo must not",
     (Comparison("ReaDy", "DSpark + FT"), Comparison("Placebo (shuffled states)", "DSpark + FT", "null"),
      Comparison("ReaDy", "Placebo (shuffled states)"), Comparison("ReaDy", "DSpark", "info")))
 
@@ -75,6 +75,10 @@ FINDINGS = (
     Finding("Rank 8 is near saturation", "rank",
             "full rank (r = 128) adds +0.0119 τ (+0.26 %) over r = 8 (Table 3)",
             (Comparison("r=128", "r=8", "saturated"), Comparison("r=8", "Placebo (shuffled states)", "precondition"),
+             Comparison("r=8", "DSpark + FT", "info"))),
+    Finding("Rank 8 is near saturation, where the reader has state information", "rank_state_context",
+            "as above, asked in the positive control's setting (experiments/rank_state_context.yaml)",
+            (Comparison("r=64", "r=8", "saturated"), Comparison("r=8", "Placebo (shuffled states)", "precondition"),
              Comparison("r=8", "DSpark + FT", "info"))),
     Finding("Layer 62 is the best single source, (30, 62) the best set, adding layer 2 hurts", "layers",
             "{62} > {30}, {2}; {30,62} best; {2,30,62} < {30,62} (Table 4)",

@@ -53,8 +53,11 @@ TABLES: dict[str, TableSpec] = {
     "inject_pos": TableSpec("table6", "ablation", "Injection position in the final draft layer.", "Position"),
     "positive_control": TableSpec(
         "table_positive_control", "ablation",
-        "Positive control (not in the paper): the drafter sees a cut context, so older text reaches it only "
-        "through the committed states; ReaDy must beat FT and the placebo must not.", "Variant"),
+        "Positive control (not in the paper): the target attends over its last 16 tokens and the drafter sees "
+        "a cut context, so older text reaches it only through the committed states; ReaDy must beat FT and "
+        "the placebo must not.", "Variant"),
+    "rank_state_context": TableSpec("table3_state_context", "ablation",
+                                    "Reader rank in the positive control's setting (not in the paper).", "Rank"),
 }
 
 BENCHMARK_NAMES = {
