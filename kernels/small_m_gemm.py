@@ -21,6 +21,8 @@ is the same dispatch as an opaque custom op, so `torch.compile`d code can call i
 
 Modes (`set_mode` or env `READY_SMALL_M`): `auto` (default: tuned choice), `torch` (always
 `F.linear`), `triton` (always the Triton kernel with the default configuration; tests).
+Env `READY_SMALL_M_GEMV=0` keeps the one-row GEMV configurations out of the tuner (an A/B switch for
+benchmarks: the same process otherwise).
 """
 
 from __future__ import annotations
@@ -134,6 +136,10 @@ class Config:
     def runs(self, m: int) -> bool:
         """Whether this configuration can multiply m rows."""
         return m == 1 or not self.gemv
+
+    def offered(self, m: int) -> bool:
+        """Whether the tuner times it for m rows: it runs them, and a GEMV is not switched off."""
+        return self.runs(m) and not (self.gemv and os.environ.get("READY_SMALL_M_GEMV", "1") == "0")
 
 
 DEFAULT = Config()
@@ -255,7 +261,7 @@ class SmallMTuner:
         times: dict[str, float] = {"torch": timer(lambda: F.linear(x2, weight))}
         best, best_t = None, times["torch"]
         for cfg in self.configs:
-            if not cfg.runs(x2.shape[0]):
+            if not cfg.offered(x2.shape[0]):
                 continue
             try:
                 got = small_m_linear_triton(x2, weight, cfg).float()

@@ -59,13 +59,15 @@ def test_one_row_gemv_matches_reference_and_refuses_more_rows(N, K, dtype, cfg):
     assert not cfg.runs(2) and all(c.runs(2) for c in CONFIGS)
 
 
-def test_the_tuner_offers_the_gemv_to_one_row_only():
+def test_the_tuner_offers_the_gemv_to_one_row_only(monkeypatch):
     gemv, dot = GEMV[0], sm.Config(16, 64, 1, 4, 2)
     timed = []
     tuner = sm.SmallMTuner(configs=(dot, gemv), timer=lambda fn: (timed.append(fn), 1.0 - 0.1 * len(timed))[1])
     x, w = _operands(4, 48, 64, torch.float32)
     assert tuner.tune(x, w) == dot and set(tuner.timings[tuner.key(x, w)]) == {"torch", dot.name()}
     assert tuner.tune(x[:1], w) == gemv  # timed last: the fastest here
+    monkeypatch.setenv("READY_SMALL_M_GEMV", "0")  # the benchmarks' A/B switch
+    assert not gemv.offered(1) and dot.offered(1) and gemv.runs(1)
     try:
         assert not sm.exact_config(x[:1], w, timer=lambda fn: 1.0).gemv  # exact mode: one config for every M
     finally:
