@@ -99,7 +99,7 @@ def row_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps:
     if x2.shape[0] > 0:
         _row_norm_kernel[(x2.shape[0],)](x2, w, y, x2.stride(0), y.stride(0), N, 1.0 / N if mean else 1.0,
                                          float(eps), float(offset), HAS_W=weight is not None, BLOCK=BLOCK,
-                                         num_warps=warps)
+                                         num_warps=warps, enable_fp_fusion=True)  # pinned: Triton 3.10 changes the default
     return y.reshape(x.shape)
 
 

@@ -203,17 +203,19 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
     even = K % cfg.bk == 0
     grid = (triton.cdiv(N, cfg.bn), split)
     ieee = x.dtype == torch.float32 or _INTERPRETED
+    # enable_fp_fusion pinned (exact mode's bits must not follow TRITON_DEFAULT_FP_FUSION or Triton 3.10's default)
     if split == 1:
         _small_m_kernel[grid](x2, weight, y, M, N, K, x2.stride(0), weight.stride(0), 0, N, k_split,
                               BM=16, BN=cfg.bn, BK=cfg.bk, SPLIT=1, EVEN_K=even, IEEE=ieee,
-                              num_warps=cfg.warps, num_stages=cfg.stages)
+                              num_warps=cfg.warps, num_stages=cfg.stages, enable_fp_fusion=True)
     else:
         part = torch.empty(split, M, N, device=x.device, dtype=torch.float32)
         _small_m_kernel[grid](x2, weight, part, M, N, K, x2.stride(0), weight.stride(0), M * N, N, k_split,
                               BM=16, BN=cfg.bn, BK=cfg.bk, SPLIT=split, EVEN_K=even, IEEE=ieee,
-                              num_warps=cfg.warps, num_stages=cfg.stages)
+                              num_warps=cfg.warps, num_stages=cfg.stages, enable_fp_fusion=True)
         block = 1024
-        _split_sum_kernel[(triton.cdiv(M * N, block),)](part, y, M * N, SPLIT=split, BLOCK=block, num_warps=4)
+        _split_sum_kernel[(triton.cdiv(M * N, block),)](part, y, M * N, SPLIT=split, BLOCK=block, num_warps=4,
+                                                        enable_fp_fusion=True)
     return y.reshape(*x.shape[:-1], N)
 
 
