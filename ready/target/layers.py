@@ -252,26 +252,39 @@ class Attention(nn.Module):
             pos = torch.arange(start, start + T, device=x.device)
         cos, sin = rotary(pos, self.rot_dim, self.cfg.rope_theta, q.dtype, exact)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is None and not self.window:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        elif cache is None:
-            mask = visible_keys(torch.arange(T, device=x.device), T, self.window)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        if cache is None:  # training / teacher forcing: this chunk's keys only
+            if self.window:
+                mask = visible_keys(torch.arange(T, device=x.device), T, self.window)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return self.gate_out(out, gate, exact)
+        if cache.static:  # fixed shapes: write at device positions, attend over the whole buffer
+            cache.key.index_copy_(2, pos, k)
+            cache.value.index_copy_(2, pos, v)
+            return self.attend(q, cache.key, cache.value, pos, gate, exact)
+        cache.key[:, :, start : start + T] = k
+        cache.value[:, :, start : start + T] = v
+        if exact:  # the whole buffer: exact attention reads keys 0..pos only, whatever the capacity
+            return self.attend(q, cache.key, cache.value, pos, gate, exact)
+        return self.attend(q, cache.key[:, :, : start + T], cache.value[:, :, : start + T], pos, gate, exact)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor,
+               gate: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The queries q [B, H, T, hd] at absolute positions pos ([T], or [B, T] per row: the ragged
+        batch) over the cache buffers keys/values [B, H_kv, L, hd], where key j sits at position j:
+        a query at p sees keys 0..p (the last `window` of them with a window); gated and projected."""
+        if exact:  # fixed key-block order over keys 0..p: the same bits whatever the buffer or T
+            out = exact_attention(q, keys, values, pos + 1, self.window)
         else:
-            if cache.static:  # fixed shapes: write at device positions, attend over the whole buffer
-                cache.key.index_copy_(2, pos, k)
-                cache.value.index_copy_(2, pos, v)
-                keys, values = cache.key, cache.value
-            else:
-                cache.key[:, :, start : start + T] = k
-                cache.value[:, :, start : start + T] = v
-                keys, values = cache.key[:, :, : start + T], cache.value[:, :, : start + T]
-            # query at absolute position p sees keys 0..p (the last `window` of them with a window)
-            if exact:  # fixed key-block order over keys 0..p: the same bits whatever the buffer or T
-                out = exact_attention(q, cache.key, cache.value, pos + 1, self.window)
-            else:
-                mask = visible_keys(pos, keys.shape[2], self.window)
-                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            mask = visible_keys(pos, keys.shape[2], self.window)  # [T, L] or [B, T, L]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask if mask.dim() == 2 else mask[:, None],
+                                                 enable_gqa=True)
+        return self.gate_out(out, gate, exact)
+
+    def gate_out(self, out: torch.Tensor, gate: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The attention output [B, H, T, hd] times its sigmoid gate, through o_proj."""
+        B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
         return lin(out, self.o_proj.weight, exact)
 

@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ready.target.cache import HybridCache
 from ready.target.config import TargetError
-from ready.target.layers import _elementwise, apply_rotary, exact_attention, lin, rotary, visible_keys
+from ready.target.layers import apply_rotary, lin, rotary
 import ready.target.layers as _layers
 
 
@@ -98,8 +97,8 @@ def prefill_row(model: Any, cache: RaggedCache, b: int, ids: torch.Tensor,
 
 def _ragged_attention(attn: Any, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       pos: torch.Tensor, exact: bool = False) -> torch.Tensor:
-    """The target's gated attention (`layers.Attention.forward`) with per-row positions pos [B, T] over
-    the shared buffers key/value [B, H_kv, L, hd]; `exact`: its row-invariant ops."""
+    """The target's gated attention (`layers.Attention`) with per-row positions pos [B, T] over the
+    shared buffers key/value [B, H_kv, L, hd]; `exact`: its row-invariant ops."""
     B, T, _ = x.shape
     L = key.shape[2]
     q, k, v, gate = attn.project(x, exact)
@@ -111,13 +110,7 @@ def _ragged_attention(attn: Any, x: torch.Tensor, key: torch.Tensor, value: torc
     idx = pos.clamp(max=L - 1)[:, None, :, None].expand(B, attn.n_kv, T, attn.hd)
     key.scatter_(2, idx, k)
     value.scatter_(2, idx, v)
-    if exact:  # fixed key-block order over keys 0..p of each row: the single-sequence verify's bits
-        out = exact_attention(q, key, value, pos + 1, attn.window)
-    else:
-        mask = visible_keys(pos, L, attn.window)  # [B, T, L]
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask[:, None], enable_gqa=True)
-    out = out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
-    return lin(out, attn.o_proj.weight, exact)
+    return attn.attend(q, key, value, pos, gate, exact)
 
 
 def _ragged_layer(layer: Any, x: torch.Tensor, slot: Any, kv: Optional[tuple], pos: torch.Tensor,
