@@ -139,6 +139,11 @@ def overall_verdict(verdicts: Sequence[Optional[str]], preconditions: Sequence[O
     return "reproduces" if all(v == "reproduces" for v in preconditions) else "vacuous (no state effect shown)"
 
 
+def control_verdict(verdict: str) -> str:
+    """A control passes or it does not: "inconclusive" would read as if it had half passed."""
+    return "passed" if verdict == "reproduces" else f"not passed ({verdict})"
+
+
 def store_for(sweep: str, tracking_uris: Sequence[str]) -> str:
     """The first store that holds the sweep (the first store when none does: its error names it)."""
     for uri in tracking_uris:
@@ -185,7 +190,10 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
     table = ["| comparison | Δτ engine (%) [95 % CI] | Δτ teacher-forced (%) [95 % CI] | seeds × prompts × rounds | claim: verdict |",
              "|---|---|---|---|---|", *rows]
     out = head + table + [""] + [f"- {n}" for n in notes] + (["" ] if notes else [])
-    out += [f"**Verdict: {overall_verdict(verdicts, preconditions)}.** Regenerate: `python -m reports.findings` "
+    verdict = overall_verdict(verdicts, preconditions)
+    if finding is POSITIVE_CONTROL:
+        verdict = control_verdict(verdict)
+    out += [f"**Verdict: {verdict}.** Regenerate: `python -m reports.findings` "
             f"(sweep `{finding.sweep}`: `python -m sweeps.run {finding.sweep}`).", ""]
     return "\n".join(out)
 

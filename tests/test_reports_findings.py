@@ -1,7 +1,7 @@
 """The findings' verdicts follow the intervals: effects must clear 0, saturation must stay under the band."""
 
 from ready.stats import Interval
-from reports.findings import Comparison, judge, overall_verdict
+from reports.findings import Comparison, control_verdict, judge, overall_verdict
 
 
 def test_a_directional_claim_needs_its_interval_on_the_right_side_of_zero():
@@ -60,3 +60,9 @@ def test_opposed_certain_metrics_make_a_comparison_inconclusive():
     assert reconcile("reproduces", up, Interval(0.3, 0.1, 0.5)) == "reproduces"
     assert reconcile("inconclusive", up, down) == "inconclusive"
     assert reconcile(None, up, down) is None
+
+
+def test_the_positive_control_passes_or_not():
+    assert control_verdict("reproduces") == "passed"
+    assert control_verdict("inconclusive") == "not passed (inconclusive)"
+    assert control_verdict("not run") == "not passed (not run)"
