@@ -121,10 +121,6 @@ def rejection_share(drafter: Any, target: Any, data: RegenData, window: int, bat
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from omegaconf import OmegaConf
-
-    from ready.config import merge, schema, validate
-
     p = argparse.ArgumentParser(prog="python -m ready.decode.context_ceiling", description=__doc__.split("\n")[0])
     p.add_argument("--windows", default="4,8,16,32,64", help="comma list of context windows W (tokens)")
     p.add_argument("--drafter", default=None, help="a trained drafter's folder: where its rejections fall")
@@ -135,19 +131,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         windows = [int(w) for w in args.windows.split(",") if w.strip()]
     except ValueError:
         raise SystemExit(f"error: --windows {args.windows!r}: expected a comma list of integers >= 1") from None
-    if not windows or min(windows) < 1 or args.threads < 1:
-        raise SystemExit(f"error: --windows {args.windows!r} / --threads {args.threads}: expected integers >= 1")
-    torch.set_num_threads(args.threads)
-    cfg = merge(schema(), OmegaConf.from_dotlist(args.overrides), source="command line")
-    validate(cfg)
-    if int(cfg.eval.heldout_tf_samples) < 1:
-        raise SystemExit("error: eval.heldout_tf_samples must be >= 1: the rates are measured on those sequences")
+    if not windows or min(windows) < 1:
+        raise SystemExit(f"error: --windows {args.windows!r}: expected a comma list of integers >= 1")
+    from ready.heldout_setup import heldout_setup
 
-    from ready.row import _load
-    from ready.train.regen import build_validation_data
-
-    loaded = _load(cfg, progress=True)
-    val = build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=True)
+    _, loaded, val = heldout_setup(args.overrides, args.threads, 1, "the rates are measured")
     out: dict[str, Any] = {"sequences": len(val), "prompt_len": int(val.prompt_len), "rates": {}}
     out["attention_only_rates"] = {}
     for w in windows:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
-from ready.config import merge, schema, validate
+from ready.config import merge
 
 STAGE2_RATIO = 2.5  # stage 2 : stage 1 steps (paper: 50k : 20k samples)
 
@@ -140,21 +140,12 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value")
     args = p.parse_args(argv)
-    if args.threads < 1:
-        raise SystemExit(f"error: --threads {args.threads}: expected an integer >= 1")
-    torch.set_num_threads(args.threads)
-    cfg = merge(schema(), OmegaConf.from_dotlist(args.overrides), source="command line")
-    validate(cfg)
-    if int(cfg.eval.heldout_tf_samples) < 2:
-        raise SystemExit("error: eval.heldout_tf_samples must be >= 2: the curves are measured on those sequences")
-
-    from ready.row import _load
+    from ready.heldout_setup import heldout_setup
     from ready.train.pipeline import ensure_base_drafter
-    from ready.train.regen import build_regen_data, build_validation_data
+    from ready.train.regen import build_regen_data
 
-    loaded = _load(cfg, progress=True)
+    cfg, loaded, val = heldout_setup(args.overrides, args.threads, 2, "the curves are measured")
     data, _ = build_regen_data(cfg, loaded.target, loaded.tokenizer, progress=True)
-    val = build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=True)
     log_run, close = _mlflow_logger(args.tracking_uri, cfg)
 
     def log(curve: str, point: dict) -> None:

@@ -45,7 +45,7 @@ def reader_ablation(drafter: Any, mode: str, record: Optional[list] = None) -> I
     readers = list(drafter.readers.values())
     saved = [(r, r.delta) for r in readers]
 
-    def patched(reader: Any, real: Any):
+    def patched(real: Any):
         def delta(h: torch.Tensor, source: StateSource) -> torch.Tensor:
             if mode == "none":
                 return torch.zeros_like(h)
@@ -59,7 +59,7 @@ def reader_ablation(drafter: Any, mode: str, record: Optional[list] = None) -> I
         return delta
 
     for r, real in saved:
-        r.delta = patched(r, real)
+        r.delta = patched(real)
     try:
         yield
     finally:
@@ -92,32 +92,20 @@ def _loss_ends(losses: Sequence[float]) -> list[float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from omegaconf import OmegaConf
-
-    from ready.config import merge, schema, validate
-
     p = argparse.ArgumentParser(prog="python -m ready.train.reader_pilot", description=__doc__.split("\n")[0])
     p.add_argument("--drafter", default=None, help="probe this trained ReaDy drafter instead of training stage 1")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value")
     args = p.parse_args(argv)
-    if args.threads < 1:
-        raise SystemExit(f"error: --threads {args.threads}: expected an integer >= 1")
-    torch.set_num_threads(args.threads)
-    cfg = merge(schema(), OmegaConf.from_dotlist(args.overrides), source="command line")
-    validate(cfg)
-    if int(cfg.eval.heldout_tf_samples) < 2:
-        raise SystemExit("error: eval.heldout_tf_samples must be >= 2: τ is measured on those sequences")
-
+    from ready.config import merge
     from ready.decode.teacher_forced import teacher_forced_acceptance
     from ready.drafter import load_drafter
-    from ready.row import _load
+    from ready.heldout_setup import heldout_setup
     from ready.train.pipeline import ensure_base_drafter
-    from ready.train.regen import build_regen_data, build_validation_data
+    from ready.train.regen import build_regen_data
     from ready.train.stages import stage_seed, train_stage
 
-    loaded = _load(cfg, progress=True)
-    val = build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=True)
+    cfg, loaded, val = heldout_setup(args.overrides, args.threads, 2, "τ is measured")
     if args.drafter:
         drafter = load_drafter(args.drafter, loaded.target).eval()
         if not len(drafter.readers):

@@ -1,0 +1,29 @@
+"""The set-up the held-out diagnostics share (`ready.train.plateau`, `ready.decode.context_ceiling`,
+`ready.train.reader_pilot`): a config from command-line overrides, the loaded target, and the
+held-out regenerated sequences (`eval.heldout_tf_samples`) they measure on."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+
+def heldout_setup(overrides: Sequence[str], threads: int, min_sequences: int,
+                  measured: str) -> tuple[DictConfig, Any, Any]:
+    """(config, loaded target and tokenizer, validation data); bad input exits with one line
+    (`measured` says what the sequences are for, in that line)."""
+    from ready.config import merge, schema, validate
+    from ready.row import _load
+    from ready.train.regen import build_validation_data
+
+    if threads < 1:
+        raise SystemExit(f"error: --threads {threads}: expected an integer >= 1")
+    torch.set_num_threads(threads)
+    cfg = merge(schema(), OmegaConf.from_dotlist(list(overrides)), source="command line")
+    validate(cfg)
+    if int(cfg.eval.heldout_tf_samples) < min_sequences:
+        raise SystemExit(f"error: eval.heldout_tf_samples must be >= {min_sequences}: {measured} on those sequences")
+    loaded = _load(cfg, progress=True)
+    return cfg, loaded, build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=True)
