@@ -96,7 +96,7 @@ def target_dir(cfg: DictConfig, progress: bool = True) -> str:
     from ready.target.config import PRESETS
 
     source = str(cfg.target.source)
-    window = int(OmegaConf.select(cfg, "target.attention_window", default=0) or 0)
+    window = int(cfg.target.attention_window)
     if window and not (source in PRESETS and cfg.target.pretrain):
         raise PipelineConfigError(
             f"bad value at key 'target.attention_window': {window}; a window is pretrained into the embedded "

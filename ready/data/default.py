@@ -94,7 +94,7 @@ def _arch_overrides(cfg: Any, tokenizer_dir: Path) -> dict[str, int]:
     ids = json.loads((tokenizer_dir / "special_tokens.json").read_text())
     out = {"vocab_size": int(ids["vocab_size"]), "eos_token_id": int(ids["eos_token_id"]),
            "pad_token_id": int(ids["pad_token_id"])}
-    window = int(OmegaConf.select(cfg, "target.attention_window", default=0) or 0)
+    window = int(cfg.target.attention_window)
     if window:  # absent at 0: the spec (the target's cache key) stays what it was before the knob
         out["sliding_window"] = window
     return out
