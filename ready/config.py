@@ -48,6 +48,7 @@ class PretrainConfig:
     heldout_windows: int = 64  # seq_len windows of the held-out split for the held-out loss
     sample_tokens: int = 48  # greedy continuation of a held-out prompt stored with the metrics
     seed: int = 0
+    repeat_fraction: float = 0.0  # share of windows with a span of their text repeated (in-context copying)
 
 
 @dataclass
@@ -292,6 +293,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
         ("target.attention_window", c.target.attention_window >= 0, "an integer >= 0 (0 = every earlier token)"),
+        ("pretrain.repeat_fraction", 0.0 <= c.pretrain.repeat_fraction <= 1.0, "a share in [0, 1]"),
         ("bench.suites", len(c.bench.suites) >= 1, "a non-empty list of benchmark names (e.g. [humaneval, heldout])"),
     ]
     for key, ok, expected in checks:

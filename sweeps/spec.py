@@ -183,7 +183,7 @@ class Sweep:
 _NEVER_HASHED = ("name", "artifacts_dir", "train.devices")  # train.devices: same result, other speed
 # knobs added after rows were run: at these values every earlier row ran the same, so they are left
 # out and earlier rows keep their hashes
-_DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0}
+_DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pretrain.repeat_fraction": 0.0}
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed

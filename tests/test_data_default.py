@@ -103,6 +103,8 @@ def test_cache_key_follows_what_the_target_is_built_from(tmp_path: Path) -> None
     other_reader.reader.rank = 64
     assert target_spec(base) == target_spec(other_reader)
     assert target_spec(base) != target_spec(small_cfg(tmp_path, steps=5))
+    assert "repeat_fraction" not in target_spec(base)["pretrain"]  # at 0: earlier targets keep their folders
+    assert target_spec(small_cfg(tmp_path, repeat_fraction=0.5))["pretrain"]["repeat_fraction"] == 0.5
     more_vocab = small_cfg(tmp_path)
     more_vocab.corpus.vocab_size = 600
     assert target_spec(more_vocab)["architecture"]["vocab_size"] == 600

@@ -108,7 +108,15 @@ def target_spec(cfg: Any, tokenizer_dir: Optional[Path] = None) -> dict:
     tok_dir = tokenizer_dir or ensure_tokenizer(cfg, progress=False)
     arch = preset_config(preset, _arch_overrides(cfg, tok_dir)).to_hf_dict()
     return {"version": TARGET_BUILD_VERSION, "tokenizer": tokenizer_spec(cfg), "preset": preset,
-            "architecture": arch, "pretrain": _plain(cfg.pretrain)}
+            "architecture": arch, "pretrain": _pretrain_spec(cfg.pretrain)}
+
+
+def _pretrain_spec(pretrain: Any) -> dict:
+    """The pretraining knobs; `repeat_fraction` only when > 0, so earlier targets keep their cache keys."""
+    out = _plain(pretrain)
+    if not out.get("repeat_fraction"):
+        out.pop("repeat_fraction", None)
+    return out
 
 
 def default_target_dir(cfg: Any) -> Path:

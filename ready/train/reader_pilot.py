@@ -18,6 +18,14 @@ trained ReaDy drafter instead. For a ReaDy reader it also reports:
 A reader that moves h but whose τ does not change with Δh = 0 or with other states has learned a
 state-independent shift (docs/findings.md, positive control v3). Prints JSON; one seed, so compare
 differences with the standard error of τ (≈ 0.02 on 128 sequences), not as a finding.
+
+`--task copy` asks the capacity question on text where the states are all that matters: every
+prompt is a corpus segment followed by its own first `--copy-lead` tokens (`copy_prompts`), so a
+target that copies continues the segment from `--copy-source` tokens back, beyond a windowed
+target's attention and the drafter's context window; only the GDN states carry it. Training and
+held-out sequences are both built that way (train and validation splits), and `copy_fidelity` says
+how much of the target's response is the copy. A reader that can read states must beat the placebo
+by far there; one that cannot is broken, not starved of signal.
 """
 
 from __future__ import annotations
@@ -85,6 +93,37 @@ def probe(drafter: Any, target: Any, val: Any) -> dict[str, float]:
     return out
 
 
+def copy_prompts(prompts: torch.Tensor, source: int, lead: int) -> torch.Tensor:
+    """Each row's first `source` tokens followed by its first `lead` again: [N, source + lead]."""
+    if not 1 <= lead < source <= prompts.shape[1]:
+        raise ValueError(f"copy task: --copy-lead {lead} and --copy-source {source} with prompts of "
+                         f"{prompts.shape[1]} tokens; expected 1 <= lead < source <= prompt length")
+    return torch.cat([prompts[:, :source], prompts[:, :lead]], dim=1)
+
+
+def copy_fidelity(data: Any, source: int, lead: int) -> float:
+    """Share of response tokens that continue the copy (token i of the response = source token lead + i)."""
+    n = min(data.response_len, source - lead)
+    resp = data.tokens[:, data.prompt_len:data.prompt_len + n]
+    want = data.tokens[:, lead:lead + n]
+    valid = (torch.arange(n) < (data.lengths - data.prompt_len).clamp(min=0).unsqueeze(1))
+    return float(((resp == want) & valid).sum() / valid.sum().clamp(min=1))
+
+
+def _copy_data(cfg: Any, loaded: Any, split: str, n: int, source: int, lead: int) -> Any:
+    """Target-regenerated copy sequences from `n` prompts of `split` (cached like any regen data)."""
+    from omegaconf import OmegaConf
+
+    from ready.data import training_prompts
+    from ready.train.regen import as_prompt_tensor, build_regen_data
+
+    rcfg = OmegaConf.merge(cfg, {"regen": {"num_samples": n, "prompt_len": source + lead}})
+    base = as_prompt_tensor(training_prompts(loaded.tokenizer, OmegaConf.merge(rcfg.regen, {"prompt_len": source}),
+                                             split=split, corpus_cfg=cfg.corpus))
+    return build_regen_data(rcfg, loaded.target, loaded.tokenizer, prompts=copy_prompts(base, source, lead),
+                            progress=True)[0]
+
+
 def _loss_ends(losses: Sequence[float]) -> list[float]:
     """Mean loss of the first and the last tenth of the steps (single steps are too noisy)."""
     k = max(1, len(losses) // 10)
@@ -95,6 +134,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m ready.train.reader_pilot", description=__doc__.split("\n")[0])
     p.add_argument("--drafter", default=None, help="probe this trained ReaDy drafter instead of training stage 1")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--task", choices=("text", "copy"), default="text",
+                   help="text: the config's regenerated data (default); copy: segments repeated (see above)")
+    p.add_argument("--copy-source", type=int, default=96, help="copy task: tokens of the segment (default 96)")
+    p.add_argument("--copy-lead", type=int, default=32, help="copy task: tokens repeated in the prompt (default 32)")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value")
     args = p.parse_args(argv)
     from ready.config import merge
@@ -113,10 +156,18 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         out: dict[str, Any] = {"drafter": args.drafter, "ready": probe(drafter, loaded.target, val)}
         print(json.dumps(out))
         return out
-    data, _ = build_regen_data(cfg, loaded.target, loaded.tokenizer, progress=True)
     base = Path(ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=True))
-    out = {"base": float(teacher_forced_acceptance(load_drafter(base, loaded.target), loaded.target, val,
-                                                   progress=False)["tau"])}
+    out = {"task": args.task}
+    if args.task == "copy":
+        src, lead = args.copy_source, args.copy_lead
+        data = _copy_data(cfg, loaded, "train", int(cfg.regen.num_samples), src, lead)
+        val = _copy_data(cfg, loaded, "validation", int(cfg.eval.heldout_tf_samples), src, lead)
+        out["copy_fidelity"] = {"train": copy_fidelity(data, src, lead), "heldout": copy_fidelity(val, src, lead)}
+        print(f"[reader_pilot] copy fidelity {json.dumps(out['copy_fidelity'])}", file=sys.stderr, flush=True)
+    else:
+        data, _ = build_regen_data(cfg, loaded.target, loaded.tokenizer, progress=True)
+    out["base"] = float(teacher_forced_acceptance(load_drafter(base, loaded.target), loaded.target, val,
+                                                   progress=False)["tau"])
     for name, states in (("ready", "own"), ("placebo", "shuffled")):
         c = merge(cfg, {"reader": {"enabled": True, "states": states}})
         torch.manual_seed(stage_seed(int(cfg.seed), "stage1"))

@@ -1,0 +1,165 @@
+"""Does the tiny target learn in-context copying, and after how much pretraining?
+
+    python -m ready.data.copy_probe --device cuda --batch 16 --checks 640,1280,2560,5120 target.attention_window=16
+    python -m ready.data.copy_probe --device cuda --data random --symbols 64 --batch 32 --checks 250,500,1000
+    python -m ready.data.copy_probe --built target.attention_window=16   # the config's target, as built
+
+ReaDy reads what the target's GDN states hold about older text; a positive control needs a target
+that retrieves specific older text (copies it), not only its gist. This trains a fresh target of the
+config's preset and corpus (as `ensure_default_target` builds it) with the pretraining's optimizer at
+a constant learning rate after a 100-step warmup, on:
+
+- `text`: the train split, as the default build;
+- `repeats`: the same, with `--fraction` of the windows carrying a span of their own text repeated
+  0-64 tokens later (`insert_repeats`, the `pretrain.repeat_fraction` knob);
+- `random`: random ids (`--symbols` distinct ones) with one random span repeated per window, where
+  only copying lowers the loss below ln(symbols).
+
+At each `--checks` step (and at `--seconds`) it prints one JSON line: training loss, held-out loss,
+and copy fidelity (`ready.train.reader_pilot.copy_fidelity`): how much of the greedy continuation of
+a segment repeated after `source` tokens continues the copy, for held-out corpus segments (`text`)
+and for random ids (`random`), at sources 24 and 48 with 8 tokens repeated (beyond a 16-token
+attention window, so a windowed target must copy through its states) and 96 with 32. Nothing is
+cached or saved: it is a measurement, not a build. `--built` measures the config's own target
+instead (built and cached as every run builds it) and trains nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+COPIES = ((24, 8), (48, 8), (96, 32))
+
+
+def fidelity(model: Any, segments: torch.Tensor, source: int, lead: int, new_tokens: int = 16) -> float:
+    """Copy fidelity of `model`'s greedy continuation of each segment's first `source` tokens + first `lead`."""
+    from ready.train import greedy_responses
+    from ready.train.reader_pilot import copy_fidelity, copy_prompts
+
+    data = greedy_responses(model, copy_prompts(segments, source, lead), new_tokens, eos_id=None,
+                            batch_size=segments.shape[0], progress=False)
+    return round(copy_fidelity(data, source, lead), 4)
+
+
+def _fidelities(model: Any, segments: torch.Tensor, rand_segments: torch.Tensor) -> dict[str, float]:
+    out = {}
+    for src, lead in COPIES:
+        out[f"text_{src}_{lead}"] = fidelity(model, segments, src, lead)
+        out[f"random_{src}_{lead}"] = fidelity(model, rand_segments, src, lead)
+    return out
+
+
+@torch.no_grad()
+def _heldout(model: Any, stream: torch.Tensor, seq_len: int, windows: int = 16) -> float:
+    dev = next(model.parameters()).device
+    rows = torch.stack([stream[i * seq_len:(i + 1) * seq_len + 1] for i in range(windows)]).to(dev)
+    logits = model(rows[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten()).item()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
+    p = argparse.ArgumentParser(prog="python -m ready.data.copy_probe", description=__doc__.split("\n")[0])
+    p.add_argument("--built", action="store_true", help="measure the config's built target; train nothing")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--data", choices=("text", "repeats", "random"), default="text")
+    p.add_argument("--fraction", type=float, default=0.5, help="repeats: share of windows with a repeat")
+    p.add_argument("--symbols", type=int, default=None, help="random: distinct ids (3, 4, ...; default: the whole vocabulary)")
+    p.add_argument("--prompts", type=int, default=64, help="segments per fidelity measurement (default 64)")
+    p.add_argument("--batch", type=int, default=4, help="windows per step (default: the pretraining's 4)")
+    p.add_argument("--lr", type=float, default=None, help="default: pretrain.lr")
+    p.add_argument("--checks", default="640,1280,2560,5120", help="steps at which to measure (comma list)")
+    p.add_argument("--seconds", type=float, default=None, help="also measure and stop after this many seconds")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("overrides", nargs="*", help="config overrides a.b=value (target.attention_window=16, ...)")
+    args = p.parse_args(argv)
+    from omegaconf import OmegaConf
+
+    from ready.config import merge, schema, validate
+    from ready.data import training_prompts
+    from ready.data.corpus import load_corpus
+    from ready.data.default import _arch_overrides, _preset, ensure_tokenizer
+    from ready.data.pretrain import _optimizer, insert_repeats, token_stream
+    from ready.data.tokenizer import load_tokenizer, special_token_ids
+    from ready.target import load_target
+    from ready.train.regen import as_prompt_tensor
+
+    if args.prompts < 1:
+        raise SystemExit(f"error: --prompts {args.prompts}: expected an integer >= 1")
+    checks = sorted({int(c) for c in args.checks.split(",") if c})
+    if not checks or checks[0] < 1:
+        raise SystemExit(f"error: --checks {args.checks!r}: expected a comma list of steps >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = merge(schema(), OmegaConf.from_dotlist(list(args.overrides)), source="command line")
+    validate(cfg)
+    tok_dir = ensure_tokenizer(cfg, progress=True)
+    tokenizer = load_tokenizer(tok_dir)
+    corpus = load_corpus(cfg.corpus)
+    eos = special_token_ids(tokenizer)["eos_token_id"]
+    train, held = token_stream(corpus.train, tokenizer, eos), token_stream(corpus.heldout, tokenizer, eos)
+    seq = int(cfg.pretrain.seq_len)
+    segments = as_prompt_tensor(training_prompts(tokenizer, OmegaConf.merge(cfg.regen, {"num_samples": args.prompts, "prompt_len": 128}),
+                                                 split="validation", corpus_cfg=cfg.corpus))
+    vocab = int(_arch_overrides(cfg, tok_dir)["vocab_size"])
+    symbols = vocab - 3 if args.symbols is None else args.symbols
+    if args.data == "random" and not 4 <= symbols <= vocab - 3:
+        raise SystemExit(f"error: --symbols {args.symbols}: expected 4..{vocab - 3} (ids 3.. of the {vocab}-token vocabulary)")
+    hi = min(symbols + 3, vocab)
+    rand_segments = torch.randint(3, hi, (args.prompts, 128), generator=torch.Generator().manual_seed(5))
+    if args.built:
+        from ready.row import _load
+
+        model = _load(cfg, progress=True).target.eval()
+        row: dict[str, Any] = {"data": "built", "step": int(cfg.pretrain.steps),
+                               "heldout_loss": round(_heldout(model, held, seq), 3)}
+        row.update(_fidelities(model, segments, rand_segments))
+        print(json.dumps(row), flush=True)
+        return [row]
+    torch.manual_seed(int(cfg.pretrain.seed))
+    model = load_target(_preset(cfg), overrides=_arch_overrides(cfg, tok_dir), device=args.device, dtype=torch.float32)
+    lr = float(args.lr if args.lr is not None else cfg.pretrain.lr)
+    opt = _optimizer(model, OmegaConf.merge(cfg.pretrain, {"lr": lr}))
+    gen, copy_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+    rows: list[dict] = []
+    t0, step = time.time(), 0
+    model.train()
+    while step < checks[-1]:
+        step += 1
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, step / 100)
+        if args.data == "random":
+            w = insert_repeats(torch.randint(3, hi, (args.batch, seq + 1), generator=gen), 1.0, copy_gen, fill=(3, hi))
+        else:
+            starts = torch.randint(0, train.numel() - seq - 1, (args.batch,), generator=gen)
+            w = torch.stack([train[s:s + seq + 1] for s in starts.tolist()])
+            if args.data == "repeats":
+                w = insert_repeats(w, args.fraction, copy_gen)
+        w = w.to(args.device)
+        loss = F.cross_entropy(model(w[:, :-1]).logits.flatten(0, 1).float(), w[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg.pretrain.grad_clip))
+        opt.step()
+        late = args.seconds is not None and time.time() - t0 > args.seconds
+        if step in checks or late:
+            model.eval()
+            row = {"data": args.data, "batch": args.batch, "step": step, "s": round(time.time() - t0),
+                   "loss": round(loss.item(), 3), "heldout_loss": round(_heldout(model, held, seq), 3)}
+            row.update(_fidelities(model, segments, rand_segments))
+            model.train()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if late:
+                break
+    return rows
+
+
+if __name__ == "__main__":
+    main()
