@@ -64,5 +64,7 @@ def test_the_command_trains_then_measures_a_built_target(tmp_path, capsys):
     assert built["data"] == "built" and built["step"] == 2
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert len(lines) == 3
+    with pytest.raises(SystemExit, match="--span '5'"):
+        main(["--device", "cpu", "--span", "5", *small])
     with pytest.raises(SystemExit, match="--symbols 1"):
         main(["--device", "cpu", "--data", "random", "--symbols", "1", *small])

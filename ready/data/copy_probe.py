@@ -10,8 +10,8 @@ config's preset and corpus (as `ensure_default_target` builds it) with the pretr
 a constant learning rate after a 100-step warmup, on:
 
 - `text`: the train split, as the default build;
-- `repeats`: the same, with `--fraction` of the windows carrying a span of their own text repeated
-  0-64 tokens later (`insert_repeats`, the `pretrain.repeat_fraction` knob);
+- `repeats`: the same, with `--fraction` of the windows carrying a span of their own text (`--span`
+  tokens) repeated 0..`--max-gap` tokens later (`insert_repeats`, the `pretrain.repeat_fraction` knob);
 - `random`: random ids (`--symbols` distinct ones) with one random span repeated per window, where
   only copying lowers the loss below ln(symbols).
 
@@ -71,6 +71,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     p.add_argument("--data", choices=("text", "repeats", "random"), default="text")
     p.add_argument("--fraction", type=float, default=0.5, help="repeats: share of windows with a repeat")
     p.add_argument("--symbols", type=int, default=None, help="random: distinct ids (3, 4, ...; default: the whole vocabulary)")
+    p.add_argument("--span", default="8,48", help="repeats/random: repeated span length LO,HI tokens (default 8,48)")
+    p.add_argument("--max-gap", type=int, default=64, help="repeats/random: most tokens between a span and its repeat")
     p.add_argument("--prompts", type=int, default=64, help="segments per fidelity measurement (default 64)")
     p.add_argument("--batch", type=int, default=4, help="windows per step (default: the pretraining's 4)")
     p.add_argument("--lr", type=float, default=None, help="default: pretrain.lr")
@@ -90,6 +92,13 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     from ready.target import load_target
     from ready.train.regen import as_prompt_tensor
 
+    try:
+        span = tuple(int(x) for x in args.span.split(","))
+    except ValueError:
+        span = ()
+    if len(span) != 2 or not 1 <= span[0] <= span[1] or args.max_gap < 0:
+        raise SystemExit(f"error: --span {args.span!r} --max-gap {args.max_gap}: expected LO,HI with 1 <= LO <= HI "
+                         "and a gap >= 0")
     if args.prompts < 1:
         raise SystemExit(f"error: --prompts {args.prompts}: expected an integer >= 1")
     checks = sorted({int(c) for c in args.checks.split(",") if c})
@@ -135,12 +144,13 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, step / 100)
         if args.data == "random":
-            w = insert_repeats(torch.randint(3, hi, (args.batch, seq + 1), generator=gen), 1.0, copy_gen, fill=(3, hi))
+            w = insert_repeats(torch.randint(3, hi, (args.batch, seq + 1), generator=gen), 1.0, copy_gen,
+                               span, args.max_gap, fill=(3, hi))
         else:
             starts = torch.randint(0, train.numel() - seq - 1, (args.batch,), generator=gen)
             w = torch.stack([train[s:s + seq + 1] for s in starts.tolist()])
             if args.data == "repeats":
-                w = insert_repeats(w, args.fraction, copy_gen)
+                w = insert_repeats(w, args.fraction, copy_gen, span, args.max_gap)
         w = w.to(args.device)
         loss = F.cross_entropy(model(w[:, :-1]).logits.flatten(0, 1).float(), w[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
