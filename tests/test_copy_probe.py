@@ -57,8 +57,16 @@ def test_the_command_trains_then_measures_a_built_target(tmp_path, capsys):
     small = [f"artifacts_dir={tmp_path}", "corpus.max_files=60", "corpus.heldout_fraction=0.2", "corpus.vocab_size=512",
              "pretrain.steps=2", "pretrain.batch_size=2", "pretrain.seq_len=32", "pretrain.heldout_windows=2",
              "pretrain.sample_tokens=4", "--prompts", "4"]
-    rows = main(["--device", "cpu", "--data", "random", "--symbols", "32", "--batch", "2", "--checks", "1,2", *small])
+    ckpt = tmp_path / "copier"
+    rows = main(["--device", "cpu", "--data", "random", "--symbols", "32", "--batch", "2", "--checks", "1,2",
+                 "--save", str(ckpt), *small])
     assert [r["step"] for r in rows] == [1, 2]
+    from ready.target import load_target
+
+    assert load_target(ckpt).config.vocab_size == 512 and (ckpt / "tokenizer.json").is_file()
+    assert json.loads((ckpt / "probe.json").read_text())["rows"] == rows
+    with pytest.raises(SystemExit, match="already exists"):
+        main(["--device", "cpu", "--save", str(ckpt), *small])
     assert all(0.0 <= r[k] <= 1.0 for r in rows for k in r if k.startswith(("text_", "random_")))
     built = main(["--built", "--device", "cpu", *small])[0]
     assert built["data"] == "built" and built["step"] == 2

@@ -20,8 +20,10 @@ and copy fidelity (`ready.train.reader_pilot.copy_fidelity`): how much of the gr
 a segment repeated after `source` tokens continues the copy, for held-out corpus segments (`text`)
 and for random ids (`random`), at sources 24 and 48 with 8 tokens repeated (beyond a 16-token
 attention window, so a windowed target must copy through its states) and 96 with 32. Nothing is
-cached or saved: it is a measurement, not a build. `--built` measures the config's own target
-instead (built and cached as every run builds it) and trains nothing.
+cached: it is a measurement, not a build. `--built` measures the config's own target instead
+(built and cached as every run builds it) and trains nothing. `--save DIR` keeps the trained target
+as a local checkpoint with its tokenizer (and `probe.json`, these rows), which a run loads with
+`target.source=DIR target.pretrain=false`; its attention window comes with it (config.json).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
@@ -78,6 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     p.add_argument("--lr", type=float, default=None, help="default: pretrain.lr")
     p.add_argument("--checks", default="640,1280,2560,5120", help="steps at which to measure (comma list)")
     p.add_argument("--seconds", type=float, default=None, help="also measure and stop after this many seconds")
+    p.add_argument("--save", default=None, help="write the trained target here as a checkpoint (a new folder)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value (target.attention_window=16, ...)")
     args = p.parse_args(argv)
@@ -99,6 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     if len(span) != 2 or not 1 <= span[0] <= span[1] or args.max_gap < 0:
         raise SystemExit(f"error: --span {args.span!r} --max-gap {args.max_gap}: expected LO,HI with 1 <= LO <= HI "
                          "and a gap >= 0")
+    if args.save and Path(args.save).exists():
+        raise SystemExit(f"error: --save {args.save}: already exists; expected a new folder")
     if args.prompts < 1:
         raise SystemExit(f"error: --prompts {args.prompts}: expected an integer >= 1")
     checks = sorted({int(c) for c in args.checks.split(",") if c})
@@ -126,7 +132,11 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         from ready.row import _load
 
         model = _load(cfg, progress=True).target.eval()
-        row: dict[str, Any] = {"data": "built", "step": int(cfg.pretrain.steps),
+        from ready.target.config import PRESETS
+
+        pretrained = bool(cfg.target.pretrain) and str(cfg.target.source) in PRESETS
+        row: dict[str, Any] = {"data": "built", "source": str(cfg.target.source),
+                               "step": int(cfg.pretrain.steps) if pretrained else None,
                                "heldout_loss": round(_heldout(model, held, seq), 3)}
         row.update(_fidelities(model, segments, rand_segments))
         print(json.dumps(row), flush=True)
@@ -168,7 +178,29 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
             print(json.dumps(row), flush=True)
             if late:
                 break
+    if args.save:
+        _save(model, tok_dir, Path(args.save), {"argv": list(argv) if argv is not None else sys.argv[1:], "rows": rows})
     return rows
+
+
+def _save(model: Any, tok_dir: Path, out: Path, meta: dict) -> None:
+    """`model` + the tokenizer files as a checkpoint folder, atomically (nothing half-written stays)."""
+    import os
+    import shutil
+
+    from ready.artifacts import atomic_dir
+    from ready.data.default import TOKENIZER_FILES
+    from ready.target import save_target
+
+    with atomic_dir(out) as tmp:
+        saved = save_target(model.eval(), tmp / "model", tokenizer=None)
+        for f in saved.iterdir():
+            os.replace(f, tmp / f.name)
+        saved.rmdir()
+        for name in TOKENIZER_FILES:
+            shutil.copy2(tok_dir / name, tmp / name)
+        (tmp / "probe.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"[copy_probe] saved the trained target to {out}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
