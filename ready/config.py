@@ -48,7 +48,7 @@ class PretrainConfig:
     heldout_windows: int = 64  # seq_len windows of the held-out split for the held-out loss
     sample_tokens: int = 48  # greedy continuation of a held-out prompt stored with the metrics
     seed: int = 0
-    repeat_fraction: float = 0.0  # share of windows with a span of their text repeated (in-context copying)
+    repeat_fraction: float = 0.0  # share of windows with a span of their own text repeated (towards copying)
 
 
 @dataclass

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from ready.data.copy_probe import fidelity, main
+from ready.data.copy_probe import copy_fidelity, copy_prompts, fidelity, main
 from ready.data.pretrain import insert_repeats
 
 
@@ -76,3 +76,20 @@ def test_the_command_trains_then_measures_a_built_target(tmp_path, capsys):
         main(["--device", "cpu", "--span", "5", *small])
     with pytest.raises(SystemExit, match="--symbols 1"):
         main(["--device", "cpu", "--data", "random", "--symbols", "1", *small])
+
+
+def test_copy_prompts_repeat_each_rows_lead_after_its_source():
+    p = torch.arange(20).view(2, 10)
+    assert copy_prompts(p, 6, 2).tolist() == [[0, 1, 2, 3, 4, 5, 0, 1], [10, 11, 12, 13, 14, 15, 10, 11]]
+    with pytest.raises(ValueError, match="expected 1 <= lead < source <= prompt length"):
+        copy_prompts(p, 12, 2)
+
+
+def test_copy_fidelity_counts_response_tokens_that_continue_the_copy():
+    from ready.train.regen import RegenData
+
+    # source 0..5, lead 0 1; a faithful response is 2 3 4 5, this one errs once and stops early
+    tokens = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 5],
+                           [0, 1, 2, 3, 4, 5, 0, 1, 2, 9, 0, 0]])
+    data = RegenData(tokens=tokens, prompt_len=8, lengths=torch.tensor([12, 10]))
+    assert copy_fidelity(data, 6, 2) == pytest.approx(4 / 6)  # row 1: 3 of 4; row 2: 1 of its 2 tokens

@@ -1,5 +1,6 @@
-"""In-context copying for the tiny target (`pretrain.repeat_fraction`): windows get a span of their
-own text repeated further on, plain windows stay plain, and the knob at 0 changes no cache key."""
+"""Repeated spans for the tiny target's pretraining (`pretrain.repeat_fraction`): windows get a span
+of their own text repeated further on, plain windows stay plain, and the knob is validated (at 0 it
+changes no cache key: tests/test_data_default.py, tests/test_sweeps_spec.py)."""
 
 from __future__ import annotations
 
@@ -27,17 +28,8 @@ def test_every_row_gets_one_earlier_span_copied_within_the_gap():
         assert 0 <= d - (s + n) <= 64  # it begins 0..max_gap tokens after the source ends
 
 
-def test_the_knob_is_validated_and_left_out_of_row_hashes_at_zero():
-    from omegaconf import OmegaConf
-
-    from sweeps.spec import job_hash
-
+def test_the_knob_is_validated():  # left out of row hashes at 0: tests/test_sweeps_spec.py
     cfg = merge(schema(), {})
     assert cfg.pretrain.repeat_fraction == 0.0
-    copying = merge(cfg, {"pretrain": {"repeat_fraction": 0.5}})
-    assert job_hash(cfg, "ready") != job_hash(copying, "ready")
-    tree = OmegaConf.to_container(cfg)
-    del tree["pretrain"]["repeat_fraction"]  # a row resolved before the knob existed
-    assert job_hash(OmegaConf.create(tree), "ready") == job_hash(cfg, "ready")
     with pytest.raises(ConfigError, match="pretrain.repeat_fraction"):
         validate(merge(cfg, {"pretrain": {"repeat_fraction": 1.5}}))

@@ -57,22 +57,3 @@ def test_ablations_change_the_readers_output_and_are_undone(setting):
         with reader_ablation(drafter, "zero"):
             pass
 
-
-def test_copy_prompts_repeat_each_rows_lead_after_its_source():
-    from ready.train.reader_pilot import copy_prompts
-
-    p = torch.arange(20).view(2, 10)
-    assert copy_prompts(p, 6, 2).tolist() == [[0, 1, 2, 3, 4, 5, 0, 1], [10, 11, 12, 13, 14, 15, 10, 11]]
-    with pytest.raises(ValueError, match="expected 1 <= lead < source <= prompt length"):
-        copy_prompts(p, 12, 2)
-
-
-def test_copy_fidelity_counts_response_tokens_that_continue_the_copy():
-    from ready.train.regen import RegenData
-    from ready.train.reader_pilot import copy_fidelity
-
-    # source 0..5, lead 0 1; a faithful response is 2 3 4 5, this one errs once and stops early
-    tokens = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 5],
-                           [0, 1, 2, 3, 4, 5, 0, 1, 2, 9, 0, 0]])
-    data = RegenData(tokens=tokens, prompt_len=8, lengths=torch.tensor([12, 10]))
-    assert copy_fidelity(data, 6, 2) == pytest.approx(4 / 6)  # row 1: 3 of 4; row 2: 1 of its 2 tokens

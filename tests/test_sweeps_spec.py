@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from sweeps.basegen import drift, render
 from sweeps.run import main
 from ready.config import ConfigError, merge, schema, validate
@@ -199,6 +200,19 @@ def test_exact_mode_auto_is_on_for_16_bit_targets_and_keeps_float32_hashes():
     assert job_hash(bf16, "ready") == job_hash(merge(bf16, {"eval": {"exact": True}}), "ready")
     with pytest.raises(ConfigError, match="eval.exact"):
         validate(merge(cfg, {"eval": {"exact": "sometimes"}}))
+
+
+@pytest.mark.parametrize("key, value", [("target.attention_window", 16), ("pretrain.repeat_fraction", 0.5)])
+def test_a_knob_added_later_hashes_rows_as_before_it_at_its_default(key, value):
+    from sweeps.spec import _DEFAULT_NOT_HASHED, job_hash
+
+    cfg = merge(schema(), {})
+    assert OmegaConf.select(cfg, key) == _DEFAULT_NOT_HASHED[key]
+    assert job_hash(cfg, "ready") != job_hash(merge(cfg, OmegaConf.from_dotlist([f"{key}={value}"])), "ready")
+    tree = OmegaConf.to_container(cfg)
+    section, name = key.split(".")
+    del tree[section][name]  # a row resolved before the knob existed
+    assert job_hash(OmegaConf.create(tree), "ready") == job_hash(cfg, "ready")
 
 
 def test_rows_hash_as_before_the_concurrency_key_unless_they_batch():

@@ -16,7 +16,7 @@ a constant learning rate after a 100-step warmup, on:
   only copying lowers the loss below ln(symbols).
 
 At each `--checks` step (and at `--seconds`) it prints one JSON line: training loss, held-out loss,
-and copy fidelity (`ready.train.reader_pilot.copy_fidelity`): how much of the greedy continuation of
+and copy fidelity (`copy_fidelity`): how much of the greedy continuation of
 a segment repeated after `source` tokens continues the copy, for held-out corpus segments (`text`)
 and for random ids (`random`), at sources 24 and 48 with 8 tokens repeated (beyond a 16-token
 attention window, so a windowed target must copy through its states) and 96 with 32. Nothing is
@@ -36,15 +36,31 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 COPIES = ((24, 8), (48, 8), (96, 32))
+HELDOUT_WINDOWS = 16  # held-out loss over this many seq_len windows (a trend, cheap at every check)
+
+
+def copy_prompts(prompts: torch.Tensor, source: int, lead: int) -> torch.Tensor:
+    """Each row's first `source` tokens followed by its first `lead` again: [N, source + lead]."""
+    if not 1 <= lead < source <= prompts.shape[1]:
+        raise ValueError(f"copy task: lead {lead} and source {source} tokens with prompts of "
+                         f"{prompts.shape[1]} tokens; expected 1 <= lead < source <= prompt length")
+    return torch.cat([prompts[:, :source], prompts[:, :lead]], dim=1)
+
+
+def copy_fidelity(data: Any, source: int, lead: int) -> float:
+    """Share of response tokens that continue the copy (token i of the response = source token lead + i)."""
+    n = min(data.response_len, source - lead)
+    resp = data.tokens[:, data.prompt_len:data.prompt_len + n]
+    want = data.tokens[:, lead:lead + n]
+    valid = (torch.arange(n) < (data.lengths - data.prompt_len).clamp(min=0).unsqueeze(1))
+    return float(((resp == want) & valid).sum() / valid.sum().clamp(min=1))
 
 
 def fidelity(model: Any, segments: torch.Tensor, source: int, lead: int, new_tokens: int = 16) -> float:
     """Copy fidelity of `model`'s greedy continuation of each segment's first `source` tokens + first `lead`."""
     from ready.train import greedy_responses
-    from ready.train.reader_pilot import copy_fidelity, copy_prompts
 
     data = greedy_responses(model, copy_prompts(segments, source, lead), new_tokens, eos_id=None,
                             batch_size=segments.shape[0], progress=False)
@@ -57,14 +73,6 @@ def _fidelities(model: Any, segments: torch.Tensor, rand_segments: torch.Tensor)
         out[f"text_{src}_{lead}"] = fidelity(model, segments, src, lead)
         out[f"random_{src}_{lead}"] = fidelity(model, rand_segments, src, lead)
     return out
-
-
-@torch.no_grad()
-def _heldout(model: Any, stream: torch.Tensor, seq_len: int, windows: int = 16) -> float:
-    dev = next(model.parameters()).device
-    rows = torch.stack([stream[i * seq_len:(i + 1) * seq_len + 1] for i in range(windows)]).to(dev)
-    logits = model(rows[:, :-1]).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten()).item()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
@@ -91,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     from ready.data import training_prompts
     from ready.data.corpus import load_corpus
     from ready.data.default import _arch_overrides, _preset, ensure_tokenizer
-    from ready.data.pretrain import _optimizer, insert_repeats, token_stream
+    from ready.data.pretrain import _lm_loss, _optimizer, heldout_loss, insert_repeats, token_stream
     from ready.data.tokenizer import load_tokenizer, special_token_ids
     from ready.target import load_target
     from ready.train.regen import as_prompt_tensor
@@ -118,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     tokenizer = load_tokenizer(tok_dir)
     corpus = load_corpus(cfg.corpus)
     eos = special_token_ids(tokenizer)["eos_token_id"]
-    train, held = token_stream(corpus.train, tokenizer, eos), token_stream(corpus.heldout, tokenizer, eos)
+    held = token_stream(corpus.heldout, tokenizer, eos)
     seq = int(cfg.pretrain.seq_len)
     segments = as_prompt_tensor(training_prompts(tokenizer, OmegaConf.merge(cfg.regen, {"num_samples": args.prompts, "prompt_len": 128}),
                                                  split="validation", corpus_cfg=cfg.corpus))
@@ -130,17 +138,17 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     rand_segments = torch.randint(3, hi, (args.prompts, 128), generator=torch.Generator().manual_seed(5))
     if args.built:
         from ready.row import _load
-
-        model = _load(cfg, progress=True).target.eval()
         from ready.target.config import PRESETS
 
+        model = _load(cfg, progress=True).target.eval()
         pretrained = bool(cfg.target.pretrain) and str(cfg.target.source) in PRESETS
         row: dict[str, Any] = {"data": "built", "source": str(cfg.target.source),
                                "step": int(cfg.pretrain.steps) if pretrained else None,
-                               "heldout_loss": round(_heldout(model, held, seq), 3)}
+                               "heldout_loss": round(heldout_loss(model, held, seq, HELDOUT_WINDOWS), 3)}
         row.update(_fidelities(model, segments, rand_segments))
         print(json.dumps(row), flush=True)
         return [row]
+    train = token_stream(corpus.train, tokenizer, eos)
     torch.manual_seed(int(cfg.pretrain.seed))
     model = load_target(_preset(cfg), overrides=_arch_overrides(cfg, tok_dir), device=args.device, dtype=torch.float32)
     lr = float(args.lr if args.lr is not None else cfg.pretrain.lr)
@@ -162,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
             if args.data == "repeats":
                 w = insert_repeats(w, args.fraction, copy_gen, span, args.max_gap)
         w = w.to(args.device)
-        loss = F.cross_entropy(model(w[:, :-1]).logits.flatten(0, 1).float(), w[:, 1:].flatten())
+        loss = _lm_loss(model, w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg.pretrain.grad_clip))
@@ -171,7 +179,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         if step in checks or late:
             model.eval()
             row = {"data": args.data, "batch": args.batch, "step": step, "s": round(time.time() - t0),
-                   "loss": round(loss.item(), 3), "heldout_loss": round(_heldout(model, held, seq), 3)}
+                   "loss": round(loss.item(), 3), "heldout_loss": round(heldout_loss(model, held, seq, HELDOUT_WINDOWS), 3)}
             row.update(_fidelities(model, segments, rand_segments))
             model.train()
             rows.append(row)

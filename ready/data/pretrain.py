@@ -5,13 +5,12 @@ by EOS), AdamW (weight decay on matrices only), linear warmup then cosine decay 
 `min_lr_ratio * lr`, gradient clipping; a tqdm bar shows the loss. Held-out loss is measured on
 fixed, non-overlapping windows of the held-out split.
 
-`repeat_fraction` > 0 teaches in-context copying: that share of the training windows gets a span of
-its own text repeated further on (`insert_repeats`), so the target learns to continue a repeat from
-what its layers remember of the first occurrence. Large models copy like this (the induction ReaDy's
-states are meant to carry); the tiny target does not learn it from 655k tokens of plain text (it
-continued a repeated 20-96 token segment only ~5 % of the time, `python -m ready.train.reader_pilot
---task copy`). With `target.attention_window` small, a copy from further back than the window must
-go through the GDN states. Held-out loss stays on plain text.
+`repeat_fraction` > 0 gives that share of the training windows a span of their own text repeated
+further on (`insert_repeats`), to push the target towards in-context copying, which large models do
+and the tiny target does not (it continues a repeated segment ~5 % of the time: `python -m
+ready.data.copy_probe --built`). At the default budget it does not teach copying either
+(docs/findings.md, "v4 diagnosis"); with `target.attention_window` small, a copy from beyond the
+window would have to go through the GDN states. Held-out loss stays on plain text.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ def _optimizer(model: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
 
 
 def _lm_loss(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:
+    window = window.to(next(model.parameters()).device)
     logits = model(window[:, :-1]).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), window[:, 1:].reshape(-1))
 
@@ -122,7 +122,7 @@ def pretrain(model: torch.nn.Module, train: torch.Tensor, heldout: torch.Tensor,
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.seq_len < 2:
         raise ValueError(f"bad pretrain config: steps={cfg.steps}, batch_size={cfg.batch_size}, "
                          f"seq_len={cfg.seq_len}; expected steps >= 1, batch_size >= 1, seq_len >= 2")
-    repeat = float(getattr(cfg, "repeat_fraction", 0.0))
+    repeat = float(cfg.repeat_fraction)
     if not 0.0 <= repeat <= 1.0:
         raise ValueError(f"pretrain.repeat_fraction = {repeat}; expected a share in [0, 1]")
     copy_gen = torch.Generator().manual_seed(int(cfg.seed) + 1)  # its own stream: windows stay as at 0

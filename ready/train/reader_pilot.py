@@ -20,7 +20,7 @@ state-independent shift (docs/findings.md, positive control v3). Prints JSON; on
 differences with the standard error of τ (≈ 0.02 on 128 sequences), not as a finding.
 
 `--task copy` asks the capacity question on text where the states are all that matters: every
-prompt is a corpus segment followed by its own first `--copy-lead` tokens (`copy_prompts`), so a
+prompt is a corpus segment followed by its own first `--copy-lead` tokens (`ready.data.copy_probe.copy_prompts`), so a
 target that copies continues the segment from `--copy-source` tokens back, beyond a windowed
 target's attention and the drafter's context window; only the GDN states carry it. Training and
 held-out sequences are both built that way (train and validation splits), and `copy_fidelity` says
@@ -93,28 +93,12 @@ def probe(drafter: Any, target: Any, val: Any) -> dict[str, float]:
     return out
 
 
-def copy_prompts(prompts: torch.Tensor, source: int, lead: int) -> torch.Tensor:
-    """Each row's first `source` tokens followed by its first `lead` again: [N, source + lead]."""
-    if not 1 <= lead < source <= prompts.shape[1]:
-        raise ValueError(f"copy task: --copy-lead {lead} and --copy-source {source} with prompts of "
-                         f"{prompts.shape[1]} tokens; expected 1 <= lead < source <= prompt length")
-    return torch.cat([prompts[:, :source], prompts[:, :lead]], dim=1)
-
-
-def copy_fidelity(data: Any, source: int, lead: int) -> float:
-    """Share of response tokens that continue the copy (token i of the response = source token lead + i)."""
-    n = min(data.response_len, source - lead)
-    resp = data.tokens[:, data.prompt_len:data.prompt_len + n]
-    want = data.tokens[:, lead:lead + n]
-    valid = (torch.arange(n) < (data.lengths - data.prompt_len).clamp(min=0).unsqueeze(1))
-    return float(((resp == want) & valid).sum() / valid.sum().clamp(min=1))
-
-
 def _copy_data(cfg: Any, loaded: Any, split: str, n: int, source: int, lead: int) -> Any:
     """Target-regenerated copy sequences from `n` prompts of `split` (cached like any regen data)."""
     from omegaconf import OmegaConf
 
     from ready.data import training_prompts
+    from ready.data.copy_probe import copy_prompts
     from ready.train.regen import as_prompt_tensor, build_regen_data
 
     rcfg = OmegaConf.merge(cfg, {"regen": {"num_samples": n, "prompt_len": source + lead}})
@@ -141,6 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value")
     args = p.parse_args(argv)
     from ready.config import merge
+    from ready.data.copy_probe import copy_fidelity
     from ready.decode.teacher_forced import teacher_forced_acceptance
     from ready.drafter import load_drafter
     from ready.heldout_setup import heldout_setup
