@@ -72,6 +72,15 @@ def test_the_command_trains_then_measures_a_built_target(tmp_path, capsys):
     assert built["data"] == "built" and built["step"] == 2
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert len(lines) == 3
+    # --init continues the saved target: its first step starts from the saved weights
+    more = main(["--device", "cpu", "--data", "random", "--symbols", "32", "--batch", "2", "--checks", "1",
+                 "--init", str(ckpt), "--save", str(tmp_path / "copier2"), *small])
+    assert len(more) == 1
+    before, after = load_target(ckpt).state_dict(), load_target(tmp_path / "copier2").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    (ckpt / "tokenizer.json").write_text("{}")
+    with pytest.raises(SystemExit, match="its tokenizer differs"):
+        main(["--device", "cpu", "--init", str(ckpt), *small])
     with pytest.raises(SystemExit, match="--span '5'"):
         main(["--device", "cpu", "--span", "5", *small])
     with pytest.raises(SystemExit, match="--symbols 1"):

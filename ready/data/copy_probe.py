@@ -24,6 +24,7 @@ cached: it is a measurement, not a build. `--built` measures the config's own ta
 (built and cached as every run builds it) and trains nothing. `--save DIR` keeps the trained target
 as a local checkpoint with its tokenizer (and `probe.json`, these rows), which a run loads with
 `target.source=DIR target.pretrain=false`; its attention window comes with it (config.json).
+`--init DIR` continues training such a folder (same tokenizer required) instead of a fresh target.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     p.add_argument("--lr", type=float, default=None, help="default: pretrain.lr")
     p.add_argument("--checks", default="640,1280,2560,5120", help="steps at which to measure (comma list)")
     p.add_argument("--seconds", type=float, default=None, help="also measure and stop after this many seconds")
+    p.add_argument("--init", default=None, help="continue from this saved target (a --save folder) instead of a fresh one")
     p.add_argument("--save", default=None, help="write the trained target here as a checkpoint (a new folder)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value (target.attention_window=16, ...)")
@@ -150,7 +152,11 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         return [row]
     train = token_stream(corpus.train, tokenizer, eos)
     torch.manual_seed(int(cfg.pretrain.seed))
-    model = load_target(_preset(cfg), overrides=_arch_overrides(cfg, tok_dir), device=args.device, dtype=torch.float32)
+    if args.init:
+        _check_same_tokenizer(Path(args.init), tok_dir)
+        model = load_target(args.init, device=args.device, dtype=torch.float32)
+    else:
+        model = load_target(_preset(cfg), overrides=_arch_overrides(cfg, tok_dir), device=args.device, dtype=torch.float32)
     lr = float(args.lr if args.lr is not None else cfg.pretrain.lr)
     opt = _optimizer(model, OmegaConf.merge(cfg.pretrain, {"lr": lr}))
     gen, copy_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
@@ -189,6 +195,16 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     if args.save:
         _save(model, tok_dir, Path(args.save), {"argv": list(argv) if argv is not None else sys.argv[1:], "rows": rows})
     return rows
+
+
+def _check_same_tokenizer(init: Path, tok_dir: Path) -> None:
+    """--init must have been trained with the tokenizer this run uses (same ids, same meaning)."""
+    theirs = init / "tokenizer.json"
+    if not theirs.is_file():
+        raise SystemExit(f"error: --init {init}: no tokenizer.json; expected a folder written by copy_probe --save")
+    if theirs.read_bytes() != (tok_dir / "tokenizer.json").read_bytes():
+        raise SystemExit(f"error: --init {init}: its tokenizer differs from this run's ({tok_dir}); expected a target "
+                         "saved on a machine with the same corpus")
 
 
 def _save(model: Any, tok_dir: Path, out: Path, meta: dict) -> None:

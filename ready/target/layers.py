@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Optional
@@ -305,6 +306,23 @@ def _optional_kernels():
 FLA_CHUNK, GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL = _optional_kernels()
 
 
+@functools.lru_cache(maxsize=None)
+def fla_backward_trusted(device: torch.device) -> bool:
+    """False where fla's chunked GDN backward is known to give wrong gradients: Hopper (sm_90) with
+    Triton 3.4.0 to 3.7.0 miscompiles `chunk_bwd_dqkwg` (fla-org/flash-linear-attention#640; fla
+    releases since mid-2026 raise there, older ones train on wrong db/dg). Training takes the torch path then."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        return True
+    try:
+        import triton
+
+        parts = (triton.__version__.split("+")[0].split(".") + ["0", "0"])[:3]
+        version = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts)
+    except Exception:
+        return False
+    return not ((3, 4, 0) <= version < (3, 7, 1))
+
+
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet token mixer: causal depthwise conv on q/k/v, L2-normalised q/k, decay
     g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), grouped value heads, gated norm."""
@@ -391,6 +409,8 @@ class GatedDeltaNet(nn.Module):
             cache.pending_conv[:, :T] = windows.permute(0, 2, 1, 3)
         else:
             fla = FLA_CHUNK if (q.is_cuda and state_positions is None) else None
+            if fla is not None and q.requires_grad and not fla_backward_trusted(q.device):
+                fla = None  # a backward follows and fla's would be wrong here
             if fla is not None:
                 o, final = fla(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2),
                                scale=1.0, initial_state=init, output_final_state=True)
