@@ -124,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         torch.set_num_threads(args.threads)
     cfg = merge(schema(), OmegaConf.from_dotlist(list(args.overrides)), source="command line")
     validate(cfg)
-    tok_dir = ensure_tokenizer(cfg, progress=True)
+    tok_dir = _built_tokenizer(cfg) if args.built else ensure_tokenizer(cfg, progress=True)
     tokenizer = load_tokenizer(tok_dir)
     corpus = load_corpus(cfg.corpus)
     eos = special_token_ids(tokenizer)["eos_token_id"]
@@ -132,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     seq = int(cfg.pretrain.seq_len)
     segments = as_prompt_tensor(training_prompts(tokenizer, OmegaConf.merge(cfg.regen, {"num_samples": args.prompts, "prompt_len": 128}),
                                                  split="validation", corpus_cfg=cfg.corpus))
-    vocab = int(_arch_overrides(cfg, tok_dir)["vocab_size"])
+    vocab = len(tokenizer)
     symbols = vocab - 3 if args.symbols is None else args.symbols
     if args.data == "random" and not 4 <= symbols <= vocab - 3:
         raise SystemExit(f"error: --symbols {args.symbols}: expected 4..{vocab - 3} (ids 3.. of the {vocab}-token vocabulary)")
@@ -195,6 +195,17 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     if args.save:
         _save(model, tok_dir, Path(args.save), {"argv": list(argv) if argv is not None else sys.argv[1:], "rows": rows})
     return rows
+
+
+def _built_tokenizer(cfg: Any) -> Path:
+    """The tokenizer the built target was trained with: the checkpoint's own for a local source."""
+    from ready.row import target_dir
+    from ready.target.config import PRESETS
+
+    if str(cfg.target.source) in PRESETS and not cfg.target.pretrain:
+        raise SystemExit(f"error: --built with target.source={cfg.target.source} target.pretrain=false: a randomly "
+                         "initialised preset copies nothing; expected a pretrained preset or a checkpoint folder")
+    return Path(target_dir(cfg, progress=True))
 
 
 def _check_same_tokenizer(init: Path, tok_dir: Path) -> None:
