@@ -82,7 +82,8 @@ class DrafterConfig:
 
     block_size: int = 7
     num_layers: int = 2
-    # target layers whose hidden features form the drafter's context (paper ids, 64-layer scale)
+    # target layers whose hidden features form the drafter's context (paper ids, 64-layer scale);
+    # -1 = the token embeddings (features that carry nothing of other tokens)
     context_layers: list[int] = field(default_factory=lambda: [1, 17, 33, 49, 62])
     head: str = "vanilla"  # vanilla | gated | rnn  (sequence head over the previous draft token)
     head_rank: int = 64

@@ -70,12 +70,15 @@ def test_parameter_groups_are_disjoint_and_exclude_the_shared_embeddings(target)
     assert not any(k.startswith(("embed", "lm_head")) for k in d.state_dict())
 
 
-@pytest.mark.parametrize("head,position,window", [("vanilla", "post", 0), ("gated", "pre", 0), ("rnn", "post", 0),
-                                                  ("vanilla", "post", 3)])
-def test_drafting_equals_teacher_forced_training_on_its_own_drafts(target, head, position, window):
+@pytest.mark.parametrize("head,position,window,context", [("vanilla", "post", 0, None), ("gated", "pre", 0, None),
+                                                          ("rnn", "post", 0, None), ("vanilla", "post", 3, None),
+                                                          ("vanilla", "post", 3, [-1]), ("gated", "post", 0, [-1, 33])])
+def test_drafting_equals_teacher_forced_training_on_its_own_drafts(target, head, position, window, context):
     """propose() (cache, incremental context) and forward_train() (full sequence, sampled anchors) agree,
-    also when the context is cut to the last `window` tokens (the positive control)."""
-    d = drafter_for(target, head=head, position=position, inject_layers=[0, -1], context_window=window)
+    also when the context is cut to the last `window` tokens or made of the token embeddings (-1; the
+    positive control)."""
+    kw = {} if context is None else {"context_layers": context}
+    d = drafter_for(target, head=head, position=position, inject_layers=[0, -1], context_window=window, **kw)
     torch.manual_seed(1)
     prompt = torch.randint(0, V, (2, 9))
     toks, logits = d.draft(draft_step(target, d, prompt))
@@ -107,6 +110,23 @@ def test_a_context_window_hides_older_tokens_from_the_drafter(target):
     _, c = d.draft(step)
     torch.testing.assert_close(a, c)
     assert not torch.allclose(a, b)  # ... while the target itself carried the older tokens forward
+
+
+def test_an_embeddings_context_over_a_window_sees_nothing_older(target):
+    """context_layers=[-1]: the features are the target's token embeddings, which carry nothing of other
+    tokens; with context_window=W, tokens older than W change nothing the drafter computes (reader off),
+    unlike target-layer features, which carry older tokens forward."""
+    d = drafter_for(target, reader=False, context_layers=[-1], context_window=3)
+    assert d.capture_layers == [-1]
+    torch.manual_seed(2)
+    prompt = torch.randint(0, V, (1, 12))
+    other = prompt.clone()
+    other[0, :4] = (other[0, :4] + 1) % V  # older than the last 3 context positions (8..10)
+    step = draft_step(target, d, prompt)
+    torch.testing.assert_close(step.features[:, :, 0], target.embed_tokens(prompt[:, :-1]))
+    _, a = d.draft(step)
+    _, b = d.draft(draft_step(target, d, other))
+    torch.testing.assert_close(a, b)
 
 
 def test_a_fresh_reader_leaves_the_drafters_logits_unchanged(target):

@@ -32,6 +32,14 @@ def test_model_ids_are_taken_as_given():
         map_state_layers([1], layout(8), space="gdn")
 
 
+def test_context_id_minus_one_names_the_token_embeddings_in_either_space():
+    assert map_context_layers([-1], 8) == [-1]
+    assert map_context_layers([62, -1], 8) == [-1, 7]
+    assert map_context_layers([-1, 3], 8, space="model") == [-1, 3]
+    with pytest.raises(LayerMapError, match=r"model layer id -2 is out of range.*or -1 for the token embeddings"):
+        map_context_layers([-2], 8, space="model")
+
+
 def test_injection_layers_count_from_the_end_when_negative():
     assert map_inject_layers([-1], 5) == [4]
     assert map_inject_layers([0, -1, 4], 5) == [0, 4]

@@ -31,14 +31,16 @@ def target() -> HybridLM:
 
 def make_drafter(target: HybridLM, kind: str, k: int = 3):
     """None (AR), the n-gram drafter, or a small untrained DSpark drafter; ReaDy's reader gets a
-    non-zero output projection so its drafts really depend on the states it reads."""
+    non-zero output projection so its drafts really depend on the states it reads. "ready_embed":
+    ReaDy over a context of the token embeddings and a layer output (capture id -1, the positive control's)."""
     if kind == "ar":
         return None
     if kind == "ngram":
         return NgramDrafter(VOCAB, k)
     torch.manual_seed(6)
-    d = drafter_mod.DSparkDrafter(DrafterConfig(block_size=k, num_layers=2, head_rank=8),
-                                  ReaderConfig(enabled=kind == "ready", rank=4, mlp_hidden=16), target).eval()
+    ctx = {"context_layers": [-1, 33]} if kind == "ready_embed" else {}
+    d = drafter_mod.DSparkDrafter(DrafterConfig(block_size=k, num_layers=2, head_rank=8, **ctx),
+                                  ReaderConfig(enabled=kind.startswith("ready"), rank=4, mlp_hidden=16), target).eval()
     for r in d.readers.values():
         torch.nn.init.normal_(r.fuse_out.weight, std=0.5)
     return d
@@ -85,7 +87,7 @@ def test_batched_greedy_equals_batch_one(target, kind, batch_size):
 
 
 @pytest.mark.parametrize("batch_size", [2, 4, 8])
-@pytest.mark.parametrize("kind", ["dspark", "ready"])
+@pytest.mark.parametrize("kind", ["dspark", "ready", "ready_embed"])
 def test_ragged_forced_acceptance_equals_batch_one(target, kind, batch_size):
     """Every round accepts 0..K drafts per row (a content rule, the same in both engines), so rows grow
     by different amounts each round: the batched drafter's per-row context, positions and reader slot,

@@ -58,6 +58,21 @@ def test_loads_multimodal_config_with_text_config(tmp_path, model):
         assert torch.allclose(load_target(tmp_path / "m")(ids).logits, model(ids).logits, atol=1e-6)
 
 
+def test_capture_id_minus_one_is_the_token_embeddings_on_every_path(model):
+    """Capture id -1 (EMBEDDINGS) returns what layer 0 reads, beside layer outputs, in the full
+    forward and the cached prefill / verify alike."""
+    ids = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        full = model(ids, capture_layers=[-1, 2])
+        torch.testing.assert_close(full.hidden[:, :, 0], model.model.embed_tokens(ids))
+        cache = model.new_cache(batch_size=2, max_len=64)
+        pre = model.prefill(ids[:, :7], cache, capture_layers=[-1, 2])
+        ver = model.verify(ids[:, 7:], cache, capture_layers=[-1, 2])
+    torch.testing.assert_close(torch.cat([pre.hidden, ver.hidden], dim=1), full.hidden, rtol=1e-5, atol=1e-5)
+    with pytest.raises(TargetError, match=r"capture layer ids \[-2\] out of range.*-1 for the token embeddings"):
+        model(ids, capture_layers=[-2])
+
+
 def test_prefill_then_steps_equal_one_full_forward(model):
     ids = torch.randint(0, 97, (2, 30))
     with torch.no_grad():

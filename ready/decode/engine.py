@@ -63,6 +63,7 @@ from ready.decode.errors import DecodeError
 from ready.decode.protocol import DraftStep, Drafter, describe
 from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
 from ready.metrics import SequenceLog
+from ready.target.config import EMBEDDINGS
 
 # an acceptance rule: (drafts [K], target argmaxes [K+1]) -> accepted count A in 0..K
 EXACT_PAD = 15  # exact mode, graphs: spare cache positions of every engine (>= K of any drafter: K + 1 <= 16)
@@ -194,9 +195,10 @@ def check_drafter(target: Any, drafter: Drafter) -> None:
             f"drafter {describe(drafter)} has vocabulary size {vocab}; expected the target's {target.config.vocab_size}"
         )
     n_layers = target.config.num_hidden_layers
-    bad = [i for i in getattr(drafter, "capture_layers", []) if not 0 <= i < n_layers]
+    bad = [i for i in getattr(drafter, "capture_layers", []) if not EMBEDDINGS <= i < n_layers]
     if bad:
-        raise DecodeError(f"drafter {describe(drafter)} asks for target layers {bad}; expected ids in 0..{n_layers - 1}")
+        raise DecodeError(f"drafter {describe(drafter)} asks for target layers {bad}; expected ids in 0..{n_layers - 1} "
+                          f"(or {EMBEDDINGS} for the token embeddings)")
 
 
 def _check_drafts(drafts: Any, k: int, vocab: int, drafter: Drafter) -> torch.Tensor:

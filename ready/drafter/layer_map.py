@@ -4,12 +4,15 @@ Specs name layers as the paper does: ids of a 64-layer target whose layers run
 [GDN, GDN, GDN, attention] x 16. For a target of another depth an id keeps its relative depth
 (id / 63 of the way down the stack) and snaps to the nearest suitable layer: any layer for the
 drafter's context features, a GDN layer for the reader's state sources. Ties go to the lower
-layer. Ids given in `model` space are taken as they are and only checked.
+layer. Ids given in `model` space are taken as they are and only checked. In either space the
+context id -1 (`EMBEDDINGS`) names the target's token embeddings, the input of its first layer.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+from ready.target.config import EMBEDDINGS
 
 PAPER_NUM_LAYERS = 64
 PAPER_LAYER_TYPES: tuple[str, ...] = tuple(
@@ -56,20 +59,22 @@ def _check_paper_id(i: int, key: str) -> None:
 
 def map_context_layers(ids: Sequence[int], num_layers: int, *, space: str = "paper",
                        key: str = "drafter.context_layers") -> list[int]:
-    """Target model layer ids whose hidden output feeds the drafter (ascending, no repeats)."""
+    """Target model layer ids whose hidden output feeds the drafter (ascending, no repeats; -1 = embeddings)."""
     _check_space(space, key)
     if not ids:
         raise LayerMapError(f"{key}: empty; expected at least one layer id")
     out = []
     for i in map(int, ids):
-        if space == "paper":
+        if i == EMBEDDINGS:
+            out.append(EMBEDDINGS)
+        elif space == "paper":
             _check_paper_id(i, key)
             out.append(_nearest(relative_position(i, num_layers), range(num_layers)))
         else:
             if not 0 <= i < num_layers:
                 raise LayerMapError(
                     f"{key}: model layer id {i} is out of range for a target of {num_layers} layers; "
-                    f"expected 0..{num_layers - 1}"
+                    f"expected 0..{num_layers - 1} (or {EMBEDDINGS} for the token embeddings)"
                 )
             out.append(i)
     return sorted(_dedupe(out))

@@ -10,6 +10,12 @@ class TargetError(ValueError):
     """Bad input about the target (path, checkpoint, layer id); the message says what was expected."""
 
 
+# Capture id of the token embeddings (the input of layer 0), beside the layer ids 0..n-1 whose outputs a
+# drafter's context can be made of. Features from it depend on their own token only: a drafter context
+# of embeddings over the last W tokens sees nothing older (the positive control's setting).
+EMBEDDINGS = -1
+
+
 @dataclass
 class HybridConfig:
     vocab_size: int = 4096

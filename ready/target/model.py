@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ready.target.cache import HybridCache
-from ready.target.config import HybridConfig, TargetError
+from ready.target.config import EMBEDDINGS, HybridConfig, TargetError
 from ready.target.layers import GDN_COMMIT_KERNEL, DecoderLayer, RMSNorm, decoder_layer_forward, init_weights, lin
 
 
@@ -123,10 +123,12 @@ class HybridLM(nn.Module):
         return self._gdn_index[layer_id]
 
     def _check_capture(self, capture_layers: Sequence[int]) -> list[int]:
+        """Capture ids: a layer's output (0..n-1) or EMBEDDINGS (-1, the token embeddings layer 0 reads)."""
         n = self.config.num_hidden_layers
-        bad = [i for i in capture_layers if not 0 <= int(i) < n]
+        bad = [i for i in capture_layers if not EMBEDDINGS <= int(i) < n]
         if bad:
-            raise TargetError(f"capture layer ids {bad} out of range; expected ids in 0..{n - 1}")
+            raise TargetError(f"capture layer ids {bad} out of range; expected ids in 0..{n - 1} "
+                              f"(or {EMBEDDINGS} for the token embeddings)")
         return [int(i) for i in capture_layers]
 
     # --- caches -------------------------------------------------------------------------------
@@ -168,6 +170,8 @@ class HybridLM(nn.Module):
         compiled_fn = self._compiled_exact_fn if exact else self._compiled_fn
         layer_fn = compiled_fn if compiled and compiled_fn is not None else decoder_layer_forward
         hidden, states = [], [None] * len(state_set)
+        if EMBEDDINGS in capture:
+            hidden.append((EMBEDDINGS, x))
         for lid, layer in enumerate(self.model.layers):
             gi = self._gdn_index.get(lid, -1)
             pos = state_positions if gi in state_set else None

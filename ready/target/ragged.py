@@ -37,7 +37,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ready.target.cache import HybridCache
-from ready.target.config import TargetError
+from ready.target.config import EMBEDDINGS, TargetError
 from ready.target.layers import apply_rotary, lin, rotary
 import ready.target.layers as _layers
 
@@ -151,7 +151,7 @@ def _run_ragged(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layer
     pos = cache.lengths_t[:, None] + torch.arange(T, device=ids.device)
     fn = _compiled_layer(exact) if compiled else _ragged_layer
     x = model.model.embed_tokens(ids)
-    hidden = {}
+    hidden = {EMBEDDINGS: x} if EMBEDDINGS in capture else {}
     for lid, layer in enumerate(model.model.layers):
         gi = model._gdn_index.get(lid, -1)
         if gi >= 0:
