@@ -35,6 +35,7 @@ TAGS = (
     "ready.model",
     "ready.seed",
     "ready.setting",  # hash of the sweep's common config (written by sweeps/, one baseline set each)
+    "ready.profile",  # the profile the sweep ran with ("" = none)
     "ready.lossless",  # "1"/"0": speculative output equal to AR greedy on every prompt
 )
 INT_TAGS = ("ready.order", "ready.seed")

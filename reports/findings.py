@@ -2,6 +2,11 @@
 
     python -m reports.findings                       # Markdown to stdout (docs/findings.md is its output)
     python -m reports.findings --out docs/findings.md   # keeps the hand-written text above MARKER
+    python -m reports.findings --profile state_context  # the same findings where the reader has state information
+
+`--profile NAME` reads the sweeps as run with `profile=NAME` (`python -m sweeps.run rank
+profile=state_context`: the positive control's setting); without it, as run without a profile. The
+positive control is read as its spec runs it, whatever `--profile` says.
 
 Each finding names the sweep that tests it, the paper's figure, and the paired comparisons that
 decide it: row A against row B of the same sweep setting, seed by seed and prompt by prompt, as a
@@ -29,7 +34,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ready import stats
 from ready.stats import Interval
@@ -61,9 +66,9 @@ class Finding:
 
 POSITIVE_CONTROL = Finding(
     "Positive control: the pipeline sees state information when it is there", "positive_control",
-    "not in the paper; the target's attention and the drafter's context are cut to the last 16 tokens "
-    "(experiments/profiles/state_context.yaml) so that older text reaches the drafter only through the "
-    "states: ReaDy must beat FT, the placebo must not",
+    "not in the paper; the drafter's context is cut to the token embeddings of the last committed token "
+    "(experiments/profiles/state_context.yaml), so that everything older reaches the drafter only through "
+    "the states: ReaDy must beat FT, the placebo must not",
     (Comparison("ReaDy", "DSpark + FT"), Comparison("Placebo (shuffled states)", "DSpark + FT", "null"),
      Comparison("ReaDy", "Placebo (shuffled states)"), Comparison("ReaDy", "DSpark", "info")))
 
@@ -75,10 +80,6 @@ FINDINGS = (
     Finding("Rank 8 is near saturation", "rank",
             "full rank (r = 128) adds +0.0119 τ (+0.26 %) over r = 8 (Table 3)",
             (Comparison("r=128", "r=8", "saturated"), Comparison("r=8", "Placebo (shuffled states)", "precondition"),
-             Comparison("r=8", "DSpark + FT", "info"))),
-    Finding("Rank 8 is near saturation, where the reader has state information", "rank_state_context",
-            "as above, asked in the positive control's setting (experiments/rank_state_context.yaml)",
-            (Comparison("r=64", "r=8", "saturated"), Comparison("r=8", "Placebo (shuffled states)", "precondition"),
              Comparison("r=8", "DSpark + FT", "info"))),
     Finding("Layer 62 is the best single source, (30, 62) the best set, adding layer 2 hurts", "layers",
             "{62} > {30}, {2}; {30,62} best; {2,30,62} < {30,62} (Table 4)",
@@ -155,12 +156,25 @@ def store_for(sweep: str, tracking_uris: Sequence[str]) -> str:
     return tracking_uris[0]
 
 
-def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: Optional[Path]) -> str:
-    """One finding as Markdown: the paper's figure, a table of paired gains, the verdict."""
+def profile_runs(runs: Any, sweep: str, profile: Optional[str]) -> Any:
+    """The runs of `sweep` made with `profile=profile` (None: made without one), latest setting first."""
+    runs = runs.filter(runs["ready.profile"].fill_null("") == (profile or ""))
+    if runs.height == 0:
+        raise ReportError(f"sweep {sweep!r} has no runs made with profile={profile}" if profile else
+                          f"sweep {sweep!r} has no runs made without a profile")
+    return collect.latest_setting(runs)[0]
+
+
+def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: Optional[Path],
+                    profile: Optional[str] = None) -> str:
+    """One finding as Markdown: the paper's figure, a table of paired gains, the verdict. `profile`:
+    read the sweep's runs made with that profile (the positive control: its spec's, always)."""
     head = [f"## {finding.title}", "", f"Paper: {finding.paper}.", ""]
     tracking_uri = store_for(finding.sweep, tracking_uris)
+    control = finding is POSITIVE_CONTROL
     try:
-        runs, _ = collect.latest_setting(collect.load_runs(tracking_uri, finding.sweep))
+        runs = collect.load_runs(tracking_uri, finding.sweep)
+        runs = collect.latest_setting(runs)[0] if control else profile_runs(runs, finding.sweep, profile)
     except ReportError as e:
         return "\n".join(head + [f"**Verdict: not run** — {e}", ""])
     evidence = Evidence(runs, collect.load_evaluations(tracking_uri, runs, cache_dir))
@@ -191,19 +205,22 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
              "|---|---|---|---|---|", *rows]
     out = head + table + [""] + [f"- {n}" for n in notes] + (["" ] if notes else [])
     verdict = overall_verdict(verdicts, preconditions)
-    if finding is POSITIVE_CONTROL:
+    if control:
         verdict = control_verdict(verdict)
-    out += [f"**Verdict: {verdict}.** Regenerate: `python -m reports.findings` "
-            f"(sweep `{finding.sweep}`: `python -m sweeps.run {finding.sweep}`).", ""]
+    run = f"python -m sweeps.run {finding.sweep}" + (f" profile={profile}" if profile and not control else "")
+    regen = "python -m reports.findings" + (f" --profile {profile}" if profile else "")
+    out += [f"**Verdict: {verdict}.** Regenerate: `{regen}` (sweep `{finding.sweep}`: `{run}`).", ""]
     return "\n".join(out)
 
 
-def render(tracking_uris: Sequence[str], cache_dir: Optional[Path] = None) -> str:
-    intro = ("# The paper's ablation findings on the embedded default\n\n"
+def render(tracking_uris: Sequence[str], cache_dir: Optional[Path] = None, profile: Optional[str] = None) -> str:
+    where = (f"in the setting of profile `{profile}` (experiments/profiles/{profile}.yaml; every sweep run as "
+             f"`python -m sweeps.run NAME profile={profile}`)" if profile else "on the embedded default")
+    intro = (f"# The paper's ablation findings {where}\n\n"
              "Generated by `python -m reports.findings` from the MLflow store; every gain is paired "
              "(same prompts, same seeds) with a 95 % hierarchical bootstrap interval. Verdict rules: "
              "`reports/findings.py`.\n")
-    sections = [finding_section(f, tracking_uris, cache_dir) for f in (POSITIVE_CONTROL, *FINDINGS)]
+    sections = [finding_section(f, tracking_uris, cache_dir, profile) for f in (POSITIVE_CONTROL, *FINDINGS)]
     return "\n".join([intro] + sections)
 
 
@@ -221,11 +238,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tracking-uri", action="append", default=None,
                    help="MLflow store; repeat it when the sweeps ran into several (default $MLFLOW_TRACKING_URI "
                         "or sqlite:///mlflow.db)")
+    p.add_argument("--profile", default=None,
+                   help="read the sweeps as run with profile=NAME (default: as run without a profile)")
     p.add_argument("--out", default=None, help="write the Markdown here instead of stdout")
     p.add_argument("--cache-dir", default="reports/out/.cache/evaluations", help="where downloaded evaluation.json files are kept")
     args = p.parse_args(argv)
     try:
-        text = render(args.tracking_uri or [collect.default_tracking_uri()], Path(args.cache_dir))
+        text = render(args.tracking_uri or [collect.default_tracking_uri()], Path(args.cache_dir), args.profile)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -49,10 +49,13 @@ def _rounds(target, drafters, prompt_len=9, commits=(3, 1, 5, 2), seed=3):
         yield [d.draft(step) for d in drafters]
 
 
-@pytest.mark.parametrize("head,position,window", [("vanilla", "post", 0), ("gated", "pre", 0), ("rnn", "post", 0),
-                                                  ("vanilla", "post", 3)])
-def test_static_draft_equals_eager_draft_round_after_round(target, head, position, window):
-    eager, static = _pair(target, head=head, position=position, inject_layers=[0, -1], context_window=window)
+@pytest.mark.parametrize("head,position,window,context", [("vanilla", "post", 0, None), ("gated", "pre", 0, None),
+                                                          ("rnn", "post", 0, None), ("vanilla", "post", 3, None),
+                                                          ("vanilla", "post", 1, [-1])])
+def test_static_draft_equals_eager_draft_round_after_round(target, head, position, window, context):
+    """Also over the positive control's context: the token embeddings (-1) of the last committed token."""
+    kw = {} if context is None else {"context_layers": context}
+    eager, static = _pair(target, head=head, position=position, inject_layers=[0, -1], context_window=window, **kw)
     for (te, le), (ts, ls) in _rounds(target, [eager, static]):
         torch.testing.assert_close(ls, le, rtol=1e-4, atol=1e-4)
         assert torch.equal(ts, te)

@@ -1,5 +1,7 @@
 """The findings' verdicts follow the intervals: effects must clear 0, saturation must stay under the band."""
 
+import pytest
+
 from ready.stats import Interval
 from reports.findings import Comparison, control_verdict, judge, overall_verdict
 
@@ -66,3 +68,18 @@ def test_the_positive_control_passes_or_not():
     assert control_verdict("reproduces") == "passed"
     assert control_verdict("inconclusive") == "not passed (inconclusive)"
     assert control_verdict("not run") == "not passed (not run)"
+
+
+def test_a_profile_selects_the_runs_made_with_it_and_no_profile_those_made_without():
+    import polars as pl
+
+    from reports.errors import ReportError
+    from reports.findings import profile_runs
+
+    runs = pl.DataFrame({"run_id": ["a", "b", "c", "d"], "start_time": [1, 2, 3, 4],
+                         "ready.setting": ["s0", "s0", "s1", "s2"],
+                         "ready.profile": [None, "", "state_context", "smoke"]})
+    assert profile_runs(runs, "rank", None)["run_id"].to_list() == ["a", "b"]  # untagged runs predate profiles
+    assert profile_runs(runs, "rank", "state_context")["run_id"].to_list() == ["c"]
+    with pytest.raises(ReportError, match="sweep 'rank' has no runs made with profile=big"):
+        profile_runs(runs, "rank", "big")

@@ -13,8 +13,7 @@ from sweeps.run import main
 from ready.config import ConfigError, merge, schema, validate
 from sweeps.spec import EXPERIMENTS_DIR, SpecError, list_sweeps, load_sweep
 
-SWEEPS = ["main", "ft_control", "rank", "layers", "inject_layer", "inject_pos", "search_loss", "positive_control",
-          "rank_state_context"]
+SWEEPS = ["main", "ft_control", "rank", "layers", "inject_layer", "inject_pos", "search_loss", "positive_control"]
 
 
 def test_base_yaml_restates_every_schema_default_with_a_comment():
