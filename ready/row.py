@@ -115,18 +115,28 @@ def target_dir(cfg: DictConfig, progress: bool = True) -> str:
     return str(path)
 
 
-def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> None:
-    """Build what every row of a sweep setting shares, once, before workers start (so parallel
-    workers never build the same thing twice): the target, the AR generations of every
-    benchmark and, when a row drafts, the regenerated data and the base DSpark drafter."""
+def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> _Loaded:
+    """Build what every base seed of a sweep setting shares: the target, the AR generations of every
+    benchmark and, when a row drafts, the regenerated training and validation data."""
     loaded = _load(cfg, progress)
     ar_generations(cfg, loaded, _suites(cfg, loaded.tokenizer), progress)
     if any(m != "ar" for m in methods):
+        from ready.train.regen import build_regen_data, build_validation_data
+
+        build_regen_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
+        build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
+    return loaded
+
+
+def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> None:
+    """Build what every row of a sweep setting shares, once, before workers start (so parallel
+    workers never build the same thing twice): `prepare_common`'s artifacts and, when a row drafts,
+    the base DSpark drafter of `cfg.train.base_seed`."""
+    loaded = prepare_common(cfg, methods, progress)
+    if any(m != "ar" for m in methods):
         from ready.train import ensure_base_drafter
-        from ready.train.regen import build_validation_data
 
         ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress)
-        build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
 
 
 @dataclass

@@ -15,7 +15,6 @@ and the workers' logs; MLflow holds the results (`sqlite:///mlflow.db` unless to
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from typing import Optional, Sequence
 from ready.config import length_mismatch
 from sweeps import study as st
 from sweeps import tracking
+from sweeps.prepare import prepare_artifacts
 from sweeps.spec import EXPERIMENTS_DIR, SpecError, Sweep, list_sweeps, load_sweep
 from sweeps.table import render
 
@@ -37,7 +37,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="key=value overrides (preset=, profile=, seeds=, a.b=v)")
     p.add_argument("--list", action="store_true", help="list the sweeps and exit")
     p.add_argument("--dry-run", action="store_true", help="print the resolved rows with their hashes and exit")
-    p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: run in this process)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local worker processes (default: one per idle core on a machine without GPUs, each with "
+                        "one thread; 1 with GPUs, run in this process)")
     p.add_argument("--storage", default=None, help="Optuna storage URL (default: journal file under the run folder)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     p.add_argument("--run-dir", default=None, help="run folder (default runs/<sweep>)")
@@ -52,16 +54,25 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
-def default_threads(workers: int) -> int:
-    """CPU threads per process when --threads is not given: the cores that are idle now, shared
-    among the workers, at least 1. Threads beyond the idle cores spin against other jobs: on the
+def idle_cores() -> int:
+    """The cores that are idle now (at least 1). Threads beyond them spin against other jobs: on the
     shared 2-core box a pretraining step took 17 s with 2 threads beside another job, 2 s with 1."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    idle = max(1, round(cores - os.getloadavg()[0]))
-    return max(1, min(cores, idle) // max(1, workers))
+    return max(1, min(cores, round(cores - os.getloadavg()[0])))
+
+
+def default_threads(workers: int) -> int:
+    """CPU threads per process when --threads is not given: the idle cores shared among the workers."""
+    return max(1, idle_cores() // max(1, workers))
+
+
+def default_workers() -> int:
+    """Workers when --workers is not given: one per idle core without GPUs (the embedded default's
+    rows are small: one process per core beats one process with several threads), else 1."""
+    return 1 if gpu_ids() else idle_cores()
 
 
 def dry_run_table(sweep: Sweep) -> str:
@@ -194,18 +205,6 @@ def _watch(procs, sweep: Sweep, args: argparse.Namespace, run_dir: Path) -> None
     bar.close()
 
 
-def _prepare(runner: str, sweep: Sweep, progress: bool) -> None:
-    module = importlib.import_module(runner.partition(":")[0])
-    prepare = getattr(module, "prepare_shared", None)
-    if prepare is not None:
-        methods = sorted({v.method for v in sweep.rows} | ({"ready"} if sweep.spec.search else set()))
-        configs = {int(sweep.common.train.base_seed): sweep.common}
-        for job in sweep.jobs():  # one base drafter per seed when seeds replicate it
-            configs.setdefault(int(job.cfg.train.base_seed), job.cfg)
-        for cfg in configs.values():
-            prepare(cfg, methods, progress=progress)
-
-
 def _sigterm_as_interrupt() -> None:
     """SIGTERM unwinds like Ctrl-C, so runs and trials are marked KILLED/FAIL rather than left RUNNING."""
     import signal
@@ -226,7 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.name:
         print("error: give a sweep name (python -m sweeps.run --list shows them)", file=sys.stderr)
         return 2
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         print(f"error: --workers {args.workers}: expected an integer >= 1", file=sys.stderr)
         return 2
     if args.threads is not None and args.threads < 1:
@@ -244,12 +243,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(dry_run_table(sweep))
         return 0
     _sigterm_as_interrupt()
+    if args.workers is None:
+        args.workers = max(1, min(default_workers(), len(sweep.jobs())))
     threads = args.threads or (int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit()
                                else default_threads(args.workers))
     os.environ["OMP_NUM_THREADS"] = str(threads)  # worker processes read it when torch starts
     import torch
 
-    torch.set_num_threads(threads)
+    # this process builds the shared artifacts alone before any worker starts: it may use every worker's threads
+    torch.set_num_threads(threads if args.workers == 1 else min(idle_cores(), threads * args.workers))
     if not args.quiet:
         print(f"[sweeps] {threads} CPU thread(s) per process, {args.workers} worker(s) (--threads, --workers to change)",
               flush=True)
@@ -292,7 +294,8 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     status = "FINISHED"
     try:
         if todo:
-            _prepare(args.runner, sweep, progress=not args.quiet)
+            prepare_artifacts(args.runner, sweep, progress=not args.quiet, workers=args.workers,
+                              threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1), gpus=bool(gpu_ids()))
             if args.workers == 1:
                 code = st.worker_main(sweep, args.storage, run_dir, ctx)
             else:

@@ -25,6 +25,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _one_sweep_worker(monkeypatch):
+    """Sweeps in tests run in the test's own process unless a test asks for workers (the CLI's default
+    is one worker per idle core, which would make a test's mode depend on the machine's load)."""
+    import sweeps.run
+
+    monkeypatch.setattr(sweeps.run, "default_workers", lambda: 1)
+
+
+@pytest.fixture(autouse=True)
 def _no_leaked_mlflow_uri(monkeypatch):
     """mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; keep one test's store out of the next."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # recorded, so teardown restores the original

@@ -46,7 +46,7 @@ def children(uri: str, sweep: str = SWEEP) -> list:
 
 def sweep_args(uri: str, tmp_path: Path, *extra: str, runner: str = "fault_helpers:nan_run_variant") -> list[str]:
     return [SWEEP, "profile=smoke", *extra, "--runner", runner, "--tracking-uri", uri,
-            "--run-dir", str(tmp_path / "run"), "--no-report", "--quiet"]
+            "--run-dir", str(tmp_path / "run"), "--no-report", "--quiet", "--workers", "1"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ def _log(event: str, cfg, method: str) -> None:
     path = os.environ.get("FAKE_RUN_LOG")
     if path:
         line = json.dumps({"event": event, "pid": os.getpid(), "name": str(cfg.name), "method": method,
-                           "hash": job_hash(cfg, method) if method != "prepare" else "", "t": time.time()})
+                           "hash": job_hash(cfg, method) if method != "prepare" else "", "t": time.time(),
+                           "base_seed": int(cfg.train.base_seed)})
         with open(path, "a") as f:
             f.write(line + "\n")
 
@@ -47,8 +48,13 @@ def _wait_for_peers() -> None:
         time.sleep(0.05)
 
 
+def prepare_common(cfg, methods, progress: bool = True) -> None:
+    _log("prepare_common", cfg, "prepare")
+
+
 def prepare_shared(cfg, methods, progress: bool = True) -> None:
     _log("prepare", cfg, "prepare")
+    time.sleep(float(os.environ.get("FAKE_PREPARE_SLEEP", "0")))
 
 
 def run_variant(cfg, method: str = "ready", progress: bool = True) -> VariantResult:

@@ -184,6 +184,21 @@ def test_default_threads_use_the_idle_cores_shared_among_workers(monkeypatch):
     assert run.default_threads(1) == 1
 
 
+def test_without_gpus_a_sweep_takes_one_worker_per_idle_core_and_one_with_gpus(monkeypatch):
+    from sweeps import run
+
+    monkeypatch.undo()  # conftest pins tests to one worker; this test checks the CLI's own default
+    monkeypatch.setattr(run.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(run.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    monkeypatch.setattr(run, "gpu_ids", lambda: [])
+    assert run.default_workers() == 2 and run.default_threads(run.default_workers()) == 1
+    monkeypatch.setattr(run.os, "getloadavg", lambda: (1.4, 0.0, 0.0))  # another job holds a core
+    assert run.default_workers() == 1
+    monkeypatch.setattr(run.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(run, "gpu_ids", lambda: ["0"])
+    assert run.default_workers() == 1
+
+
 def test_exact_mode_auto_is_on_for_16_bit_targets_and_keeps_float32_hashes():
     from ready.config import exact_mode
     from sweeps.spec import job_hash

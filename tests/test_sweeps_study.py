@@ -65,6 +65,24 @@ def child_runs(ws: Path, sweep: str, status: str | None = None) -> list:
     return list(c.search_runs([exp.experiment_id], filter_string=filt, max_results=1000))
 
 
+def test_with_several_workers_the_base_drafters_of_the_seeds_are_built_side_by_side(ws: Path, monkeypatch):
+    """What every seed shares is built once in this process, then one process per base seed builds its
+    base drafter (two at a time for two workers), each exactly once."""
+    from sweeps.prepare import prepare_artifacts
+
+    monkeypatch.setenv("FAKE_PREPARE_SLEEP", "1.0")
+    sweep = load_sweep("inject_pos", ["seeds=[0,1,2]"])
+    prepare_artifacts(RUNNER, sweep, progress=False, workers=2)
+    common, bases = calls(ws, "prepare_common"), calls(ws, "prepare")
+    assert [c["pid"] for c in common] == [os.getpid()]
+    assert sorted(b["base_seed"] for b in bases) == [0, 1, 2]
+    assert os.getpid() not in {b["pid"] for b in bases} and len({b["pid"] for b in bases}) == 2
+    first_two = sorted(bases, key=lambda b: b["t"])[:2]
+    assert abs(first_two[0]["t"] - first_two[1]["t"]) < 0.9  # built at the same time, not one after the other
+    prepare_artifacts(RUNNER, sweep, progress=False, workers=1)  # one worker: in this process, one after another
+    assert {b["pid"] for b in calls(ws, "prepare")[3:]} == {os.getpid()}
+
+
 def test_child_runs_follow_the_mlflow_contract(ws: Path):
     assert main(sweep_args(ws, "rank", "seeds=[0]")) == 0
     runs = child_runs(ws, "rank", "FINISHED")
@@ -125,7 +143,7 @@ def test_rerun_skips_finished_rows_and_reruns_failed_ones(ws: Path, monkeypatch,
 
 def test_killed_sweep_finishes_the_rest_on_rerun(ws: Path, monkeypatch):
     env = dict(os.environ, FAKE_RUN_SLEEP="1.5")
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *sweep_args(ws, "inject_pos", "seeds=[0]")], env=env, cwd=ws,
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *sweep_args(ws, "inject_pos", "seeds=[0]"), "--workers", "1"], env=env, cwd=ws,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (len(calls(ws, "end")) >= 2 and len(calls(ws)) >= 3):
