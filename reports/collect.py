@@ -35,7 +35,7 @@ TAGS = (
     "ready.model",
     "ready.seed",
     "ready.setting",  # hash of the sweep's common config (written by sweeps/, one baseline set each)
-    "ready.profile",  # the profile the sweep ran with ("" = none)
+    "ready.profile",  # the profile the sweep ran with ("" = none), from the sweep's (parent) run
     "ready.lossless",  # "1"/"0": speculative output equal to AR greedy on every prompt
 )
 INT_TAGS = ("ready.order", "ready.seed")
@@ -97,21 +97,28 @@ def load_runs(tracking_uri: str, sweep: str) -> pl.DataFrame:
     if exp is None:
         found = ", ".join(list_sweeps(tracking_uri)) or "none"
         raise ReportError(f"sweep {sweep!r}: no MLflow experiment {name!r} at {tracking_uri}; sweeps found: {found}")
-    records, token = [], None
+    profiles = {run.info.run_id: run.data.tags.get("ready.profile")
+                for run in _search(client, exp.experiment_id, "tags.`ready.kind` = 'sweep'")}
+    records = []
+    for run in _search(client, exp.experiment_id, "tags.`ready.kind` = 'variant'"):
+        rec: dict = {"run_id": run.info.run_id, "status": run.info.status, "start_time": run.info.start_time,
+                     "ready.profile": profiles.get(run.data.tags.get("mlflow.parentRunId"))}
+        rec.update({k: v for k, v in run.data.tags.items() if k.startswith("ready.")})
+        rec.update({PARAM_PREFIX + k: v for k, v in run.data.params.items()})
+        rec.update({k: float(v) for k, v in run.data.metrics.items()})
+        records.append(rec)
+    return runs_frame(records, sweep)
+
+
+def _search(client, experiment_id: str, filter_string: str) -> list:
+    """Every run of the experiment that matches, over all result pages."""
+    out, token = [], None
     while True:
-        page = client.search_runs(
-            [exp.experiment_id], filter_string="tags.`ready.kind` = 'variant'", max_results=1000, page_token=token
-        )
-        for run in page:
-            rec: dict = {"run_id": run.info.run_id, "status": run.info.status, "start_time": run.info.start_time}
-            rec.update({k: v for k, v in run.data.tags.items() if k.startswith("ready.")})
-            rec.update({PARAM_PREFIX + k: v for k, v in run.data.params.items()})
-            rec.update({k: float(v) for k, v in run.data.metrics.items()})
-            records.append(rec)
+        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
+        out.extend(page)
         token = page.token
         if not token:
-            break
-    return runs_frame(records, sweep)
+            return out
 
 
 def runs_frame(records: Sequence[dict], sweep: str) -> pl.DataFrame:

@@ -193,7 +193,7 @@ def plan(study: optuna.Study, sweep: Sweep, c, experiment_id: str) -> list[PlanR
             live[t.user_attrs["job"]] = "waiting" if t.state == TrialState.WAITING else "running"
     rows = []
     for job in sweep.jobs():
-        done = tracking.finished_run(c, experiment_id, job.config_hash)
+        done = tracking.finished_run(c, experiment_id, job.config_hash, sweep.setting)
         if done is not None:
             rows.append(PlanRow(job, "finished", done.info.run_id))
         elif job.config_hash in live:
@@ -366,7 +366,7 @@ def drain_grid(study: optuna.Study, ctx: WorkerContext) -> None:
         attrs = trial.user_attrs
         job = job_from_attrs(attrs)
         other = earlier_claim(study, trial)
-        done = tracking.finished_run(c, ctx.experiment_id, job.config_hash) if other is None else None
+        done = tracking.finished_run(c, ctx.experiment_id, job.config_hash, attrs["setting"]) if other is None else None
         if other is not None or done is not None:
             why = f"duplicate of trial {other}" if other is not None else f"finished in MLflow run {done.info.run_id}"
             study._storage.set_trial_user_attr(trial._trial_id, "skipped", why)  # noqa: SLF001
@@ -395,7 +395,7 @@ def drain_search(study: optuna.Study, sweep: Sweep, ctx: WorkerContext) -> None:
         variant.order = len(sweep.baselines) + trial.number
         job = variant.job(sweep.seeds[0])
         study._storage.set_trial_user_attr(trial._trial_id, "job", job.config_hash)  # noqa: SLF001
-        done = tracking.finished_run(c, ctx.experiment_id, job.config_hash)
+        done = tracking.finished_run(c, ctx.experiment_id, job.config_hash, sweep.setting)
         if done is not None:  # e.g. the paper's start point, run by an earlier invocation
             value = done.data.metrics.get(search.objective)
             if value is None:

@@ -232,11 +232,14 @@ def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) 
     return run.info.run_id
 
 
-def finished_run(c, experiment_id: str, config_hash: str):
-    """The latest FINISHED child run whose config hash is `config_hash`, or None."""
+def finished_run(c, experiment_id: str, config_hash: str, setting: str):
+    """The latest FINISHED child run of sweep setting `setting` whose config hash is `config_hash`, or
+    None. A row two settings share (AR, whose config has no drafter) runs once per setting: each
+    setting's tables hold their own baselines."""
     runs = retry(lambda: c.search_runs(
         [experiment_id],
-        filter_string=f"tags.`ready.config_hash` = '{config_hash}' and attributes.status = 'FINISHED'",
+        filter_string=f"tags.`ready.config_hash` = '{config_hash}' and tags.`ready.setting` = '{setting}' "
+                      "and attributes.status = 'FINISHED'",
         max_results=1, order_by=["attributes.start_time DESC"]))
     return runs[0] if runs else None
 

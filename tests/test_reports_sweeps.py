@@ -41,3 +41,22 @@ def _fake_runner_importable(monkeypatch):
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+
+
+def test_each_run_knows_the_profile_its_sweep_ran_with(tmp_path, monkeypatch):
+    """Child runs get `ready.profile` from their sweep's run, so findings can read one profile's runs."""
+    from sweeps.run import main as sweep
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("FAKE_RUN_LOG", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["--runner", "test_sweeps_fake_runner", "--tracking-uri", uri, "--no-report", "--quiet"]
+    assert sweep(["inject_pos", "seeds=[0]", *args]) == 0
+    assert sweep(["inject_pos", "seeds=[0]", "profile=state_context", *args]) == 0
+    runs = load_runs(uri, "inject_pos")
+    by_profile = {p: runs.filter(runs["ready.profile"] == p)["ready.setting"].unique().to_list()
+                  for p in ("", "state_context")}
+    assert runs["ready.profile"].null_count() == 0
+    assert len(by_profile[""]) == 1 and len(by_profile["state_context"]) == 1
+    assert by_profile[""] != by_profile["state_context"]
