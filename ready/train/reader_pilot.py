@@ -1,9 +1,9 @@
 """Does the reader learn anything from the states? A one-seed pilot, in minutes instead of a sweep.
 
     python -m ready.train.reader_pilot [--drafter DIR] [a.b=value ...]
-    # in the positive control's setting (experiments/profiles/state_context.yaml), 4x its stage 1:
-    python -m ready.train.reader_pilot target.attention_window=16 'drafter.context_layers=[1]' \
-        drafter.context_window=16 train.base.samples=3200 train.stage1.samples=1536 train.stage1.lr=0.003
+    # in the positive control's setting (experiments/profiles/state_context.yaml):
+    python -m ready.train.reader_pilot 'drafter.context_layers=[-1]' drafter.context_window=1 \
+        train.base.samples=3200 train.stage1.samples=384 train.stage1.lr=0.003
 
 From the base DSpark drafter of the config (built if missing, cached like a sweep's), it trains
 stage 1 (the reader alone, drafter frozen) twice, with the row's own states (ReaDy) and with another
