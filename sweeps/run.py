@@ -54,6 +54,31 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
+def _cpu_times() -> Optional[tuple[int, int, int]]:
+    """(total, idle + iowait, CPUs) from /proc/stat, or None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    fields = [int(x) for x in lines[0].split()[1:]]
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0), cpus
+
+
+def _busy_cpus(sample_s: float = 0.5) -> Optional[float]:
+    """CPUs busy now: the non-idle share of the CPU time over `sample_s` seconds times the CPUs, or
+    None off Linux. (The load average lags by a minute: right after one sweep ends it still counts
+    that sweep's cores as busy, and the next sweep would start on fewer.)"""
+    a = _cpu_times()
+    if a is None:
+        return None
+    time.sleep(sample_s)
+    b = _cpu_times()
+    total, idle = b[0] - a[0], b[1] - a[1]
+    return b[2] * (total - idle) / total if total > 0 else 0.0
+
+
 def idle_cores() -> int:
     """The cores that are idle now (at least 1). Threads beyond them spin against other jobs: on the
     shared 2-core box a pretraining step took 17 s with 2 threads beside another job, 2 s with 1."""
@@ -61,18 +86,21 @@ def idle_cores() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores, round(cores - os.getloadavg()[0])))
+    busy = _busy_cpus()
+    if busy is None:
+        busy = os.getloadavg()[0]
+    return max(1, min(cores, round(cores - busy)))
 
 
-def default_threads(workers: int) -> int:
+def default_threads(workers: int, idle: Optional[int] = None) -> int:
     """CPU threads per process when --threads is not given: the idle cores shared among the workers."""
-    return max(1, idle_cores() // max(1, workers))
+    return max(1, (idle or idle_cores()) // max(1, workers))
 
 
-def default_workers() -> int:
+def default_workers(idle: Optional[int] = None) -> int:
     """Workers when --workers is not given: one per idle core without GPUs (the embedded default's
     rows are small: one process per core beats one process with several threads), else 1."""
-    return 1 if gpu_ids() else idle_cores()
+    return 1 if gpu_ids() else (idle or idle_cores())
 
 
 def dry_run_table(sweep: Sweep) -> str:
@@ -243,15 +271,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(dry_run_table(sweep))
         return 0
     _sigterm_as_interrupt()
+    idle = idle_cores()
     if args.workers is None:
-        args.workers = max(1, min(default_workers(), len(sweep.jobs())))
+        args.workers = max(1, min(default_workers(idle), len(sweep.jobs())))
     threads = args.threads or (int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit()
-                               else default_threads(args.workers))
+                               else default_threads(args.workers, idle))
     os.environ["OMP_NUM_THREADS"] = str(threads)  # worker processes read it when torch starts
     import torch
 
     # this process builds the shared artifacts alone before any worker starts: it may use every worker's threads
-    torch.set_num_threads(threads if args.workers == 1 else min(idle_cores(), threads * args.workers))
+    torch.set_num_threads(threads if args.workers == 1 else min(idle, threads * args.workers))
     if not args.quiet:
         print(f"[sweeps] {threads} CPU thread(s) per process, {args.workers} worker(s) (--threads, --workers to change)",
               flush=True)

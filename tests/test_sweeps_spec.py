@@ -178,10 +178,22 @@ def test_default_threads_use_the_idle_cores_shared_among_workers(monkeypatch):
     from sweeps import run
 
     monkeypatch.setattr(run.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    monkeypatch.setattr(run.os, "getloadavg", lambda: (0.1, 0.0, 0.0))
+    monkeypatch.setattr(run, "_busy_cpus", lambda: 0.1)
     assert run.default_threads(1) == 4 and run.default_threads(2) == 2 and run.default_threads(8) == 1
-    monkeypatch.setattr(run.os, "getloadavg", lambda: (3.2, 0.0, 0.0))  # another job holds 3 cores
+    monkeypatch.setattr(run, "_busy_cpus", lambda: 3.2)  # another job holds 3 cores
     assert run.default_threads(1) == 1
+    monkeypatch.setattr(run, "_busy_cpus", lambda: None)  # no /proc/stat: the load average decides
+    monkeypatch.setattr(run.os, "getloadavg", lambda: (2.0, 0.0, 0.0))
+    assert run.default_threads(1) == 2
+
+
+def test_busy_cpus_reads_this_machines_cpu_time():
+    from sweeps import run
+
+    busy = run._busy_cpus(0.05)
+    if busy is None:
+        pytest.skip("no /proc/stat here")
+    assert 0.0 <= busy <= run._cpu_times()[2] + 1e-9
 
 
 def test_without_gpus_a_sweep_takes_one_worker_per_idle_core_and_one_with_gpus(monkeypatch):
@@ -189,12 +201,12 @@ def test_without_gpus_a_sweep_takes_one_worker_per_idle_core_and_one_with_gpus(m
 
     monkeypatch.undo()  # conftest pins tests to one worker; this test checks the CLI's own default
     monkeypatch.setattr(run.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(run.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    monkeypatch.setattr(run, "_busy_cpus", lambda: 0.2)
     monkeypatch.setattr(run, "gpu_ids", lambda: [])
     assert run.default_workers() == 2 and run.default_threads(run.default_workers()) == 1
-    monkeypatch.setattr(run.os, "getloadavg", lambda: (1.4, 0.0, 0.0))  # another job holds a core
+    monkeypatch.setattr(run, "_busy_cpus", lambda: 1.4)  # another job holds a core
     assert run.default_workers() == 1
-    monkeypatch.setattr(run.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(run, "_busy_cpus", lambda: 0.0)
     monkeypatch.setattr(run, "gpu_ids", lambda: ["0"])
     assert run.default_workers() == 1
 
