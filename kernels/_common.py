@@ -7,6 +7,8 @@ reference otherwise. Tests run `<op>_triton` on CPU tensors under `TRITON_INTERP
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 try:  # Triton is optional: CPU-only installs use the torch references.
@@ -44,3 +46,23 @@ def next_pow2(n: int) -> int:
 def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its last dimension has unit stride (or size 1), else a contiguous copy."""
     return t if (t.stride(-1) == 1 or t.shape[-1] == 1) else t.contiguous()
+
+
+_PDL: dict[int, bool] = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with programmatic dependent launch (PDL): a Hopper or newer
+    GPU, compiled Triton (not the CPU interpreter), and not switched off with env READY_PDL=0.
+
+    A PDL launch may start while the kernel before it in the stream is still running; such a kernel
+    must call `gdc_wait()` before it reads or writes anything an earlier kernel touches (it may
+    read constant weights before). Inside a CUDA graph this hides the launch gap between kernels."""
+    if not HAS_TRITON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if os.environ.get("READY_PDL", "1") == "0":
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PDL:
+        _PDL[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return _PDL[idx]

@@ -107,6 +107,18 @@ def test_verify_then_commit_k_equals_forward_over_accepted_prefix(model, k):
     assert cache.length == 12 + k + 2
 
 
+@pytest.mark.parametrize("T", [1, 8])
+def test_verify_conv_as_a_tap_sum_equals_conv1d(model, T):
+    gdn = next(layer.linear_attn for layer in model.model.layers if layer.layer_type == "linear_attention")
+    mixed = torch.randn(2, T, gdn.conv_dim)
+    prefix = torch.randn(2, gdn.conv_dim, gdn.kernel - 1)
+    with torch.no_grad():
+        want, want_full = gdn._conv(mixed, prefix)
+        got, got_full = gdn._conv(mixed, prefix, taps=True)
+    assert torch.equal(got_full, want_full)
+    assert torch.allclose(got, want, atol=1e-6)
+
+
 def test_committed_states_are_views_of_the_cache(model):
     cache = model.new_cache(max_len=32)
     model.prefill(torch.randint(0, 97, (1, 8)), cache)

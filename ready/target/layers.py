@@ -345,18 +345,21 @@ class GatedDeltaNet(nn.Module):
         fuse_state_dict_names(self, "in_proj", list(zip(("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), self.split)))
 
     def _conv(self, mixed: torch.Tensor, prefix: Optional[torch.Tensor],
-              exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              exact: bool = False, taps: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal depthwise conv over [B, T, conv_dim]; returns silu(conv) and the padded input.
-        Exact mode: a float32 sum over the taps in a fixed order (F.conv1d picks its algorithm by shape)."""
+        `taps` (the verify pass, a few tokens): a float32 sum over the kernel's taps, which
+        torch.compile fuses with its neighbours instead of launching a cuDNN conv per layer.
+        Exact mode: the same tap sum, with exact mode's padded silu (F.conv1d picks its algorithm
+        by shape)."""
         x = mixed.transpose(1, 2)
         w = self.kernel - 1
         full = F.pad(x, (w, 0)) if prefix is None else torch.cat([prefix.to(x.dtype), x], dim=-1)
-        if exact:
-            T, taps = x.shape[-1], self.conv1d.weight[:, 0].float()  # [C, kernel]
-            acc = full[..., 0:T].float() * taps[:, 0:1]
+        if exact or (taps and _CONV_TAPS):
+            T, weight = x.shape[-1], self.conv1d.weight[:, 0].float()  # [C, kernel]
+            acc = full[..., 0:T].float() * weight[:, 0:1]
             for j in range(1, self.kernel):
-                acc = acc + full[..., j:j + T].float() * taps[:, j:j + 1]
-            return _elementwise(F.silu, acc.to(x.dtype), True).transpose(1, 2), full
+                acc = acc + full[..., j:j + T].float() * weight[:, j:j + 1]
+            return _elementwise(F.silu, acc.to(x.dtype), exact).transpose(1, 2), full
         y = F.conv1d(full, self.conv1d.weight, groups=self.conv_dim)
         return F.silu(y).transpose(1, 2), full
 
@@ -398,7 +401,7 @@ class GatedDeltaNet(nn.Module):
         row-invariant ops (module comment above), for verify."""
         prefix = None if cache is None else cache.conv
         qkv, z, b, a = lin(x, self.in_proj.weight, exact).split(self.split, dim=-1)
-        mixed, full = self._conv(qkv, prefix, exact)
+        mixed, full = self._conv(qkv, prefix, exact, taps=mode == "verify")
         q, k, v, g, beta = self._heads(mixed, b, a, exact)
         init = None if cache is None else cache.ssm
         at = None
@@ -438,6 +441,9 @@ def _verify_states(q, k, v, g, beta, init, out_states: torch.Tensor, exact: bool
     out_states.copy_(states)
     return o
 
+
+# READY_CONV_TAPS=0: the verify pass runs F.conv1d like prefill (an A/B switch for benchmarks)
+_CONV_TAPS = os.environ.get("READY_CONV_TAPS", "1") != "0"
 
 # READY_EXACT_GDN=torch: exact mode runs `_exact_recurrence` on CUDA too (instead of the fused kernel)
 _EXACT_GDN_TORCH = os.environ.get("READY_EXACT_GDN", "kernel") == "torch"

@@ -18,6 +18,20 @@ from ready.target.config import EMBEDDINGS, HybridConfig, TargetError
 from ready.target.layers import GDN_COMMIT_KERNEL, DecoderLayer, RMSNorm, decoder_layer_forward, init_weights, lin
 
 
+def _inductor_pdl(device: torch.device) -> dict:
+    """torch.compile options that make inductor's kernels programmatic dependent launches on
+    Hopper (as the small-M linear's are; `ready_kernels._common.pdl_enabled`): inside the graphed
+    decode step each small fused kernel then starts while the one before it drains. Empty where
+    PDL is off or this torch has no such option."""
+    import torch._inductor.config as inductor
+
+    from ready.fastops import load_kernel
+
+    common = load_kernel("_common")
+    on = common is not None and common.pdl_enabled(device) and hasattr(inductor.triton, "enable_pdl")
+    return {"triton.enable_pdl": True} if on else {}
+
+
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [B, T, V]
@@ -70,11 +84,12 @@ class HybridLM(nn.Module):
             for name in ("recompile_limit", "cache_size_limit"):
                 if hasattr(cfg, name):
                     setattr(cfg, name, max(getattr(cfg, name), 64))
-            self._compiled_fn = torch.compile(decoder_layer_forward, dynamic=False)
+            pdl = _inductor_pdl(self.device)
+            self._compiled_fn = torch.compile(decoder_layer_forward, dynamic=False, options=pdl)
             # exact mode's own compiled variant: every cast to a 16-bit dtype rounds as in eager code,
             # wherever inductor fuses it (one fused graph per block length must round like another)
             self._compiled_exact_fn = torch.compile(decoder_layer_forward, dynamic=False,
-                                                    options={"emulate_precision_casts": True})
+                                                    options={"emulate_precision_casts": True, **pdl})
 
     def graphs_compile(self) -> bool:
         """Whether graph captures use the compiled layers (see compile_in_graphs); compiles on first use."""

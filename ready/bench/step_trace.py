@@ -1,0 +1,152 @@
+"""Where one graphed decode step's time goes: kernels, the gaps between them, per kernel name.
+
+    python -m ready.bench.step_trace --target qwen3_5_27b --dtype bfloat16 --json
+
+Replays the captured verify graph of `--tokens` tokens (1 = the AR step; no commit between
+replays, so every replay sees the same context) and reports:
+- `replay_ms`: ms per replay timed with CUDA events around `--replays` back-to-back replays;
+- from a torch.profiler trace of as many replays: `span_ms` (first kernel start to last kernel end,
+  per replay), `busy_ms` (sum of kernel durations), `gap_ms` (time between consecutive kernels of
+  a replay with no kernel running), `kernels` per replay, and per kernel name its µs, calls and the
+  gaps before it (`by_kernel`, largest first).
+The profiler itself may lengthen gaps a little: compare `span_ms` with `replay_ms`. CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+from typing import Any, Optional
+
+import torch
+
+from ready.decode.graphs import GraphRunner
+
+# gaps longer than this lie between replays (host launches the next graph), not inside one
+REPLAY_BREAK_US = 50.0
+
+
+def kernel_events(trace: dict) -> list[tuple[float, float, str]]:
+    """(start µs, duration µs, name) of every device kernel in a chrome trace, in start order."""
+    evs = [(float(e["ts"]), float(e.get("dur", 0.0)), str(e.get("name", "?")))
+           for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    return sorted(evs)
+
+
+def summarize(events: list[tuple[float, float, str]], replays: int, top: int = 25) -> dict[str, Any]:
+    """Span, busy and gap time per replay, and per kernel name, from ordered kernel events."""
+    if not events:
+        raise SystemExit("step_trace: the profiler recorded no kernels (is this a CUDA build with CUPTI?)")
+    rows: dict[str, dict[str, float]] = defaultdict(lambda: {"us": 0.0, "calls": 0.0, "gap_before_us": 0.0})
+    busy = gap = between = 0.0
+    prev_end: Optional[float] = None
+    for ts, dur, name in events:
+        r = rows[name[:100]]
+        r["us"] += dur
+        r["calls"] += 1
+        busy += dur
+        if prev_end is not None:
+            g = max(0.0, ts - prev_end)
+            if g > REPLAY_BREAK_US:
+                between += g
+            else:
+                gap += g
+                r["gap_before_us"] += g
+        prev_end = ts + dur if prev_end is None else max(prev_end, ts + dur)
+    span = (prev_end - events[0][0]) - between
+    by = sorted(rows.items(), key=lambda kv: -(kv[1]["us"] + kv[1]["gap_before_us"]))
+    per = lambda v: round(v / replays, 2)  # noqa: E731
+    return {
+        "span_ms": round(span / replays / 1e3, 4), "busy_ms": round(busy / replays / 1e3, 4),
+        "gap_ms": round(gap / replays / 1e3, 4), "kernels": len(events) / replays,
+        "by_kernel": [{"kernel": k, "us": per(v["us"]), "calls": per(v["calls"]), "gap_before_us": per(v["gap_before_us"])}
+                      for k, v in by[:top]],
+    }
+
+
+def step_replayer(target: Any, tokens: int, prompt_len: int) -> Any:
+    """A callable that runs the graphed verify of `tokens` tokens once and forgets it (no commit:
+    every call sees the same context). Tunes, compiles and captures on its first calls."""
+    dev = target.device
+    prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), device=dev)
+    cache = target.new_cache(1, prompt_len + 16 + tokens, max_verify=max(1, tokens))
+    runner = GraphRunner(target, [])
+    runner.prepare(cache)
+    target.prefill(prompt, cache)
+    block = torch.randint(0, target.config.vocab_size, (1, tokens), device=dev)
+
+    def replay() -> None:
+        runner.verify(block, cache)
+        cache.pending = 0  # nothing committed: the live state and the KV below `length` are untouched
+
+    return replay
+
+
+def trace_step(target_spec: str, dtype: str, tokens: int, prompt_len: int, replays: int, seed: int) -> dict[str, Any]:
+    from ready.target import load_target
+
+    torch.manual_seed(seed)
+    target = load_target(target_spec, device="cuda", dtype=dtype)
+    replay = step_replayer(target, tokens, prompt_len)
+    for _ in range(3):  # tunes the linears, compiles the layers, captures the graph
+        replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        replay()
+    end.record()
+    torch.cuda.synchronize()
+    replay_ms = start.elapsed_time(end) / replays
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    finally:
+        os.unlink(path)
+    return {"target": target_spec, "dtype": dtype, "tokens": tokens, "prompt_len": prompt_len, "replays": replays,
+            "replay_ms": round(replay_ms, 4), **summarize(kernel_events(trace), replays),
+            "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("READY_")}}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ready.bench.step_trace", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="qwen3_5_27b", help="preset name or checkpoint directory")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--tokens", type=int, default=1, help="tokens per verify (1 = the AR step)")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print JSON (the default output)")
+    ap.add_argument("--out", default=None, help="also write the JSON to this file")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("step_trace: needs a CUDA device (it traces the CUDA-graphed step)", file=sys.stderr)
+        return 2
+    if a.tokens < 1 or a.replays < 1:
+        print(f"step_trace: --tokens and --replays must be >= 1, got {a.tokens} and {a.replays}", file=sys.stderr)
+        return 2
+    out = trace_step(a.target, a.dtype, a.tokens, a.prompt_len, a.replays, a.seed)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
