@@ -21,11 +21,18 @@ def _prepare_one(runner: str, cfg, methods: list[str], threads: int) -> tuple[in
     return int(cfg.train.base_seed), time.time() - t0
 
 
+def builds_at_once(builds: int, workers: int) -> int:
+    """How many base drafters build side by side: all of them when they are at most twice the
+    workers (3 seeds on 2 cores: three time-sliced processes keep both cores busy, where 2 + 1
+    left one idle for a whole build, ~3.5 min of the embedded default), else one per worker."""
+    return builds if builds <= 2 * workers else workers
+
+
 def prepare_artifacts(runner: str, sweep: Sweep, progress: bool, workers: int = 1, threads: int = 1,
                       gpus: bool = False) -> None:
     """Build the shared artifacts before the rows run. Each base seed's drafter is its own build: with
-    several workers on CPU they are built side by side, one process each, after the artifacts every
-    seed shares (the runner's `prepare_common`, when it has one)."""
+    several workers on CPU they are built side by side, one process each (`builds_at_once`), after the
+    artifacts every seed shares (the runner's `prepare_common`, when it has one)."""
     module = importlib.import_module(runner.partition(":")[0])
     prepare = getattr(module, "prepare_shared", None)
     if prepare is None:
@@ -41,7 +48,7 @@ def prepare_artifacts(runner: str, sweep: Sweep, progress: bool, workers: int = 
             prepare(cfg, methods, progress=progress)
         return
     common(sweep.common, methods, progress=progress)
-    n = min(workers, len(configs))
+    n = builds_at_once(len(configs), workers)
     print(f"[sweeps] building {len(configs)} base drafters, {n} at a time", flush=True)
     with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
         for seed, secs in pool.map(_prepare_one, [runner] * len(configs), list(configs.values()),

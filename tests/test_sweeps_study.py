@@ -67,7 +67,8 @@ def child_runs(ws: Path, sweep: str, status: str | None = None) -> list:
 
 def test_with_several_workers_the_base_drafters_of_the_seeds_are_built_side_by_side(ws: Path, monkeypatch):
     """What every seed shares is built once in this process, then one process per base seed builds its
-    base drafter (two at a time for two workers), each exactly once."""
+    base drafter (all three at once for two workers: no core idles while the last one builds), each
+    exactly once."""
     from sweeps.prepare import prepare_artifacts
 
     monkeypatch.setenv("FAKE_PREPARE_SLEEP", "1.0")
@@ -76,11 +77,18 @@ def test_with_several_workers_the_base_drafters_of_the_seeds_are_built_side_by_s
     common, bases = calls(ws, "prepare_common"), calls(ws, "prepare")
     assert [c["pid"] for c in common] == [os.getpid()]
     assert sorted(b["base_seed"] for b in bases) == [0, 1, 2]
-    assert os.getpid() not in {b["pid"] for b in bases} and len({b["pid"] for b in bases}) == 2
-    first_two = sorted(bases, key=lambda b: b["t"])[:2]
-    assert abs(first_two[0]["t"] - first_two[1]["t"]) < 0.9  # built at the same time, not one after the other
+    assert os.getpid() not in {b["pid"] for b in bases} and len({b["pid"] for b in bases}) == 3
+    starts = sorted(b["t"] for b in bases)
+    assert starts[-1] - starts[0] < 0.9  # built at the same time, not one after the other
     prepare_artifacts(RUNNER, sweep, progress=False, workers=1)  # one worker: in this process, one after another
     assert {b["pid"] for b in calls(ws, "prepare")[3:]} == {os.getpid()}
+
+
+def test_base_drafters_build_all_at_once_up_to_twice_the_workers():
+    from sweeps.prepare import builds_at_once
+
+    assert [builds_at_once(n, 2) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 3, 4, 2, 2]
+    assert builds_at_once(3, 1) == 1  # one worker only ever gets here for one build
 
 
 def test_child_runs_follow_the_mlflow_contract(ws: Path):
