@@ -53,16 +53,16 @@ _PDL: dict[int, bool] = {}
 
 def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with programmatic dependent launch (PDL): a Hopper or newer
-    GPU, compiled Triton (not the CPU interpreter), and not switched off with env READY_PDL=0.
+    GPU, compiled Triton (not the CPU interpreter), and not switched off with env READY_PDL=0 (read
+    once per process and device).
 
     A PDL launch may start while the kernel before it in the stream is still running; such a kernel
     must call `gdc_wait()` before it reads or writes anything an earlier kernel touches (it may
     read constant weights before). Inside a CUDA graph this hides the launch gap between kernels."""
-    if not HAS_TRITON or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    if os.environ.get("READY_PDL", "1") == "0":
+    if device.type != "cuda":
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _PDL:
-        _PDL[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    if idx not in _PDL:  # decided once per device: this runs before every small-M launch
+        _PDL[idx] = (HAS_TRITON and os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("READY_PDL", "1") != "0"
+                     and torch.cuda.get_device_capability(idx)[0] >= 9)
     return _PDL[idx]
