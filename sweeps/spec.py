@@ -164,11 +164,16 @@ class Sweep:
         return self.baselines + self.variants
 
     def jobs(self) -> list[Job]:
-        """Baselines first (the variants' relative metrics need them), each row once per seed."""
+        """Every row once per seed, seed by seed: the rows of one seed train on the same batches, so a
+        worker that runs them one after another asks the frozen target each question once
+        (ready.train.teacher_pass). Within a seed: the baselines, the variants, and the no-state
+        control last (it needs no states, so a state-reading row's passes serve it)."""
         out: list[Job] = []
         seen: set[str] = set()
-        for row in self.rows:
-            for seed in self.seeds:
+        last = [r for r in self.baselines if r.method == "ft"]
+        order = [r for r in self.baselines if r.method != "ft"] + self.variants + last
+        for seed in self.seeds:
+            for row in order:
                 job = row.job(seed)
                 if job.config_hash not in seen:  # AR ignores the seed: one run serves every seed
                     seen.add(job.config_hash)

@@ -40,3 +40,16 @@ def _no_leaked_mlflow_uri(monkeypatch):
     """mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; keep one test's store out of the next."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # recorded, so teardown restores the original
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_teacher_memo():
+    """Each test starts with empty per-process memos (ready.train.teacher_pass, ready.decode.donor)."""
+    from ready.decode import donor
+    from ready.train.teacher_pass import MEMO
+
+    MEMO.clear()
+    donor.clear()
+    yield
+    MEMO.clear()
+    donor.clear()

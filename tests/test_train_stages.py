@@ -173,23 +173,23 @@ def test_unknown_stage_and_lora_matching_nothing_say_what_was_expected(tmp_path,
 
 def test_the_state_placebo_trains_on_the_next_rows_states_at_its_own_anchors(tmp_path, target, data):
     """reader.states=shuffled: row b's reader gets row b+1's committed states at row b's positions."""
-    from ready.train.stages import _target_forward
+    from ready.train.teacher_pass import TeacherPassError, teacher_pass
 
     cfg = micro_cfg(tmp_path)
     own = _drafter(cfg, target, reader=True)
     placebo = DSparkDrafter(cfg.drafter, OmegaConf.merge(cfg.reader, {"states": "shuffled"}), target)
     tokens = data.tokens[:3]
     anchors = torch.tensor([[13, 15], [14, 18], [16, 20]])
-    _, mine = _target_forward(target, own, tokens, anchors)
-    _, theirs = _target_forward(target, placebo, tokens, anchors)
+    mine = teacher_pass(target, own, tokens, anchors).states
+    theirs = teacher_pass(target, placebo, tokens, anchors).states
     for b in range(3):
         nxt = (b + 1) % 3
         with torch.no_grad():
             ref = target(tokens[nxt:nxt + 1], state_layers=own.state_layers, state_positions=anchors[b:b + 1] - 1).states
         torch.testing.assert_close(theirs[b], ref[0], rtol=1e-5, atol=1e-5)
         assert not torch.allclose(theirs[b], mine[b])
-    with pytest.raises(TrainStageError, match="at least 2 sequences"):
-        _target_forward(target, placebo, tokens[:1], anchors[:1])
+    with pytest.raises(TeacherPassError, match="at least 2 sequences"):
+        teacher_pass(target, placebo, tokens[:1], anchors[:1])
 
 
 def test_an_unreadable_resume_checkpoint_is_set_aside_and_the_stage_starts_over(tmp_path, target, data, capsys):

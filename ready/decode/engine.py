@@ -19,11 +19,12 @@ tokens. Timing follows `ready.metrics`: the clock covers
 prefill through the last token, with a device synchronisation at both ends on CUDA.
 
 The state placebo (`generate(..., donor=ids)`): the drafter's reader is handed the committed
-states of another sequence instead of this one's. The engine keeps a second cache that it feeds
-the donor's tokens (another prompt followed by its AR continuation) so that it always holds as
-many tokens as this sequence's cache (or all of the donor's, when it is shorter): the reader sees
-another text's states at the same position. Verification, and so the output, is untouched, and
-the time spent feeding the donor is left out of the generation's wall time.
+states of another sequence instead of this one's. Before the clock starts, one forward pass of the
+donor (another prompt followed by its AR continuation) gives its states after as many tokens as
+this sequence will have committed in each round (or all of the donor's, when it is shorter;
+`ready.decode.donor`, kept per process); each round copies the ones due into a second cache that
+the drafter reads: the reader sees another text's states at the same position. Verification, and
+so the output, is untouched, and the copies are left out of the generation's wall time.
 
 On CUDA (default there), `Engine(cuda_graphs=True)` replays the fixed-shape verify ([1, K+1])
 and AR step ([1, 1]) forwards from captured CUDA graphs (`ready.decode.graphs`); prefill,
@@ -59,6 +60,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from ready.decode.donor import donor_states, read_lengths
 from ready.decode.errors import DecodeError
 from ready.decode.protocol import DraftStep, Drafter, describe
 from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
@@ -241,8 +243,8 @@ class Engine:
         self.exact = bool(getattr(target, "exact", False))
         self.cache: Any = None
         self.donor_cache: Any = None  # the placebo's second cache (see the module docstring)
-        self._donor: Optional[torch.Tensor] = None  # the donor's tokens while one is set
-        self._donor_s = 0.0  # time spent feeding the donor cache this generation (not counted in wall_s)
+        self._donor: Optional[torch.Tensor] = None  # the donor's states at each length this generation reads
+        self._donor_s = 0.0  # time spent copying donor states this generation (not counted in wall_s)
         self.tokens: Optional[torch.Tensor] = None  # [1, max_len] committed tokens
         self.features: Optional[torch.Tensor] = None  # [1, max_len, C, D] target features
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
@@ -309,33 +311,44 @@ class Engine:
     # --- decoding -----------------------------------------------------------------------
     # --- the state placebo's donor cache ---------------------------------------------
     def _start_donor(self, donor: Optional[Sequence[int] | torch.Tensor], p: int, max_new_tokens: int) -> None:
+        """The donor's states at every length this generation can read them (`ready.decode.donor`), and
+        the batch-1 cache the drafter reads them from (so its draft graph stays bound to one cache)."""
         self._donor = None
         if donor is None:
             return
         if self.drafter is None:
             raise DecodeError("a donor sequence only matters to a drafter that reads states; this engine has none")
+        layers = list(getattr(self.drafter, "state_layers", self.target.gdn_layer_ids))  # any drafter: every GDN layer
+        if not layers:  # reads no state: the donor changes nothing
+            return
         ids = as_prompt(donor).to(self.device)
         check_prompt(self.target, ids, 1)
-        need = min(ids.numel(), p + max_new_tokens)
-        if self.donor_cache is None or self.donor_cache.max_len < need:
-            self.donor_cache = self.target.new_cache(batch_size=1, max_len=max(need, p + max_new_tokens),
-                                                     max_verify=self.k + 1)
+        lengths = read_lengths(p, max_new_tokens, ids.numel())
+        if self.donor_cache is None or self.donor_cache.max_len < p + max_new_tokens:
+            self.donor_cache = self.target.new_cache(batch_size=1, max_len=p + max_new_tokens, max_verify=self.k + 1)
         else:
             self.donor_cache.reset()
-        self._donor = ids[:need]
-        self._donor_s = 0.0
+        # before generate starts its clock; the copies in each round are taken off it (see generate)
+        self._donor = donor_states(self.target, ids, lengths, layers)
+        self._donor_first, self._donor_at, self._donor_s = p, -1, 0.0
+        self._donor_lengths = lengths
+        self._donor_slots = [self.target.gdn_index(int(i)) for i in layers]
 
     def _donor_cache(self, committed: int) -> Any:
-        """The donor's cache holding min(committed, donor length) of its tokens (this row's cache without a donor)."""
+        """The donor's states after min(committed, donor length) of its tokens in the donor cache (this
+        row's cache without a donor)."""
         if self._donor is None:
             return self.cache
-        have, want = self.donor_cache.length, min(committed, self._donor.numel())
-        if want > have:  # the placebo's bookkeeping: kept off the clock, so its TPS compares with the others'
+        at = max(0, min(committed - self._donor_first, self._donor.shape[0] - 1))
+        if at != self._donor_at:
             _sync(self.device)
             t0 = time.perf_counter()
-            self.target.prefill(self._donor[None, have:want], self.donor_cache)
+            for j, slot in enumerate(self._donor_slots):
+                self.donor_cache.ssm[slot, 0].copy_(self._donor[at, j])
+            self.donor_cache.length = self._donor_lengths[at]  # its GDN states only: KV and conv stay unfilled
             _sync(self.device)
             self._donor_s += time.perf_counter() - t0
+            self._donor_at = at
         return self.donor_cache
 
     def _uniforms(self, n: int) -> torch.Tensor:

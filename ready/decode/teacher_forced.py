@@ -37,11 +37,11 @@ def full_block_anchors(data: RegenData, block_size: int) -> tuple[torch.Tensor, 
 @torch.no_grad()
 def block_acceptance(drafter: Any, target: Any, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
     """Accepted draft length A [B, A] at each anchor of `tokens` [B, T] (target-greedy after the prompt)."""
-    from ready.train.stages import _target_forward
+    from ready.train.teacher_pass import teacher_pass
 
     K = int(drafter.block_size)
-    out, states = _target_forward(target, drafter, tokens, anchors)
-    logits = drafter.forward_train(tokens, out.hidden, anchors, states)  # [B, A, K, V]
+    tp = teacher_pass(target, drafter, tokens, anchors, logits=False)  # every drafting row asks the same
+    logits = drafter.forward_train(tokens, tp.hidden, anchors, tp.states)  # [B, A, K, V]
     T = tokens.shape[1]
     pos = (anchors.unsqueeze(-1) + torch.arange(1, K + 1, device=tokens.device)).clamp(max=T - 1)
     labels = tokens.gather(1, pos.flatten(1)).view_as(pos)

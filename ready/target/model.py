@@ -34,7 +34,7 @@ def _inductor_pdl(device: torch.device) -> dict:
 
 @dataclass
 class TargetOutput:
-    logits: torch.Tensor  # [B, T, V]
+    logits: Optional[torch.Tensor]  # [B, T, V] (forward with logits_from=s: [B, T - s, V]; None: not computed)
     hidden: Optional[torch.Tensor] = None  # [B, T, C, D], outputs of the captured layers
     states: Optional[torch.Tensor] = None  # [B, A, Ls, H, d_k, d_v], states after `state_positions`
 
@@ -171,6 +171,7 @@ class HybridLM(nn.Module):
         state_layers: Sequence[int] = (),
         state_positions: Optional[torch.Tensor] = None,
         compiled: bool = False,
+        logits_from: Optional[int] = 0,
     ) -> TargetOutput:
         """One pass over every layer; `compiled` runs the torch.compile'd layer forward (graph captures).
         A verify pass (the AR step included) of a model in exact mode runs the row-invariant ops."""
@@ -199,7 +200,10 @@ class HybridLM(nn.Module):
             if lid in capture:
                 hidden.append((lid, x))
         h = self.model.norm(x, exact)
-        logits = lin(h, self.lm_head.weight, exact) if self.lm_head.bias is None else self.lm_head(h)
+        logits = None
+        if logits_from is not None:
+            hl = h if not logits_from else h[:, int(logits_from):]
+            logits = lin(hl, self.lm_head.weight, exact) if self.lm_head.bias is None else self.lm_head(hl)
         hid = torch.stack([h for _, h in sorted(hidden, key=lambda p: capture.index(p[0]))], dim=2) if capture else None
         st = torch.stack(states, dim=2) if state_set else None
         return TargetOutput(logits=logits, hidden=hid, states=st)
@@ -210,15 +214,21 @@ class HybridLM(nn.Module):
         capture_layers: Sequence[int] = (),
         state_layers: Sequence[int] = (),
         state_positions: Optional[torch.Tensor] = None,
+        logits_from: Optional[int] = 0,
     ) -> TargetOutput:
-        """Full-sequence forward without a cache (training / teacher features)."""
+        """Full-sequence forward without a cache (training / teacher features). `logits_from`: the LM
+        head runs on positions logits_from.. only (the teachers of training lie in the response);
+        None: no logits (features and states only)."""
         if state_layers and state_positions is None:
             raise TargetError("state_layers given without state_positions; pass the token positions to read states after")
         if state_positions is not None:
             T = input_ids.shape[1]
             if state_positions.numel() and (state_positions.min() < 0 or state_positions.max() >= T):
                 raise TargetError(f"state_positions must lie in 0..{T - 1}")
-        return self._run(input_ids, "full", None, capture_layers, state_layers, state_positions)
+        if logits_from is not None and not 0 <= int(logits_from) < input_ids.shape[1]:
+            raise TargetError(f"logits_from={logits_from}; expected a position in 0..{input_ids.shape[1] - 1} or None")
+        return self._run(input_ids, "full", None, capture_layers, state_layers, state_positions,
+                         logits_from=logits_from)
 
     def _check_room(self, cache: HybridCache, n: int) -> None:
         if cache.pending:

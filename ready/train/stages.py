@@ -13,8 +13,9 @@ steps as ReaDy; the only difference is state access (and that its stage-1 update
 the backbone rather than in a reader).
 
 Each step: sample a batch (a deterministic function of seed, stage and step), sample anchors
-in the response part, run the frozen target under no_grad for context features (and the
-committed GDN states at anchors-1 when the drafter reads state), run the drafter's training
+in the response part, ask the frozen target for context features, teacher logits (and the
+committed GDN states at anchors-1 when the drafter reads state; ready.train.teacher_pass, shared
+by the rows of a worker that train on the same batches), run the drafter's training
 forward, and minimise L_CE + λ L_L1 (ready.train.loss). AdamW on fp32 master weights, linear
 warmup then cosine decay, gradient clipping, bf16 autocast on CUDA. Every
 `train.checkpoint_every` steps (and at the end) the trainable weights, optimizer, scheduler,
@@ -51,6 +52,7 @@ from ready.train.anchors import gather_blocks, sample_anchors
 from ready.train.lora import has_lora, inject_lora, lora_parameters
 from ready.train.loss import draft_loss
 from ready.train.regen import RegenData
+from ready.train.teacher_pass import teacher_pass
 
 STAGES = ("base", "stage1", "stage2")
 CHECKPOINT = "checkpoint.pt"
@@ -257,41 +259,12 @@ def evaluate_loss(drafter: nn.Module, target: nn.Module, data: RegenData, cfg: A
     anchors, mask = anchors.to(device), mask.to(device)
     was_training = drafter.training
     drafter.eval()
-    tout, states = _target_forward(target, drafter, tokens, anchors)
-    logits = drafter.forward_train(tokens, tout.hidden, anchors, states)
-    terms = draft_loss(logits, gather_blocks(tokens, anchors, K, 1), gather_blocks(tout.logits, anchors, K, 0), mask,
+    tp = teacher_pass(target, drafter, tokens, anchors)
+    logits = drafter.forward_train(tokens, tp.hidden, anchors, tp.states)
+    terms = draft_loss(logits, gather_blocks(tokens, anchors, K, 1), tp.teacher(anchors, K), mask,
                        float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma))
     drafter.train(was_training)
     return float(terms.loss)
-
-
-def reads_shuffled_states(drafter: nn.Module) -> bool:
-    """The state placebo (`reader.states: shuffled`): the reader reads another sequence's states."""
-    return bool(drafter.state_layers) and getattr(drafter, "reader_cfg", {}).get("states", "own") == "shuffled"
-
-
-@torch.no_grad()
-def _target_forward(target: nn.Module, drafter: nn.Module, tokens: torch.Tensor, anchors: torch.Tensor):
-    """The frozen target's logits, context features and (when the drafter reads state) states at anchors-1.
-
-    For the state placebo, row b gets the states of row b+1 (the last row: row 0) at row b's own
-    positions: another text's states at the same place, so only the information differs. Under
-    data-parallel training `tokens` is this rank's slice, so the rows roll within the slice."""
-    kw: dict = dict(capture_layers=list(drafter.capture_layers))
-    shuffled = reads_shuffled_states(drafter)
-    if drafter.state_layers:
-        positions = anchors - 1
-        if shuffled:
-            if tokens.shape[0] < 2:
-                raise TrainStageError("reader.states=shuffled reads another sequence's states, so it needs batches of "
-                                      "at least 2 sequences (data-parallel: 2 per process); raise "
-                                      "train.<stage>.batch_size")
-            positions = positions.roll(1, dims=0)  # row b+1 is asked for row b's positions ...
-        kw.update(state_layers=list(drafter.state_layers), state_positions=positions)
-    out = target(tokens, **kw)
-    if not drafter.state_layers:
-        return out, None
-    return out, (out.states.roll(-1, dims=0) if shuffled else out.states)  # ... and hands them to row b
 
 
 # --- the stage --------------------------------------------------------------------------------
@@ -365,11 +338,11 @@ def train_stage(
         idx, anchors, mask = idx[rows], anchors[rows], mask[rows]  # the whole batch for one process
         tokens = data.tokens[idx].to(device)
         anchors, mask = anchors.to(device), mask.to(device)
-        tout, states = _target_forward(target, drafter, tokens, anchors)
+        tp = teacher_pass(target, drafter, tokens, anchors, keep=stage != "base")  # one base per seed
         labels = gather_blocks(tokens, anchors, K, offset=1)
-        teacher = gather_blocks(tout.logits, anchors, K, offset=0)
+        teacher = tp.teacher(anchors, K)
         with autocast:
-            logits = forward(tokens, tout.hidden, anchors, states)
+            logits = forward(tokens, tp.hidden, anchors, tp.states)
         terms = draft_loss(logits, labels, teacher, mask, l1_weight, gamma, all_reduce=reduce)
         opt.zero_grad(set_to_none=True)
         # DDP averages the ranks' gradients; the shares' gradients must be summed: scale by N
