@@ -166,12 +166,16 @@ class Sweep:
     def jobs(self) -> list[Job]:
         """Every row once per seed, seed by seed: the rows of one seed train on the same batches, so a
         worker that runs them one after another asks the frozen target each question once
-        (ready.train.teacher_pass). Within a seed: the baselines, the variants, and the no-state
-        control last (it needs no states, so a state-reading row's passes serve it)."""
+        (ready.train.teacher_pass). Within a seed: AR and DSpark, the variants but the last, the two
+        controls (the no-state control after the rows whose passes serve it), then the last variant.
+        Two workers start neighbouring jobs together, so a last variant that resolves to the same
+        drafter as the one before it (the rank clamped at d_k: r=64 and r=128 on the embedded default)
+        starts after that one has finished and reuses its drafter instead of training it beside it."""
         out: list[Job] = []
         seen: set[str] = set()
-        last = [r for r in self.baselines if r.method == "ft"]
-        order = [r for r in self.baselines if r.method != "ft"] + self.variants + last
+        controls = [r for m in ("placebo", "ft") for r in self.baselines if r.method == m]
+        first = [r for r in self.baselines if r not in controls]
+        order = first + self.variants[:-1] + controls + self.variants[-1:]
         for seed in self.seeds:
             for row in order:
                 job = row.job(seed)
