@@ -105,7 +105,7 @@ def default_workers(idle: Optional[int] = None) -> int:
 
 def dry_run_table(sweep: Sweep) -> str:
     rows = []
-    for job in sorted(sweep.jobs(), key=lambda j: (j.variant.order, j.seed)):  # table order, not run order
+    for job in sweep.jobs_in_table_order():
         v = job.variant
         swept = ", ".join(f"{k}={val}" for k, val in v.swept.items())
         rows.append([v.order, v.label, v.method, job.seed, v.variant_id, job.config_hash, swept])
@@ -125,7 +125,7 @@ def summary_table(sweep: Sweep, c, experiment_id: str, ran: set[str], failed: se
     """Every row of this setting with its status and headline numbers; also counts what is missing
     (a row another worker or host is still running is not missing)."""
     runs = {r.data.tags.get("ready.config_hash"): r for r in tracking.setting_runs(c, experiment_id, sweep.setting)}
-    ordered = sorted(sweep.jobs(), key=lambda j: (j.variant.order, j.seed))  # table order, not run order
+    ordered = sweep.jobs_in_table_order()
     hashes = [j.config_hash for j in ordered]
     jobs = {j.config_hash: j for j in ordered}
     extra = [h for h in runs if h not in jobs]  # search trials

@@ -184,6 +184,10 @@ class Sweep:
                     out.append(job)
         return out
 
+    def jobs_in_table_order(self) -> list[Job]:
+        """`jobs()` row by row (the table's order), each row's seeds in order: for listings."""
+        return sorted(self.jobs(), key=lambda j: (j.variant.order, j.seed))
+
 
 # ---------------------------------------------------------------------------------------------
 # Hashing: a variant is a pure function of its config; knobs that cannot change a result are

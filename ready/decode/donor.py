@@ -11,16 +11,14 @@ teacher-pass memo; CPU targets the memo can digest only).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
 
 import torch
 
-from ready.train.teacher_pass import MEMO, tensor_digest, weights_digest
+from ready.train.teacher_pass import MEMO, BytesLRU, tensor_digest, weights_digest
 
 DONOR_MEMO_BYTES = 1 << 30
-_KEPT: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
-_kept_bytes = 0
+_KEPT = BytesLRU(DONOR_MEMO_BYTES)
 
 
 def read_lengths(prompt_len: int, max_new_tokens: int, donor_len: int) -> list[int]:
@@ -38,30 +36,16 @@ def donor_states(target, donor: torch.Tensor, lengths: Sequence[int], layers: Se
         weights = weights_digest(target)
         if weights is not None:
             key = (weights, tensor_digest(ids), tensor_digest(pos), tuple(int(i) for i in layers))
-    if key is not None and key in _KEPT:
-        _KEPT.move_to_end(key)
-        return _KEPT[key]
+    kept = None if key is None else _KEPT.get(key)
+    if kept is not None:
+        return kept
     out = target(ids[None], state_layers=list(layers), state_positions=pos.to(ids.device), logits_from=None)
     states = out.states[0]  # [n, Ls, H, d_k, d_v]
     if key is not None:
-        _keep(key, states)
+        _KEPT.put(key, states, states.numel() * states.element_size())
     return states
-
-
-def _keep(key: tuple, states: torch.Tensor) -> None:
-    global _kept_bytes
-    size = states.numel() * states.element_size()
-    if size > DONOR_MEMO_BYTES:
-        return
-    _KEPT[key] = states
-    _kept_bytes += size
-    while _kept_bytes > DONOR_MEMO_BYTES:
-        _, dropped = _KEPT.popitem(last=False)
-        _kept_bytes -= dropped.numel() * dropped.element_size()
 
 
 def clear() -> None:
     """Forget every kept donor pass (tests)."""
-    global _kept_bytes
     _KEPT.clear()
-    _kept_bytes = 0

@@ -103,13 +103,44 @@ def teacher_pass(target: nn.Module, drafter: nn.Module, tokens: torch.Tensor, an
     return result
 
 
+class BytesLRU:
+    """Values by key, the least recently used dropped once their bytes pass `budget` (a value larger
+    than the whole budget is not kept)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.entries: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()  # key -> (value, bytes)
+        self.nbytes = 0
+
+    def get(self, key: tuple) -> Any:
+        if key not in self.entries:
+            return None
+        self.entries.move_to_end(key)
+        return self.entries[key][0]
+
+    def put(self, key: tuple, value: Any, size: int) -> None:
+        if size > self.budget:
+            return
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= old[1]
+        self.entries[key] = (value, size)
+        self.nbytes += size
+        while self.nbytes > self.budget:
+            _, (_, dropped) = self.entries.popitem(last=False)
+            self.nbytes -= dropped
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.nbytes = 0
+
+
 class TeacherMemo:
     """Teacher passes by (weights, tokens, anchors, layers), least recently used evicted past the budget."""
 
     def __init__(self, budget_bytes: Optional[int] = None) -> None:
         self._budget = budget_bytes
-        self._entries: OrderedDict[tuple, TeacherPass] = OrderedDict()
-        self._bytes = 0
+        self._lru: Optional[BytesLRU] = None
         self.hits = self.misses = 0
 
     @property
@@ -124,9 +155,14 @@ class TeacherMemo:
             self._budget = max(0, int(gb * (1 << 30)))
         return self._budget
 
+    @property
+    def lru(self) -> BytesLRU:
+        if self._lru is None:
+            self._lru = BytesLRU(self.budget)
+        return self._lru
+
     def clear(self) -> None:
-        self._entries.clear()
-        self._bytes = 0
+        self.lru.clear()
         self.hits = self.misses = 0
 
     def key(self, target: nn.Module, tokens: torch.Tensor, anchors: torch.Tensor, capture: tuple,
@@ -137,7 +173,8 @@ class TeacherMemo:
         weights = weights_digest(target)
         if weights is None:
             return None
-        return (weights, tensor_digest(tokens), tensor_digest(anchors) if layers else tensor_digest(anchors.min()), capture, layers)
+        where = tensor_digest(anchors) if layers else tensor_digest(anchors.min())  # states: every anchor
+        return (weights, tensor_digest(tokens), where, capture, layers)
 
     def get(self, key: tuple, logits: bool, start: int) -> Optional[TeacherPass]:
         """A kept pass that answers `key`: the same one, or, when no states are asked, any pass of the
@@ -145,40 +182,30 @@ class TeacherMemo:
         def serves(p: TeacherPass) -> bool:
             return not logits or (p.logits is not None and p.start == start)
 
-        found = key if key in self._entries and serves(self._entries[key]) else None
+        entries = self.lru.entries
+        found = key if key in entries and serves(entries[key][0]) else None
         if found is None and not key[4]:
-            found = next((k for k, p in self._entries.items()
+            found = next((k for k, (p, _) in entries.items()
                           if k[0] == key[0] and k[1] == key[1] and k[3] == key[3] and serves(p)), None)
         if found is None:
             self.misses += 1
             return None
         self.hits += 1
-        self._entries.move_to_end(found)
-        hit = self._entries[found]
+        hit = self.lru.get(found)
         if found != key:  # another row's pass: hand over what this one asked for
             hit = TeacherPass(hidden=hit.hidden, states=None, logits=hit.logits if logits else None,
                               start=hit.start if logits else 0)
         return hit
 
     def put(self, key: tuple, value: TeacherPass) -> None:
-        size = value.nbytes()
-        if size > self.budget:
-            return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= old.nbytes()
-        self._entries[key] = value
-        self._bytes += size
-        while self._bytes > self.budget:
-            _, dropped = self._entries.popitem(last=False)
-            self._bytes -= dropped.nbytes()
+        self.lru.put(key, value, value.nbytes())
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self.lru.nbytes
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.lru.entries)
 
 
 MEMO = TeacherMemo()
