@@ -188,6 +188,18 @@ def concurrency(cfg: DictConfig) -> int:
     return int(OmegaConf.select(cfg, "eval.concurrency", default=1) or 1)
 
 
+STATE_SWAP_SLOTS = 16
+
+
+def swap_concurrency(cfg: DictConfig, n_prompts: int) -> int:
+    """Slots of the state swap's decodes: it reports acceptance only (no TPS), so greedy decoding runs
+    its prompts through up to STATE_SWAP_SLOTS slots of the batched engine, which settles every row as
+    one prompt at a time would (`ready.decode.batch`). Sampling decodes one prompt at a time."""
+    if sampling_params(cfg) is not None:
+        return concurrency(cfg)
+    return max(1, min(max(STATE_SWAP_SLOTS, concurrency(cfg)), n_prompts))
+
+
 SAMPLING_VERSION = 2  # how seeds and draws are made (ready.decode.sampling); a change re-decodes sampled caches
 
 
@@ -374,21 +386,21 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
     mode = str(cfg.eval.interleave_ar)
     interleave = method != "ar" and (mode == "on" or (mode == "auto" and loaded.device == "cuda"))
 
-    def run(name: str, prompts: list, donors: Any = None) -> Any:
+    def run(name: str, prompts: list, donors: Any = None, slots: Optional[int] = None) -> Any:
         return evaluate(loaded.target, drafter, prompts, int(cfg.eval.max_new_tokens), benchmark=name,
                         method=method, eos_token_id=loaded.eos, warmup=int(cfg.eval.warmup_rounds),
-                        progress=progress, cuda_graphs=None, donors=donors, interleave_ar=interleave,
+                        progress=progress, cuda_graphs=None, donors=donors, interleave_ar=interleave and slots is None,
                         # the AR row times its own decoding; drafting rows compare with the cache
                         ar=None if method == "ar" else ar[name], sampling=sampling_params(cfg),
                         samples=int(cfg.eval.samples_per_prompt), check_rounds=int(cfg.eval.check_rounds),
-                        concurrency=concurrency(cfg))
+                        concurrency=slots or concurrency(cfg))
 
     results, swaps = [], {}
     with torch.no_grad():
         for name, prompts in suites.items():
             results.append(run(name, prompts, next_prompt_donors(len(prompts)) if method == "placebo" else None))
             if method == "ready" and cfg.eval.state_reliance:
-                swaps[name] = run(name, prompts, next_prompt_donors(len(prompts)))
+                swaps[name] = run(name, prompts, next_prompt_donors(len(prompts)), swap_concurrency(cfg, len(prompts)))
         heldout_tf = _heldout_tf(cfg, loaded, drafter, progress) if drafter is not None else None
     total = overall([r.metrics for r in results], ar=[r.ar for r in results])
     benchmarks = {}
@@ -407,7 +419,7 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
     return record
 
 
-EVALUATION_BUILD_VERSION = 1
+EVALUATION_BUILD_VERSION = 2  # 2: the state swap decodes through the batched engine
 
 
 def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, folder: Path, suites: dict,

@@ -98,6 +98,47 @@ def test_ragged_forced_acceptance_equals_batch_one(target, kind, batch_size):
     assert accepted == {0, 1, 2, 3}
 
 
+def donors_for(ps: list[list[int]]) -> list[list[int]]:
+    """Prompt i reads the states of prompt i+1 followed by a few tokens of its own (ragged lengths:
+    some donors are shorter than the generation that reads them, so it stops at their last state)."""
+    rng = random.Random(7)
+    return [ps[(i + 1) % len(ps)] + [rng.randrange(VOCAB) for _ in range(3 * i)] for i in range(len(ps))]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_batched_decoding_on_donor_states_equals_batch_one(target, batch_size):
+    """The state placebo / state swap through the batched engine: each slot's drafter reads its own
+    donor's states after as many tokens as the row committed, exactly as Engine(donor=...) does (forced
+    acceptance, so rows grow raggedly), and the drafts really change with the donor."""
+    drafter = make_drafter(target, "ready")
+    ps, budgets = prompts(4), [20, 7, 25, 4, 13, 18]
+    donors = donors_for(ps)
+    want = [Engine(target, drafter, accept_fn=content_accept).generate(p, m, donor=d)
+            for p, m, d in zip(ps, budgets, donors)]
+    res = BatchEngine(target, drafter, batch_size=batch_size, accept_fn=content_accept).generate(
+        ps, budgets, donors=donors)
+    for i, (w, g) in enumerate(zip(want, res.generations)):
+        assert fields(g) == fields(w), f"prompt {i} (batch {batch_size})"
+    own = BatchEngine(target, drafter, batch_size=batch_size, accept_fn=content_accept).generate(ps, budgets)
+    assert [g.accepted for g in own.generations] != [g.accepted for g in res.generations]
+    assert sum(g.wall_s for g in res.generations) == pytest.approx(res.wall_s, rel=1e-6)
+
+
+def test_donors_are_one_per_prompt_and_need_a_block_drafter(target):
+    ps = prompts(4)[:3]
+    with pytest.raises(DecodeError, match="2 donors for 3 prompts"):
+        BatchEngine(target, make_drafter(target, "ready"), batch_size=2).generate(ps, 5, donors=ps[:2])
+    with pytest.raises(DecodeError, match="DSpark / ReaDy drafter"):
+        BatchEngine(target, make_drafter(target, "ngram"), batch_size=2).generate(ps, 5, donors=ps)
+    with pytest.raises(DecodeError, match="has none"):
+        BatchEngine(target, batch_size=2).generate(ps, 5, donors=ps)
+    # a drafter that reads no state: the donors change nothing
+    dspark = make_drafter(target, "dspark")
+    plain = BatchEngine(target, dspark, batch_size=2).generate(ps, 9).generations
+    swapped = BatchEngine(target, dspark, batch_size=2).generate(ps, 9, donors=ps[::-1]).generations
+    assert [fields(g) for g in swapped] == [fields(g) for g in plain]
+
+
 def eos_inside_a_round(gens) -> tuple[int, int]:
     """(prompt index, token) such that the token first appears in that prompt's output as the first
     accepted draft of a round that committed 2+ tokens."""

@@ -90,6 +90,26 @@ def test_evaluate_pairs_each_prompt_with_the_next_ones_states_and_records_it(tar
     assert all(sum(p.committed) == len(p.tokens) - 1 for p in res.prompts)
 
 
+def test_evaluate_on_donor_states_through_slots_equals_one_prompt_at_a_time(target):
+    """The state swap's setting: evaluate(donors=..., concurrency=c) decodes through the batched engine,
+    every prompt with its own donor, and records what one prompt at a time records."""
+    from ready.config import DrafterConfig, ReaderConfig
+    from ready.drafter import DSparkDrafter
+
+    torch.manual_seed(3)
+    drafter = DSparkDrafter(DrafterConfig(block_size=3, num_layers=1, head_rank=8),
+                            ReaderConfig(enabled=True, rank=4, mlp_hidden=16), target).eval()
+    for r in drafter.readers.values():
+        torch.nn.init.normal_(r.fuse_out.weight, std=0.5)
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [13, 1, 13, 1, 13]]
+    one = evaluate(target, drafter, prompts, 12, warmup=0, progress=False, donors=next_prompt_donors(4))
+    slots = evaluate(target, drafter, prompts, 12, warmup=1, progress=False, donors=next_prompt_donors(4),
+                     concurrency=3)
+    assert slots.concurrency == 3 and slots.lossless == 1
+    assert [(p.donor, p.tokens, p.accepted, p.committed) for p in slots.prompts] == \
+        [(p.donor, p.tokens, p.accepted, p.committed) for p in one.prompts]
+
+
 def test_a_placebo_needs_two_prompts_and_a_drafter(target):
     with pytest.raises(DecodeError, match="at least 2 prompts"):
         next_prompt_donors(1)

@@ -31,7 +31,14 @@ own prefill.
 Exact mode (`target.exact`): the verify runs the target's row-invariant ops (`ready.target.ragged`),
 so every row's tokens equal the single-sequence engine's in any dtype, not only within ties.
 
-Greedy only (no sampling, no state placebo donors): those stay with `Engine`.
+Donors (the state placebo, the state swap): `generate(..., donors=...)` gives prompt i another text
+whose committed states the drafter reads in place of its own, as `Engine.generate(donor=...)` does: in
+the round after c committed tokens, the donor's states after min(c, donor length) of its tokens
+(`ready.decode.donor`). They are copied into a donor state buffer shaped like the cache's, which the
+batched draft step reads instead of the cache; verification stays the target's own, so the output is
+unchanged. The copies are taken off the clock.
+
+Greedy only (no sampling): that stays with `Engine`.
 On CUDA (default there) the verify of each block length and the batched draft step are replayed
 from CUDA graphs captured per batch size; on CPU everything runs eagerly.
 """
@@ -102,7 +109,10 @@ class BatchDraft:
     when set) through a per-row mask, and the reader reads row b of the target cache. The same
     drafter weights and pieces as `DSparkDrafter.draft`; one CUDA graph per engine (batch size)."""
 
-    def __init__(self, drafter: Any, cache: RaggedCache, features: torch.Tensor, cuda_graphs: bool) -> None:
+    def __init__(self, drafter: Any, cache: RaggedCache, features: torch.Tensor, cuda_graphs: bool,
+                 states: Optional[torch.Tensor] = None) -> None:
+        """`states`: what the reader reads, shaped like `cache.ssm` (default the cache itself; a donor
+        state buffer for the state placebo)."""
         from ready.reader import StateSource
 
         self.d = drafter
@@ -122,7 +132,8 @@ class BatchDraft:
             self.ar_k = torch.arange(self.K, device=dev)
             self.ar_cap = torch.arange(cap, device=dev)
             self.ones = torch.ones(B, self.K, dtype=torch.bool, device=dev)
-        self.src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
+        ssm = cache.ssm if states is None else states
+        self.src = StateSource.from_cache(ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
         self.graphs = cuda_graphs and dev.type == "cuda"
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.out: Optional[torch.Tensor] = None
@@ -218,6 +229,8 @@ class BatchEngine:
         self.cache: Optional[RaggedCache] = None
         self.features: Optional[torch.Tensor] = None
         self.draft: Optional[BatchDraft] = None
+        self.donor_ssm: Optional[torch.Tensor] = None  # the states a donor-reading draft step reads
+        self.donor_draft: Optional[BatchDraft] = None
         self.verifiers: dict[int, RaggedGraphedVerify] = {}
 
     # --- buffers ---------------------------------------------------------------------------------
@@ -231,7 +244,7 @@ class BatchEngine:
             self.cache.reset()
             return
         self.cache = new_ragged_cache(self.target, self.batch_size, need, max_verify=self.k + 1, spare=self.k + 1)
-        self.features, self.draft = None, None
+        self.features, self.draft, self.donor_ssm, self.donor_draft = None, None, None, None
         self.verifiers = {}
         if self.capture:
             cfg = self.target.config
@@ -259,10 +272,32 @@ class BatchEngine:
         pos = (self.cache.lengths_t[:, None] + torch.arange(T, device=self.device)).clamp(max=self.features.shape[1] - 1)
         self.features[torch.arange(B, device=self.device)[:, None], pos] = hidden
 
+    # --- donors (the state placebo) -----------------------------------------------------------------
+    def _donor_layers(self, n_donors: int, n_prompts: int) -> list[int]:
+        """The GDN layers whose states the donors replace ([] when the drafter reads none)."""
+        if n_donors != n_prompts:
+            raise DecodeError(f"{n_donors} donors for {n_prompts} prompts; expected one donor sequence per prompt")
+        if self.drafter is None:
+            raise DecodeError("a donor sequence only matters to a drafter that reads states; this engine has none")
+        if not self.block_drafter:
+            raise DecodeError(f"batched decoding on donor states needs a DSpark / ReaDy drafter, got "
+                              f"{type(self.drafter).__name__}; decode it with Engine (concurrency 1)")
+        layers = list(self.drafter.state_layers)
+        if layers and self.donor_draft is None:
+            self.donor_ssm = torch.zeros_like(self.cache.ssm)
+            self.donor_draft = BatchDraft(self.drafter, self.cache, self.features, self.graphs, states=self.donor_ssm)
+        return layers
+
+    def _read_donor(self, b: int, states: torch.Tensor, at: int, slots: list[int]) -> None:
+        """Row b of the donor buffer <- the donor's states after its `at`-th read length."""
+        for j, s in enumerate(slots):
+            self.donor_ssm[s, b].copy_(states[at, j])
+
     # --- drafting ----------------------------------------------------------------------------------
-    def _propose(self, last: torch.Tensor, live: list[bool], seqs: list[list[int]]) -> torch.Tensor:
-        if self.draft is not None:
-            return self.draft(last)
+    def _propose(self, last: torch.Tensor, live: list[bool], seqs: list[list[int]],
+                 draft: Optional[BatchDraft] = None) -> torch.Tensor:
+        if draft is not None:
+            return draft(last)
         k, vocab = self.k, self.target.config.vocab_size
         out = torch.zeros(self.batch_size, k, dtype=torch.long, device=self.device)
         for b in range(self.batch_size):  # any other drafter: one batch-1 step per decoding row
@@ -278,10 +313,12 @@ class BatchEngine:
     # --- decoding ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int | Sequence[int],
-                 progress: bool = False, desc: str = "") -> BatchResult:
+                 progress: bool = False, desc: str = "",
+                 donors: Optional[Sequence[Sequence[int] | torch.Tensor]] = None) -> BatchResult:
         """Decode every prompt (greedy; speculatively with a drafter) through the engine's slots; the
         budget is one number or one per prompt. Generations come back in the prompts' order.
-        `progress`: a progress bar over finished prompts."""
+        `progress`: a progress bar over finished prompts. `donors`: one sequence per prompt whose
+        committed states the drafter reads instead of the prompt's own (module docstring)."""
         ids = [as_prompt(p) for p in prompts]
         if not ids:
             raise DecodeError("no prompts to decode; expected at least one")
@@ -292,6 +329,14 @@ class BatchEngine:
             check_prompt(self.target, p, m)
         self._prepare(max(p.numel() + m for p, m in zip(ids, budgets)))
         B, K, dev = self.batch_size, self.k, self.device
+        layers = self._donor_layers(len(donors), len(ids)) if donors is not None else []
+        draft = self.donor_draft if layers else self.draft
+        donor_ids = [as_prompt(d).to(dev) for d in donors] if layers else []
+        for d in donor_ids:
+            check_prompt(self.target, d, 1)
+        donor_slots = [self.target.gdn_index(int(i)) for i in layers]
+        held: list[Optional[torch.Tensor]] = [None] * B  # each slot's donor states at its read lengths
+        held_at = [-1] * B
         gens: list[Optional[Generation]] = [None] * len(ids)
         slot: list[Optional[int]] = [None] * B  # prompt index decoding in each slot
         seqs: list[list[int]] = [[] for _ in range(B)]  # committed tokens (prompt + new) per slot
@@ -303,10 +348,11 @@ class BatchEngine:
 
         _sync(dev)
         t0 = mark = time.perf_counter()
+        off_clock = 0.0  # donor work, taken off the clock
 
         def admit(b: int) -> None:
             """Prefill queued prompts into slot b until one still has tokens to decode (or none is left)."""
-            nonlocal mark
+            nonlocal mark, off_clock
             while queue:
                 i = queue.pop(0)
                 p = ids[i].to(dev)
@@ -316,13 +362,22 @@ class BatchEngine:
                 first = int(out.logits[0, -1].argmax(-1))
                 if self.capture:
                     self.features[b, :p.numel()] = out.hidden[0]
-                    if self.draft is not None:
-                        self.draft.admit(b, p.numel())
+                    if draft is not None:
+                        draft.admit(b, p.numel())
                 _sync(dev)
                 now = time.perf_counter()
                 g = Generation(prompt_len=p.numel(), tokens=[first], block_size=K, prefill_s=now - mark,
                                wall_s=now - mark)
                 mark = now
+                if layers:  # the donor's states at every length this generation reads, off the clock
+                    from ready.decode.donor import donor_states, read_lengths
+
+                    lengths = read_lengths(p.numel(), budgets[i], donor_ids[i].numel())
+                    held[b], held_at[b] = donor_states(self.target, donor_ids[i], lengths, layers), -1
+                    _sync(dev)
+                    ready_at = time.perf_counter()
+                    off_clock += ready_at - mark
+                    mark = ready_at
                 gens[i] = g
                 if first == self.eos:
                     g.stop = "eos"
@@ -339,8 +394,20 @@ class BatchEngine:
         rounds = 0
         while any(s is not None for s in slot):
             live = [s is not None for s in slot]
+            if layers:  # each live row reads its donor after min(committed, donor length) tokens
+                t_copy = time.perf_counter()
+                for b in range(B):
+                    if live[b]:
+                        at = max(0, min(len(seqs[b]) - 1 - ids[slot[b]].numel(), held[b].shape[0] - 1))
+                        if at != held_at[b]:
+                            self._read_donor(b, held[b], at, donor_slots)
+                            held_at[b] = at
+                _sync(dev)
+                spent = time.perf_counter() - t_copy  # off the clock: the round's span starts after it
+                off_clock += spent
+                mark += spent
             if K:
-                drafts = self._propose(last, live, seqs)
+                drafts = self._propose(last, live, seqs, draft)
                 block = torch.cat([last[:, None], drafts], dim=1)
             else:
                 block = last[:, None]
@@ -396,7 +463,8 @@ class BatchEngine:
         if done and end > mark:  # the final synchronisation, charged to every generation alike
             for g in done:
                 g.wall_s += (end - mark) / len(done)
-        return BatchResult(generations=done, batch_size=B, wall_s=end - t0, rounds=rounds, slot_rounds=slot_rounds)
+        return BatchResult(generations=done, batch_size=B, wall_s=end - t0 - off_clock, rounds=rounds,
+                           slot_rounds=slot_rounds)
 
 
 def generate_batch(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int | Sequence[int],

@@ -255,18 +255,21 @@ def check_concurrency(concurrency: int, sampling: Optional[SamplingParams]) -> i
 
 def run_batched(target: Any, drafter: Optional[Drafter], prompts: Sequence[torch.Tensor], max_new_tokens: int,
                 concurrency: int, *, eos_token_id: Optional[int] = None, warmup: int = 1, progress: bool = True,
-                desc: str = "", cuda_graphs: Optional[bool] = None) -> list[Generation]:
+                desc: str = "", cuda_graphs: Optional[bool] = None,
+                donors: Optional[Sequence[torch.Tensor]] = None) -> list[Generation]:
     """Greedy generations of every prompt through a `BatchEngine` of `concurrency` slots (AR without a
     drafter), after `warmup` untimed passes over the first `concurrency` prompts (sizes the cache for the
     longest prompt, captures the graphs). Each generation's wall_s is its share of the timed pass, so a
-    benchmark's TPS is its throughput at that concurrency (`ready.decode.batch`)."""
+    benchmark's TPS is its throughput at that concurrency (`ready.decode.batch`). `donors`: prompt i's
+    drafter reads the committed states of donors[i] instead of its own (the state placebo)."""
     from ready.decode.batch import BatchEngine
 
     engine = BatchEngine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
     engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
     for _ in range(warmup):
-        engine.generate(prompts[:concurrency], max_new_tokens)
-    return engine.generate(prompts, max_new_tokens, progress=progress, desc=desc).generations
+        engine.generate(prompts[:concurrency], max_new_tokens,
+                        donors=None if donors is None else donors[:concurrency])
+    return engine.generate(prompts, max_new_tokens, progress=progress, desc=desc, donors=donors).generations
 
 
 def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
@@ -362,8 +365,8 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     rounds of every generation (module docstring).
     `concurrency` > 1 (greedy): the drafter's (and, when decoded here, AR's) generations come from a batched
     engine with that many slots (`run_batched`; interleaving then alternates whole passes, AR first); every
-    prompt keeps its own record. The state placebo (`donors`) decodes one prompt at a time whatever it says
-    (the donor cache is per sequence); `EvalResult.concurrency` records what was used.
+    prompt keeps its own record; with `donors` each slot reads its own donor (`ready.decode.batch`).
+    `EvalResult.concurrency` records what was used.
     """
     set_exact(target, exact)
     concurrency = check_concurrency(concurrency, sampling)
@@ -376,10 +379,6 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     method = method or ("ar" if drafter is None else type(drafter).__name__.lower())
     todo = units(len(ids), sampling, samples, benchmark)
     n_samples = len(todo) // len(ids)
-    if donors is not None and concurrency > 1:
-        print(f"note ({benchmark}, {method}): decoding on another prompt's states (placebo, state swap) runs one "
-              f"prompt at a time (concurrency 1, not {concurrency}): the donor cache is per sequence", file=sys.stderr)
-        concurrency = 1
     if ar is None:
         ar = run_ar(target, ids, max_new_tokens, eos_token_id=eos_token_id, warmup=warmup, progress=progress,
                     desc=f"{benchmark} AR", cuda_graphs=cuda_graphs, sampling=sampling, samples=n_samples,
@@ -399,7 +398,9 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
             ar = run_batched(target, None, ids, max_new_tokens, concurrency, eos_token_id=eos_token_id, warmup=warmup,
                              progress=progress, desc=f"{benchmark} AR", cuda_graphs=cuda_graphs)
         spec = run_batched(target, drafter, ids, max_new_tokens, concurrency, eos_token_id=eos_token_id, warmup=warmup,
-                           progress=progress, desc=f"{benchmark} {method}", cuda_graphs=cuda_graphs)
+                           progress=progress, desc=f"{benchmark} {method}" + (" (donor states)" if donors else ""),
+                           cuda_graphs=cuda_graphs,
+                           donors=None if donors is None else [donor_tokens(ids, ar, j) for j in donors])
     else:
         engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampling)
         _warm_up(engine, ids, max_new_tokens, warmup,
