@@ -37,6 +37,7 @@ class TargetOutput:
     logits: Optional[torch.Tensor]  # [B, T, V] (forward with logits_from=s: [B, T - s, V]; None: not computed)
     hidden: Optional[torch.Tensor] = None  # [B, T, C, D], outputs of the captured layers
     states: Optional[torch.Tensor] = None  # [B, A, Ls, H, d_k, d_v], states after `state_positions`
+    normed: Optional[torch.Tensor] = None  # [B, T, D] the final norm's output, the LM head's input (normed=True)
 
 
 class Backbone(nn.Module):
@@ -172,6 +173,7 @@ class HybridLM(nn.Module):
         state_positions: Optional[torch.Tensor] = None,
         compiled: bool = False,
         logits_from: Optional[int] = 0,
+        normed: bool = False,
     ) -> TargetOutput:
         """One pass over every layer; `compiled` runs the torch.compile'd layer forward (graph captures).
         A verify pass (the AR step included) of a model in exact mode runs the row-invariant ops."""
@@ -203,10 +205,15 @@ class HybridLM(nn.Module):
         logits = None
         if logits_from is not None:
             hl = h if not logits_from else h[:, int(logits_from):]
-            logits = lin(hl, self.lm_head.weight, exact) if self.lm_head.bias is None else self.lm_head(hl)
+            logits = self.head(hl, exact)
         hid = torch.stack([h for _, h in sorted(hidden, key=lambda p: capture.index(p[0]))], dim=2) if capture else None
         st = torch.stack(states, dim=2) if state_set else None
-        return TargetOutput(logits=logits, hidden=hid, states=st)
+        return TargetOutput(logits=logits, hidden=hid, states=st, normed=h if normed else None)
+
+    def head(self, h: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The LM head on final-norm outputs h [..., D] -> logits [..., V]: the one definition, used by every
+        pass and by the teacher store (ready.train.teacher_store), which keeps h and runs the head later."""
+        return lin(h, self.lm_head.weight, exact) if self.lm_head.bias is None else self.lm_head(h)
 
     def forward(
         self,
@@ -215,10 +222,11 @@ class HybridLM(nn.Module):
         state_layers: Sequence[int] = (),
         state_positions: Optional[torch.Tensor] = None,
         logits_from: Optional[int] = 0,
+        normed: bool = False,
     ) -> TargetOutput:
         """Full-sequence forward without a cache (training / teacher features). `logits_from`: the LM
         head runs on positions logits_from.. only (the teachers of training lie in the response);
-        None: no logits (features and states only)."""
+        None: no logits (features and states only). `normed`: also return the final norm's output."""
         if state_layers and state_positions is None:
             raise TargetError("state_layers given without state_positions; pass the token positions to read states after")
         if state_positions is not None:
@@ -228,7 +236,7 @@ class HybridLM(nn.Module):
         if logits_from is not None and not 0 <= int(logits_from) < input_ids.shape[1]:
             raise TargetError(f"logits_from={logits_from}; expected a position in 0..{input_ids.shape[1] - 1} or None")
         return self._run(input_ids, "full", None, capture_layers, state_layers, state_positions,
-                         logits_from=logits_from)
+                         logits_from=logits_from, normed=normed)
 
     def _check_room(self, cache: HybridCache, n: int) -> None:
         if cache.pending:

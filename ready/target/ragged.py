@@ -38,7 +38,7 @@ import torch
 
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, TargetError
-from ready.target.layers import apply_rotary, lin, rotary
+from ready.target.layers import apply_rotary, rotary
 import ready.target.layers as _layers
 
 
@@ -162,7 +162,7 @@ def _run_ragged(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layer
         if lid in capture:
             hidden[lid] = x
     h = model.model.norm(x, exact)
-    logits = lin(h, model.lm_head.weight, exact) if model.lm_head.bias is None else model.lm_head(h)
+    logits = model.head(h, exact)
     hid = torch.stack([hidden[i] for i in capture], dim=2) if capture else None
     return TargetOutput(logits=logits, hidden=hid)
 

@@ -4,6 +4,10 @@ Every product is an artifact named by the content hash of what it depends on, wr
 atomically, and reused when present:
 
 - `<artifacts>/regen/<hash>/`: the target-regenerated data (ready.train.regen).
+- `<artifacts>/teacher_store/<hash>/`: the target's features and final-norm outputs for that data
+  (ready.train.teacher_store), from which the base drafter's (and the no-state control's) teacher
+  passes are assembled on CPU; built when a base drafter first trains, unless built before
+  (`ensure_teacher_store`, by the process that builds a sweep's shared artifacts).
 - `<artifacts>/drafter_base/<hash>/drafter/`: the base DSpark drafter, trained from scratch
   when `drafter.checkpoint` is empty. Its hash covers the drafter architecture, the base
   budget, the loss, `train.base_seed`, the data and the target, never the reader or the
@@ -41,6 +45,7 @@ from ready.train import distributed
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.regen import RegenData, build_regen_data, regen_artifact
 from ready.train.stages import MetricsCallback, TrainResult, stage_seed, train_stage
+from ready.train.teacher_store import TeacherStore, ensure_teacher_store
 
 DRAFTER_SUBDIR = "drafter"
 LOG_FILE = "train.json"
@@ -79,10 +84,12 @@ def _run_cached_stage(
     callback: Optional[MetricsCallback],
     progress: bool,
     launched: bool = False,
+    store: Optional[Callable[[], Optional[TeacherStore]]] = None,
 ) -> Path:
     """Train `stage` into `final/drafter` unless it is already there and intact (resuming a killed
     run; a finished folder whose files no longer match its manifest is trained again). Every rank
-    trains; rank 0 writes. `launched`: torchrun was to have built it, so training here is an error."""
+    trains; rank 0 writes. `launched`: torchrun was to have built it, so training here is an error.
+    `store`: gives the teacher store for the stage (ready.train.teacher_store), asked only when it trains."""
     label = f"{final.parent.name}/{final.name}"
     if distributed.main_decides(lambda: intact(final, spec, label=label)):
         return final / DRAFTER_SUBDIR
@@ -92,7 +99,8 @@ def _run_cached_stage(
                             f"processes load from the config (target.source={cfg.target.source!r})")
     work = final.parent / f"{final.name}.work"
     drafter = make_drafter()
-    result = train_stage(stage, drafter, target, data, cfg, work, callback=callback, progress=progress)
+    result = train_stage(stage, drafter, target, data, cfg, work, callback=callback, progress=progress,
+                         store=store() if store is not None else None)
     if has_lora(drafter):
         merge_lora_(drafter)
     for p in drafter.parameters():
@@ -159,7 +167,10 @@ def _ensure_base(cfg: Any, target: Any, tokenizer: Any, callback: Optional[Metri
         torch.manual_seed(stage_seed(int(cfg.train.base_seed), "base"))
         return DSparkDrafter(cfg.drafter, reader_off, target).to(target.embed_tokens.weight.device)
 
-    return _run_cached_stage(final, spec, make, "base", target, data, cfg, callback, progress, launched)
+    def store() -> Optional[TeacherStore]:
+        return ensure_teacher_store(cfg, target, tokenizer, progress, prompts)
+
+    return _run_cached_stage(final, spec, make, "base", target, data, cfg, callback, progress, launched, store)
 
 
 def stage_spec(cfg: Any, stage: str, start_id: str, data_id: str) -> dict:
@@ -201,6 +212,10 @@ def train_variant(
         base_drafter_dir = (Path(cfg.drafter.checkpoint) if cfg.drafter.checkpoint
                             else _ensure_base(cfg, target, tokenizer, callback, progress, prompts, launched))
     current = Path(base_drafter_dir)
+
+    def store() -> Optional[TeacherStore]:  # the no-state control reads no state: a built store serves it
+        return None if cfg.reader.enabled else ensure_teacher_store(cfg, target, tokenizer, progress, prompts, build=False)
+
     for stage, final, spec in stage_chain(cfg, target, current, data_id, Path(out_dir)):
         fresh_reader = stage == "stage1"
 
@@ -208,7 +223,7 @@ def train_variant(
             torch.manual_seed(stage_seed(int(cfg.seed), "stage1"))
             return load_drafter(prev, target, reader_cfg=cfg.reader if fresh_reader else None)
 
-        current = _run_cached_stage(final, spec, make, stage, target, data, cfg, callback, progress, launched)
+        current = _run_cached_stage(final, spec, make, stage, target, data, cfg, callback, progress, launched, store)
     return current
 
 

@@ -15,7 +15,8 @@ the backbone rather than in a reader).
 Each step: sample a batch (a deterministic function of seed, stage and step), sample anchors
 in the response part, ask the frozen target for context features, teacher logits (and the
 committed GDN states at anchors-1 when the drafter reads state; ready.train.teacher_pass, shared
-by the rows of a worker that train on the same batches), run the drafter's training
+by the rows of a worker that train on the same batches; for a drafter that reads no state, the rows
+of a teacher store when one is given and serves it, ready.train.teacher_store), run the drafter's training
 forward, and minimise L_CE + λ L_L1 (ready.train.loss). AdamW on fp32 master weights, linear
 warmup then cosine decay, gradient clipping, bf16 autocast on CUDA. Every
 `train.checkpoint_every` steps (and at the end) the trainable weights, optimizer, scheduler,
@@ -53,6 +54,7 @@ from ready.train.lora import has_lora, inject_lora, lora_parameters
 from ready.train.loss import draft_loss
 from ready.train.regen import RegenData
 from ready.train.teacher_pass import teacher_pass
+from ready.train.teacher_store import TeacherStore
 
 STAGES = ("base", "stage1", "stage2")
 CHECKPOINT = "checkpoint.pt"
@@ -278,12 +280,15 @@ def train_stage(
     out_dir: str | Path,
     callback: Optional[MetricsCallback] = None,
     progress: bool = True,
+    store: Optional[TeacherStore] = None,
 ) -> TrainResult:
     """Train `drafter` in place for one stage (see module doc); checkpoints go to `out_dir`.
 
     For stages that use LoRA the adapters stay injected (merge them with
     `ready.train.lora.merge_lora_` before saving). The callback receives
-    (`train/<stage>/<metric>`, value, step) after every optimizer step.
+    (`train/<stage>/<metric>`, value, step) after every optimizer step. `store`: a teacher store
+    whose rows give the teacher passes where they equal them bit for bit (`TeacherStore.serves`);
+    ignored elsewhere.
     """
     if stage not in STAGES:
         raise TrainStageError(f"unknown training stage {stage!r}; expected one of {list(STAGES)}")
@@ -328,6 +333,8 @@ def train_stage(
     trainable = [p for _, p in params]
     every = max(1, int(cfg.train.checkpoint_every))
     l1_weight, gamma = float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)
+    if store is not None and not store.serves(target, drafter, data, int(sc.batch_size)):
+        store = None
     t0 = time.perf_counter()
     bar = tqdm(range(start, steps), desc=f"train {stage}", unit="step", initial=start, total=steps,
                disable=not (progress and dp.main))
@@ -338,7 +345,9 @@ def train_stage(
         idx, anchors, mask = idx[rows], anchors[rows], mask[rows]  # the whole batch for one process
         tokens = data.tokens[idx].to(device)
         anchors, mask = anchors.to(device), mask.to(device)
-        tp = teacher_pass(target, drafter, tokens, anchors, keep=stage != "base")  # one base per seed
+        tp = store.teacher_pass(target, idx, anchors) if store is not None else None
+        if tp is None:
+            tp = teacher_pass(target, drafter, tokens, anchors, keep=stage != "base")  # one base per seed
         labels = gather_blocks(tokens, anchors, K, offset=1)
         teacher = tp.teacher(anchors, K)
         with autocast:

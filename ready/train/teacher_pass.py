@@ -16,7 +16,9 @@ A hit returns the very tensors the first pass computed, so a row's numbers do no
 worker ran before it. Read them, never write into them. The memo holds CPU passes of targets up to
 1 GB of weights (the embedded default); larger targets and CUDA run every pass afresh. The state
 placebo's passes (another row's states) and the base drafter's (one per seed) are never kept: no
-other row asks for them.
+other row asks for them. The base drafters' passes (and the no-state control's) mostly do not run
+at all: on CPU they are rows of the teacher store (ready.train.teacher_store), the target's
+features and final-norm outputs for every regenerated sequence, computed once for all seeds.
 """
 
 from __future__ import annotations
