@@ -117,13 +117,17 @@ def target_dir(cfg: DictConfig, progress: bool = True) -> str:
 
 def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> _Loaded:
     """Build what every base seed of a sweep setting shares: the target, the AR generations of every
-    benchmark and, when a row drafts, the regenerated training and validation data."""
+    benchmark and, when a row drafts, the regenerated training and validation data and the teacher
+    store of the base drafters (`ready.train.teacher_store`)."""
     loaded = _load(cfg, progress)
     ar_generations(cfg, loaded, _suites(cfg, loaded.tokenizer), progress)
     if any(m != "ar" for m in methods):
         from ready.train.regen import build_regen_data, build_validation_data
 
+        from ready.train.teacher_store import ensure_teacher_store
+
         build_regen_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
+        ensure_teacher_store(cfg, loaded.target, loaded.tokenizer, progress)  # the base drafters' teacher passes
         build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
     return loaded
 
