@@ -391,8 +391,9 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
     interleave = method != "ar" and (mode == "on" or (mode == "auto" and loaded.device == "cuda"))
 
     def run(name: str, prompts: list, donors: Any = None, slots: Optional[int] = None) -> Any:
+        """One benchmark's decode; `slots`: the state swap's batched decode, untimed (no warm-up)."""
         return evaluate(loaded.target, drafter, prompts, int(cfg.eval.max_new_tokens), benchmark=name,
-                        method=method, eos_token_id=loaded.eos, warmup=int(cfg.eval.warmup_rounds),
+                        method=method, eos_token_id=loaded.eos, warmup=0 if slots else int(cfg.eval.warmup_rounds),
                         progress=progress, cuda_graphs=None, donors=donors, interleave_ar=interleave and slots is None,
                         # the AR row times its own decoding; drafting rows compare with the cache
                         ar=None if method == "ar" else ar[name], sampling=sampling_params(cfg),
