@@ -123,7 +123,6 @@ def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: 
     ar_generations(cfg, loaded, _suites(cfg, loaded.tokenizer), progress)
     if any(m != "ar" for m in methods):
         from ready.train.regen import build_regen_data, build_validation_data
-
         from ready.train.teacher_store import ensure_teacher_store
 
         build_regen_data(cfg, loaded.target, loaded.tokenizer, progress=progress)

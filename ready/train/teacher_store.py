@@ -190,12 +190,24 @@ def ensure_teacher_store(cfg: Any, target: nn.Module, tokenizer: Any, progress: 
     if N * (T * len(capture) + T - first) * int(target.config.hidden_size) * target.dtype.itemsize > MAX_STORE_BYTES:
         return None
     spec = {"kind": KIND, "data": folder.name, "target": key, "capture": list(capture), "batch": batch, "first": first}
-    if not build and not intact(artifact_dir(cfg.artifacts_dir, KIND, spec), spec):
+    store_dir = artifact_dir(cfg.artifacts_dir, KIND, spec)
+    held = _LOADED.get(_file_key(store_dir / STORE_FILE))
+    if held is not None:  # verified and loaded by this process from this very file
+        return held
+    if not build and not intact(store_dir, spec):
         return None
-    path = cached(cfg.artifacts_dir, KIND, spec,
-                  lambda tmp: TeacherStore.build(target, data, capture, batch, progress).save(tmp / STORE_FILE)) / STORE_FILE
-    st = os.stat(path)
-    loaded = (str(path), st.st_ino, st.st_mtime_ns)
-    if loaded not in _LOADED:
-        _LOADED[loaded] = TeacherStore.load(path)
-    return _LOADED[loaded]
+    if build:
+        cached(cfg.artifacts_dir, KIND, spec,
+               lambda tmp: TeacherStore.build(target, data, capture, batch, progress).save(tmp / STORE_FILE))
+    path = store_dir / STORE_FILE
+    store = _LOADED[_file_key(path)] = TeacherStore.load(path)
+    return store
+
+
+def _file_key(path: Path) -> Optional[tuple]:
+    """(path, inode, mtime) of a store file (None when it is missing): a rewritten file is a new key."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return str(path), st.st_ino, st.st_mtime_ns
