@@ -300,10 +300,12 @@ def _optional_kernels():
 
     gv = load_kernel("gdn_verify")
     gdn_verify, gdn_commit = (gv.gdn_verify, gv.gdn_commit) if gv is not None else (None, None)
-    return fla_chunk, gdn_verify, gdn_commit
+    gf = load_kernel("gdn_fused") if os.environ.get("READY_GDN_FUSED", "1") != "0" else None
+    return fla_chunk, gdn_verify, gdn_commit, (gf.gdn_fused_verify if gf is not None else None)
 
 
-FLA_CHUNK, GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL = _optional_kernels()
+# READY_GDN_FUSED=0: the fast verify pass runs conv, norms, gates and recurrence as separate ops (A/B switch)
+FLA_CHUNK, GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL, GDN_FUSED_KERNEL = _optional_kernels()
 
 
 @functools.lru_cache(maxsize=None)
@@ -401,6 +403,13 @@ class GatedDeltaNet(nn.Module):
         row-invariant ops (module comment above), for verify."""
         prefix = None if cache is None else cache.conv
         qkv, z, b, a = lin(x, self.in_proj.weight, exact).split(self.split, dim=-1)
+        if mode == "verify" and x.is_cuda and not exact and GDN_FUSED_KERNEL is not None:
+            # conv, SiLU, norms, gates and recurrence in one kernel (kernels/gdn_fused.py)
+            T = x.shape[1]
+            o, _, _ = GDN_FUSED_KERNEL(qkv, b, a, cache.conv, self.conv1d.weight[:, 0], self.A_log, self.dt_bias,
+                                       cache.ssm, self.nk, self.dk, out_states=cache.pending_ssm[:, :T],
+                                       out_windows=cache.pending_conv[:, :T])
+            return self._output(o.transpose(1, 2), z, exact), None
         mixed, full = self._conv(qkv, prefix, exact, taps=mode == "verify")
         q, k, v, g, beta = self._heads(mixed, b, a, exact)
         init = None if cache is None else cache.ssm

@@ -1,0 +1,134 @@
+"""The fused GDN verify (conv, SiLU, L2 norms, gates and recurrence in one kernel) computes what the
+layer's separate ops compute, writes every state and conv window, and leaves the live cache alone.
+
+The Triton kernel is compared with its torch reference on CPU through Triton's interpreter (small
+sizes) and compiled on CUDA (the `cuda` test adds the paper's size); the reference is compared with
+the target layer's own verify pass.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from ready_kernels._testing import kernel_test_marks, prepare_interpreter, rel_err  # noqa: E402
+
+RUNNABLE = prepare_interpreter()
+
+gf = importlib.import_module("ready_kernels.gdn_fused")
+from ready_kernels._common import KernelInputError  # noqa: E402
+
+pytestmark = kernel_test_marks(gf.HAS_TRITON, RUNNABLE)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_inputs(B, T, nk, H, dk, dv, W=3, dtype=torch.float32, device=DEVICE):
+    """What a GDN layer holds at verify: raw projection outputs, its live cache and its parameters."""
+    C = 2 * nk * dk + H * dv
+    proj = torch.randn(B, T, C + 2 * H, device=device).to(dtype)  # one GEMM's output, split as the layer does
+    mixed, b, a = proj.split([C, H, H], dim=-1)
+    conv_state = torch.randn(B, C, W, device=device).to(dtype)
+    conv_weight = (0.5 * torch.randn(C, W + 1, device=device)).to(dtype)
+    A_log = torch.empty(H, device=device).uniform_(1.0, 16.0).log()
+    dt_bias = torch.randn(H, device=device)
+    h0 = torch.randn(B, H, dk, dv, device=device)
+    return mixed, b, a, conv_state, conv_weight, A_log, dt_bias, h0
+
+
+SHAPES = [
+    # B, T, nk, H, d_k, d_v, dtype
+    (1, 8, 1, 2, 16, 16, torch.float32),
+    (2, 4, 2, 4, 32, 32, torch.bfloat16),
+    (1, 1, 2, 4, 64, 64, torch.float32),   # an AR step
+    (2, 5, 1, 3, 32, 24, torch.float32),   # non-power-of-2 d_v, three value heads per key head
+    (1, 3, 2, 6, 16, 32, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("B,T,nk,H,dk,dv,dtype", SHAPES)
+def test_outputs_states_and_windows_match_the_reference(B, T, nk, H, dk, dv, dtype):
+    inputs = make_inputs(B, T, nk, H, dk, dv, dtype=dtype)
+    live_state, live_conv = inputs[7].clone(), inputs[3].clone()
+    o, states, windows = gf.gdn_fused_verify_triton(*inputs, nk, dk)
+    o_ref, states_ref, windows_ref = gf.gdn_fused_verify_reference(*inputs, nk, dk)
+    assert o.dtype == torch.float32 and states.shape == (B, T, H, dk, dv)
+    assert torch.equal(windows, windows_ref), "conv windows are pure copies"
+    # bf16 inputs: an ulp of a rounded conv output moves q/k/v by 2^-8 relative
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert rel_err(states, states_ref) < tol
+    assert rel_err(o, o_ref) < tol
+    assert torch.equal(inputs[7], live_state) and torch.equal(inputs[3], live_conv), "the live cache must stay untouched"
+
+
+def test_writes_into_one_layers_pending_buffers():
+    B, T, nk, H, dk, dv, W = 2, 3, 1, 2, 16, 16, 3
+    inputs = make_inputs(B, T, nk, H, dk, dv, W)
+    C = inputs[0].shape[-1]
+    pending = torch.full((2, B, 4, H, dk, dv), float("nan"), device=DEVICE)
+    pending_conv = torch.full((2, B, 4, C, W), float("nan"), device=DEVICE)
+    gf.gdn_fused_verify_triton(*inputs, nk, dk, out_states=pending[1, :, :T], out_windows=pending_conv[1, :, :T])
+    _, states_ref, windows_ref = gf.gdn_fused_verify_reference(*inputs, nk, dk)
+    assert rel_err(pending[1, :, :T], states_ref) < 1e-5
+    assert torch.equal(pending_conv[1, :, :T], windows_ref)
+    assert torch.isnan(pending[0]).all() and torch.isnan(pending[1, :, T:]).all()
+    assert torch.isnan(pending_conv[0]).all() and torch.isnan(pending_conv[1, :, T:]).all()
+
+
+def test_a_token_computes_the_same_whatever_the_block_length():
+    """verify(T) then the state after token 1 == verify(1): the AR step and a verify block agree."""
+    inputs = make_inputs(1, 4, 1, 2, 16, 16)
+    o4, s4, w4 = gf.gdn_fused_verify_triton(*inputs, 1, 16)
+    one = [t[:, :1] for t in inputs[:3]] + list(inputs[3:])
+    o1, s1, w1 = gf.gdn_fused_verify_triton(*one, 1, 16)
+    assert torch.equal(o4[:, :1], o1) and torch.equal(s4[:, :1], s1) and torch.equal(w4[:, :1], w1)
+
+
+def test_reference_equals_the_target_layers_verify_pass():
+    """The reference is the layer's own arithmetic (conv taps, SiLU, norms, gates, recurrence)."""
+    from ready.target.cache import HybridCache
+    from ready.target.config import HybridConfig
+    from ready.target.layers import GatedDeltaNet
+
+    torch.manual_seed(0)
+    cfg = HybridConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                       linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                       full_attention_interval=4)
+    layer = GatedDeltaNet(cfg)
+    cache = HybridCache.allocate(cfg, 1, 32, 8, torch.device("cpu"), torch.float32)
+    slot = cache.gdn_slots[0]
+    slot.ssm.normal_()
+    slot.conv.normal_()
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        out, _ = layer(x, "verify", slot)
+        qkv, z, b, a = torch.nn.functional.linear(x, layer.in_proj.weight).split(layer.split, dim=-1)
+        o, states, windows = gf.gdn_fused_verify_reference(qkv, b, a, slot.conv, layer.conv1d.weight[:, 0],
+                                                           layer.A_log, layer.dt_bias, slot.ssm, layer.nk, layer.dk)
+        want = layer._output(o.transpose(1, 2), z)
+    torch.testing.assert_close(slot.pending_ssm[:, :5], states)
+    assert torch.equal(slot.pending_conv[:, :5], windows)
+    torch.testing.assert_close(out, want)
+
+
+def test_mismatched_shapes_are_one_clear_error():
+    inputs = list(make_inputs(1, 2, 1, 2, 16, 16, device="cpu"))
+    inputs[3] = inputs[3][:, :, :2]  # a conv window one column short
+    with pytest.raises(KernelInputError, match=r"conv_state must be \[B, C, W\]"):
+        gf.gdn_fused_verify(*inputs, 1, 16)
+    with pytest.raises(KernelInputError, match=r"do not split into"):
+        gf.gdn_fused_verify(*make_inputs(1, 2, 1, 2, 16, 16, device="cpu"), 1, 33)  # q + k alone would exceed C
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("T", [1, 8])
+def test_paper_size_on_cuda(dtype, T):
+    """16 key heads, 48 value heads, d_k = d_v = 128: the 27B layer, batch 2."""
+    inputs = make_inputs(2, T, 16, 48, 128, 128, dtype=dtype, device="cuda")
+    o, states, windows = gf.gdn_fused_verify(*inputs, 16, 128)
+    o_ref, states_ref, windows_ref = gf.gdn_fused_verify_reference(*inputs, 16, 128)
+    assert torch.equal(windows, windows_ref)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert rel_err(states, states_ref) < tol
+    assert rel_err(o, o_ref) < tol
