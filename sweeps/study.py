@@ -204,10 +204,27 @@ def plan(study: optuna.Study, sweep: Sweep, c, experiment_id: str) -> list[PlanR
     return rows
 
 
-def claim(study: optuna.Study) -> Optional[optuna.trial.FrozenTrial]:
-    """Atomically move one WAITING trial (lowest number first) to RUNNING for this worker."""
+def claim_order(waiting: list, running_seeds: set, prefer_seed: Optional[int] = None) -> list:
+    """The order a worker tries WAITING trials in: its own seed's first (`prefer_seed`, the seed it
+    ran last), then those of seeds no live worker is running, then the rest; lowest number first
+    within each. Rows of one seed share their target passes and states through the worker's memo
+    (ready.train.teacher_pass), so a worker that keeps to one seed computes them once instead of
+    every worker computing every seed's. Which worker runs a row never changes its numbers."""
+    def rank(t) -> int:
+        seed = t.user_attrs.get("seed")
+        if prefer_seed is not None and seed == prefer_seed:
+            return 0
+        return 1 if seed not in running_seeds else 2
+    return sorted(waiting, key=lambda t: (rank(t), t.number))
+
+
+def claim(study: optuna.Study, prefer_seed: Optional[int] = None) -> Optional[optuna.trial.FrozenTrial]:
+    """Atomically move one WAITING trial to RUNNING for this worker, in `claim_order`."""
     storage = study._storage  # noqa: SLF001
-    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    running = {t.user_attrs.get("seed") for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+               if not is_stale(t)}
+    for t in claim_order(waiting, running, prefer_seed):
         try:
             if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):  # noqa: SLF001
                 return storage.get_trial(t._trial_id)  # noqa: SLF001
@@ -262,6 +279,7 @@ class WorkerContext:
     parent_run_id: Optional[str]
     runner: str = DEFAULT_RUNNER
     progress: bool = True
+    index: int = 0  # this worker's number among those started together (its first seed)
     ran: list[str] = field(default_factory=list)  # config hashes this worker executed
     failed: list[str] = field(default_factory=list)
 
@@ -356,14 +374,24 @@ def _run_trial(study: optuna.Study, trial_id: int, number: int, job: Job, ctx: W
         study.tell(number, state=TrialState.FAIL)
 
 
+def first_seed(study: optuna.Study, index: int) -> Optional[int]:
+    """The seed worker `index` starts on: the index-th of the waiting seeds (workers started together
+    would otherwise all see no seed running and take the first)."""
+    seeds = sorted({t.user_attrs["seed"] for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                    if "seed" in t.user_attrs})
+    return seeds[index % len(seeds)] if seeds else None
+
+
 def drain_grid(study: optuna.Study, ctx: WorkerContext) -> None:
-    """Claim and run WAITING trials until none is left."""
+    """Claim and run WAITING trials until none is left, keeping to one seed while it has rows."""
     c = tracking.client(ctx.tracking_uri)
+    seed = first_seed(study, ctx.index)
     while True:
-        trial = claim(study)
+        trial = claim(study, seed)
         if trial is None:
             return
         attrs = trial.user_attrs
+        seed = attrs.get("seed")
         job = job_from_attrs(attrs)
         other = earlier_claim(study, trial)
         done = tracking.finished_run(c, ctx.experiment_id, job.config_hash, attrs["setting"]) if other is None else None

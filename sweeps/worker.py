@@ -27,7 +27,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     sweep = load_sweep(args.name, args.overrides, Path(args.experiments_dir))
     ctx = st.WorkerContext(tracking_uri=args.tracking_uri, experiment_id=args.experiment_id,
-                           parent_run_id=args.parent_run_id or None, runner=args.runner, progress=True)
+                           parent_run_id=args.parent_run_id or None, runner=args.runner, progress=True,
+                           index=args.index)
     from sweeps.run import _sigterm_as_interrupt
 
     _sigterm_as_interrupt()

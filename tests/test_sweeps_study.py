@@ -246,6 +246,27 @@ def test_a_worker_yields_a_row_claimed_earlier_by_another():
     assert st.earlier_claim(study, first) is None
 
 
+def test_workers_keep_to_one_seed_and_spread_over_the_seeds():
+    """A worker takes its own seed's rows first, then a seed nobody runs, then the rest: rows of a
+    seed share the worker's memo of target passes."""
+    sweep = load_sweep("rank")
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    for job in sweep.jobs():
+        study.enqueue_trial({}, user_attrs=st.job_attrs(job, sweep))
+    assert [st.first_seed(study, i) for i in range(4)] == [0, 1, 2, 0]
+    a = st.claim(study, st.first_seed(study, 0))
+    b = st.claim(study, st.first_seed(study, 1))
+    assert (a.user_attrs["seed"], b.user_attrs["seed"]) == (0, 1)
+    assert a.number < b.number and b.number == min(
+        t.number for t in study.trials if t.user_attrs["seed"] == 1)  # the lowest row of seed 1
+    assert st.claim(study, 0).user_attrs["seed"] == 0
+    # a worker with no seed of its own joins neither running seed while seed 2 waits
+    assert st.claim(study, None).user_attrs["seed"] == 2
+    # once every seed runs somewhere, the lowest row of any seed
+    lowest = min(t.number for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
+    assert st.claim(study, None).number == lowest
+
+
 def test_search_sweep_runs_tpe_trials_from_the_paper_values(ws: Path):
     assert main(sweep_args(ws, "search_loss", "search.n_trials=3")) == 0
     runs = child_runs(ws, "search_loss", "FINISHED")
