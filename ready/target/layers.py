@@ -277,6 +277,10 @@ class Attention(nn.Module):
         a query at p sees keys 0..p (the last `window` of them with a window); gated and projected."""
         if exact:  # fixed key-block order over keys 0..p: the same bits whatever the buffer or T
             out = exact_attention(q, keys, values, pos + 1, self.window)
+        elif (DECODE_ATTENTION is not None and q.is_cuda and q.dtype != torch.float32
+              and DECODE_ATTENTION.fits(self.n_heads, self.n_kv, q.shape[2])):
+            # decode / verify queries: split over key blocks (kernels/decode_attention.py), not SDPA's prefill tiles
+            out = DECODE_ATTENTION.decode_attention(q, keys, values, pos, self.window or 0)
         else:
             mask = visible_keys(pos, keys.shape[2], self.window)  # [T, L] or [B, T, L]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask if mask.dim() == 2 else mask[:, None],
@@ -306,6 +310,19 @@ def _optional_kernels():
 
 # READY_GDN_FUSED=0: the fast verify pass runs conv, norms, gates and recurrence as separate ops (A/B switch)
 FLA_CHUNK, GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL, GDN_FUSED_KERNEL = _optional_kernels()
+
+
+def _decode_attention_kernel():
+    """kernels/decode_attention.py where CUDA and Triton are present (16-bit fast-path decode and verify
+    attention); env READY_DECODE_ATTN=0 keeps SDPA (A/B switch)."""
+    from ready.fastops import fused_wanted, load_kernel
+
+    if os.environ.get("READY_DECODE_ATTN", "1") == "0" or not fused_wanted():
+        return None
+    return load_kernel("decode_attention")
+
+
+DECODE_ATTENTION = _decode_attention_kernel()
 
 
 @functools.lru_cache(maxsize=None)
