@@ -33,13 +33,11 @@ from typing import Optional
 import torch
 
 from ._common import HAS_TRITON, next_pow2, require, require_triton, use_triton
-from .exact_attention import exact_attention_reference
+from .exact_attention import check_attention_inputs, exact_attention_reference
 
 BLOCK_N = 64  # keys per step of a program's loop
 CHUNK = 64  # keys per program (H200 A/B: 64 > 128 > the whole buffer in one program, kernels/NOTES.md)
 MAX_ROWS = 64  # G * T query rows of one KV head in one tile (the 27B verify block: 6 heads x 8 tokens = 48)
-MAX_HEAD_DIM = 256
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (no bf16 dot): interpreted runs upcast first
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -156,27 +154,7 @@ if HAS_TRITON:
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
     """Validate; returns pos as [B, T] (a [T] tensor is shared by every batch row)."""
-    require(q.dim() == 4, f"decode_attention: q must be [B, H_q, T, d], got {tuple(q.shape)}")
-    B, HQ, T, D = q.shape
-    require(k.dim() == 4 and k.shape[0] == B and k.shape[3] == D,
-            f"decode_attention: k must be [B={B}, H_kv, L, d={D}], got {tuple(k.shape)}")
-    HKV, L = k.shape[1], k.shape[2]
-    require(v.dim() == 4 and tuple(v.shape[:3]) == (B, HKV, L),
-            f"decode_attention: v must be [B={B}, H_kv={HKV}, L={L}, d_v], got {tuple(v.shape)}")
-    require(HKV > 0 and HQ % HKV == 0, f"decode_attention: query heads ({HQ}) must be a multiple of KV heads ({HKV})")
-    require(0 < D <= MAX_HEAD_DIM and 0 < v.shape[3] <= MAX_HEAD_DIM,
-            f"decode_attention: head dims must be 1..{MAX_HEAD_DIM}, got d={D}, d_v={v.shape[3]}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        require(t.dtype in _DTYPES, f"decode_attention: {name} must be float32, bfloat16 or float16, got {t.dtype}")
-    require(not pos.is_floating_point() and pos.dtype != torch.bool,
-            f"decode_attention: pos must be an integer tensor, got {pos.dtype}")
-    shape_msg = f"decode_attention: pos must be [T={T}] or [B={B}, T={T}], got {tuple(pos.shape)}"
-    if pos.dim() == 1:
-        require(pos.shape[0] == T, shape_msg)
-        pos = pos[None].expand(B, T)
-    require(tuple(pos.shape) == (B, T), shape_msg)
-    require(int(window) >= 0, f"decode_attention: window must be >= 0 (0 = every earlier key), got {window}")
-    return pos
+    return check_attention_inputs("decode_attention", q, k, v, pos, "pos", window)
 
 
 def fits(n_heads: int, n_kv_heads: int, n_queries: int) -> bool:

@@ -111,31 +111,37 @@ if HAS_TRITON:
         tl.store(o_ptr + row * DV + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor, window: int = 0) -> torch.Tensor:
-    """Validate; returns n_keys as [B, T] (a [T] tensor is shared by every batch row)."""
-    require(q.dim() == 4, f"exact_attention: q must be [B, H_q, T, d], got {tuple(q.shape)}")
+def check_attention_inputs(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, per_row: torch.Tensor,
+                           per_row_name: str, window: int = 0) -> torch.Tensor:
+    """Validate the inputs of a cached-attention op `op` (this module's and decode_attention's); returns
+    `per_row` (n_keys or pos: integer [T] or [B, T]) as [B, T], a [T] tensor shared by every batch row."""
+    require(q.dim() == 4, f"{op}: q must be [B, H_q, T, d], got {tuple(q.shape)}")
     B, HQ, T, D = q.shape
     require(k.dim() == 4 and k.shape[0] == B and k.shape[3] == D,
-            f"exact_attention: k must be [B={B}, H_kv, L, d={D}], got {tuple(k.shape)}")
+            f"{op}: k must be [B={B}, H_kv, L, d={D}], got {tuple(k.shape)}")
     HKV, L = k.shape[1], k.shape[2]
     require(v.dim() == 4 and tuple(v.shape[:3]) == (B, HKV, L),
-            f"exact_attention: v must be [B={B}, H_kv={HKV}, L={L}, d_v], got {tuple(v.shape)}")
-    require(HKV > 0 and HQ % HKV == 0, f"exact_attention: query heads ({HQ}) must be a multiple of KV heads ({HKV})")
+            f"{op}: v must be [B={B}, H_kv={HKV}, L={L}, d_v], got {tuple(v.shape)}")
+    require(HKV > 0 and HQ % HKV == 0, f"{op}: query heads ({HQ}) must be a multiple of KV heads ({HKV})")
     require(0 < D <= MAX_HEAD_DIM and 0 < v.shape[3] <= MAX_HEAD_DIM,
-            f"exact_attention: head dims must be 1..{MAX_HEAD_DIM}, got d={D}, d_v={v.shape[3]}")
+            f"{op}: head dims must be 1..{MAX_HEAD_DIM}, got d={D}, d_v={v.shape[3]}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        require(t.dtype in _DTYPES, f"exact_attention: {name} must be float32, bfloat16 or float16, got {t.dtype}")
-    require(not n_keys.is_floating_point() and n_keys.dtype != torch.bool,
-            f"exact_attention: n_keys must be an integer tensor, got {n_keys.dtype}")
-    shape_msg = f"exact_attention: n_keys must be [T={T}] or [B={B}, T={T}], got {tuple(n_keys.shape)}"
-    if n_keys.dim() == 1:
-        require(n_keys.shape[0] == T, shape_msg)
-        n_keys = n_keys[None].expand(B, T)
-    require(tuple(n_keys.shape) == (B, T), shape_msg)
-    require(int(window) >= 0, f"exact_attention: window must be >= 0 (0 = every key), got {window}")
-    devs = {t.device for t in (q, k, v, n_keys)}
-    require(len(devs) == 1, f"exact_attention: all inputs must be on one device, got {sorted(map(str, devs))}")
-    return n_keys
+        require(t.dtype in _DTYPES, f"{op}: {name} must be float32, bfloat16 or float16, got {t.dtype}")
+    require(not per_row.is_floating_point() and per_row.dtype != torch.bool,
+            f"{op}: {per_row_name} must be an integer tensor, got {per_row.dtype}")
+    shape_msg = f"{op}: {per_row_name} must be [T={T}] or [B={B}, T={T}], got {tuple(per_row.shape)}"
+    if per_row.dim() == 1:
+        require(per_row.shape[0] == T, shape_msg)
+        per_row = per_row[None].expand(B, T)
+    require(tuple(per_row.shape) == (B, T), shape_msg)
+    require(int(window) >= 0, f"{op}: window must be >= 0 (0 = every key), got {window}")
+    devs = {t.device for t in (q, k, v, per_row)}
+    require(len(devs) == 1, f"{op}: all inputs must be on one device, got {sorted(map(str, devs))}")
+    return per_row
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor, window: int = 0) -> torch.Tensor:
+    return check_attention_inputs("exact_attention", q, k, v, n_keys, "n_keys", window)
 
 
 def _padded_exp(x: torch.Tensor) -> torch.Tensor:
