@@ -18,7 +18,7 @@ exit at once, so a long static buffer costs only empty programs. `_combine_kerne
 (b, KV head), rescales each row's chunks to a common max and adds them. A buffer of one chunk is
 written directly, one kernel. On the H200 (27B, 256-token context) the pair takes 5.4 + 5.0 µs per
 layer against cuDNN SDPA's 14 µs; one program walking the whole buffer took 14.2 µs (serial load
-latency). Env READY_DECODE_ATTN_CHUNK=<keys> sets another chunk size (benchmarks).
+latency). Env READY_DECODE_ATTN_CHUNK=<keys> sets another chunk size (benchmarks; read at import).
 
 Inference only (no autograd), fast mode only: the result matches SDPA to rounding but its bits
 follow the block split; exact mode has `exact_attention` (fixed key-block order, row-invariant).
@@ -36,7 +36,9 @@ from ._common import HAS_TRITON, next_pow2, require, require_triton, use_triton
 from .exact_attention import check_attention_inputs, exact_attention_reference
 
 BLOCK_N = 64  # keys per step of a program's loop
-CHUNK = 64  # keys per program (H200 A/B: 64 > 128 > the whole buffer in one program, kernels/NOTES.md)
+# keys per program (H200 A/B: 64 > 128 > the whole buffer in one program, kernels/NOTES.md); env
+# READY_DECODE_ATTN_CHUNK sets another for benchmarks (read once, at import)
+CHUNK = int(os.environ.get("READY_DECODE_ATTN_CHUNK", "0")) or 64
 MAX_ROWS = 64  # G * T query rows of one KV head in one tile (the 27B verify block: 6 heads x 8 tokens = 48)
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (no bf16 dot): interpreted runs upcast first
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -54,6 +56,13 @@ if HAS_TRITON:
         n = tl.load(pos_ptr + b * pos_b + t * pos_t, mask=live, other=-1).to(tl.int32) + 1
         lo = tl.where(WINDOW > 0, tl.maximum(n - WINDOW, 0), 0)
         return r, live, t, n, lo
+
+    @triton.jit
+    def _store_out(o_ptr, acc, l, b, h, t, live, offs_dv, o_b, o_h, o_t, DV: tl.constexpr):
+        """acc / l (zeros for a row that saw no key) into o at (b, h, t), in o's dtype."""
+        out = tl.where((l > 0)[:, None], acc / tl.maximum(l, 1e-30)[:, None], 0.0)
+        o = o_ptr + b.to(tl.int64) * o_b + h[:, None].to(tl.int64) * o_h + t[:, None] * o_t + offs_dv[None, :]
+        tl.store(o, out.to(o_ptr.dtype.element_ty), mask=live[:, None] & (offs_dv < DV)[None, :])
 
     @triton.jit
     def _attend_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
@@ -108,9 +117,7 @@ if HAS_TRITON:
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         if DIRECT:
-            out = tl.where((l_i > 0)[:, None], acc / tl.maximum(l_i, 1e-30)[:, None], 0.0)
-            o = o_ptr + b.to(tl.int64) * o_b + h[:, None].to(tl.int64) * o_h + t[:, None] * o_t + offs_dv[None, :]
-            tl.store(o, out.to(o_ptr.dtype.element_ty), mask=live[:, None] & (offs_dv < DV)[None, :])
+            _store_out(o_ptr, acc, l_i, b, h, t, live, offs_dv, o_b, o_h, o_t, DV)
         else:
             part = pid.to(tl.int64) * S + c
             tl.store(m_ptr + part * BM + r, m_i)
@@ -146,10 +153,7 @@ if HAS_TRITON:
             l_run = l_run * old + l_s * new
             acc = acc * old[:, None] + a_s * new[:, None]
             m_run = m_new
-        out = tl.where((l_run > 0)[:, None], acc / tl.maximum(l_run, 1e-30)[:, None], 0.0)
-        h = hk * G + r // T
-        o = o_ptr + b.to(tl.int64) * o_b + h[:, None].to(tl.int64) * o_h + t[:, None] * o_t + offs_dv[None, :]
-        tl.store(o, out.to(o_ptr.dtype.element_ty), mask=live[:, None] & (offs_dv < DV)[None, :])
+        _store_out(o_ptr, acc, l_run, b, hk * G + r // T, t, live, offs_dv, o_b, o_h, o_t, DV)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -188,7 +192,7 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         return o.transpose(1, 2)
     BM, BD, BDV = max(16, next_pow2(G * T)), max(16, next_pow2(D)), max(16, next_pow2(DV))
     num_warps = num_warps or (8 if BM * BDV >= 64 * 256 else 4)  # the [BM, d_v] fp32 accumulator in registers
-    chunk = chunk or int(os.environ.get("READY_DECODE_ATTN_CHUNK", "0")) or CHUNK
+    chunk = chunk or CHUNK
     require(chunk % block_n == 0, f"decode_attention: chunk ({chunk}) must be a multiple of block_n ({block_n})")
     S = triton.cdiv(L, chunk)
     direct = S == 1

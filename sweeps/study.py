@@ -221,9 +221,9 @@ def claim_order(waiting: list, running_seeds: set, prefer_seed: Optional[int] = 
 def claim(study: optuna.Study, prefer_seed: Optional[int] = None) -> Optional[optuna.trial.FrozenTrial]:
     """Atomically move one WAITING trial to RUNNING for this worker, in `claim_order`."""
     storage = study._storage  # noqa: SLF001
-    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    running = {t.user_attrs.get("seed") for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-               if not is_stale(t)}
+    trials = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))  # one storage read
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    running = {t.user_attrs.get("seed") for t in trials if t.state == TrialState.RUNNING and not is_stale(t)}
     for t in claim_order(waiting, running, prefer_seed):
         try:
             if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):  # noqa: SLF001

@@ -1,7 +1,7 @@
 """decode_attention (the fast path's attention over the static KV cache): the split-key Triton
 kernels match the torch reference and masked softmax attention over shapes, dtypes, GQA, ragged
 positions and sliding windows, and never read keys no query sees (interpreter on CPU at small
-sizes; compiled on CUDA, where the `cuda` tests add the 27B shapes and the layer's own SDPA path).
+sizes; compiled on CUDA, where the `cuda` tests add the 27B shapes and a call inside torch.compile).
 """
 
 import importlib
