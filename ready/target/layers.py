@@ -236,8 +236,12 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, ...]:
         """q, k, v [B, H, T, hd] (q and k normed, before rotary) and the output gate [B, T, H*hd]."""
-        B, T, _ = x.shape
-        qg, k, v = lin(x, self.qkv_proj.weight, exact).split(self.split, dim=-1)
+        return self.heads(lin(x, self.qkv_proj.weight, exact), exact)
+
+    def heads(self, qkv: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, ...]:
+        """`project` from the fused q/k/v projection's output qkv [B, T, sum(split)]."""
+        B, T, _ = qkv.shape
+        qg, k, v = qkv.split(self.split, dim=-1)
         q, gate = qg.reshape(B, T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
         q = self.q_norm(q, exact).transpose(1, 2)
         k = self.k_norm(k.reshape(B, T, self.n_kv, self.hd), exact).transpose(1, 2)
@@ -245,47 +249,53 @@ class Attention(nn.Module):
         return q, k, v, gate.reshape(B, T, -1)
 
     def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None, exact: bool = False) -> torch.Tensor:
-        B, T, _ = x.shape
         q, k, v, gate = self.project(x, exact)
+        return self.gate_out(self.mix(q, k, v, start, cache, exact), gate, exact)
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, cache: Optional[KVSlot] = None,
+            exact: bool = False) -> torch.Tensor:
+        """Rotary, the cache write and attention: the output [B, H, T, hd] before its gate and o_proj."""
+        T, device = q.shape[2], q.device
         if cache is not None and cache.static:
-            pos = cache.length_t + torch.arange(T, device=x.device)
+            pos = cache.length_t + torch.arange(T, device=device)
         else:
-            pos = torch.arange(start, start + T, device=x.device)
+            pos = torch.arange(start, start + T, device=device)
         cos, sin = rotary(pos, self.rot_dim, self.cfg.rope_theta, q.dtype, exact)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is None:  # training / teacher forcing: this chunk's keys only
             if self.window:
-                mask = visible_keys(torch.arange(T, device=x.device), T, self.window)
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            return self.gate_out(out, gate, exact)
+                mask = visible_keys(torch.arange(T, device=device), T, self.window)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         if cache.static:  # fixed shapes: write at device positions, attend over the whole buffer
             cache.key.index_copy_(2, pos, k)
             cache.value.index_copy_(2, pos, v)
-            return self.attend(q, cache.key, cache.value, pos, gate, exact)
+            return self.attention(q, cache.key, cache.value, pos, exact)
         cache.key[:, :, start : start + T] = k
         cache.value[:, :, start : start + T] = v
         if exact:  # the whole buffer: exact attention reads keys 0..pos only, whatever the capacity
-            return self.attend(q, cache.key, cache.value, pos, gate, exact)
-        return self.attend(q, cache.key[:, :, : start + T], cache.value[:, :, : start + T], pos, gate, exact)
+            return self.attention(q, cache.key, cache.value, pos, exact)
+        return self.attention(q, cache.key[:, :, : start + T], cache.value[:, :, : start + T], pos, exact)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor,
                gate: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """`attention`, gated and projected."""
+        return self.gate_out(self.attention(q, keys, values, pos, exact), gate, exact)
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor,
+                  exact: bool = False) -> torch.Tensor:
         """The queries q [B, H, T, hd] at absolute positions pos ([T], or [B, T] per row: the ragged
         batch) over the cache buffers keys/values [B, H_kv, L, hd], where key j sits at position j:
-        a query at p sees keys 0..p (the last `window` of them with a window); gated and projected."""
+        a query at p sees keys 0..p (the last `window` of them with a window). Output [B, H, T, hd]."""
         if exact:  # fixed key-block order over keys 0..p: the same bits whatever the buffer or T
-            out = exact_attention(q, keys, values, pos + 1, self.window)
-        elif (DECODE_ATTENTION is not None and q.is_cuda and q.dtype != torch.float32
-              and DECODE_ATTENTION.fits(self.n_heads, self.n_kv, q.shape[2])):
+            return exact_attention(q, keys, values, pos + 1, self.window)
+        if (DECODE_ATTENTION is not None and q.is_cuda and q.dtype != torch.float32
+                and DECODE_ATTENTION.fits(self.n_heads, self.n_kv, q.shape[2])):
             # decode / verify queries: split over key blocks (kernels/decode_attention.py), not SDPA's prefill tiles
-            out = DECODE_ATTENTION.decode_attention(q, keys, values, pos, self.window or 0)
-        else:
-            mask = visible_keys(pos, keys.shape[2], self.window)  # [T, L] or [B, T, L]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask if mask.dim() == 2 else mask[:, None],
-                                                 enable_gqa=True)
-        return self.gate_out(out, gate, exact)
+            return DECODE_ATTENTION.decode_attention(q, keys, values, pos, self.window or 0)
+        mask = visible_keys(pos, keys.shape[2], self.window)  # [T, L] or [B, T, L]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask if mask.dim() == 2 else mask[:, None],
+                                              enable_gqa=True)
 
     def gate_out(self, out: torch.Tensor, gate: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """The attention output [B, H, T, hd] times its sigmoid gate, through o_proj."""
@@ -407,6 +417,15 @@ class GatedDeltaNet(nn.Module):
         o = self.norm(o.transpose(1, 2).to(z.dtype), z.reshape(B, T, self.nv, self.dv), exact)
         return lin(o.reshape(B, T, -1), self.out_proj.weight, exact)
 
+    def fused_verify(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: GDNSlot) -> torch.Tensor:
+        """The verify pass's conv, SiLU, norms, gates and recurrence in one kernel (kernels/gdn_fused.py):
+        per-token states and windows into cache.pending_*; returns the outputs [B, T, H, dv] (float32)."""
+        T = qkv.shape[1]
+        o, _, _ = GDN_FUSED_KERNEL(qkv, b, a, cache.conv, self.conv1d.weight[:, 0], self.A_log, self.dt_bias,
+                                   cache.ssm, self.nk, self.dk, out_states=cache.pending_ssm[:, :T],
+                                   out_windows=cache.pending_conv[:, :T])
+        return o
+
     def forward(
         self,
         x: torch.Tensor,
@@ -421,12 +440,7 @@ class GatedDeltaNet(nn.Module):
         prefix = None if cache is None else cache.conv
         qkv, z, b, a = lin(x, self.in_proj.weight, exact).split(self.split, dim=-1)
         if mode == "verify" and x.is_cuda and not exact and GDN_FUSED_KERNEL is not None:
-            # conv, SiLU, norms, gates and recurrence in one kernel (kernels/gdn_fused.py)
-            T = x.shape[1]
-            o, _, _ = GDN_FUSED_KERNEL(qkv, b, a, cache.conv, self.conv1d.weight[:, 0], self.A_log, self.dt_bias,
-                                       cache.ssm, self.nk, self.dk, out_states=cache.pending_ssm[:, :T],
-                                       out_windows=cache.pending_conv[:, :T])
-            return self._output(o.transpose(1, 2), z, exact), None
+            return self._output(self.fused_verify(qkv, b, a, cache).transpose(1, 2), z, exact), None
         mixed, full = self._conv(qkv, prefix, exact, taps=mode == "verify")
         q, k, v, g, beta = self._heads(mixed, b, a, exact)
         init = None if cache is None else cache.ssm
@@ -508,6 +522,58 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+def _fused_gemv_kernel():
+    """kernels/fused_gemv.py where CUDA and Triton are present (the AR step's projections with the norms,
+    activation, gates and residual adds folded in); env READY_FUSED_GEMV=0 keeps the separate ops (A/B switch)."""
+    from ready.fastops import fused_wanted, load_kernel
+
+    if os.environ.get("READY_FUSED_GEMV", "1") == "0" or not fused_wanted():
+        return None
+    return load_kernel("fused_gemv")
+
+
+FUSED_GEMV = _fused_gemv_kernel()
+
+
+def fuses_decode(layer: DecoderLayer, x: torch.Tensor, mode: str, cache: Optional[GDNSlot | KVSlot],
+                 exact: bool = False) -> bool:
+    """Whether `decoder_layer_forward` runs `fused_decode_layer`: the AR step (a verify pass of one
+    token of one row) on the 16-bit CUDA fast path, without autograd."""
+    if FUSED_GEMV is None or exact or mode != "verify" or cache is None or not x.is_cuda:
+        return False
+    if x.dtype not in (torch.bfloat16, torch.float16) or x.shape[0] * x.shape[1] != 1:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or layer.mlp.down_proj.weight.requires_grad):
+        return False
+    if layer.layer_type == "linear_attention":
+        dv = layer.linear_attn.dv
+        return GDN_FUSED_KERNEL is not None and dv & (dv - 1) == 0 and dv <= 512  # whole heads per K tile
+    return True
+
+
+def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KVSlot, start: int) -> torch.Tensor:
+    """One decoder block of the AR step with every norm, activation, output gate and residual add
+    inside the projection that reads it (kernels/fused_gemv.py): the block's arithmetic, with 16-bit
+    roundings where the unfused ops have them, in five kernels per GDN layer (in_proj, the fused
+    recurrence, out_proj, gate_up, down) instead of eleven."""
+    gemv = FUSED_GEMV.fused_gemv
+    ln, post = layer.input_layernorm, layer.post_attention_layernorm
+    if layer.layer_type == "linear_attention":
+        m = layer.linear_attn
+        proj = gemv(x, m.in_proj.weight, "rmsnorm", norm_weight=ln.weight, eps=ln.eps)
+        qkv, z, b, a = proj.split(m.split, dim=-1)
+        o = m.fused_verify(qkv, b, a, cache)  # [B, T, H, dv]
+        x = gemv(o, m.out_proj.weight, "gated", z, m.norm.weight, residual=x, eps=m.norm.eps, head=m.dv)
+    else:
+        m = layer.self_attn
+        q, k, v, gate = m.heads(gemv(x, m.qkv_proj.weight, "rmsnorm", norm_weight=ln.weight, eps=ln.eps))
+        out = m.mix(q, k, v, start, cache)  # [B, H, T, hd]: with one token, the gate's channel order
+        x = gemv(out, m.o_proj.weight, "sigmoid", gate, residual=x)
+    gate_up = gemv(x, layer.mlp.gate_up_proj.weight, "rmsnorm", norm_weight=post.weight, eps=post.eps)
+    g, u = gate_up.split(layer.mlp.inner, dim=-1)
+    return gemv(g, layer.mlp.down_proj.weight, "swiglu", u, residual=x)
+
+
 def decoder_layer_forward(
     layer: DecoderLayer,
     x: torch.Tensor,
@@ -518,7 +584,10 @@ def decoder_layer_forward(
     exact: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One pre-norm residual block: token mixer (GDN or attention), then the MLP. `exact`: the
-    row-invariant ops of exact mode (see the comment at the top of this module)."""
+    row-invariant ops of exact mode (see the comment at the top of this module). The AR step on the
+    16-bit CUDA fast path runs `fused_decode_layer`."""
+    if fuses_decode(layer, x, mode, cache, exact):
+        return fused_decode_layer(layer, x, cache, start), None
     h = layer.input_layernorm(x, exact)
     at = None
     if layer.layer_type == "linear_attention":
