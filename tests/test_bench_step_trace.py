@@ -14,6 +14,15 @@ def test_kernel_events_keeps_device_kernels_in_start_order():
     assert kernel_events(trace) == [(10.0, 4.0, "a"), (20.0, 5.0, "b")]
 
 
+def test_by_grid_tells_one_kernels_launch_shapes_apart():
+    trace = {"traceEvents": [
+        {"cat": "kernel", "ph": "X", "ts": 0, "dur": 5, "name": "gemv", "args": {"grid": [4120, 1, 1]}},
+        {"cat": "kernel", "ph": "X", "ts": 9, "dur": 2, "name": "gemv", "args": {"grid": [1280, 1, 1]}},
+    ]}
+    assert [n for _, _, n in kernel_events(trace)] == ["gemv", "gemv"]
+    assert [n for _, _, n in kernel_events(trace, by_grid=True)] == ["gemv grid=[4120, 1, 1]", "gemv grid=[1280, 1, 1]"]
+
+
 def test_summary_splits_busy_time_gaps_and_breaks_between_replays():
     # two replays of [a 10 µs, gap 2, b 6 µs]; 500 µs of host time between them
     one = [(0.0, 10.0, "a"), (12.0, 6.0, "b")]

@@ -1,6 +1,6 @@
-"""The AR step's fused decoder block (`layers.fused_decode_layer`: norms, activation, output gates
-and residual adds inside the projections, kernels/fused_gemv.py) computes what the unfused block
-computes: same logits, same pending states, same greedy continuation. On CPU the fused op runs its
+"""The AR step's fused decoder block (`layers.fused_decode_layer`: the post-attention norm and the
+residual adds inside the projections, kernels/fused_gemv.py) computes what the unfused block
+computes: same logits, same GDN states, same greedy continuation. On CPU the fused op runs its
 eager reference, so these tests check the block's wiring (which weight, norm, gate and residual
 goes where); tests/test_kernels_fused_gemv.py checks the Triton kernel against that reference.
 """
@@ -94,8 +94,8 @@ def test_the_fast_path_takes_the_fused_block_only_for_one_token_on_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available() or layers.FUSED_GEMV is None, reason="needs CUDA and Triton")
 def test_on_cuda_the_graphed_compiled_ar_step_matches_the_unfused_one(monkeypatch):
     """The engine's AR step (compiled layers in a CUDA graph, the tuned Triton kernel) in bf16: the
-    fused block's logits agree with the unfused block's to bf16 rounding (its RMSNorm input is not
-    rounded to 16 bits), and the greedy tokens agree."""
+    fused block's logits agree with the unfused block's to bf16 rounding (the MLP's normed input is
+    not rounded to 16 bits), and the greedy tokens agree."""
     from ready.decode.graphs import GraphRunner
 
     mod = layers.FUSED_GEMV

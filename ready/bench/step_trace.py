@@ -30,9 +30,15 @@ from ready.decode.graphs import GraphRunner
 REPLAY_BREAK_US = 50.0
 
 
-def kernel_events(trace: dict) -> list[tuple[float, float, str]]:
-    """(start µs, duration µs, name) of every device kernel in a chrome trace, in start order."""
-    evs = [(float(e["ts"]), float(e.get("dur", 0.0)), str(e.get("name", "?")))
+def kernel_events(trace: dict, by_grid: bool = False) -> list[tuple[float, float, str]]:
+    """(start µs, duration µs, name) of every device kernel in a chrome trace, in start order;
+    `by_grid`: the name carries the launch grid, so one kernel's shapes are told apart."""
+    def name(e: dict) -> str:
+        n = str(e.get("name", "?"))
+        grid = (e.get("args") or {}).get("grid")
+        return f"{n[:70]} grid={grid}" if by_grid and grid is not None else n
+
+    evs = [(float(e["ts"]), float(e.get("dur", 0.0)), name(e))
            for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and e.get("ph") == "X"]
     return sorted(evs)
 
@@ -86,7 +92,8 @@ def step_replayer(target: Any, tokens: int, prompt_len: int) -> Any:
     return replay
 
 
-def trace_step(target_spec: str, dtype: str, tokens: int, prompt_len: int, replays: int, seed: int) -> dict[str, Any]:
+def trace_step(target_spec: str, dtype: str, tokens: int, prompt_len: int, replays: int, seed: int,
+               by_grid: bool = False) -> dict[str, Any]:
     from ready.target import load_target
 
     torch.manual_seed(seed)
@@ -118,7 +125,7 @@ def trace_step(target_spec: str, dtype: str, tokens: int, prompt_len: int, repla
     finally:
         os.unlink(path)
     return {"target": target_spec, "dtype": dtype, "tokens": tokens, "prompt_len": prompt_len, "replays": replays,
-            "replay_ms": round(replay_ms, 4), **summarize(kernel_events(trace), replays),
+            "replay_ms": round(replay_ms, 4), **summarize(kernel_events(trace, by_grid), replays, top=40 if by_grid else 25),
             "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("READY_")}}
 
 
@@ -130,6 +137,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--by-grid", action="store_true", help="split each kernel's rows by launch grid (its shapes)")
     ap.add_argument("--json", action="store_true", help="print JSON (the default output)")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     a = ap.parse_args(argv)
@@ -139,7 +147,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.tokens < 1 or a.replays < 1:
         print(f"step_trace: --tokens and --replays must be >= 1, got {a.tokens} and {a.replays}", file=sys.stderr)
         return 2
-    out = trace_step(a.target, a.dtype, a.tokens, a.prompt_len, a.replays, a.seed)
+    out = trace_step(a.target, a.dtype, a.tokens, a.prompt_len, a.replays, a.seed, a.by_grid)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:

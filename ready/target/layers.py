@@ -299,9 +299,12 @@ class Attention(nn.Module):
 
     def gate_out(self, out: torch.Tensor, gate: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """The attention output [B, H, T, hd] times its sigmoid gate, through o_proj."""
+        return lin(self.gated(out, gate, exact), self.o_proj.weight, exact)
+
+    def gated(self, out: torch.Tensor, gate: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The attention output [B, H, T, hd] times its sigmoid gate: o_proj's input [B, T, H*hd]."""
         B, _, T, _ = out.shape
-        out = out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
-        return lin(out, self.o_proj.weight, exact)
+        return out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
 
 
 def _optional_kernels():
@@ -413,9 +416,13 @@ class GatedDeltaNet(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)
 
     def _output(self, o: torch.Tensor, z: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The outputs o [B, H, T, dv] through the gated norm and out_proj."""
+        return lin(self.gated_norm(o.transpose(1, 2), z, exact), self.out_proj.weight, exact)
+
+    def gated_norm(self, o: torch.Tensor, z: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """The outputs o [B, T, H, dv] normed per head and gated by z: out_proj's input [B, T, H*dv]."""
         B, T, _ = z.shape
-        o = self.norm(o.transpose(1, 2).to(z.dtype), z.reshape(B, T, self.nv, self.dv), exact)
-        return lin(o.reshape(B, T, -1), self.out_proj.weight, exact)
+        return self.norm(o.to(z.dtype), z.reshape(B, T, self.nv, self.dv), exact).reshape(B, T, -1)
 
     def fused_verify(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: GDNSlot) -> torch.Tensor:
         """The verify pass's conv, SiLU, norms, gates and recurrence in one kernel (kernels/gdn_fused.py):
@@ -523,8 +530,9 @@ class DecoderLayer(nn.Module):
 
 
 def _fused_gemv_kernel():
-    """kernels/fused_gemv.py where CUDA and Triton are present (the AR step's projections with the norms,
-    activation, gates and residual adds folded in); env READY_FUSED_GEMV=0 keeps the separate ops (A/B switch)."""
+    """kernels/fused_gemv.py where CUDA and Triton are present (the AR step's projections with the
+    post-attention norm and the residual adds folded in); env READY_FUSED_GEMV=0 keeps the separate
+    ops (A/B switch)."""
     from ready.fastops import fused_wanted, load_kernel
 
     if os.environ.get("READY_FUSED_GEMV", "1") == "0" or not fused_wanted():
@@ -545,33 +553,27 @@ def fuses_decode(layer: DecoderLayer, x: torch.Tensor, mode: str, cache: Optiona
         return False
     if torch.is_grad_enabled() and (x.requires_grad or layer.mlp.down_proj.weight.requires_grad):
         return False
-    if layer.layer_type == "linear_attention":
-        dv = layer.linear_attn.dv
-        return GDN_FUSED_KERNEL is not None and dv & (dv - 1) == 0 and dv <= 512  # whole heads per K tile
-    return True
+    return layer.layer_type != "linear_attention" or GDN_FUSED_KERNEL is not None
 
 
 def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KVSlot, start: int) -> torch.Tensor:
-    """One decoder block of the AR step with every norm, activation, output gate and residual add
-    inside the projection that reads it (kernels/fused_gemv.py): the block's arithmetic, with 16-bit
-    roundings where the unfused ops have them, in five kernels per GDN layer (in_proj, the fused
-    recurrence, out_proj, gate_up, down) instead of eleven."""
+    """One decoder block of the AR step with three of its small kernels folded into projections
+    (kernels/fused_gemv.py): the residual add after the token mixer into o_proj / out_proj, the
+    post-attention RMSNorm into gate_up, the residual add after the MLP into down_proj. Same
+    arithmetic as the unfused block, except that the MLP's normed input is not rounded to 16 bits."""
     gemv = FUSED_GEMV.fused_gemv
-    ln, post = layer.input_layernorm, layer.post_attention_layernorm
+    h = layer.input_layernorm(x)
     if layer.layer_type == "linear_attention":
         m = layer.linear_attn
-        proj = gemv(x, m.in_proj.weight, "rmsnorm", norm_weight=ln.weight, eps=ln.eps)
-        qkv, z, b, a = proj.split(m.split, dim=-1)
-        o = m.fused_verify(qkv, b, a, cache)  # [B, T, H, dv]
-        x = gemv(o, m.out_proj.weight, "gated", z, m.norm.weight, residual=x, eps=m.norm.eps, head=m.dv)
+        qkv, z, b, a = lin(h, m.in_proj.weight).split(m.split, dim=-1)
+        x = gemv(m.gated_norm(m.fused_verify(qkv, b, a, cache), z), m.out_proj.weight, residual=x)
     else:
         m = layer.self_attn
-        q, k, v, gate = m.heads(gemv(x, m.qkv_proj.weight, "rmsnorm", norm_weight=ln.weight, eps=ln.eps))
-        out = m.mix(q, k, v, start, cache)  # [B, H, T, hd]: with one token, the gate's channel order
-        x = gemv(out, m.o_proj.weight, "sigmoid", gate, residual=x)
-    gate_up = gemv(x, layer.mlp.gate_up_proj.weight, "rmsnorm", norm_weight=post.weight, eps=post.eps)
-    g, u = gate_up.split(layer.mlp.inner, dim=-1)
-    return gemv(g, layer.mlp.down_proj.weight, "swiglu", u, residual=x)
+        q, k, v, gate = m.project(h)
+        x = gemv(m.gated(m.mix(q, k, v, start, cache), gate), m.o_proj.weight, residual=x)
+    post = layer.post_attention_layernorm
+    g, u = gemv(x, layer.mlp.gate_up_proj.weight, post.weight, eps=post.eps).split(layer.mlp.inner, dim=-1)
+    return gemv(F.silu(g) * u, layer.mlp.down_proj.weight, residual=x)
 
 
 def decoder_layer_forward(
