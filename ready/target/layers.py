@@ -557,10 +557,12 @@ def fuses_decode(layer: DecoderLayer, x: torch.Tensor, mode: str, cache: Optiona
 
 
 def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KVSlot, start: int) -> torch.Tensor:
-    """One decoder block of the AR step with three of its small kernels folded into projections
-    (kernels/fused_gemv.py): the residual add after the token mixer into o_proj / out_proj, the
-    post-attention RMSNorm into gate_up, the residual add after the MLP into down_proj. Same
-    arithmetic as the unfused block, except that the MLP's normed input is not rounded to 16 bits."""
+    """One decoder block of the AR step with two of its small kernels folded into projections
+    (kernels/fused_gemv.py): the residual add after the token mixer goes into o_proj / out_proj's
+    epilogue and the post-attention RMSNorm into gate_up's prologue (one kernel before), the residual
+    add after the MLP into down_proj's epilogue. Same arithmetic as the unfused block, except that
+    the MLP's normed input is not rounded to 16 bits. The H200 A/B: docs/benchmarks.md "Norm and
+    residual adds inside the AR step's GEMVs"."""
     gemv = FUSED_GEMV.fused_gemv
     h = layer.input_layernorm(x)
     if layer.layer_type == "linear_attention":
