@@ -37,13 +37,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def _w_tile(w_base, kk, K, mask_n, EVEN_K: tl.constexpr):
-        """One [BN, BK] tile of W (streamed once: evict first)."""
-        if EVEN_K:
-            return tl.load(w_base + kk[None, :], mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
-        return tl.load(w_base + kk[None, :], mask=mask_n[:, None] & (kk < K)[None, :], other=0.0,
-                       eviction_policy="evict_first")
+    from .small_m_gemm import _gemv_w as _w_tile  # one [BN, BK] tile of W, streamed once
 
     @triton.jit
     def _x_tile(x_ptr, nw_ptr, kk, K, NORM: tl.constexpr):
