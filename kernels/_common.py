@@ -66,3 +66,20 @@ def pdl_enabled(device: torch.device) -> bool:
         _PDL[idx] = (HAS_TRITON and os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("READY_PDL", "1") != "0"
                      and torch.cuda.get_device_capability(idx)[0] >= 9)
     return _PDL[idx]
+
+
+def pdl_launch(device: torch.device, early: bool = False) -> dict:
+    """Launch arguments of a kernel with a `PDL` constexpr: {} without PDL. `early` (for kernels that
+    also take an `EARLY` constexpr, the GEMVs): with env READY_PDL_EARLY=1 such a kernel signals
+    `gdc_launch_dependents` right after its own wait, so the next kernel's programs can take the SMs
+    its last wave frees (and start their weight loads) instead of launching when it has exited. The
+    next kernel's `gdc_wait` still waits for this one to finish. Off by default: not yet measured."""
+    if not pdl_enabled(device):
+        return {}
+    args = {"launch_pdl": True, "PDL": True}
+    if early:
+        args["EARLY"] = _PDL_EARLY
+    return args
+
+
+_PDL_EARLY = os.environ.get("READY_PDL_EARLY", "0") == "1"

@@ -5,12 +5,13 @@
 In the AR step (one token, batch 1) every projection is a GEMV that streams its weight at ~4 TB/s,
 and between two GEMVs sat tiny kernels of 1-3 us each, all latency. Two of them fold in cheaply:
 
-- the post-attention residual add + RMSNorm before the MLP's gate_up projection. Every program of
-  the GEMV reads the whole row x anyway, so it sums x^2 in the same K loop and scales its dot
-  products by 1/rms at the end (the normed row is never rounded to 16 bits, unlike the eager
-  path's: a rounding-level change);
-- the residual adds after o_proj / out_proj and after the MLP's down projection, in the epilogue
-  (the projection is rounded to the model dtype first, as the eager `x + h` sees it).
+- the post-attention residual add + RMSNorm (one kernel): the add goes into o_proj / out_proj's
+  epilogue, the norm into gate_up's prologue. Every program of a GEMV reads the whole row x
+  anyway, so it sums x^2 in the same K loop and scales its dot products by 1/rms at the end (the
+  normed row is never rounded to 16 bits, unlike the eager path's: a rounding-level change);
+- the residual add after the MLP, into down_proj's epilogue.
+
+An epilogue rounds the projection to the model dtype before adding, as the eager `x + h` sees it.
 
 Other prologues were measured and dropped (kernels/NOTES.md "Fused GEMV"): SwiGLU, the GDN
 output's gated norm, the attention output's sigmoid gate, and the input norm before in_proj made
@@ -29,7 +30,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import HAS_TRITON, pdl_enabled, require, require_triton
+from ._common import HAS_TRITON, pdl_launch, require, require_triton
 from .small_m_gemm import CONFIGS as _SMALL_M_CONFIGS
 from .small_m_gemm import Config, Timer, _capturing, _device_timer, time_candidates
 
@@ -54,8 +55,9 @@ if HAS_TRITON:
     @triton.jit
     def _fused_gemv_kernel(x_ptr, nw_ptr, w_ptr, r_ptr, y_ptr, N, K, w_n,
                            NORM: tl.constexpr, EPS: tl.constexpr, HAS_RES: tl.constexpr,
-                           BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False):
-        """Program n block: y[BN] = residual + W[n block] rmsnorm(x)."""
+                           BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
+                           EARLY: tl.constexpr = False):
+        """Program n block: y[BN] = residual + W[n block] rmsnorm(x). EARLY: `_common.pdl_launch`."""
         DT: tl.constexpr = y_ptr.dtype.element_ty
         pid = tl.program_id(0)
         offs_n = pid * BN + tl.arange(0, BN)
@@ -65,6 +67,8 @@ if HAS_TRITON:
         w = _w_tile(w_base, offs_k, K, mask_n, EVEN_K)  # a weight: no kernel writes it, so before the wait
         if PDL:
             tl.extra.cuda.gdc_wait()
+            if EARLY:
+                tl.extra.cuda.gdc_launch_dependents()
         x, sq = _x_tile(x_ptr, nw_ptr, offs_k, K, NORM)
         acc = w.to(tl.float32) * x[None, :]
         for k0 in range(BK, K, BK):
@@ -138,7 +142,7 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: Option
         weight = weight.contiguous()
     x1, nw1, r1 = _row(x), _row(norm_weight), _row(residual)
     y = torch.empty(N, device=weight.device, dtype=weight.dtype)
-    launch = {"launch_pdl": True, "PDL": True} if pdl_enabled(weight.device) else {}
+    launch = pdl_launch(weight.device, early=True)
     _fused_gemv_kernel[(triton.cdiv(N, cfg.bn),)](
         x1, x1 if nw1 is None else nw1, weight, x1 if r1 is None else r1, y, N, K, weight.stride(0),
         NORM=norm_weight is not None, EPS=float(eps), HAS_RES=residual is not None,  # EPS: constexpr, see gdn_fused

@@ -37,7 +37,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import HAS_TRITON, pdl_enabled, require, require_triton
+from ._common import HAS_TRITON, pdl_launch, require, require_triton
 
 MAX_M = 16  # rows padded into one 16-row tl.dot tile
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (it has no bf16 dot), so interpreted runs
@@ -51,13 +51,17 @@ if HAS_TRITON:
     @triton.jit
     def _small_m_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_m, w_n, y_s, y_m, K_SPLIT,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                        EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
+                        EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False,
+                        EARLY: tl.constexpr = False):
         """Program (n block, k slice): acc[BM, BN] = x[:, slice] W[n block, slice]^T in fp32.
 
         SPLIT == 1 stores acc in y's dtype; otherwise the fp32 partial goes to y + pid_k * y_s.
-        PDL: launched as a programmatic dependent; waits for the kernel before it first."""
+        PDL: launched as a programmatic dependent; waits for the kernel before it first.
+        EARLY: then lets the next kernel launch (`_common.pdl_launch`)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
+            if EARLY:
+                tl.extra.cuda.gdc_launch_dependents()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_m = tl.arange(0, BM)
@@ -107,11 +111,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, w_n,
-                     BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False):
+                     BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
+                     EARLY: tl.constexpr = False):
         """Program n block: y[BN] = W[n block] x for one row x, fp32 products summed once at the end.
 
         PDL: launched as a programmatic dependent. The first W tile (a weight no kernel writes) is
-        loaded while the kernel before this one still runs; x, its output, only after the wait."""
+        loaded while the kernel before this one still runs; x, its output, only after the wait.
+        EARLY: then lets the next kernel launch (`_common.pdl_launch`)."""
         pid = tl.program_id(0)
         offs_n = pid * BN + tl.arange(0, BN)
         offs_k = tl.arange(0, BK)
@@ -122,6 +128,8 @@ if HAS_TRITON:
         if PDL:
             w = _gemv_w(w_base, offs_k, K, mask_n, EVEN_K)
             tl.extra.cuda.gdc_wait()
+            if EARLY:
+                tl.extra.cuda.gdc_launch_dependents()
             acc += w.to(tl.float32) * _gemv_x(x_ptr, offs_k, K, EVEN_K).to(tl.float32)[None, :]
             start = BK
         for k0 in range(start, K, BK):
@@ -218,8 +226,7 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
     y = out if out is not None else torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M == 0:
         return y.reshape(*x.shape[:-1], N)
-    pdl = pdl_enabled(x.device)
-    launch = {"launch_pdl": True, "PDL": True} if pdl else {}
+    launch = pdl_launch(x.device, early=True)
     if cfg.gemv:
         _gemv_kernel[(triton.cdiv(N, cfg.bn),)](x2, weight, y, N, K, weight.stride(0), BN=cfg.bn, BK=cfg.bk,
                                                 EVEN_K=K % cfg.bk == 0, num_warps=cfg.warps, num_stages=cfg.stages,
@@ -243,7 +250,7 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
                               num_warps=cfg.warps, num_stages=cfg.stages, enable_fp_fusion=True, **launch)
         block = 1024
         _split_sum_kernel[(triton.cdiv(M * N, block),)](part, y, M * N, SPLIT=split, BLOCK=block, num_warps=4,
-                                                        enable_fp_fusion=True, **launch)
+                                                        enable_fp_fusion=True, **pdl_launch(x.device))
     return y.reshape(*x.shape[:-1], N)
 
 

@@ -1,0 +1,24 @@
+"""The launch arguments of the PDL-aware kernels: none off Hopper (or on CPU); on Hopper the PDL
+launch, and the GEMVs' early trigger only when READY_PDL_EARLY asks for it."""
+
+import torch
+
+from ready_kernels import _common
+
+
+def test_no_pdl_arguments_on_cpu():
+    assert _common.pdl_launch(torch.device("cpu")) == {}
+    assert _common.pdl_launch(torch.device("cpu"), early=True) == {}
+
+
+def test_on_a_pdl_device_the_gemvs_get_the_early_trigger_only_when_asked(monkeypatch):
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setitem(_common._PDL, 0, True)  # as pdl_enabled decides it on a Hopper GPU
+    monkeypatch.setattr(_common, "_PDL_EARLY", False)
+    assert _common.pdl_launch(gpu) == {"launch_pdl": True, "PDL": True}
+    assert _common.pdl_launch(gpu, early=True) == {"launch_pdl": True, "PDL": True, "EARLY": False}
+    monkeypatch.setattr(_common, "_PDL_EARLY", True)
+    assert _common.pdl_launch(gpu, early=True)["EARLY"] is True
+    assert "EARLY" not in _common.pdl_launch(gpu)  # kernels without the constexpr never get it
+    monkeypatch.setitem(_common._PDL, 0, False)  # READY_PDL=0, or an older GPU
+    assert _common.pdl_launch(gpu, early=True) == {}
