@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ._common import HAS_TRITON, pdl_launch, require, require_triton
 from .small_m_gemm import CONFIGS as _SMALL_M_CONFIGS
-from .small_m_gemm import Config, Timer, _capturing, _device_timer, time_candidates
+from .small_m_gemm import Config, Timer, capturing, device_timer, time_candidates
 
 if HAS_TRITON:
     import triton
@@ -164,7 +164,7 @@ class FusedTuner:
         key = (norm_weight is not None, residual is not None, *weight.shape, weight.dtype, weight.device.index)
         if key in self.choice:
             return self.choice[key]
-        if _capturing():  # never time inside a capture; the graphs' warm-up tunes first
+        if capturing():  # never time inside a capture; the graphs' warm-up tunes first
             return DEFAULT
         xs, nws, rs = (None if t is None else torch.randn_like(t) for t in (x, norm_weight, residual))
         want = fused_gemv_reference(xs, weight, nws, rs, eps).float()
@@ -182,7 +182,7 @@ class FusedTuner:
             configs[cfg.name()] = cfg
         require(bool(configs), f"fused_gemv: no configuration ran correctly for {weight.shape[0]} x "
                 f"{weight.shape[1]} {weight.dtype}")
-        times = time_candidates(runs, self.timer or _device_timer)
+        times = time_candidates(runs, self.timer or device_timer)
         self.choice[key] = configs[min(configs, key=lambda n: times[n])]
         self.timings[key] = times
         return self.choice[key]

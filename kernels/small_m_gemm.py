@@ -259,7 +259,7 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
 Timer = Callable[[Callable[[], object]], float]
 
 
-def _device_timer(fn: Callable[[], object]) -> float:
+def device_timer(fn: Callable[[], object]) -> float:
     """Median ms of fn on the device, L2 flushed between calls (triton.testing.do_bench)."""
     return float(triton.testing.do_bench(fn, warmup=2, rep=12, return_mode="median"))
 
@@ -323,7 +323,7 @@ class SmallMTuner:
             if not bool(torch.isfinite(got).all()) or float((got - want).norm() / scale) > self.tol:
                 continue
             runs[cfg.name()], configs[cfg.name()] = (lambda c=cfg: small_m_linear_triton(x2, weight, c)), cfg
-        times = time_candidates(runs, self.timer or _device_timer)
+        times = time_candidates(runs, self.timer or device_timer)
         best = min(configs, key=lambda n: times[n], default=None)
         self.choice[k] = configs[best] if best is not None and times[best] < times["torch"] else None
         self.timings[k] = times
@@ -358,7 +358,8 @@ def get_mode() -> str:
     return _MODE
 
 
-def _capturing() -> bool:
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (no tuning then)."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
@@ -368,7 +369,7 @@ def _dispatch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if _MODE == "triton":
         return small_m_linear_triton(x2, weight).reshape(*x.shape[:-1], N)
     known, cfg = TUNER.lookup(x2, weight)
-    if not known and not _capturing():
+    if not known and not capturing():
         cfg = TUNER.tune(x2, weight)
     if cfg is None:
         return F.linear(x, weight)
@@ -414,10 +415,10 @@ def exact_config(x2: torch.Tensor, weight: torch.Tensor, timer: Optional[Timer] 
     key = _exact_key(weight)
     if key in EXACT_CHOICE:
         return EXACT_CHOICE[key]
-    if _capturing():
+    if capturing():
         EXACT_CHOICE[key] = DEFAULT
         return DEFAULT
-    timer = timer or _device_timer
+    timer = timer or device_timer
     xt = torch.randn(min(max(x2.shape[0], 1), MAX_M), weight.shape[1], device=weight.device, dtype=weight.dtype)
     want = F.linear(xt.float(), weight.float())
     scale = want.norm().clamp_min(1e-30)
