@@ -236,12 +236,8 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, ...]:
         """q, k, v [B, H, T, hd] (q and k normed, before rotary) and the output gate [B, T, H*hd]."""
-        return self.heads(lin(x, self.qkv_proj.weight, exact), exact)
-
-    def heads(self, qkv: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, ...]:
-        """`project` from the fused q/k/v projection's output qkv [B, T, sum(split)]."""
-        B, T, _ = qkv.shape
-        qg, k, v = qkv.split(self.split, dim=-1)
+        B, T, _ = x.shape
+        qg, k, v = lin(x, self.qkv_proj.weight, exact).split(self.split, dim=-1)
         q, gate = qg.reshape(B, T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
         q = self.q_norm(q, exact).transpose(1, 2)
         k = self.k_norm(k.reshape(B, T, self.n_kv, self.hd), exact).transpose(1, 2)
