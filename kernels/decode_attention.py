@@ -5,7 +5,7 @@ For every (batch row b, query head h, query row t) at absolute position p = pos[
     o[b, h, t] = softmax(scale * q[b, h, t] . k[b, h // G, j]  for lo <= j <= p) @ v[b, h // G, lo..p]
 
 with lo = 0, or lo = max(p + 1 - window, 0) for a sliding window; G = query heads per KV head (GQA),
-scale = head_dim^-0.5. This is what `Attention.attend` computes with SDPA and a mask over the whole
+scale = head_dim^-0.5. This is what `Attention.attention` computes with SDPA and a mask over the whole
 buffer on the fast path. On the H200 that SDPA call took 14 µs per attention layer for one query at
 the 27B size (cuDNN's prefill-shaped tiles over a few hundred keys; kernels/NOTES.md): most of the
 GPU idled while a handful of programs walked the keys.

@@ -29,7 +29,7 @@ def make(B, HQ, HKV, T, L, D, dtype, device=DEVICE):
 
 
 def masked_sdpa(q, k, v, pos, window=0):
-    """What `Attention.attend` computes on the fast path: SDPA over the buffer with a visibility mask
+    """What `Attention.attention` computes on the fast path: SDPA over the buffer with a visibility mask
     (float64 here)."""
     j = torch.arange(k.shape[2], device=q.device)
     pos = pos if pos.dim() == 2 else pos[None].expand(q.shape[0], -1)
