@@ -25,7 +25,8 @@ On Hopper every launch is a programmatic dependent one (`_common.pdl_enabled`; e
 switches it off): inside a CUDA graph the GEMV starts streaming W while the kernel before it
 finishes, and reads x only after `gdc_wait`.
 Env `READY_SMALL_M_GEMV=0` keeps the one-row GEMV configurations out of the tuner (an A/B switch for
-benchmarks: the same process otherwise).
+benchmarks: the same process otherwise); env `READY_TUNE_TIMER=graph` times the candidates from a
+CUDA graph (`device_timer`).
 """
 
 from __future__ import annotations
@@ -260,8 +261,17 @@ Timer = Callable[[Callable[[], object]], float]
 
 
 def device_timer(fn: Callable[[], object]) -> float:
-    """Median ms of fn on the device, L2 flushed between calls (triton.testing.do_bench)."""
+    """Median ms of fn on the device. Default: triton.testing.do_bench, L2 flushed between calls,
+    each call launched from Python. Env READY_TUNE_TIMER=graph: do_bench_cudagraph, the calls
+    replayed from one CUDA graph, so a busy host (compile workers during a warm-up) cannot stretch a
+    short kernel's time to its Python launch time; L2 is not flushed. Not the default until measured
+    (kernels/NOTES.md "Next steps")."""
+    if TUNE_TIMER == "graph":
+        return float(triton.testing.do_bench_cudagraph(fn, rep=12, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=2, rep=12, return_mode="median"))
+
+
+TUNE_TIMER = os.environ.get("READY_TUNE_TIMER", "bench")
 
 
 TIMING_ROUNDS = 2

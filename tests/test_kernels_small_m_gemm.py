@@ -78,6 +78,19 @@ def test_the_tuner_keeps_each_candidates_best_time_over_rounds_in_both_orders():
     assert sm.time_candidates({"a": lambda: 0, "b": lambda: 0}, lambda fn: next(noisy)) == {"a": 1.5, "b": 1.0}
 
 
+@pytest.mark.parametrize("mode, used", [("bench", "do_bench"), ("graph", "do_bench_cudagraph")])
+def test_the_device_timer_follows_the_tune_timer_switch(monkeypatch, mode, used):
+    """READY_TUNE_TIMER=graph times from a CUDA graph (immune to host launch time); the default
+    keeps do_bench's L2-flushed timing."""
+    import triton.testing
+
+    seen = []
+    for name in ("do_bench", "do_bench_cudagraph"):
+        monkeypatch.setattr(triton.testing, name, lambda fn, *a, _n=name, **k: seen.append(_n) or 0.25)
+    monkeypatch.setattr(sm, "TUNE_TIMER", mode)
+    assert sm.device_timer(lambda: None) == 0.25 and seen == [used]
+
+
 def test_the_tuner_offers_the_gemv_to_one_row_only(monkeypatch):
     gemv, dot = GEMV[0], sm.Config(16, 64, 1, 4, 2)
     planted = {"torch": 3.0, dot.name(): 2.0, gemv.name(): 1.0}
