@@ -263,7 +263,7 @@ Timer = Callable[[Callable[[], object]], float]
 def device_timer(fn: Callable[[], object]) -> float:
     """Median ms of fn on the device. Default: triton.testing.do_bench, L2 flushed between calls,
     each call launched from Python. Env READY_TUNE_TIMER=graph: do_bench_cudagraph, the calls
-    replayed from one CUDA graph, so a busy host (compile workers during a warm-up) cannot stretch a
+    replayed from one CUDA graph, so a busy host (e.g. compile workers during a warm-up) cannot stretch a
     short kernel's time to its Python launch time; L2 is not flushed. Not the default until measured
     (kernels/NOTES.md "Next steps")."""
     if TUNE_TIMER == "graph":
