@@ -25,14 +25,14 @@ end, as the plain GEMV of small_m_gemm.py. With PDL (Hopper) the first W tile is
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from ._common import HAS_TRITON, pdl_launch, require, require_triton
 from .small_m_gemm import CONFIGS as _SMALL_M_CONFIGS
-from .small_m_gemm import Config, Timer, capturing, device_timer, time_candidates
+from .small_m_gemm import Config, Timer, capturing, correct_candidates, device_timer, time_candidates
 
 if HAS_TRITON:
     import triton
@@ -168,18 +168,8 @@ class FusedTuner:
             return DEFAULT
         xs, nws, rs = (None if t is None else torch.randn_like(t) for t in (x, norm_weight, residual))
         want = fused_gemv_reference(xs, weight, nws, rs, eps).float()
-        scale = want.norm().clamp_min(1e-30)
-        runs: dict[str, Callable[[], object]] = {}
-        configs: dict[str, Config] = {}
-        for cfg in self.configs:
-            try:
-                got = fused_gemv_triton(xs, weight, nws, rs, eps, cfg).float()
-            except Exception:  # a configuration this device cannot run (resources): skip it
-                continue
-            if not bool(torch.isfinite(got).all()) or float((got - want).norm() / scale) > self.tol:
-                continue
-            runs[cfg.name()] = lambda c=cfg: fused_gemv_triton(xs, weight, nws, rs, eps, c)
-            configs[cfg.name()] = cfg
+        runs, configs = correct_candidates(self.configs, lambda c: fused_gemv_triton(xs, weight, nws, rs, eps, c),
+                                           want, self.tol)
         require(bool(configs), f"fused_gemv: no configuration ran correctly for {weight.shape[0]} x "
                 f"{weight.shape[1]} {weight.dtype}")
         times = time_candidates(runs, self.timer or device_timer)

@@ -291,6 +291,24 @@ def time_candidates(runs: dict[str, Callable[[], object]], timer: Timer, rounds:
     return best
 
 
+def correct_candidates(configs, run: Callable[[Config], torch.Tensor], want: torch.Tensor,
+                       tol: float) -> tuple[dict[str, Callable[[], object]], dict[str, Config]]:
+    """The configurations that run here and whose output `run(cfg)` matches `want` within relative
+    `tol`: (name -> timing closure, name -> configuration), in the order given."""
+    scale = want.norm().clamp_min(1e-30)
+    runs: dict[str, Callable[[], object]] = {}
+    kept: dict[str, Config] = {}
+    for cfg in configs:
+        try:
+            got = run(cfg).float()
+        except Exception:  # a configuration this device cannot run (resources): skip it
+            continue
+        if not bool(torch.isfinite(got).all()) or float((got - want).norm() / scale) > tol:
+            continue
+        runs[cfg.name()], kept[cfg.name()] = (lambda c=cfg: run(c)), cfg
+    return runs, kept
+
+
 class SmallMTuner:
     """Per (M, N, K, dtype, device): the fastest correct candidate, None meaning F.linear."""
 
@@ -320,19 +338,10 @@ class SmallMTuner:
         k = self.key(x2, weight)
         x2 = torch.randn_like(x2)  # never time or check on the caller's (maybe zero) rows
         want = F.linear(x2, weight).float()
-        scale = want.norm().clamp_min(1e-30)
-        runs: dict[str, Callable[[], object]] = {"torch": lambda: F.linear(x2, weight)}
-        configs: dict[str, Config] = {}
-        for cfg in self.configs:
-            if not cfg.offered(x2.shape[0]):
-                continue
-            try:
-                got = small_m_linear_triton(x2, weight, cfg).float()
-            except Exception:  # a configuration this device cannot run (resources): skip it
-                continue
-            if not bool(torch.isfinite(got).all()) or float((got - want).norm() / scale) > self.tol:
-                continue
-            runs[cfg.name()], configs[cfg.name()] = (lambda c=cfg: small_m_linear_triton(x2, weight, c)), cfg
+        offered = (c for c in self.configs if c.offered(x2.shape[0]))
+        triton_runs, configs = correct_candidates(offered, lambda c: small_m_linear_triton(x2, weight, c), want,
+                                                  self.tol)
+        runs: dict[str, Callable[[], object]] = {"torch": lambda: F.linear(x2, weight), **triton_runs}
         times = time_candidates(runs, self.timer or device_timer)
         best = min(configs, key=lambda n: times[n], default=None)
         self.choice[k] = configs[best] if best is not None and times[best] < times["torch"] else None
@@ -431,19 +440,8 @@ def exact_config(x2: torch.Tensor, weight: torch.Tensor, timer: Optional[Timer] 
     timer = timer or device_timer
     xt = torch.randn(min(max(x2.shape[0], 1), MAX_M), weight.shape[1], device=weight.device, dtype=weight.dtype)
     want = F.linear(xt.float(), weight.float())
-    scale = want.norm().clamp_min(1e-30)
-    runs: dict[str, Callable[[], object]] = {}
-    configs: dict[str, Config] = {}
-    for cfg in TUNER.configs:
-        if cfg.gemv:  # one configuration for every row count: never the one-row kernel
-            continue
-        try:
-            got = small_m_linear_triton(xt, weight, cfg).float()
-        except Exception:  # a configuration this device cannot run: skip it
-            continue
-        if not bool(torch.isfinite(got).all()) or float((got - want).norm() / scale) > TUNER.tol:
-            continue
-        runs[cfg.name()], configs[cfg.name()] = (lambda c=cfg: small_m_linear_triton(xt, weight, c)), cfg
+    multi_row = (c for c in TUNER.configs if not c.gemv)  # one configuration for every row count: never the GEMV
+    runs, configs = correct_candidates(multi_row, lambda c: small_m_linear_triton(xt, weight, c), want, TUNER.tol)
     times = time_candidates(runs, timer)
     best = configs[min(configs, key=lambda n: times[n])] if configs else DEFAULT
     EXACT_CHOICE[key], EXACT_TIMINGS[key] = best, times

@@ -12,21 +12,15 @@ import importlib
 import pytest
 import torch
 
-from ready.target import HybridConfig, HybridLM
-from ready.target import layers
-
-VOCAB = 96
+from ready.target import HybridLM, layers
+from tiny_models import VOCAB, small_target
 
 
 def _target(dtype: torch.dtype) -> HybridLM:
-    torch.manual_seed(11)
-    cfg = HybridConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
-        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=128,
-    )
-    model = HybridLM(cfg).to(dtype).eval().requires_grad_(False)
-    with torch.no_grad():  # norm weights away from their init, so a norm wired to the wrong place shows
+    """Four layers (three GDN, one attention), norm weights away from their init, so that a norm
+    wired to the wrong place shows."""
+    model = small_target(num_layers=4, seed=11).to(dtype).requires_grad_(False)
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.3 * torch.randn_like(p))
