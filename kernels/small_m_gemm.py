@@ -25,8 +25,8 @@ On Hopper every launch is a programmatic dependent one (`_common.pdl_enabled`; e
 switches it off): inside a CUDA graph the GEMV starts streaming W while the kernel before it
 finishes, and reads x only after `gdc_wait`.
 Env `READY_SMALL_M_GEMV=0` keeps the one-row GEMV configurations out of the tuner (an A/B switch for
-benchmarks: the same process otherwise); env `READY_TUNE_TIMER=graph` times the candidates from a
-CUDA graph (`device_timer`).
+benchmarks: the same process otherwise). The tuners time candidates from a CUDA graph
+(`device_timer`; env `READY_TUNE_TIMER=bench` restores do_bench's per-call timing).
 """
 
 from __future__ import annotations
@@ -261,17 +261,19 @@ Timer = Callable[[Callable[[], object]], float]
 
 
 def device_timer(fn: Callable[[], object]) -> float:
-    """Median ms of fn on the device. Default: triton.testing.do_bench, L2 flushed between calls,
-    each call launched from Python. Env READY_TUNE_TIMER=graph: do_bench_cudagraph, the calls
-    replayed from one CUDA graph, so a busy host (e.g. compile workers during a warm-up) cannot stretch a
-    short kernel's time to its Python launch time; L2 is not flushed. Not the default until measured
-    (kernels/NOTES.md "Next steps")."""
+    """Median ms of fn on the device. Default (env READY_TUNE_TIMER=graph): do_bench_cudagraph, the
+    calls replayed from one CUDA graph, as the engine runs them, so a busy host (e.g. compile workers
+    during a warm-up) cannot stretch a short kernel's time to its Python launch time; L2 is not
+    flushed. READY_TUNE_TIMER=bench: triton.testing.do_bench, L2 flushed, each call launched from
+    Python (the timer before 2 Dec; its choices changed from process to process: kernels/NOTES.md
+    "Tuning from a CUDA graph")."""
     if TUNE_TIMER == "graph":
         return float(triton.testing.do_bench_cudagraph(fn, rep=12, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=2, rep=12, return_mode="median"))
 
 
-TUNE_TIMER = os.environ.get("READY_TUNE_TIMER", "bench")
+TUNE_TIMER = os.environ.get("READY_TUNE_TIMER", "graph")
+require(TUNE_TIMER in ("graph", "bench"), f"env READY_TUNE_TIMER must be graph (default) or bench, got {TUNE_TIMER!r}")
 
 
 TIMING_ROUNDS = 2

@@ -6,6 +6,9 @@ the 27B projection shapes).
 """
 
 import importlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -80,8 +83,8 @@ def test_the_tuner_keeps_each_candidates_best_time_over_rounds_in_both_orders():
 
 @pytest.mark.parametrize("mode, used", [("bench", "do_bench"), ("graph", "do_bench_cudagraph")])
 def test_the_device_timer_follows_the_tune_timer_switch(monkeypatch, mode, used):
-    """READY_TUNE_TIMER=graph times from a CUDA graph (immune to host launch time); the default
-    keeps do_bench's L2-flushed timing."""
+    """By default the tuners time from a CUDA graph (immune to host launch time);
+    READY_TUNE_TIMER=bench keeps do_bench's L2-flushed per-call timing."""
     import triton.testing
 
     seen = []
@@ -89,6 +92,13 @@ def test_the_device_timer_follows_the_tune_timer_switch(monkeypatch, mode, used)
         monkeypatch.setattr(triton.testing, name, lambda fn, *a, _n=name, **k: seen.append(_n) or 0.25)
     monkeypatch.setattr(sm, "TUNE_TIMER", mode)
     assert sm.device_timer(lambda: None) == 0.25 and seen == [used]
+
+
+def test_a_misspelt_tune_timer_is_refused_at_import():
+    env = {**os.environ, "READY_TUNE_TIMER": "grpah"}
+    run = subprocess.run([sys.executable, "-c", "import ready_kernels.small_m_gemm"], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "READY_TUNE_TIMER must be graph (default) or bench, got 'grpah'" in run.stderr
 
 
 def test_the_tuner_offers_the_gemv_to_one_row_only(monkeypatch):
