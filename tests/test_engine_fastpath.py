@@ -17,21 +17,15 @@ from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import Engine
 from ready.decode.graphs import GraphRunner
 from ready.drafter import DSparkDrafter
-from ready.target import HybridConfig, HybridLM
+from ready.target import HybridLM
 from ready_kernels import small_m_gemm as sm
+from tiny_models import VOCAB, small_target
 
 pytestmark = pytest.mark.cuda
-VOCAB = 128
 
 
 def _target(dtype: torch.dtype) -> HybridLM:
-    torch.manual_seed(5)
-    cfg = HybridConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
-        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=256,
-    )
-    return HybridLM(cfg).to("cuda", dtype).eval().requires_grad_(False)
+    return small_target().to("cuda", dtype).requires_grad_(False)
 
 
 def _drafter(target: HybridLM, k: int = 3) -> DSparkDrafter:
