@@ -1,0 +1,210 @@
+"""Paired A/B of environment switches over fresh engine-benchmark processes.
+
+    python -m ready.bench.ab --variant early READY_PDL_EARLY=1 --variant base READY_PDL_EARLY=0 \\
+        --rounds 3 --out ab_runs -- --target qwen3_5_27b --device cuda --dtype bfloat16 \\
+        --prompt-len 256 --new-tokens 192 --repeats 3 --verify-iters 10 --verify-tokens ""
+
+The unit is a process: compilation and the kernel tuners' choices happen once per process, and
+processes on one machine differ by more than the repeats inside one (0.3-1 tok/s on the 27B preset).
+Each round runs every variant once, in a fresh `python -m ready.bench.engine` process with the
+variant's environment, the order reversed every other round so drift over the machine's lifetime
+falls on all variants alike. A difference pairs the rounds in which both of its processes finished;
+the exit code is 1 when any process failed (its reason and stderr tail are in its JSON).
+
+Output (JSON on stdout and `<out>/ab.json`): per variant and process the engine figures (AR decode
+tok/s, engine step, verify of 1 and K+1 tokens, their ratio, the tuners' timer; `--metric` adds
+any dotted path of the engine JSON); per metric and variant after the first, the per-round
+difference variant − first, its mean and a 95 % t interval over the rounds (paired: same round,
+same machine; none with one round). Each process's own JSON goes to `<out>/<variant>_<round>.json`
+as it ends, so a run stopped by a time limit keeps what finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ready.artifacts import atomic_write_text
+
+# dotted paths into the engine JSON (ready/bench/engine.py), reported for every process
+METRICS = {
+    "ar_tok_s": "ar.decode_tokens_per_s",
+    "ar_step_ms": "ar.step_ms",
+    "verify1_ms": "verify.step_ms",
+    "verify_k_ms": "verify.verify_ms",
+    "verify_ratio": "verify.ratio",
+}
+# two-sided 95 % quantiles of Student's t by degrees of freedom; beyond 30 the normal 1.96 is close
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+        20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+        29: 2.045, 30: 2.042}
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+class ABError(ValueError):
+    """A bad A/B request; the message names the argument and what was expected."""
+
+
+def parse_variant(words: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """`NAME [VAR=value ...]` -> (name, environment). A variant with no assignments runs the
+    environment as it is (a baseline)."""
+    if not words or not _NAME.match(words[0]):
+        raise ABError(f"--variant {' '.join(words)!r}: expected a name of letters, digits, '_' or '-', "
+                      "then VAR=value assignments, e.g. --variant early READY_PDL_EARLY=1")
+    env = {}
+    for w in words[1:]:
+        if not _ENV.match(w):
+            raise ABError(f"--variant {words[0]}: {w!r} is not a VAR=value assignment")
+        key, value = w.split("=", 1)
+        env[key] = value
+    return words[0], env
+
+
+def lookup(doc: Any, path: str) -> Optional[float]:
+    """The number at a dotted path (list items by index), or None where the path is absent."""
+    for part in path.split("."):
+        if isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
+            doc = doc[int(part)]
+        elif isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        else:
+            return None
+    return float(doc) if isinstance(doc, (int, float)) and not isinstance(doc, bool) else None
+
+
+def paired_interval(diffs: Sequence[float]) -> Optional[dict[str, float]]:
+    """Mean of paired differences and its 95 % t interval; None for fewer than two pairs."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    half = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return {"mean": mean, "lo": mean - half, "hi": mean + half}
+
+
+def round_order(names: Sequence[str], r: int) -> list[str]:
+    """The variants of round r (0-based): as given in even rounds, reversed in odd ones."""
+    return list(names) if r % 2 == 0 else list(reversed(names))
+
+
+def run_process(engine_args: Sequence[str], env: dict[str, str], timeout: Optional[float]) -> dict[str, Any]:
+    """One engine benchmark in a fresh process: its JSON, or {"failed": why, "stderr": tail}."""
+    cmd = [sys.executable, "-m", "ready.bench.engine", *engine_args, "--json"]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return {"failed": f"timed out after {timeout:g} s", "stderr": err[-2000:]}
+    wall = time.perf_counter() - start
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        return {"failed": f"exit code {proc.returncode}", "stderr": proc.stderr[-2000:]}
+    try:
+        doc = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return {"failed": "its last line of output is not JSON", "stderr": proc.stderr[-2000:]}
+    doc["process_wall_s"] = wall
+    return doc
+
+
+def summarize(names: Sequence[str], runs: dict[str, list[Optional[dict]]], metrics: dict[str, str]) -> dict[str, Any]:
+    """Per-process figures and, per metric, the paired differences against the first variant over
+    the rounds in which both processes finished."""
+    ok = {n: [d is not None and "failed" not in d for d in runs[n]] for n in names}
+    per_variant = {n: [{**{m: lookup(d, p) for m, p in metrics.items()},
+                        "tune_timer": (d.get("small_m") or {}).get("timer")} if good else None
+                       for d, good in zip(runs[n], ok[n])] for n in names}
+    diffs: dict[str, dict[str, Any]] = {}
+    ref = names[0]
+    for m in metrics:
+        for n in names[1:]:
+            both = [r for r in range(len(runs[ref])) if ok[n][r] and ok[ref][r]]
+            pairs = [(r, per_variant[n][r][m], per_variant[ref][r][m]) for r in both]
+            d = [(r, a - b) for r, a, b in pairs if a is not None and b is not None]
+            diffs.setdefault(m, {})[f"{n} - {ref}"] = {"rounds": [r for r, _ in d], "per_round": [x for _, x in d],
+                                                       "interval": paired_interval([x for _, x in d])}
+    failed = {n: {r: runs[n][r]["failed"] for r in range(len(runs[n])) if runs[n][r] and not ok[n][r]} for n in names}
+    return {"variants": list(names), "rounds": len(runs[ref]), "per_process": per_variant,
+            "differences": diffs, "failed": {n: f for n, f in failed.items() if f}}
+
+
+def run_ab(variants: dict[str, dict[str, str]], engine_args: Sequence[str], rounds: int, out: Path,
+           metrics: dict[str, str], timeout: Optional[float] = None) -> dict[str, Any]:
+    """Run `rounds` rounds of every variant, writing each process's JSON and the summary under `out`."""
+    names = list(variants)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[Optional[dict]]] = {n: [None] * rounds for n in names}
+    order: list[list[str]] = []
+    total, done = rounds * len(names), 0
+    for r in range(rounds):
+        order.append(round_order(names, r))
+        for n in order[-1]:
+            done += 1
+            doc = run_process(engine_args, variants[n], timeout)
+            runs[n][r] = doc
+            atomic_write_text(out / f"{n}_{r}.json", json.dumps(doc, indent=1) + "\n")
+            figure = (f"failed: {doc['failed']}" if "failed" in doc else
+                      f"AR {lookup(doc, METRICS['ar_tok_s']) or float('nan'):.2f} tok/s, "
+                      f"verify ratio {lookup(doc, METRICS['verify_ratio']) or float('nan'):.3f}, "
+                      f"{doc['process_wall_s']:.0f} s")
+            print(f"[{done}/{total}] round {r} {n}: {figure}", file=sys.stderr, flush=True)
+    res = {"engine_args": list(engine_args), "env": variants, "order": order, **summarize(names, runs, metrics)}
+    atomic_write_text(out / "ab.json", json.dumps(res, indent=1) + "\n")
+    return res
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    engine_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(prog="python -m ready.bench.ab", description=__doc__.splitlines()[0],
+                                 epilog="Arguments after -- go to python -m ready.bench.engine.")
+    ap.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [VAR=value]",
+                    help="a variant's name and environment (give two or more; the first is the reference)")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per variant (default 2)")
+    ap.add_argument("--out", required=True, help="folder for each process's JSON and ab.json")
+    ap.add_argument("--metric", action="append", default=[], metavar="NAME=PATH",
+                    help="also report this dotted path of the engine JSON, e.g. tps=forced.0.decode_tokens_per_s")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per process (default none)")
+    a = ap.parse_args(own)
+    try:
+        variants: dict[str, dict[str, str]] = {}
+        for words in a.variant:
+            name, env = parse_variant(words)
+            if name in variants:
+                raise ABError(f"--variant {name}: given twice")
+            variants[name] = env
+        if len(variants) < 2:
+            raise ABError("--variant: expected at least two variants to compare")
+        if a.rounds < 1:
+            raise ABError(f"--rounds {a.rounds}: expected at least 1")
+        if any(w == "--out" or w.startswith("--out=") for w in engine_args):
+            raise ABError("engine arguments: leave out --out (each process's JSON goes to the A/B folder)")
+        metrics = dict(METRICS)
+        for spec in a.metric:
+            name, sep, path = spec.partition("=")
+            if not sep or not _NAME.match(name) or not path:
+                raise ABError(f"--metric {spec!r}: expected NAME=dotted.path, e.g. tps=forced.0.decode_tokens_per_s")
+            metrics[name] = path
+    except ABError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    res = run_ab(variants, engine_args, a.rounds, Path(a.out), metrics, a.timeout)
+    print(json.dumps(res))
+    return 1 if res["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The A/B runner alternates variants over fresh engine processes, pairs them by round, and
+reports each difference with a t interval; bad requests get one clear message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ready.bench import ab
+from ready.target import save_target
+from tiny_models import small_target
+
+
+def test_a_variant_is_a_name_and_assignments():
+    assert ab.parse_variant(["early", "READY_PDL_EARLY=1", "X=a=b"]) == ("early", {"READY_PDL_EARLY": "1", "X": "a=b"})
+    assert ab.parse_variant(["plain"]) == ("plain", {})
+    with pytest.raises(ab.ABError, match="not a VAR=value"):
+        ab.parse_variant(["early", "READY_PDL_EARLY"])
+    with pytest.raises(ab.ABError, match="expected a name"):
+        ab.parse_variant(["READY_PDL_EARLY=1"])
+
+
+def test_rounds_alternate_the_order():
+    assert [ab.round_order(["a", "b", "c"], r) for r in range(3)] == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+
+
+def test_the_paired_interval_is_students_t():
+    got = ab.paired_interval([1.0, 2.0, 3.0])  # mean 2, sd 1, t(0.975, 2 df) = 4.303
+    half = 4.303 / 3 ** 0.5
+    assert got == pytest.approx({"mean": 2.0, "lo": 2.0 - half, "hi": 2.0 + half})
+    assert ab.paired_interval([0.5]) is None  # one round: no interval
+
+
+def test_dotted_paths_reach_into_lists_and_miss_cleanly():
+    doc = {"ar": {"step_ms": 13.7}, "forced": [{"tps": 250}], "flag": True}
+    assert ab.lookup(doc, "ar.step_ms") == 13.7 and ab.lookup(doc, "forced.0.tps") == 250.0
+    assert ab.lookup(doc, "forced.1.tps") is None and ab.lookup(doc, "ar.nope") is None and ab.lookup(doc, "flag") is None
+
+
+def test_summary_pairs_by_round_and_skips_rounds_without_a_partner():
+    runs = {"a": [{"ar": {"decode_tokens_per_s": 70.0}}, {"ar": {"decode_tokens_per_s": 71.0}}, {"failed": "exit code 1"}],
+            "b": [{"ar": {"decode_tokens_per_s": 72.0}}, {"ar": {"decode_tokens_per_s": 72.5}}, {"ar": {"decode_tokens_per_s": 99.0}}]}
+    res = ab.summarize(["a", "b"], runs, {"ar_tok_s": "ar.decode_tokens_per_s"})
+    d = res["differences"]["ar_tok_s"]["b - a"]
+    assert d["rounds"] == [0, 1] and d["per_round"] == [2.0, 1.5]  # round 2's 99 has no partner
+    assert d["interval"]["mean"] == pytest.approx(1.75) and res["failed"] == {"a": {2: "exit code 1"}}
+
+
+def test_bad_requests_are_refused_with_one_message(tmp_path, capsys):
+    assert ab.main(["--variant", "a", "--out", str(tmp_path)]) == 2
+    assert "at least two variants" in capsys.readouterr().err
+    assert ab.main(["--variant", "a", "--variant", "a", "X=1", "--out", str(tmp_path)]) == 2
+    assert "given twice" in capsys.readouterr().err
+    assert ab.main(["--variant", "a", "--variant", "b", "--out", str(tmp_path), "--", "--out", "x.json"]) == 2
+    assert "leave out --out" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written for a refused request
+
+
+@pytest.mark.slow
+def test_two_variants_run_in_fresh_processes_on_cpu(tmp_path, capsys):
+    torch.manual_seed(0)
+    target = save_target(small_target(num_layers=4), tmp_path / "t")
+    out = tmp_path / "ab"
+    code = ab.main(["--variant", "graph", "READY_TUNE_TIMER=graph", "--variant", "bench", "READY_TUNE_TIMER=bench",
+                    "--variant", "broken", "READY_TUNE_TIMER=nonsense", "--rounds", "2", "--out", str(out),
+                    "--metric", "tau=ar.tau", "--",
+                    "--target", str(target), "--device", "cpu", "--prompt-len", "8", "--new-tokens", "12", "-k", "3",
+                    "--accept-dist", "3:1", "--repeats", "1", "--verify-iters", "2", "--threads", "1"])
+    res = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "ab.json").read_text()) == res
+    assert res["order"] == [["graph", "bench", "broken"], ["broken", "bench", "graph"]]
+    # each process ran with its own environment: the engine JSON records the tuners' timer
+    assert [p["tune_timer"] for p in res["per_process"]["graph"]] == ["graph", "graph"]
+    assert [p["tune_timer"] for p in res["per_process"]["bench"]] == ["bench", "bench"]
+    assert all(p["tau"] == 1.0 and p["ar_tok_s"] > 0 for p in res["per_process"]["graph"])
+    assert sorted(f.name for f in out.glob("*.json")) == sorted(
+        ["ab.json"] + [f"{n}_{r}.json" for n in ("graph", "bench", "broken") for r in (0, 1)])
+    # a misspelt switch fails its process, not the run; its rounds count as incomplete
+    assert set(res["failed"]["broken"]) == {"0", "1"} and code == 1
+    assert "READY_TUNE_TIMER must be graph (default) or bench" in json.loads((out / "broken_0.json").read_text())["stderr"]
+    bench_minus_graph = res["differences"]["ar_tok_s"]["bench - graph"]
+    assert bench_minus_graph["rounds"] == [0, 1] and bench_minus_graph["interval"] is not None
