@@ -2,7 +2,7 @@
 
 import pytest
 
-from ready.bench.step_trace import kernel_events, summarize
+from ready.bench.step_trace import kernel_difference, kernel_events, main, summarize
 
 
 def test_kernel_events_keeps_device_kernels_in_start_order():
@@ -53,3 +53,37 @@ def test_the_replayer_repeats_one_verify_on_the_same_context():
     replay = step_replayer(target, tokens=1, prompt_len=8)
     for _ in range(3):  # would refuse the second call if a verify were left uncommitted
         replay()
+
+
+def test_the_difference_of_two_sizes_lists_the_largest_changes_first():
+    one = {"by_kernel": [{"kernel": "gemv", "us": 40.0, "calls": 4}, {"kernel": "norm", "us": 3.0, "calls": 2}]}
+    eight = {"by_kernel": [{"kernel": "small_m", "us": 50.0, "calls": 4}, {"kernel": "norm", "us": 3.5, "calls": 2}]}
+    diff = kernel_difference(one, eight)
+    assert [(r["kernel"], r["us"], r["calls"]) for r in diff] == [("small_m", 50.0, 4), ("gemv", -40.0, -4), ("norm", 0.5, 0)]
+    assert kernel_difference(one, eight, top=1)[0]["us_last"] == 50.0
+
+
+@pytest.mark.parametrize("tokens", ["0", "1,x", ""])
+def test_bad_token_sizes_are_refused(tokens, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # reach the argument check on CPU
+    assert main(["--tokens", tokens]) == 2
+    assert "--tokens must be sizes >= 1" in capsys.readouterr().err
+
+
+def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
+    import ready.target
+    from ready.bench import step_trace
+
+    loads = []
+    monkeypatch.setattr(ready.target, "load_target", lambda *a, **k: loads.append(a) or "target")
+    monkeypatch.setattr(step_trace, "step_replayer", lambda target, tokens, prompt_len: tokens)
+    rows = lambda n: [{"kernel": f"k{i}", "us": float(n * i), "calls": 1.0} for i in range(30)]  # noqa: E731
+    monkeypatch.setattr(step_trace, "trace_replay", lambda replay, replays, by_grid: {"replay_ms": replay, "by_kernel": rows(replay)})
+    out = step_trace.trace_step("x", "bfloat16", [1, 8], 16, 2, 0)
+    assert len(loads) == 1 and [s["tokens"] for s in out["steps"]] == [1, 8]
+    assert all(len(s["by_kernel"]) == 25 for s in out["steps"])  # rows cut for the report, not for the difference
+    assert out["difference"][0] == {"kernel": "k29", "us": 7 * 29.0, "calls": 0.0, "us_first": 29.0, "us_last": 8 * 29.0}
+    single = step_trace.trace_step("x", "bfloat16", 8, 16, 2, 0)
+    assert single["tokens"] == 8 and "difference" not in single and len(single["by_kernel"]) == 25

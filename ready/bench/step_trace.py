@@ -10,6 +10,11 @@ replays, so every replay sees the same context) and reports:
   a replay with no kernel running), `kernels` per replay, and per kernel name its µs, calls and the
   gaps before it (`by_kernel`, largest first).
 The profiler itself may lengthen gaps a little: compare `span_ms` with `replay_ms`. CUDA only.
+
+`--tokens 1,8` traces each size on one loaded target and adds `difference`: per kernel name the
+µs and calls of the last size minus the first, largest change first, so where verify(8)'s extra
+time goes reads off one list (a kernel the sizes dispatch differently shows as one row down and
+another up).
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ def kernel_events(trace: dict, by_grid: bool = False) -> list[tuple[float, float
     return sorted(evs)
 
 
-def summarize(events: list[tuple[float, float, str]], replays: int, top: int = 25) -> dict[str, Any]:
-    """Span, busy and gap time per replay, and per kernel name, from ordered kernel events."""
+def summarize(events: list[tuple[float, float, str]], replays: int, top: Optional[int] = 25) -> dict[str, Any]:
+    """Span, busy and gap time per replay, and per kernel name (the `top` largest; None: all), from
+    ordered kernel events."""
     if not events:
         raise SystemExit("step_trace: the profiler recorded no kernels (is this a CUDA build with CUPTI?)")
     rows: dict[str, dict[str, float]] = defaultdict(lambda: {"us": 0.0, "calls": 0.0, "gap_before_us": 0.0})
@@ -92,14 +98,10 @@ def step_replayer(target: Any, tokens: int, prompt_len: int) -> Any:
     return replay
 
 
-def trace_step(target_spec: str, dtype: str, tokens: int, prompt_len: int, replays: int, seed: int,
-               by_grid: bool = False) -> dict[str, Any]:
-    from ready.target import load_target
-
-    torch.manual_seed(seed)
-    target = load_target(target_spec, device="cuda", dtype=dtype)
-    replay = step_replayer(target, tokens, prompt_len)
-    for _ in range(3):  # tunes the linears, compiles the layers, captures the graph
+def trace_replay(replay: Any, replays: int, by_grid: bool = False) -> dict[str, Any]:
+    """Warm `replay` up (tuning, compiling, capturing), then time it with CUDA events and trace it
+    with torch.profiler: `replay_ms` and `summarize`'s figures, every kernel row kept."""
+    for _ in range(3):
         replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -124,16 +126,48 @@ def trace_step(target_spec: str, dtype: str, tokens: int, prompt_len: int, repla
             trace = json.load(f)
     finally:
         os.unlink(path)
-    return {"target": target_spec, "dtype": dtype, "tokens": tokens, "prompt_len": prompt_len, "replays": replays,
-            "replay_ms": round(replay_ms, 4), **summarize(kernel_events(trace, by_grid), replays, top=40 if by_grid else 25),
+    return {"replay_ms": round(replay_ms, 4), **summarize(kernel_events(trace, by_grid), replays, top=None)}
+
+
+def kernel_difference(first: dict[str, Any], last: dict[str, Any], top: int = 25) -> list[dict[str, Any]]:
+    """Per kernel name, `last` minus `first` in µs and calls per replay (a kernel missing from one
+    counts as 0 there), the `top` largest changes in either direction first."""
+    a = {r["kernel"]: r for r in first["by_kernel"]}
+    b = {r["kernel"]: r for r in last["by_kernel"]}
+    rows = [{"kernel": k, "us": round(b.get(k, {}).get("us", 0.0) - a.get(k, {}).get("us", 0.0), 2),
+             "calls": round(b.get(k, {}).get("calls", 0.0) - a.get(k, {}).get("calls", 0.0), 2),
+             "us_first": a.get(k, {}).get("us", 0.0), "us_last": b.get(k, {}).get("us", 0.0)}
+            for k in dict.fromkeys([*a, *b])]
+    return sorted(rows, key=lambda r: -abs(r["us"]))[:top]
+
+
+def trace_step(target_spec: str, dtype: str, tokens: int | list[int], prompt_len: int, replays: int, seed: int,
+               by_grid: bool = False) -> dict[str, Any]:
+    """The trace of one verify size, or with a list of sizes `steps` (one each) and `difference`."""
+    from ready.target import load_target
+
+    sizes = [tokens] if isinstance(tokens, int) else list(tokens)
+    torch.manual_seed(seed)
+    target = load_target(target_spec, device="cuda", dtype=dtype)
+    top = 40 if by_grid else 25
+    steps = []
+    for t in sizes:
+        full = trace_replay(step_replayer(target, t, prompt_len), replays, by_grid)
+        steps.append({"tokens": t, **full})
+    head = {"target": target_spec, "dtype": dtype, "prompt_len": prompt_len, "replays": replays,
             "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("READY_")}}
+    cut = [{**st, "by_kernel": st["by_kernel"][:top]} for st in steps]
+    if isinstance(tokens, int):
+        return {**head, **cut[0]}
+    return {**head, "steps": cut, "difference": kernel_difference(steps[0], steps[-1], top)}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ready.bench.step_trace", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen3_5_27b", help="preset name or checkpoint directory")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--tokens", type=int, default=1, help="tokens per verify (1 = the AR step)")
+    ap.add_argument("--tokens", default="1", help="tokens per verify (1 = the AR step); a comma list, e.g. 1,8, "
+                    "traces each and their per-kernel difference")
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
@@ -144,10 +178,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("step_trace: needs a CUDA device (it traces the CUDA-graphed step)", file=sys.stderr)
         return 2
-    if a.tokens < 1 or a.replays < 1:
-        print(f"step_trace: --tokens and --replays must be >= 1, got {a.tokens} and {a.replays}", file=sys.stderr)
+    try:
+        sizes = [int(t) for t in a.tokens.split(",") if t.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or a.replays < 1:
+        print(f"step_trace: --tokens must be sizes >= 1 (e.g. 1 or 1,8) and --replays >= 1, got {a.tokens!r} and "
+              f"{a.replays}", file=sys.stderr)
         return 2
-    out = trace_step(a.target, a.dtype, a.tokens, a.prompt_len, a.replays, a.seed, a.by_grid)
+    out = trace_step(a.target, a.dtype, sizes[0] if len(sizes) == 1 else sizes, a.prompt_len, a.replays, a.seed,
+                     a.by_grid)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:
