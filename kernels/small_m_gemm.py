@@ -260,6 +260,10 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
 Timer = Callable[[Callable[[], object]], float]
 
 
+TUNE_TIMER = os.environ.get("READY_TUNE_TIMER", "graph")
+require(TUNE_TIMER in ("graph", "bench"), f"env READY_TUNE_TIMER must be graph (default) or bench, got {TUNE_TIMER!r}")
+
+
 def device_timer(fn: Callable[[], object]) -> float:
     """Median ms of fn on the device. Default (env READY_TUNE_TIMER=graph): do_bench_cudagraph, the
     calls replayed from one CUDA graph, as the engine runs them, so a busy host (e.g. compile workers
@@ -270,10 +274,6 @@ def device_timer(fn: Callable[[], object]) -> float:
     if TUNE_TIMER == "graph":
         return float(triton.testing.do_bench_cudagraph(fn, rep=12, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=2, rep=12, return_mode="median"))
-
-
-TUNE_TIMER = os.environ.get("READY_TUNE_TIMER", "graph")
-require(TUNE_TIMER in ("graph", "bench"), f"env READY_TUNE_TIMER must be graph (default) or bench, got {TUNE_TIMER!r}")
 
 
 TIMING_ROUNDS = 2

@@ -85,5 +85,5 @@ def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
     assert len(loads) == 1 and [s["tokens"] for s in out["steps"]] == [1, 8]
     assert all(len(s["by_kernel"]) == 25 for s in out["steps"])  # rows cut for the report, not for the difference
     assert out["difference"][0] == {"kernel": "k29", "us": 7 * 29.0, "calls": 0.0, "us_first": 29.0, "us_last": 8 * 29.0}
-    single = step_trace.trace_step("x", "bfloat16", 8, 16, 2, 0)
+    single = step_trace.trace_step("x", "bfloat16", [8], 16, 2, 0)
     assert single["tokens"] == 8 and "difference" not in single and len(single["by_kernel"]) == 25

@@ -130,11 +130,10 @@ def summarize(names: Sequence[str], runs: dict[str, list[Optional[dict]]], metri
     ref = names[0]
     for m in metrics:
         for n in names[1:]:
-            both = [r for r in range(len(runs[ref])) if ok[n][r] and ok[ref][r]]
-            pairs = [(r, per_variant[n][r][m], per_variant[ref][r][m]) for r in both]
-            d = [(r, a - b) for r, a, b in pairs if a is not None and b is not None]
-            diffs.setdefault(m, {})[f"{n} - {ref}"] = {"rounds": [r for r, _ in d], "per_round": [x for _, x in d],
-                                                       "interval": paired_interval([x for _, x in d])}
+            both = [r for r, (a, b) in enumerate(zip(per_variant[n], per_variant[ref]))
+                    if a and b and a[m] is not None and b[m] is not None]
+            d = [per_variant[n][r][m] - per_variant[ref][r][m] for r in both]
+            diffs.setdefault(m, {})[f"{n} - {ref}"] = {"rounds": both, "per_round": d, "interval": paired_interval(d)}
     failed = {n: {r: runs[n][r]["failed"] for r in range(len(runs[n])) if runs[n][r] and not ok[n][r]} for n in names}
     return {"variants": list(names), "rounds": len(runs[ref]), "per_process": per_variant,
             "differences": diffs, "failed": {n: f for n, f in failed.items() if f}}

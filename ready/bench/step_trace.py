@@ -134,30 +134,29 @@ def kernel_difference(first: dict[str, Any], last: dict[str, Any], top: int = 25
     counts as 0 there), the `top` largest changes in either direction first."""
     a = {r["kernel"]: r for r in first["by_kernel"]}
     b = {r["kernel"]: r for r in last["by_kernel"]}
-    rows = [{"kernel": k, "us": round(b.get(k, {}).get("us", 0.0) - a.get(k, {}).get("us", 0.0), 2),
-             "calls": round(b.get(k, {}).get("calls", 0.0) - a.get(k, {}).get("calls", 0.0), 2),
-             "us_first": a.get(k, {}).get("us", 0.0), "us_last": b.get(k, {}).get("us", 0.0)}
-            for k in dict.fromkeys([*a, *b])]
+    zero = {"us": 0.0, "calls": 0.0}
+    rows = []
+    for k in dict.fromkeys([*a, *b]):
+        ra, rb = a.get(k, zero), b.get(k, zero)
+        rows.append({"kernel": k, "us": round(rb["us"] - ra["us"], 2), "calls": round(rb["calls"] - ra["calls"], 2),
+                     "us_first": ra["us"], "us_last": rb["us"]})
     return sorted(rows, key=lambda r: -abs(r["us"]))[:top]
 
 
-def trace_step(target_spec: str, dtype: str, tokens: int | list[int], prompt_len: int, replays: int, seed: int,
+def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, replays: int, seed: int,
                by_grid: bool = False) -> dict[str, Any]:
-    """The trace of one verify size, or with a list of sizes `steps` (one each) and `difference`."""
+    """The trace of each verify size on one loaded target; one size: its trace alone, several:
+    `steps` (one each) and `difference` (last minus first)."""
     from ready.target import load_target
 
-    sizes = [tokens] if isinstance(tokens, int) else list(tokens)
     torch.manual_seed(seed)
     target = load_target(target_spec, device="cuda", dtype=dtype)
     top = 40 if by_grid else 25
-    steps = []
-    for t in sizes:
-        full = trace_replay(step_replayer(target, t, prompt_len), replays, by_grid)
-        steps.append({"tokens": t, **full})
+    steps = [{"tokens": t, **trace_replay(step_replayer(target, t, prompt_len), replays, by_grid)} for t in sizes]
     head = {"target": target_spec, "dtype": dtype, "prompt_len": prompt_len, "replays": replays,
             "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("READY_")}}
     cut = [{**st, "by_kernel": st["by_kernel"][:top]} for st in steps]
-    if isinstance(tokens, int):
+    if len(steps) == 1:
         return {**head, **cut[0]}
     return {**head, "steps": cut, "difference": kernel_difference(steps[0], steps[-1], top)}
 
@@ -186,8 +185,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"step_trace: --tokens must be sizes >= 1 (e.g. 1 or 1,8) and --replays >= 1, got {a.tokens!r} and "
               f"{a.replays}", file=sys.stderr)
         return 2
-    out = trace_step(a.target, a.dtype, sizes[0] if len(sizes) == 1 else sizes, a.prompt_len, a.replays, a.seed,
-                     a.by_grid)
+    out = trace_step(a.target, a.dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:
