@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from ready_kernels import gdn_fused as gf  # noqa: E402
 from ready_kernels import gdn_verify as gv  # noqa: E402
 from ready_kernels import rmsnorm as rn  # noqa: E402
 from ready_kernels import state_reader as sr  # noqa: E402
@@ -42,11 +43,14 @@ from ready_kernels import state_reader as sr  # noqa: E402
 HBM_BYTES_PER_S = 4.8e12
 
 # reader: source layers Ls, value heads H, d_k = d_v = d, rank r, block P, cache GDN layers L
-# verify: T = K + 1 tokens; commit: all GDN layers of the model; rmsnorm: hidden size, rows
+# verify: T = K + 1 tokens, nk key heads (the fused verify); commit: all GDN layers of the model; rmsnorm: hidden size, rows
 SIZES = {
-    "paper": dict(Ls=2, H=48, d=128, r=8, P=7, L=48, T=8, hidden=5120),
-    "tiny": dict(Ls=2, H=4, d=64, r=8, P=7, L=6, T=8, hidden=256),
+    "paper": dict(Ls=2, H=48, nk=16, d=128, r=8, P=7, L=48, T=8, hidden=5120),
+    "tiny": dict(Ls=2, H=4, nk=2, d=64, r=8, P=7, L=6, T=8, hidden=256),
 }
+
+
+OPS = ("reader", "verify", "gdn_fused", "commit", "rmsnorm")
 
 
 class Timer:
@@ -183,6 +187,58 @@ def bench_verify(size: str, s: dict, dtype: torch.dtype, timer: Timer, calls: in
     return record("gdn_verify", size, shape, nbytes, ours, ref, err, **extra)
 
 
+# the fused verify's launch variants: (phased, token_tile, block_v, num_warps); the first is the default
+GDN_FUSED_SWEEP = ((False, None, 16, 2), (True, None, 16, 2), (True, 8, 16, 2), (True, None, 16, 4),
+                   (True, None, 8, 2), (True, None, 32, 4), (True, None, 8, 1))
+
+
+def bench_gdn_fused(size: str, s: dict, T: int, dtype: torch.dtype, timer: Timer, calls: int, dev: str,
+                    sweep: bool) -> dict:
+    """The fused verify (conv, norms, gates, recurrence) from raw projections, T tokens."""
+    H, nk, d = s["H"], s["nk"], s["d"]
+    C, W = 2 * nk * d + H * d, 3
+    n_in = min(calls, 4)
+    ins = []
+    for _ in range(n_in):
+        proj = torch.randn(1, T, C + 2 * H, device=dev).to(dtype)
+        mixed, b, a = proj.split([C, H, H], dim=-1)
+        ins.append((mixed, b, a, torch.randn(1, C, W, device=dev).to(dtype)))
+    conv_w = (0.5 * torch.randn(C, W + 1, device=dev)).to(dtype)
+    A_log = torch.empty(H, device=dev).uniform_(1.0, 16.0).log()
+    dt_bias = torch.randn(H, device=dev)
+    h0 = [torch.randn(1, H, d, d, device=dev) for _ in range(calls)]
+    pend = [torch.empty(1, T, H, d, d, device=dev) for _ in range(calls)]
+    wins = [torch.empty(1, T, C, W, device=dev, dtype=dtype) for _ in range(calls)]
+
+    def call(fn, i, **kw):
+        return fn(*ins[i % n_in], conv_w, A_log, dt_bias, h0[i], nk, d, out_states=pend[i], out_windows=wins[i], **kw)
+
+    got = gf.gdn_fused_verify_triton(*ins[0], conv_w, A_log, dt_bias, h0[0], nk, d)
+    want = gf.gdn_fused_verify_reference(*ins[0], conv_w, A_log, dt_bias, h0[0], nk, d)
+    err = max(rel_err(got[0], want[0]), rel_err(got[1], want[1]))
+    ours = timer.measure([lambda i=i: call(gf.gdn_fused_verify_triton, i) for i in range(calls)])
+    ref = timer.measure([lambda i=i: call(gf.gdn_fused_verify_reference, i) for i in range(calls)])
+    el = ins[0][0].element_size()
+    nbytes = H * d * d * 4 * (1 + T) + T * (C + 2 * H) * el + T * C * W * el + T * H * d * 4
+    extra = {}
+    if sweep and not timer.smoke:
+        extra["sweep"] = []
+        for phased, tp, bv, w in GDN_FUSED_SWEEP:
+            if tp is not None and tp < T:
+                continue
+            kw = dict(phased=phased, token_tile=tp, block_v=bv, num_warps=w)
+            t = timer.measure([lambda i=i: call(gf.gdn_fused_verify_triton, i, **kw) for i in range(calls)])
+            o = gf.gdn_fused_verify_triton(*ins[0], conv_w, A_log, dt_bias, h0[0], nk, d, **kw)
+            # the first token alone through the same variant: does a token's arithmetic depend on T?
+            first = gf.gdn_fused_verify_triton(*(x[:, :1] for x in ins[0][:3]), ins[0][3], conv_w, A_log, dt_bias,
+                                               h0[0], nk, d, **kw)
+            extra["sweep"].append({**kw, "graph_us": t["graph_us"], "states_rel_err": rel_err(o[1], want[1]),
+                                   "equal_to_default": all(torch.equal(x, y) for x, y in zip(o, got)),
+                                   "token0_equal_to_T1": all(torch.equal(x[:, :1], y) for x, y in zip(o, first))})
+    shape = dict(B=1, T=T, H=H, nk=nk, d_k=d, d_v=d, dtype=str(dtype).replace("torch.", ""))
+    return record("gdn_fused", size, shape, nbytes, ours, ref, err, **extra)
+
+
 def bench_commit(size: str, s: dict, timer: Timer, dev: str) -> list[dict]:
     L, H, d, T = s["L"], s["H"], s["d"], s["T"]
     ssm = torch.zeros(L, 1, H, d, d, device=dev)
@@ -227,6 +283,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", default="paper,tiny", help="comma list of: " + ",".join(SIZES))
     ap.add_argument("--calls", type=int, default=16, help="calls per graph (rotating inputs)")
     ap.add_argument("--reps", type=int, default=50, help="timed repetitions")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma list of: " + ",".join(OPS))
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-parameter sweeps")
     ap.add_argument("--smoke", action="store_true", help="CPU check of the code paths (interpreter, tiny, untimed)")
     args = ap.parse_args(argv)
@@ -242,6 +299,10 @@ def main(argv=None) -> None:
     for name in sizes:
         if name not in SIZES:
             sys.exit(f"kernels/bench.py: unknown size {name!r}; expected one of {sorted(SIZES)}")
+    wanted = args.ops.split(",")
+    for op in wanted:
+        if op not in OPS:
+            sys.exit(f"kernels/bench.py: unknown op {op!r} in --ops; expected some of {','.join(OPS)}")
     import triton
 
     result = {
@@ -253,12 +314,19 @@ def main(argv=None) -> None:
         s = SIZES[name]
         sweep = name == "paper" and not args.no_sweep
         ops = result["ops"]
-        for sd in (torch.float32, torch.bfloat16):
-            ops.append(bench_reader(name, s, sd, timer, calls, dev, sweep))
-        ops.append(bench_verify(name, s, torch.bfloat16, timer, calls, dev, sweep))
-        ops.extend(bench_commit(name, s, timer, dev))
-        for rows in (1, 8):
-            ops.append(bench_rmsnorm(name, s, rows, timer, calls, dev))
+        if "reader" in wanted:
+            for sd in (torch.float32, torch.bfloat16):
+                ops.append(bench_reader(name, s, sd, timer, calls, dev, sweep))
+        if "verify" in wanted:
+            ops.append(bench_verify(name, s, torch.bfloat16, timer, calls, dev, sweep))
+        if "gdn_fused" in wanted:
+            for T in (1, s["T"]):
+                ops.append(bench_gdn_fused(name, s, T, torch.bfloat16, timer, calls, dev, sweep))
+        if "commit" in wanted:
+            ops.extend(bench_commit(name, s, timer, dev))
+        if "rmsnorm" in wanted:
+            for rows in (1, 8):
+                ops.append(bench_rmsnorm(name, s, rows, timer, calls, dev))
         print(f"[bench] {name} done", file=sys.stderr, flush=True)
     for r in result["ops"]:  # one-line summary per op on stderr (the JSON stays on stdout)
         t, ref = r["triton"], r["torch"]
