@@ -14,7 +14,10 @@ each eager and under a CUDA graph, and the bound = bytes the op must touch / 4.8
 HBM3e). `graph_us` is the per-call time inside one graph of `--calls` calls on rotating inputs
 (states come from HBM, not L2, as they would in a decode step); `graph_single_us` is one graph
 holding a single call, replayed back to back; `eager_us` is a Python loop over the same calls.
-`launch_floor_us` is one tiny kernel per call inside a graph.
+`launch_floor_us` is one tiny kernel per call inside a graph. `--ops` picks some of the ops
+(reader, verify, gdn_fused, commit, rmsnorm). A faster kernel here is a lead, not a result: the
+phased GDN front won here and lost inside the verify graph (kernels/NOTES.md), so check a change
+with `python -m ready.bench.ab` before believing it.
 """
 
 from __future__ import annotations
@@ -187,9 +190,8 @@ def bench_verify(size: str, s: dict, dtype: torch.dtype, timer: Timer, calls: in
     return record("gdn_verify", size, shape, nbytes, ours, ref, err, **extra)
 
 
-# the fused verify's launch variants: (phased, token_tile, block_v, num_warps); the first is the default
-GDN_FUSED_SWEEP = ((False, None, 16, 2), (True, None, 16, 2), (True, 8, 16, 2), (True, None, 16, 4),
-                   (True, None, 8, 2), (True, None, 32, 4), (True, None, 8, 1))
+# the fused verify's launch variants: (block_v, num_warps); the first is the default
+GDN_FUSED_SWEEP = ((16, 2), (16, 4), (8, 1), (8, 2), (32, 4))
 
 
 def bench_gdn_fused(size: str, s: dict, T: int, dtype: torch.dtype, timer: Timer, calls: int, dev: str,
@@ -223,10 +225,8 @@ def bench_gdn_fused(size: str, s: dict, T: int, dtype: torch.dtype, timer: Timer
     extra = {}
     if sweep and not timer.smoke:
         extra["sweep"] = []
-        for phased, tp, bv, w in GDN_FUSED_SWEEP:
-            if tp is not None and tp < T:
-                continue
-            kw = dict(phased=phased, token_tile=tp, block_v=bv, num_warps=w)
+        for bv, w in GDN_FUSED_SWEEP:
+            kw = dict(block_v=bv, num_warps=w)
             t = timer.measure([lambda i=i: call(gf.gdn_fused_verify_triton, i, **kw) for i in range(calls)])
             o = gf.gdn_fused_verify_triton(*ins[0], conv_w, A_log, dt_bias, h0[0], nk, d, **kw)
             # the first token alone through the same variant: does a token's arithmetic depend on T?

@@ -26,7 +26,6 @@ arithmetic does not depend on T, so verify(K+1) and K+1 AR steps compute the sam
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -34,15 +33,6 @@ import torch.nn.functional as F
 
 from ._common import HAS_TRITON, next_pow2, require, require_triton, use_triton
 from .gdn_verify import gdn_verify_reference
-
-# How the kernel computes the tokens' fronts (conv taps, SiLU, norms, gates), env READY_GDN_FRONT:
-# `serial`, one token after the other inside the recurrence loop; `phased`, all tokens first, side by
-# side in one [tokens, channels] tile, so only the recurrence is serial; `auto`, phased for a
-# verify block (T > 1) and serial for the AR step, whose one token has nothing to overlap. Default serial
-# until the H200 says phased pays (kernels/NOTES.md).
-GDN_FRONT = os.environ.get("READY_GDN_FRONT", "serial")
-require(GDN_FRONT in ("auto", "serial", "phased"),
-        f"env READY_GDN_FRONT must be auto, serial (default) or phased, got {GDN_FRONT!r}")
 
 if HAS_TRITON:
     import triton
@@ -137,90 +127,6 @@ if HAS_TRITON:
             s = _token_step(s, t, q, k, v, g, beta, 1.0, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s)
 
 
-    @triton.jit
-    def _conv_silu_tile(x_ptr, cs_ptr, w_ptr, win_ptr, rows, row_ok, chan, mask, store, x_t, cs_c, w_c, win_t, win_c,
-                        W: tl.constexpr, ROUND: tl.constexpr):
-        """`_conv_silu` for every token at once: a [TP, channels] tile (rows past T masked out)."""
-        wmask = mask[None, :]
-        for j in tl.static_range(0, W + 1):
-            src = rows - W + j  # the raw input row of tap j (< 0: from the live window)
-            fresh = (src >= 0)[:, None] & row_ok[:, None]
-            new = tl.load(x_ptr + src[:, None] * x_t + chan[None, :], mask=fresh & wmask, other=0.0)
-            old = tl.load(cs_ptr + chan[None, :] * cs_c + (W + src)[:, None],
-                          mask=(fresh == 0) & row_ok[:, None] & wmask, other=0.0)
-            xj = tl.where(fresh, new, old.to(new.dtype))
-            wj = tl.load(w_ptr + chan * w_c + j, mask=mask, other=0.0).to(tl.float32)[None, :]
-            if j == 0:
-                acc = xj.to(tl.float32) * wj
-                x0 = xj
-            else:
-                acc = acc + xj.to(tl.float32) * wj
-                tl.store(win_ptr + rows[:, None] * win_t + chan[None, :] * win_c + (j - 1), xj,
-                         mask=row_ok[:, None] & store[None, :])
-        if ROUND:
-            acc = acc.to(x0.dtype).to(tl.float32)
-        y = acc / (1.0 + tl.exp(-acc))
-        if ROUND:
-            y = y.to(x0.dtype).to(tl.float32)
-        return y
-
-    @triton.jit
-    def _row(tile, rows, t):
-        """Row t of a [TP, N] register tile (exact: every other row contributes +0)."""
-        return tl.sum(tl.where((rows == t)[:, None], tile, 0.0), 0)
-
-    @triton.jit
-    def _gdn_fused_phased_kernel(
-        x_ptr, b_ptr, a_ptr, cs_ptr, w_ptr, alog_ptr, dtb_ptr, h0_ptr, o_ptr, st_ptr, win_ptr,
-        x_b, x_t, b_b, b_t, a_b, a_t, cs_b, cs_c, w_c,
-        h0_b, h0_h, h0_k, h0_v, o_b, o_t, o_h, st_b, st_t, st_h, st_k, win_b, win_t, win_c,
-        H, REP, DK, DV, KEY_DIM,
-        Q_SCALE: tl.constexpr, EPS: tl.constexpr,
-        T: tl.constexpr, TP: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-        ROUND: tl.constexpr,
-    ):
-        """As `_gdn_fused_kernel`, but the fronts of all T tokens are computed first, side by side in
-        [TP, channels] tiles (they do not depend on the state), so only the recurrence is serial."""
-        i_bh = tl.program_id(0)
-        i_v = tl.program_id(1)
-        b = (i_bh // H).to(tl.int64)
-        h = (i_bh % H).to(tl.int64)
-        kh = h // REP
-        offs_k = tl.arange(0, BK)
-        offs_v = i_v * BV + tl.arange(0, BV)
-        rows = tl.arange(0, TP)
-        row_ok = rows < T
-        mask_k = offs_k < DK
-        mask_v = offs_v < DV
-        mask_s = mask_k[:, None] & mask_v[None, :]
-        qk_store = mask_k & ((offs_k * 0 + h % REP + i_v) == 0)  # one program writes a key head's q/k windows
-        x_base = x_ptr + b * x_b
-        cs_base = cs_ptr + b * cs_b
-        win_base = win_ptr + b * win_b
-        q = _conv_silu_tile(x_base, cs_base, w_ptr, win_base, rows, row_ok, kh * DK + offs_k, mask_k, qk_store,
-                            x_t, cs_c, w_c, win_t, win_c, W, ROUND)
-        k = _conv_silu_tile(x_base, cs_base, w_ptr, win_base, rows, row_ok, KEY_DIM + kh * DK + offs_k, mask_k,
-                            qk_store, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
-        v = _conv_silu_tile(x_base, cs_base, w_ptr, win_base, rows, row_ok, 2 * KEY_DIM + h * DV + offs_v, mask_v,
-                            mask_v, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
-        q = q * tl.rsqrt(tl.sum(q * q, 1) + EPS)[:, None] * Q_SCALE
-        k = k * tl.rsqrt(tl.sum(k * k, 1) + EPS)[:, None]
-        beta = tl.sigmoid(tl.load(b_ptr + b * b_b + h + rows * b_t, mask=row_ok, other=0.0).to(tl.float32))
-        ga = tl.load(a_ptr + b * a_b + h + rows * a_t, mask=row_ok, other=0.0).to(tl.float32) \
-            + tl.load(dtb_ptr + h).to(tl.float32)
-        g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * tl.where(ga > 20.0, ga, tl.log(1.0 + tl.exp(ga)))
-
-        st_base = st_ptr + b * st_b + h * st_h + offs_k[:, None] * st_k + offs_v[None, :]
-        o_base = o_ptr + b * o_b + h * o_h
-        s = tl.load(h0_ptr + b * h0_b + h * h0_h + offs_k[:, None] * h0_k + offs_v[None, :] * h0_v,
-                    mask=mask_s, other=0.0).to(tl.float32)
-        for t in tl.static_range(T):
-            g_t = tl.sum(tl.where(rows == t, g, 0.0), 0)
-            beta_t = tl.sum(tl.where(rows == t, beta, 0.0), 0)
-            s = _token_step(s, t, _row(q, rows, t), _row(k, rows, t), _row(v, rows, t), g_t, beta_t, 1.0,
-                            o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s)
-
-
 def _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk, out_states, out_windows):
     require(mixed.dim() == 3, f"gdn_fused_verify: mixed must be [B, T, C], got {tuple(mixed.shape)}")
     B, T, C = mixed.shape
@@ -292,11 +198,8 @@ def gdn_fused_verify_triton(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tenso
                             initial_state: torch.Tensor, nk: int, dk: int,
                             out_states: Optional[torch.Tensor] = None, out_windows: Optional[torch.Tensor] = None,
                             *, block_v: Optional[int] = None, num_warps: Optional[int] = None,
-                            phased: Optional[bool] = None, token_tile: Optional[int] = None,
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One fused launch; `block_v`/`num_warps` override the launch heuristics (benchmarks and tests);
-    `phased` (default: env READY_GDN_FRONT, above): all tokens' fronts first, in a [token_tile (default
-    next_pow2(T)), channels] tile."""
+    """One fused launch; `block_v`/`num_warps` override the launch heuristics (benchmarks and tests)."""
     require_triton()
     B, T, C, H, dv, W = _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
                                out_states, out_windows)
@@ -311,15 +214,7 @@ def gdn_fused_verify_triton(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tenso
     BK = max(16, next_pow2(dk))
     BV = block_v or 16  # gdn_verify's H200 choice: 16-column slices, 2 warps
     grid = (B * H, triton.cdiv(dv, BV))
-    if phased is None:
-        phased = GDN_FRONT == "phased" or (GDN_FRONT == "auto" and T > 1)
-    if phased:
-        tp = token_tile or next_pow2(T)
-        require(tp >= T and tp == next_pow2(tp), f"gdn_fused_verify: token_tile {tp} must be a power of 2 >= T = {T}")
-        kernel, tile = _gdn_fused_phased_kernel, dict(TP=tp)
-    else:
-        kernel, tile = _gdn_fused_kernel, {}
-    kernel[grid](
+    _gdn_fused_kernel[grid](
         mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, o, states, windows,
         mixed.stride(0), mixed.stride(1), b.stride(0), b.stride(1), a.stride(0), a.stride(1),
         conv_state.stride(0), conv_state.stride(1), conv_weight.stride(0),
@@ -330,7 +225,7 @@ def gdn_fused_verify_triton(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tenso
         H, H // nk, dk, dv, nk * dk,
         # float constants as constexprs: torch.compile passes a Python float to a Triton kernel as fp64
         Q_SCALE=float(dk ** -0.5), EPS=1e-6,
-        T=T, W=W, BK=BK, BV=BV, ROUND=mixed.element_size() < 4, num_warps=num_warps or 2, **tile,
+        T=T, W=W, BK=BK, BV=BV, ROUND=mixed.element_size() < 4, num_warps=num_warps or 2,
     )
     return o, states, windows
 

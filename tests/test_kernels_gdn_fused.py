@@ -45,17 +45,11 @@ SHAPES = [
 ]
 
 
-# the two ways the kernel computes the tokens' fronts: one after the other inside the recurrence loop,
-# or all of them first in one [tokens, channels] tile
-FRONTS = [pytest.param(False, id="serial"), pytest.param(True, id="phased")]
-
-
-@pytest.mark.parametrize("phased", FRONTS)
 @pytest.mark.parametrize("B,T,nk,H,dk,dv,dtype", SHAPES)
-def test_outputs_states_and_windows_match_the_reference(B, T, nk, H, dk, dv, dtype, phased):
+def test_outputs_states_and_windows_match_the_reference(B, T, nk, H, dk, dv, dtype):
     inputs = make_inputs(B, T, nk, H, dk, dv, dtype=dtype)
     live_state, live_conv = inputs[7].clone(), inputs[3].clone()
-    o, states, windows = gf.gdn_fused_verify_triton(*inputs, nk, dk, phased=phased)
+    o, states, windows = gf.gdn_fused_verify_triton(*inputs, nk, dk)
     o_ref, states_ref, windows_ref = gf.gdn_fused_verify_reference(*inputs, nk, dk)
     assert o.dtype == torch.float32 and states.shape == (B, T, H, dk, dv)
     assert torch.equal(windows, windows_ref), "conv windows are pure copies"
@@ -66,15 +60,13 @@ def test_outputs_states_and_windows_match_the_reference(B, T, nk, H, dk, dv, dty
     assert torch.equal(inputs[7], live_state) and torch.equal(inputs[3], live_conv), "the live cache must stay untouched"
 
 
-@pytest.mark.parametrize("phased", FRONTS)
-def test_writes_into_one_layers_pending_buffers(phased):
+def test_writes_into_one_layers_pending_buffers():
     B, T, nk, H, dk, dv, W = 2, 3, 1, 2, 16, 16, 3
     inputs = make_inputs(B, T, nk, H, dk, dv, W)
     C = inputs[0].shape[-1]
     pending = torch.full((2, B, 4, H, dk, dv), float("nan"), device=DEVICE)
     pending_conv = torch.full((2, B, 4, C, W), float("nan"), device=DEVICE)
-    gf.gdn_fused_verify_triton(*inputs, nk, dk, out_states=pending[1, :, :T], out_windows=pending_conv[1, :, :T],
-                               phased=phased)
+    gf.gdn_fused_verify_triton(*inputs, nk, dk, out_states=pending[1, :, :T], out_windows=pending_conv[1, :, :T])
     _, states_ref, windows_ref = gf.gdn_fused_verify_reference(*inputs, nk, dk)
     assert rel_err(pending[1, :, :T], states_ref) < 1e-5
     assert torch.equal(pending_conv[1, :, :T], windows_ref)
@@ -82,28 +74,13 @@ def test_writes_into_one_layers_pending_buffers(phased):
     assert torch.isnan(pending_conv[0]).all() and torch.isnan(pending_conv[1, :, T:]).all()
 
 
-@pytest.mark.parametrize("phased", FRONTS)
-def test_a_token_computes_the_same_whatever_the_block_length(phased):
+def test_a_token_computes_the_same_whatever_the_block_length():
     """verify(T) then the state after token 1 == verify(1): the AR step and a verify block agree."""
     inputs = make_inputs(1, 4, 1, 2, 16, 16)
-    o4, s4, w4 = gf.gdn_fused_verify_triton(*inputs, 1, 16, phased=phased)
+    o4, s4, w4 = gf.gdn_fused_verify_triton(*inputs, 1, 16)
     one = [t[:, :1] for t in inputs[:3]] + list(inputs[3:])
-    o1, s1, w1 = gf.gdn_fused_verify_triton(*one, 1, 16, phased=phased)
+    o1, s1, w1 = gf.gdn_fused_verify_triton(*one, 1, 16)
     assert torch.equal(o4[:, :1], o1) and torch.equal(s4[:, :1], s1) and torch.equal(w4[:, :1], w1)
-
-
-def test_a_wider_token_tile_than_the_block_masks_the_extra_rows():
-    """token_tile 8 for a block of 3 tokens: the five padding rows read nothing and write nothing."""
-    inputs = make_inputs(1, 3, 1, 2, 16, 16)
-    o, states, windows = gf.gdn_fused_verify_triton(*inputs, 1, 16, phased=True, token_tile=8)
-    o_ref, states_ref, windows_ref = gf.gdn_fused_verify_reference(*inputs, 1, 16)
-    assert torch.equal(windows, windows_ref)
-    assert rel_err(states, states_ref) < 1e-5 and rel_err(o, o_ref) < 1e-5
-
-
-def test_a_token_tile_narrower_than_the_block_is_one_clear_error():
-    with pytest.raises(KernelInputError, match=r"token_tile 4 must be a power of 2 >= T = 5"):
-        gf.gdn_fused_verify_triton(*make_inputs(1, 5, 1, 2, 16, 16), 1, 16, phased=True, token_tile=4)
 
 
 def test_reference_equals_the_target_layers_verify_pass():
@@ -144,13 +121,12 @@ def test_mismatched_shapes_are_one_clear_error():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("phased", FRONTS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("T", [1, 8])
-def test_paper_size_on_cuda(dtype, T, phased):
+def test_paper_size_on_cuda(dtype, T):
     """16 key heads, 48 value heads, d_k = d_v = 128: the 27B layer, batch 2."""
     inputs = make_inputs(2, T, 16, 48, 128, 128, dtype=dtype, device="cuda")
-    o, states, windows = gf.gdn_fused_verify_triton(*inputs, 16, 128, phased=phased)
+    o, states, windows = gf.gdn_fused_verify(*inputs, 16, 128)
     o_ref, states_ref, windows_ref = gf.gdn_fused_verify_reference(*inputs, 16, 128)
     assert torch.equal(windows, windows_ref)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
