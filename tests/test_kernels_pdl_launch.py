@@ -1,6 +1,10 @@
 """The launch arguments of the PDL-aware kernels: none off Hopper (or on CPU); on Hopper the PDL
 launch, and the GEMVs' early trigger unless READY_PDL_EARLY=0 switches it off."""
 
+import os
+import subprocess
+import sys
+
 import torch
 
 from ready_kernels import _common
@@ -25,11 +29,8 @@ def test_on_a_pdl_device_the_gemvs_get_the_early_trigger_unless_switched_off(mon
 
 
 def test_the_early_trigger_is_on_by_default_and_a_misspelt_switch_is_refused():
-    import subprocess
-    import sys
-
     probe = "from ready_kernels import _common; print(_common._PDL_EARLY)"
-    env = {k: v for k, v in __import__("os").environ.items() if k != "READY_PDL_EARLY"}
+    env = {k: v for k, v in os.environ.items() if k != "READY_PDL_EARLY"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
     bad = subprocess.run([sys.executable, "-c", probe], env={**env, "READY_PDL_EARLY": "yes"}, capture_output=True,
