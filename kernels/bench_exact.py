@@ -95,6 +95,20 @@ def probe_ops(max_m: int = 8) -> dict[str, Any]:
     return out
 
 
+def _replayed(model, c, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GDN states and windows [L, T, ...] (row 0) that commit(n) would install for n = 1..T after a
+    verify, read on copies of the live cache (nothing committed)."""
+    from ready.target.layers import commit_gdn
+
+    states, conv = [], []
+    for n in range(1, T + 1):
+        s, w = c.ssm.clone(), c.conv.clone()
+        commit_gdn(s, w, c.pending_inputs, c.pending_conv, n, bool(model.exact))
+        states.append(s[:, 0])
+        conv.append(w[:, 0])
+    return torch.stack(states, 1), torch.stack(conv, 1)
+
+
 def verify_vs_steps(model, block: torch.Tensor, prompt: torch.Tensor, graphs: bool, max_len: int,
                     caches=None) -> dict[str, Any]:
     """verify(block) once vs one step per token from the same prefix: logits, GDN states and conv
@@ -119,7 +133,7 @@ def verify_vs_steps(model, block: torch.Tensor, prompt: torch.Tensor, graphs: bo
         logits = gv(block).logits[0].clone()
     else:
         logits = model.verify(block, c).logits[0].clone()
-    states, conv = c.pending_ssm[:, 0, :T].clone(), c.pending_conv[:, 0, :T].clone()
+    states, conv = _replayed(model, c, T)
     c.pending = 0
     c2 = fresh(caches[1][0] if caches else None)
     g1 = (caches[1][1] if caches else GraphedVerify(model, c2, 1)) if graphs else None

@@ -15,9 +15,10 @@ Inputs, as the layer holds them (H = value heads, nk key heads, C = 2 nk d_k + H
     conv_weight [C, W + 1], A_log [H], dt_bias [H]
     initial_state [B, H, d_k, d_v] float32   the live recurrent state (read only)
 
-It writes `states [B, T, H, d_k, d_v]` float32 (the state after every token, `cache.pending_ssm`)
-and `windows [B, T, C, W]` (the conv window after every token, `cache.pending_conv`), and returns
-`o [B, T, H, d_v]` float32. Per token it follows the layer's eager arithmetic
+It writes `windows [B, T, C, W]` (the conv window after every token, `cache.pending_conv`), and
+either `states [B, T, H, d_k, d_v]` float32 (the state after every token; tests, benchmarks) or, with
+`out_inputs`, each token's replay inputs `[B, T, H, d_k + d_v + 2]` (`cache.pending_inputs`, from
+which `gdn_verify.gdn_commit` replays the accepted tokens). It returns `o [B, T, H, d_v]` float32. Per token it follows the layer's eager arithmetic
 (`GatedDeltaNet._conv(taps=True)`, `_heads`): y = silu(round(sum_j w_j x_{t-W+j})) rounded to the
 input dtype; q = l2norm(y_q) d_k^-0.5 and k = l2norm(y_k) of key head h // (H / nk); v = y_v;
 beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias); then `gdn_verify`'s token step. A token's
@@ -32,13 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from ._common import HAS_TRITON, next_pow2, require, require_triton, use_triton
-from .gdn_verify import gdn_verify_reference
+from .gdn_verify import BLOCK_V, NUM_WARPS, gdn_verify_reference, input_width
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from .gdn_verify import _token_step
+    from .gdn_verify import _store_inputs, _token_step
 
     @triton.jit
     def _conv_tap(x_ptr, cs_ptr, s, chan, mask, x_t, cs_c, W: tl.constexpr):
@@ -83,12 +84,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _gdn_fused_kernel(
-        x_ptr, b_ptr, a_ptr, cs_ptr, w_ptr, alog_ptr, dtb_ptr, h0_ptr, o_ptr, st_ptr, win_ptr,
+        x_ptr, b_ptr, a_ptr, cs_ptr, w_ptr, alog_ptr, dtb_ptr, h0_ptr, o_ptr, st_ptr, win_ptr, in_ptr,
         x_b, x_t, b_b, b_t, a_b, a_t, cs_b, cs_c, w_c,
-        h0_b, h0_h, h0_k, h0_v, o_b, o_t, o_h, st_b, st_t, st_h, st_k, win_b, win_t, win_c,
+        h0_b, h0_h, h0_k, h0_v, o_b, o_t, o_h, st_b, st_t, st_h, st_k, win_b, win_t, win_c, in_b, in_t, in_h,
         H, REP, DK, DV, KEY_DIM,
         Q_SCALE: tl.constexpr, EPS: tl.constexpr,
         T: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ROUND: tl.constexpr,
+        STATES: tl.constexpr, INPUTS: tl.constexpr,
     ):
         """One program per (batch row, value head, d_v block), as `gdn_verify`; the q/k front of a
         key head is recomputed by each of its programs (it is tiny) and its windows written by one.
@@ -114,6 +116,8 @@ if HAS_TRITON:
         win_base = win_ptr + b * win_b
         st_base = st_ptr + b * st_b + h * st_h + offs_k[:, None] * st_k + offs_v[None, :]
         o_base = o_ptr + b * o_b + h * o_h
+        in_base = in_ptr + b * in_b + h * in_h
+        first = (offs_k * 0 + i_v) == 0  # the head's first d_v block writes its k, g and beta inputs
         neg_a = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + h).to(tl.float32)
 
@@ -124,10 +128,14 @@ if HAS_TRITON:
             q, k, v, g, beta = _front(t, x_base, cs_base, w_ptr, win_base, b_base, a_base, q_chan, k_chan, v_chan,
                                       mask_k, mask_v, qk_store, neg_a, dt_bias, x_t, cs_c, w_c, win_t, win_c, b_t, a_t,
                                       Q_SCALE, EPS, W, ROUND)
-            s = _token_step(s, t, q, k, v, g, beta, 1.0, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s)
+            if INPUTS:
+                _store_inputs(in_base, t, in_t, k, v, g, beta, offs_k, offs_v, mask_k, mask_v, first, DK, DV)
+            s = _token_step(s, t, q, k, v, g, beta, 1.0, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s,
+                            STATES)
 
 
-def _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk, out_states, out_windows):
+def _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk, out_states, out_windows,
+           out_inputs=None):
     require(mixed.dim() == 3, f"gdn_fused_verify: mixed must be [B, T, C], got {tuple(mixed.shape)}")
     B, T, C = mixed.shape
     require(b.dim() == 3 and tuple(b.shape[:2]) == (B, T),
@@ -155,6 +163,13 @@ def _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, 
         require(tuple(out_windows.shape) == (B, T, C, W) and out_windows.dtype == conv_state.dtype,
                 f"gdn_fused_verify: out_windows must be {conv_state.dtype} [B, T, C, W] = {(B, T, C, W)}, "
                 f"got {out_windows.dtype} {tuple(out_windows.shape)}")
+    if out_inputs is not None:
+        width = input_width(dk, dv)
+        require(out_states is None, "gdn_fused_verify: give out_states or out_inputs, not both")
+        require(tuple(out_inputs.shape) == (B, T, H, width) and out_inputs.dtype == torch.float32
+                and out_inputs.stride(-1) == 1,
+                f"gdn_fused_verify: out_inputs must be float32 [B, T, H, d_k + d_v + 2] = {(B, T, H, width)} "
+                f"with a contiguous last dimension, got {out_inputs.dtype} {tuple(out_inputs.shape)}")
     devs = {t.device for t in (mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state)}
     require(len(devs) == 1, f"gdn_fused_verify: all inputs must be on one device, got {sorted(map(str, devs))}")
     return B, T, C, H, dv, W
@@ -164,10 +179,11 @@ def gdn_fused_verify_reference(mixed: torch.Tensor, b: torch.Tensor, a: torch.Te
                                conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                                initial_state: torch.Tensor, nk: int, dk: int,
                                out_states: Optional[torch.Tensor] = None, out_windows: Optional[torch.Tensor] = None,
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The same in plain torch ops (the ground truth). Returns (o, states, windows)."""
+                               out_inputs: Optional[torch.Tensor] = None,
+                               ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """The same in plain torch ops (the ground truth). Returns (o, states or None, windows)."""
     B, T, C, H, dv, W = _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
-                               out_states, out_windows)
+                               out_states, out_windows, out_inputs)
     x = mixed.transpose(1, 2)
     full = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, C, W + T]
     w = conv_weight.float()
@@ -184,7 +200,10 @@ def gdn_fused_verify_reference(mixed: torch.Tensor, b: torch.Tensor, a: torch.Te
     v = v.reshape(B, T, H, dv)
     beta = b.float().sigmoid()
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    o, states = gdn_verify_reference(q, k, v, g, beta, initial_state, 1.0, out_states)
+    keep = out_inputs is None
+    o, states = gdn_verify_reference(q, k, v, g, beta, initial_state, 1.0, out_states, keep_states=keep)
+    if not keep:
+        out_inputs.copy_(torch.cat([k, v, g[..., None], beta[..., None]], dim=-1))
     win = full.unfold(-1, W, 1)[:, :, 1:].permute(0, 2, 1, 3)  # [B, T, C, W]
     if out_windows is None:
         out_windows = win.to(conv_state.dtype).contiguous()
@@ -197,47 +216,55 @@ def gdn_fused_verify_triton(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tenso
                             conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                             initial_state: torch.Tensor, nk: int, dk: int,
                             out_states: Optional[torch.Tensor] = None, out_windows: Optional[torch.Tensor] = None,
+                            out_inputs: Optional[torch.Tensor] = None,
                             *, block_v: Optional[int] = None, num_warps: Optional[int] = None,
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """One fused launch; `block_v`/`num_warps` override the launch heuristics (benchmarks and tests)."""
     require_triton()
     B, T, C, H, dv, W = _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
-                               out_states, out_windows)
+                               out_states, out_windows, out_inputs)
     for name, t in (("mixed", mixed), ("b", b), ("a", a), ("conv_state", conv_state), ("conv_weight", conv_weight)):
         require(t.stride(-1) == 1 or t.shape[-1] == 1, f"gdn_fused_verify: {name}'s last dimension must be contiguous")
     A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()
-    states = out_states if out_states is not None else mixed.new_empty(B, T, H, dk, dv, dtype=torch.float32)
+    keep = out_inputs is None  # with out_inputs no state is written: the commit replays the accepted tokens
+    if keep:
+        states = out_states if out_states is not None else mixed.new_empty(B, T, H, dk, dv, dtype=torch.float32)
+    else:
+        states = mixed.new_empty(1, 1, 1, 1, 1, dtype=torch.float32)  # a placeholder argument, never written
+    inputs = out_inputs if out_inputs is not None else mixed.new_empty(1, 1, 1, 1, dtype=torch.float32)
     windows = out_windows if out_windows is not None else conv_state.new_empty(B, T, C, W)
     require(states.stride(-1) == 1 and windows.stride(-1) == 1,
             "gdn_fused_verify: out_states' and out_windows' last dimensions must be contiguous")
     o = torch.empty(B, T, H, dv, device=mixed.device, dtype=torch.float32)
     BK = max(16, next_pow2(dk))
-    BV = block_v or 16  # gdn_verify's H200 choice: 16-column slices, 2 warps
+    BV = block_v or BLOCK_V
     grid = (B * H, triton.cdiv(dv, BV))
     _gdn_fused_kernel[grid](
-        mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, o, states, windows,
+        mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, o, states, windows, inputs,
         mixed.stride(0), mixed.stride(1), b.stride(0), b.stride(1), a.stride(0), a.stride(1),
         conv_state.stride(0), conv_state.stride(1), conv_weight.stride(0),
         *initial_state.stride(),
         o.stride(0), o.stride(1), o.stride(2),
         states.stride(0), states.stride(1), states.stride(2), states.stride(3),
-        windows.stride(0), windows.stride(1), windows.stride(2),
+        windows.stride(0), windows.stride(1), windows.stride(2), inputs.stride(0), inputs.stride(1), inputs.stride(2),
         H, H // nk, dk, dv, nk * dk,
         # float constants as constexprs: torch.compile passes a Python float to a Triton kernel as fp64
         Q_SCALE=float(dk ** -0.5), EPS=1e-6,
-        T=T, W=W, BK=BK, BV=BV, ROUND=mixed.element_size() < 4, num_warps=num_warps or 2,
+        T=T, W=W, BK=BK, BV=BV, ROUND=mixed.element_size() < 4, STATES=keep, INPUTS=not keep,
+        num_warps=num_warps or NUM_WARPS,
     )
-    return o, states, windows
+    return o, (states if keep else None), windows
 
 
 def gdn_fused_verify(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
                      conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                      initial_state: torch.Tensor, nk: int, dk: int,
                      out_states: Optional[torch.Tensor] = None, out_windows: Optional[torch.Tensor] = None,
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o [B,T,H,d_v] fp32, states, windows): Triton on CUDA, the torch reference elsewhere."""
+                     out_inputs: Optional[torch.Tensor] = None,
+                     ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """(o [B,T,H,d_v] fp32, states or None, windows): Triton on CUDA, the torch reference elsewhere."""
     if use_triton(mixed, initial_state):
         return gdn_fused_verify_triton(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
-                                       out_states, out_windows)
+                                       out_states, out_windows, out_inputs)
     return gdn_fused_verify_reference(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
-                                      out_states, out_windows)
+                                      out_states, out_windows, out_inputs)

@@ -21,6 +21,7 @@ import torch
 from ready.decode import Engine, Generation, LosslessWarning, NgramDrafter, evaluate, run_ar
 from ready.decode.evaluate import check_greedy
 from ready.target import HybridConfig, HybridLM
+from ready.target.layers import commit_gdn
 
 torch.set_num_threads(1)
 VOCAB = 256
@@ -47,6 +48,18 @@ def exact_bf16() -> HybridLM:
     return make_target()
 
 
+def replayed(model: HybridLM, c, T: int):
+    """The GDN states and conv windows [L, T, ...] (row 0) that commit(n) would install for n = 1..T after
+    a verify, read without committing (on copies of the live cache)."""
+    states, conv = [], []
+    for n in range(1, T + 1):
+        s, w = c.ssm.clone(), c.conv.clone()
+        commit_gdn(s, w, c.pending_inputs, c.pending_conv, n, bool(model.exact))
+        states.append(s[:, 0])
+        conv.append(w[:, 0])
+    return torch.stack(states, 1), torch.stack(conv, 1)
+
+
 def verify_vs_steps(model: HybridLM, static: bool, T: int = 8):
     """(logits, states, conv) of verify(block) and of T single-token steps from the same prefix."""
     g = torch.Generator().manual_seed(1)
@@ -61,7 +74,7 @@ def verify_vs_steps(model: HybridLM, static: bool, T: int = 8):
 
     c = fresh()
     logits = model.verify(block, c).logits[0]
-    got = (logits, c.pending_ssm[:, 0, :T].clone(), c.pending_conv[:, 0, :T].clone())
+    got = (logits, *replayed(model, c, T))
     c = fresh()
     rows, states, conv = [], [], []
     for i in range(T):

@@ -1,5 +1,6 @@
 """The fused GDN verify (conv, SiLU, L2 norms, gates and recurrence in one kernel) computes what the
-layer's separate ops compute, writes every state and conv window, and leaves the live cache alone.
+layer's separate ops compute, writes every state (or each token's replay inputs) and conv window, and
+leaves the live cache alone.
 
 The Triton kernel is compared with its torch reference on CPU through Triton's interpreter (small
 sizes) and compiled on CUDA (the `cuda` test adds the paper's size); the reference is compared with
@@ -74,6 +75,28 @@ def test_writes_into_one_layers_pending_buffers():
     assert torch.isnan(pending_conv[0]).all() and torch.isnan(pending_conv[1, :, T:]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replay_inputs_give_the_states_of_the_chain_bit_for_bit(dtype):
+    """The engine's mode: no state is written, each token's k | v | g | beta is; the commit's replay of
+    them from the live state then has the bits of the states the kernel would have written."""
+    gv = importlib.import_module("ready_kernels.gdn_verify")
+    B, T, nk, H, dk, dv = 2, 5, 1, 3, 32, 16
+    inputs = make_inputs(B, T, nk, H, dk, dv, dtype=dtype)
+    o_kept, states, w_kept = gf.gdn_fused_verify_triton(*inputs, nk, dk)
+    pending = torch.full((B, T + 2, H, gv.input_width(dk, dv)), float("nan"), device=DEVICE)
+    o, none, windows = gf.gdn_fused_verify_triton(*inputs, nk, dk, out_inputs=pending[:, :T])
+    assert none is None and torch.equal(o, o_kept) and torch.equal(windows, w_kept)
+    assert torch.isnan(pending[:, T:]).all(), "nothing past the block"
+    want = torch.empty_like(pending[:, :T])
+    gf.gdn_fused_verify_reference(*inputs, nk, dk, out_inputs=want)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert rel_err(pending[:, :T], want) < tol
+    for n in (1, 3, T):
+        ssm = inputs[7][None].clone()
+        gv.gdn_commit_triton(ssm, pending[None, :, :T], n)
+        assert torch.equal(ssm[0], states[:, n - 1]), n
+
+
 def test_a_token_computes_the_same_whatever_the_block_length():
     """verify(T) then the state after token 1 == verify(1): the AR step and a verify block agree."""
     inputs = make_inputs(1, 4, 1, 2, 16, 16)
@@ -103,10 +126,11 @@ def test_reference_equals_the_target_layers_verify_pass():
     with torch.no_grad():
         out, _ = layer(x, "verify", slot)
         qkv, z, b, a = torch.nn.functional.linear(x, layer.in_proj.weight).split(layer.split, dim=-1)
-        o, states, windows = gf.gdn_fused_verify_reference(qkv, b, a, slot.conv, layer.conv1d.weight[:, 0],
-                                                           layer.A_log, layer.dt_bias, slot.ssm, layer.nk, layer.dk)
+        replay = torch.empty_like(slot.pending_inputs[:, :5])
+        o, _, windows = gf.gdn_fused_verify_reference(qkv, b, a, slot.conv, layer.conv1d.weight[:, 0], layer.A_log,
+                                                      layer.dt_bias, slot.ssm, layer.nk, layer.dk, out_inputs=replay)
         want = layer._output(o.transpose(1, 2), z)
-    torch.testing.assert_close(slot.pending_ssm[:, :5], states)
+    torch.testing.assert_close(slot.pending_inputs[:, :5], replay)
     assert torch.equal(slot.pending_conv[:, :5], windows)
     torch.testing.assert_close(out, want)
 
@@ -132,3 +156,20 @@ def test_paper_size_on_cuda(dtype, T):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert rel_err(states, states_ref) < tol
     assert rel_err(o, o_ref) < tol
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_paper_size_replay_on_cuda(dtype):
+    """Compiled, at the 27B layer's size: the commit's replay of every prefix of an 8-token block has
+    the bits of the states the verify kernel steps through."""
+    gv = importlib.import_module("ready_kernels.gdn_verify")
+    inputs = make_inputs(2, 8, 16, 48, 128, 128, dtype=dtype, device="cuda")
+    o_kept, states, _ = gf.gdn_fused_verify(*inputs, 16, 128)
+    pending = torch.empty(2, 8, 48, gv.input_width(128, 128), device="cuda")
+    o, _, _ = gf.gdn_fused_verify(*inputs, 16, 128, out_inputs=pending)
+    assert torch.equal(o, o_kept)
+    for n in range(1, 9):
+        ssm = inputs[7][None].clone()
+        gv.gdn_commit(ssm, pending[None], n)
+        assert torch.equal(ssm[0], states[:, n - 1]), n

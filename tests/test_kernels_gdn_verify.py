@@ -1,4 +1,5 @@
-"""GDN verify keeps the state after every token, leaves the live state alone, and commit installs it.
+"""GDN verify keeps the state after every token (or none), leaves the live state alone, and commit replays
+the accepted tokens onto it.
 
 The Triton kernels are compared with the torch references over shapes and dtypes: on CPU through
 Triton's interpreter (small sizes), on CUDA compiled (the `cuda` test adds the paper's size).
@@ -89,26 +90,65 @@ def test_writes_into_the_pending_buffer_of_one_layer():
     assert torch.isnan(pending[0]).all() and torch.isnan(pending[2]).all()
 
 
+def pack(k, v, g, beta):
+    """The replay inputs of a block, [B, T, H, d_k + d_v + 2]: k | v | g | beta in float32."""
+    return torch.cat([k.float(), v.float(), g[..., None].float(), beta[..., None].float()], dim=-1)
+
+
+def layered_block(L, B, T, H, dk, dv, dtype=torch.float32):
+    """L layers of verify inputs: (q, k, v, g, beta, h0) per layer."""
+    return [make_inputs(B, T, H, dk, dv, dtype) for _ in range(L)]
+
+
 @pytest.mark.parametrize("per_row,count", [(False, 4), (False, 1), (True, None)])  # n = 1: an AR step
-def test_commit_installs_the_state_after_the_accepted_token(per_row, count):
-    L, B, T, H, dk, dv, C, W = 2, 3, 5, 2, 8, 8, 6, 3
-    pending = torch.randn(L, B, T, H, dk, dv, device=DEVICE)
+def test_commit_replays_the_accepted_tokens_onto_the_live_state(per_row, count):
+    L, B, T, H, dk, dv, C, W = 2, 3, 5, 2, 16, 8, 6, 3
+    layers = layered_block(L, B, T, H, dk, dv)
+    want = torch.stack([gv.gdn_verify_reference(*x)[1] for x in layers])  # [L, B, T, H, dk, dv]
+    inputs = torch.stack([pack(k, v, g, beta) for _, k, v, g, beta, _ in layers])
+    live = torch.stack([x[5] for x in layers])
     pending_conv = torch.randn(L, B, T, C, W, device=DEVICE)
     n = torch.tensor([1, 5, 3], device=DEVICE) if per_row else count
     rows = [1, 5, 3] if per_row else [count] * 3
     for commit in (gv.gdn_commit_triton, gv.gdn_commit_reference):
-        ssm = torch.zeros(L, B, H, dk, dv, device=DEVICE)
-        conv = torch.zeros(L, B, C, W, device=DEVICE)
-        commit(ssm, pending, n, conv, pending_conv)
+        ssm, conv = live.clone(), torch.zeros(L, B, C, W, device=DEVICE)
+        commit(ssm, inputs, n, conv, pending_conv)
         for b, nb in enumerate(rows):
-            assert torch.equal(ssm[:, b], pending[:, b, nb - 1]), commit.__name__
+            assert rel_err(ssm[:, b], want[:, b, nb - 1]) < 1e-5, commit.__name__
             assert torch.equal(conv[:, b], pending_conv[:, b, nb - 1]), commit.__name__
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replayed_state_has_the_bits_of_the_verify_chain(dtype):
+    """What keeps verify(K+1) and K+1 AR steps identical: the state the commit replays is the one the
+    verify kernel stepped through, bit for bit, so the next verify starts where the chain was."""
+    B, T, H, dk, dv = 2, 6, 3, 32, 32
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, dk, dv, dtype)
+    _, chain = gv.gdn_verify_triton(q, k, v, g, beta, h0)
+    inputs = pack(k, v, g, beta)[None]
+    for n in (1, 4, T):
+        ssm = h0[None].clone()
+        gv.gdn_commit_triton(ssm, inputs, n)
+        assert torch.equal(ssm[0], chain[:, n - 1]), n
+
+
+def test_verify_without_states_gives_the_same_outputs():
+    q, k, v, g, beta, h0 = make_inputs(2, 5, 3, 16, 16)
+    o_kept, _ = gv.gdn_verify_triton(q, k, v, g, beta, h0)
+    o, states = gv.gdn_verify_triton(q, k, v, g, beta, h0, keep_states=False)
+    assert states is None and torch.equal(o, o_kept)
+
+
 def test_commit_rejects_a_count_outside_the_block():
-    ssm, pending = torch.zeros(1, 1, 2, 4, 4), torch.zeros(1, 1, 3, 2, 4, 4)
+    ssm, inputs = torch.zeros(1, 1, 2, 4, 4), torch.zeros(1, 1, 3, 2, 10)
     with pytest.raises(KernelInputError, match=r"n must be in 1\.\.3"):
-        gv.gdn_commit(ssm, pending, 4)
+        gv.gdn_commit(ssm, inputs, 4)
+
+
+def test_commit_names_the_expected_input_layout():
+    ssm, states = torch.zeros(1, 1, 2, 4, 4), torch.zeros(1, 1, 3, 2, 4, 4)  # per-token states: the old layout
+    with pytest.raises(KernelInputError, match=r"pending_inputs must be float32 \[L=1, B=1, T, H=2, d_k \+ d_v \+ 2=10\]"):
+        gv.gdn_commit(ssm, states, 1)
 
 
 def test_conv_windows_follow_a_token_by_token_shift_register():

@@ -12,6 +12,7 @@ import torch
 
 from ready.decode import DecodeError, Engine, LosslessWarning, NgramDrafter, evaluate
 from ready.decode.sampling import DraftSampling, SamplingParams, draw, position_law, warp
+from ready.target.layers import commit_gdn
 from tests.test_drafter import V, draft_step, drafter_for, teacher, tiny_target
 
 T1 = SamplingParams(1.0, 1.0, 0)
@@ -124,10 +125,11 @@ def test_a_rejected_draft_left_in_the_states_fails_the_distribution_check(target
     real_commit = type(target).commit
 
     def leaky_commit(self, cache, n):  # the GDN state after the first rejected draft is kept: it leaves a trace
-        pending = cache.pending
+        pending, leaked = cache.pending, cache.ssm.clone()
+        commit_gdn(leaked, cache.conv.clone(), cache.pending_inputs, cache.pending_conv, min(n + 1, pending))
         real_commit(self, cache, n)
         if n < pending:
-            cache.ssm.copy_(cache.pending_ssm[:, :, n])
+            cache.ssm.copy_(leaked)
 
     monkeypatch.setattr(type(target), "commit", leaky_commit)
     with pytest.warns(LosslessWarning, match="states check failed"):

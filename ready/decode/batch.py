@@ -444,7 +444,7 @@ class BatchEngine:
             if self.capture:
                 self._store_features(out.hidden)
             upd = torch.tensor([commit, advance, last_host], dtype=torch.long).to(dev)
-            ragged_commit(self.cache, upd[0], upd[1])
+            ragged_commit(self.target, self.cache, upd[0], upd[1])
             last.copy_(upd[2])
             rounds += 1
             now = time.perf_counter()

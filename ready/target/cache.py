@@ -1,9 +1,10 @@
 """Static inference cache of the hybrid target: GDN states, conv windows, attention KV.
 
 Everything is preallocated once, so shapes never change between decoding rounds (CUDA-graph
-friendly). `verify` writes per-token GDN states into the `pending_*` buffers and attention KV
-past `length`; `commit(n)` installs the state after the n-th verified token and moves
-`length`, so rejected tokens leave no trace.
+friendly). `verify` writes each token's GDN inputs (k, v, decay, beta) and conv window into the
+`pending_*` buffers and attention KV past `length`; `commit(n)` replays the first n verified tokens
+on the live GDN states (kernels/gdn_verify.py `gdn_commit`: cheaper than keeping 8 fp32 states a
+layer), installs the n-th window and moves `length`, so rejected tokens leave no trace.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class GDNSlot(NamedTuple):
 
     ssm: torch.Tensor  # [B, H_v, d_k, d_v]
     conv: torch.Tensor  # [B, conv_dim, kernel-1]
-    pending_ssm: torch.Tensor  # [B, max_verify, H_v, d_k, d_v]
+    pending_inputs: torch.Tensor  # [B, max_verify, H_v, d_k + d_v + 2]: k | v | g | beta per token and head
     pending_conv: torch.Tensor  # [B, max_verify, conv_dim, kernel-1]
 
 
@@ -40,7 +41,7 @@ class HybridCache:
     conv: torch.Tensor  # [L_gdn, B, conv_dim, kernel-1], last inputs of the causal conv
     key: torch.Tensor  # [L_attn, B, H_kv, max_len, head_dim]
     value: torch.Tensor  # [L_attn, B, H_kv, max_len, head_dim]
-    pending_ssm: torch.Tensor  # [L_gdn, B, max_verify, H_v, d_k, d_v], state after each verified token
+    pending_inputs: torch.Tensor  # [L_gdn, B, max_verify, H_v, d_k + d_v + 2] fp32, each verified token's k|v|g|beta
     pending_conv: torch.Tensor  # [L_gdn, B, max_verify, conv_dim, kernel-1]
     length_t: torch.Tensor  # [] int64 on the device: `length` for static-shape (CUDA graph) passes
     length: int = 0  # committed tokens
@@ -51,7 +52,7 @@ class HybridCache:
     gdn_slots: list[GDNSlot] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        self.gdn_slots = [GDNSlot(*t) for t in zip(self.ssm, self.conv, self.pending_ssm, self.pending_conv)]
+        self.gdn_slots = [GDNSlot(*t) for t in zip(self.ssm, self.conv, self.pending_inputs, self.pending_conv)]
 
     def kv_slot(self, i: int) -> KVSlot:
         return KVSlot(self.key[i], self.value[i], self.length_t, self.static)
@@ -66,7 +67,7 @@ class HybridCache:
 
     @property
     def max_verify(self) -> int:
-        return self.pending_ssm.shape[2]
+        return self.pending_inputs.shape[2]
 
     @classmethod
     def allocate(
@@ -87,7 +88,7 @@ class HybridCache:
             conv=torch.zeros(Lg, batch_size, cfg.gdn_conv_dim, w, device=device, dtype=dtype),
             key=torch.zeros(kv, device=device, dtype=dtype),
             value=torch.zeros(kv, device=device, dtype=dtype),
-            pending_ssm=torch.zeros(Lg, batch_size, max_verify, H, dk, dv, device=device, dtype=torch.float32),
+            pending_inputs=torch.zeros(Lg, batch_size, max_verify, H, dk + dv + 2, device=device, dtype=torch.float32),
             pending_conv=torch.zeros(Lg, batch_size, max_verify, cfg.gdn_conv_dim, w, device=device, dtype=dtype),
             length_t=torch.zeros((), dtype=torch.long, device=device),
         )

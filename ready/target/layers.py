@@ -422,11 +422,11 @@ class GatedDeltaNet(nn.Module):
 
     def fused_verify(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: GDNSlot) -> torch.Tensor:
         """The verify pass's conv, SiLU, norms, gates and recurrence in one kernel (kernels/gdn_fused.py):
-        per-token states and windows into cache.pending_*; returns the outputs [B, T, H, dv] (float32)."""
+        each token's replay inputs and window into cache.pending_*; returns the outputs [B, T, H, dv] (float32)."""
         T = qkv.shape[1]
         o, _, _ = GDN_FUSED_KERNEL(qkv, b, a, cache.conv, self.conv1d.weight[:, 0], self.A_log, self.dt_bias,
-                                   cache.ssm, self.nk, self.dk, out_states=cache.pending_ssm[:, :T],
-                                   out_windows=cache.pending_conv[:, :T])
+                                   cache.ssm, self.nk, self.dk, out_windows=cache.pending_conv[:, :T],
+                                   out_inputs=cache.pending_inputs[:, :T])
         return o
 
     def forward(
@@ -438,7 +438,7 @@ class GatedDeltaNet(nn.Module):
         exact: bool = False,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """mode: `full` (no cache), `prefill` (append to the committed state and commit),
-        `verify` (per-token states into cache.pending_*, live state untouched). `exact`: the
+        `verify` (per-token inputs and windows into cache.pending_*, live state untouched). `exact`: the
         row-invariant ops (module comment above), for verify."""
         prefix = None if cache is None else cache.conv
         qkv, z, b, a = lin(x, self.in_proj.weight, exact).split(self.split, dim=-1)
@@ -450,7 +450,7 @@ class GatedDeltaNet(nn.Module):
         at = None
         if mode == "verify":
             T = x.shape[1]
-            o = _verify_states(q, k, v, g, beta, init, cache.pending_ssm[:, :T], exact)
+            o = _verify_outputs(q, k, v, g, beta, init, cache.pending_inputs[:, :T], exact)
             windows = full.unfold(-1, self.kernel - 1, 1)[:, :, 1:]  # window after each token
             cache.pending_conv[:, :T] = windows.permute(0, 2, 1, 3)
         else:
@@ -469,20 +469,54 @@ class GatedDeltaNet(nn.Module):
         return self._output(o, z, exact), at
 
 
-def _verify_states(q, k, v, g, beta, init, out_states: torch.Tensor, exact: bool = False) -> torch.Tensor:
-    """Outputs [B,H,T,dv]; writes the state after every token into out_states [B,T,H,dk,dv].
-    On CUDA the fused Triton kernel writes the states in place (kernels/gdn_verify.py); its token
-    step is one fixed sequence of operations whatever T, so it serves exact mode too. Elsewhere,
-    exact mode runs `_exact_recurrence`."""
-    if q.is_cuda and GDN_VERIFY_KERNEL is not None and not (exact and _EXACT_GDN_TORCH):
+def verify_rule(device: torch.device, exact: bool) -> str:
+    """The token step a verify pass runs on `device`, which the commit must replay with the same
+    arithmetic: `kernel` (the Triton kernels' step, CUDA), `exact` (`_exact_recurrence`) or `torch`
+    (`recurrent_gated_delta_rule`)."""
+    if device.type == "cuda" and GDN_COMMIT_KERNEL is not None:
+        if (not exact and GDN_FUSED_KERNEL is not None) or (GDN_VERIFY_KERNEL is not None and not (exact and _EXACT_GDN_TORCH)):
+            return "kernel"
+    return "exact" if exact else "torch"
+
+
+def _verify_outputs(q, k, v, g, beta, init, out_inputs: torch.Tensor, exact: bool = False) -> torch.Tensor:
+    """Outputs [B,H,T,dv] of the recurrence over the verified tokens (head-major fp32 inputs); writes each
+    token's replay inputs [k | v | g | beta] into out_inputs [B,T,H,dk+dv+2] for the commit. On CUDA the
+    Triton kernel runs the recurrence (kernels/gdn_verify.py); its token step is one fixed sequence of
+    operations whatever T, so it serves exact mode too. Elsewhere, exact mode runs `_exact_recurrence`."""
+    out_inputs.copy_(torch.cat([k, v, g[..., None], beta[..., None]], dim=-1).transpose(1, 2))
+    rule = verify_rule(q.device, exact)
+    if rule == "kernel":
         t = lambda a: a.transpose(1, 2)  # noqa: E731  (the kernel takes strided views)
-        o, _ = GDN_VERIFY_KERNEL(t(q), t(k), t(v), t(g), t(beta), init, 1.0, out_states=out_states)
+        o, _ = GDN_VERIFY_KERNEL(t(q), t(k), t(v), t(g), t(beta), init, 1.0, keep_states=False)
         return o.transpose(1, 2)
-    if exact:
-        return _exact_recurrence(q, k, v, g, beta, init, out_states)
-    o, states = recurrent_gated_delta_rule(q, k, v, g, beta, init, all_states=True)
-    out_states.copy_(states)
-    return o
+    if rule == "exact":
+        return _exact_recurrence(q, k, v, g, beta, init)
+    return recurrent_gated_delta_rule(q, k, v, g, beta, init)[0]
+
+
+def commit_gdn(ssm: torch.Tensor, conv: torch.Tensor, pending_inputs: torch.Tensor, pending_conv: torch.Tensor,
+               n: int | torch.Tensor, exact: bool = False) -> None:
+    """Install the GDN states and conv windows after the first n verified tokens (an int, or an integer
+    tensor [B] per row) into the live cache tensors [L, B, ...]: the verify's token step replayed from
+    the live states over the kept tokens' inputs, with the arithmetic `verify_rule` says the verify ran,
+    so the state has the bits the verify's chain had."""
+    if verify_rule(ssm.device, exact) == "kernel":  # one launch over every layer
+        GDN_COMMIT_KERNEL(ssm, pending_inputs, n, conv, pending_conv)
+        return
+    B = ssm.shape[1]
+    counts = n.to(ssm.device).long() if isinstance(n, torch.Tensor) else torch.full((B,), int(n), device=ssm.device)
+    m, rows, dk, dv = int(counts.max()), torch.arange(B, device=ssm.device), ssm.shape[3], ssm.shape[4]
+    for l in range(ssm.shape[0]):  # per layer: the verify's shapes, so the same kernels round alike
+        inp = pending_inputs[l, :, :m].transpose(1, 2)  # [B, H, m, width], head-major like the verify
+        k, v, g, beta = inp[..., :dk], inp[..., dk:dk + dv], inp[..., dk + dv], inp[..., dk + dv + 1]
+        if exact:
+            states = torch.empty(B, m, *ssm.shape[2:], device=ssm.device, dtype=torch.float32)
+            _exact_recurrence(k, k, v, g, beta, ssm[l], states)
+        else:
+            states = recurrent_gated_delta_rule(k, k, v, g, beta, ssm[l], all_states=True)[1]
+        ssm[l] = states[rows, counts - 1]
+    conv.copy_(pending_conv[:, rows, counts - 1])
 
 
 # READY_CONV_TAPS=0: the verify pass runs F.conv1d like prefill (an A/B switch for benchmarks)
@@ -492,10 +526,11 @@ _CONV_TAPS = os.environ.get("READY_CONV_TAPS", "1") != "0"
 _EXACT_GDN_TORCH = os.environ.get("READY_EXACT_GDN", "kernel") == "torch"
 
 
-def _exact_recurrence(q, k, v, g, beta, init, out_states: torch.Tensor) -> torch.Tensor:
+def _exact_recurrence(q, k, v, g, beta, init, out_states: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The gated delta rule one token at a time on same-shaped contiguous slices, with tree sums
     over d_k: token t's arithmetic is the same whatever T (head-major inputs as in
-    `recurrent_gated_delta_rule`; float32)."""
+    `recurrent_gated_delta_rule`; float32). Writes the state after every token into out_states
+    [B, T, H, dk, dv] when given (the commit's replay)."""
     tree_sum = _exact_ops()[2]
     B, H, T, dk = k.shape
     S = q.new_zeros(B, H, dk, v.shape[-1]) if init is None else init.float()
@@ -508,7 +543,8 @@ def _exact_recurrence(q, k, v, g, beta, init, out_states: torch.Tensor) -> torch
         delta = (vt - sk) * beta[:, :, t].contiguous()[..., None]
         S = S + kt[..., :, None] * delta[..., None, :]
         outs.append(tree_sum((S * qt[..., :, None]).transpose(-1, -2))[..., 0])  # S^T q
-        out_states[:, t] = S
+        if out_states is not None:
+            out_states[:, t] = S
     return torch.stack(outs, dim=2)
 
 

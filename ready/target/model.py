@@ -15,7 +15,7 @@ from torch import nn
 
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, HybridConfig, TargetError
-from ready.target.layers import GDN_COMMIT_KERNEL, DecoderLayer, RMSNorm, decoder_layer_forward, init_weights, lin
+from ready.target.layers import DecoderLayer, RMSNorm, commit_gdn, decoder_layer_forward, init_weights, lin
 
 
 def _inductor_pdl(device: torch.device) -> dict:
@@ -256,7 +256,7 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def verify(self, block: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int] = ()) -> TargetOutput:
-        """Score a block of tokens in one forward; per-token states go to cache.pending_*."""
+        """Score a block of tokens in one forward; each token's GDN inputs and windows go to cache.pending_*."""
         T = block.shape[1]
         if T > cache.max_verify:
             raise TargetError(f"verify block of {T} tokens exceeds the cache's max_verify={cache.max_verify}")
@@ -267,14 +267,11 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def commit(self, cache: HybridCache, n: int) -> None:
-        """Keep the first n verified tokens: live state = state after the n-th, KV truncated to match."""
+        """Keep the first n verified tokens: live state = state after the n-th (replayed), KV truncated to match."""
         if not 1 <= n <= cache.pending:
             raise TargetError(f"commit(n={n}) but {cache.pending} tokens are pending; expected 1..{cache.pending}")
-        if GDN_COMMIT_KERNEL is not None:  # one fused copy over all GDN layers on CUDA
-            GDN_COMMIT_KERNEL(cache.ssm, cache.pending_ssm, n, cache.conv, cache.pending_conv)
-        else:
-            cache.ssm.copy_(cache.pending_ssm[:, :, n - 1])
-            cache.conv.copy_(cache.pending_conv[:, :, n - 1])
+        # the GDN states: the verify's token step replayed over the n kept tokens (one launch on CUDA)
+        commit_gdn(cache.ssm, cache.conv, cache.pending_inputs, cache.pending_conv, n, bool(self.exact))
         cache.advance(n)
         cache.pending = 0
 

@@ -8,13 +8,13 @@ this module's passes read it:
 - `prefill_row(model, cache, b, ids)`: the prompt of row b through the ordinary batch-1 prefill on
   a view of that row (`row_view`): the very computation of the single-sequence engine;
 - `ragged_verify(model, ids, cache)`: one forward of a [B, T] block, row b at positions
-  lengths[b] .. lengths[b] + T - 1. GDN layers are per row already (states after every token go
-  to `pending_*`); attention writes each row's keys/values at its own positions in the shared
+  lengths[b] .. lengths[b] + T - 1. GDN layers are per row already (each token's inputs and
+  window go to `pending_*`); attention writes each row's keys/values at its own positions in the shared
   padded KV buffer and attends over the whole buffer with a per-row mask (key j is seen by a query
   at position p iff j <= p), so whatever a longer row or an earlier occupant left beyond a row's
   length is never read;
 - `ragged_commit(model, cache, n, advance)`: row b keeps its first n[b] verified tokens (the GDN
-  commit kernel takes a per-row count) and its length moves by advance[b] (0 for a finished row,
+  commit replays them with a per-row count) and its length moves by advance[b] (0 for a finished row,
   whose state may then change but whose output no longer does).
 
 Everything takes device tensors and never reads a length on the host, so `RaggedGraphedVerify`
@@ -66,7 +66,7 @@ class RaggedCache(HybridCache):
         what the single-sequence prefill runs on. Its length starts at 0."""
         s = slice(b, b + 1)
         return HybridCache(ssm=self.ssm[:, s], conv=self.conv[:, s], key=self.key[:, s], value=self.value[:, s],
-                           pending_ssm=self.pending_ssm[:, s], pending_conv=self.pending_conv[:, s],
+                           pending_inputs=self.pending_inputs[:, s], pending_conv=self.pending_conv[:, s],
                            length_t=torch.zeros((), dtype=torch.long, device=self.ssm.device))
 
 
@@ -169,24 +169,20 @@ def _run_ragged(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layer
 
 @torch.no_grad()
 def ragged_verify(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layers: Sequence[int] = ()) -> Any:
-    """Score a [B, T] block, row b after its lengths[b] committed tokens; states after every token go
-    to `cache.pending_*` (nothing committed). Returns logits [B, T, V] and the captured hidden
+    """Score a [B, T] block, row b after its lengths[b] committed tokens; each token's GDN inputs and
+    windows go to `cache.pending_*` (nothing committed). Returns logits [B, T, V] and the captured hidden
     outputs [B, T, C, D]."""
     return _run_ragged(model, ids, cache, capture_layers)
 
 
 @torch.no_grad()
-def ragged_commit(cache: RaggedCache, n: torch.Tensor, advance: Optional[torch.Tensor] = None) -> None:
-    """Row b keeps the state after its n[b]-th verified token (1..T; LongTensor [B] on the device) and
-    its length moves by advance[b] (default n). KV past a row's length needs no truncation: the
-    attention mask never reads beyond it."""
-    kernel = _layers.GDN_COMMIT_KERNEL
-    if kernel is not None:
-        kernel(cache.ssm, cache.pending_ssm, n, cache.conv, cache.pending_conv)
-    else:
-        rows = torch.arange(cache.batch_size, device=cache.ssm.device)
-        cache.ssm.copy_(cache.pending_ssm[:, rows, n - 1])
-        cache.conv.copy_(cache.pending_conv[:, rows, n - 1])
+def ragged_commit(model: Any, cache: RaggedCache, n: torch.Tensor, advance: Optional[torch.Tensor] = None) -> None:
+    """Row b keeps the state after its n[b]-th verified token (1..T; LongTensor [B] on the device),
+    replayed with the arithmetic of `model`'s verify (its exact mode), and its length moves by
+    advance[b] (default n). KV past a row's length needs no truncation: the attention mask never
+    reads beyond it."""
+    _layers.commit_gdn(cache.ssm, cache.conv, cache.pending_inputs, cache.pending_conv, n,
+                       bool(getattr(model, "exact", False)))
     cache.lengths_t += n if advance is None else advance
 
 
