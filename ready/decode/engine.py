@@ -4,11 +4,11 @@ One speculative round (batch 1, the paper's setting):
 
 1. the drafter proposes K tokens d_1..d_K after the last committed token x;
 2. one target forward verifies the block [x, d_1..d_K] and gives K+1 greedy argmaxes p_0..p_K
-   (states after each verified token go to `cache.pending_*`, the live state is untouched);
+   (each verified token's GDN inputs go to `cache.pending_*`, the live state is untouched);
 3. A = the longest prefix with d_j == p_{j-1}; the round appends d_1..d_A and the target's
    correction p_A (the bonus token when A = K): exactly the next A+1 tokens that greedy
    autoregressive decoding would produce, so the output is lossless by construction;
-4. `target.commit(cache, A+1)` keeps the states of x, d_1..d_A only: rejected drafts leave no
+4. `target.commit(cache, A+1)` replays x, d_1..d_A onto the live states: rejected drafts leave no
    trace in the GDN states or the attention KV.
 
 The token budget and EOS truncate the appended tokens; the round's horizon h (draft positions
