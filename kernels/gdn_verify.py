@@ -131,13 +131,15 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["n_all"])
     def _gdn_replay_kernel(s_ptr, in_ptr, n_ptr, n_all, s_l, s_b, s_h, s_k, in_l, in_b, in_t, in_h,
-                           B, H, T, DK, DV, PER_ROW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-        """Program (layer, batch row, value head; d_v block): S[:, block] <- the state after the first n
+                           B, H, T, DK, DV, NV, PER_ROW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+        """Program (d_v block; layer, batch row, value head): S[:, block] <- the state after the first n
         pending tokens, stepped from the live S with `_delta_step` on the verify kernels' tile (BK x BV,
         the same warps), so it has the bits the verify's chain had. n per row from n_ptr, else n_all;
-        clamped to 0..T so a bad n never reads out of bounds."""
-        i = tl.program_id(0)
-        i_v = tl.program_id(1)
+        clamped to 0..T so a bad n never reads out of bounds. The NV d_v blocks of a head are
+        neighbours in the (1-D) grid: they run side by side and read its contiguous state together."""
+        pid = tl.program_id(0)
+        i_v = pid % NV
+        i = pid // NV
         l = (i // (B * H)).to(tl.int64)
         b = ((i // H) % B).to(tl.int64)
         h = (i % H).to(tl.int64)
@@ -367,11 +369,12 @@ def gdn_commit_triton(ssm: torch.Tensor, pending_inputs: torch.Tensor, n: Union[
             "gdn_commit: ssm's and pending_inputs' last dimensions must be contiguous")
     per_row = isinstance(n, torch.Tensor)
     BV = BLOCK_V
-    _gdn_replay_kernel[(L * B * H, triton.cdiv(dv, BV))](
+    NV = triton.cdiv(dv, BV)
+    _gdn_replay_kernel[(NV * L * B * H,)](
         ssm, pending_inputs, n if per_row else ssm, 0 if per_row else int(n),
         ssm.stride(0), ssm.stride(1), ssm.stride(2), ssm.stride(3),
         pending_inputs.stride(0), pending_inputs.stride(1), pending_inputs.stride(2), pending_inputs.stride(3),
-        B, H, pending_inputs.shape[2], dk, dv, PER_ROW=per_row, BK=max(16, next_pow2(dk)), BV=BV,
+        B, H, pending_inputs.shape[2], dk, dv, NV, PER_ROW=per_row, BK=max(16, next_pow2(dk)), BV=BV,
         num_warps=NUM_WARPS)
     _window(_copy_window_triton, conv, pending_conv, n)
 
