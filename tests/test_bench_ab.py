@@ -82,3 +82,37 @@ def test_two_variants_run_in_fresh_processes_on_cpu(tmp_path, capsys):
     assert "READY_TUNE_TIMER must be graph (default) or bench" in json.loads((out / "broken_0.json").read_text())["stderr"]
     bench_minus_graph = res["differences"]["ar_tok_s"]["bench - graph"]
     assert bench_minus_graph["rounds"] == [0, 1] and bench_minus_graph["interval"] is not None
+
+
+def fake_tree(root, tok_s: float):
+    """A source tree whose engine benchmark prints one JSON line with an AR rate, and a kernels folder."""
+    (root / "ready" / "bench").mkdir(parents=True)
+    (root / "kernels").mkdir()
+    (root / "kernels" / "marker.py").write_text(f"TOK_S = {tok_s}\n")
+    for pkg in (root / "ready", root / "ready" / "bench"):
+        (pkg / "__init__.py").write_text("")
+    (root / "ready" / "bench" / "engine.py").write_text(
+        "import json\nfrom ready_kernels.marker import TOK_S\n"
+        "print(json.dumps({'ar': {'decode_tokens_per_s': TOK_S}}))\n")
+    return root
+
+
+def test_a_variant_can_run_another_source_tree(tmp_path, capsys):
+    """--tree: each variant's processes import `ready` and `ready_kernels` from its own tree, not this one."""
+    before, after = fake_tree(tmp_path / "before", 70.0), fake_tree(tmp_path / "after", 72.5)
+    out = tmp_path / "ab"
+    code = ab.main(["--variant", "before", "--variant", "after", "--tree", f"before={before}",
+                    "--tree", f"after={after}", "--rounds", "2", "--out", str(out)])
+    res = json.loads(capsys.readouterr().out)
+    assert code == 0 and [p["ar_tok_s"] for p in res["per_process"]["before"]] == [70.0, 70.0]
+    assert res["differences"]["ar_tok_s"]["after - before"]["per_round"] == [2.5, 2.5]
+    assert res["env"]["after"]["PYTHONSAFEPATH"] == "1"
+
+
+def test_a_tree_that_is_not_this_project_is_refused(tmp_path, capsys):
+    out = tmp_path / "ab"
+    assert ab.main(["--variant", "a", "--variant", "b", "--tree", f"a={tmp_path}", "--out", str(out)]) == 2
+    assert "expected a source tree of this project" in capsys.readouterr().err
+    assert ab.main(["--variant", "a", "--variant", "b", "--tree", f"c={tmp_path}", "--out", str(out)]) == 2
+    assert "NAME one of the variants (a, b)" in capsys.readouterr().err
+    assert not out.exists()  # nothing written for a refused request

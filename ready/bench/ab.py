@@ -17,6 +17,13 @@ any dotted path of the engine JSON); per metric and variant after the first, the
 difference variant − first, its mean and a 95 % t interval over the rounds (paired: same round,
 same machine; none with one round). Each process's own JSON goes to `<out>/<variant>_<round>.json`
 as it ends, so a run stopped by a time limit keeps what finished.
+
+`--tree NAME=PATH` runs variant NAME from another source tree of this project (another commit's
+`ready/` and `kernels/`, e.g. `git worktree add ../old HEAD~1` or a `git archive` of it): its processes
+import `ready` from PATH and `ready_kernels` from PATH/kernels, so a code change is A/B'd against the
+code before it in the same paired rounds:
+
+    python -m ready.bench.ab --variant before --tree before=../old --variant after --rounds 2 --out ab -- ...
 """
 
 from __future__ import annotations
@@ -68,6 +75,28 @@ def parse_variant(words: Sequence[str]) -> tuple[str, dict[str, str]]:
         key, value = w.split("=", 1)
         env[key] = value
     return words[0], env
+
+
+def tree_root(name: str, tree: Path) -> Path:
+    """The resolved source tree of `--tree name=tree`; refused unless it holds this project's code."""
+    root = tree.expanduser().resolve()
+    if not (root / "ready" / "bench" / "engine.py").is_file() or not (root / "kernels").is_dir():
+        raise ABError(f"--tree {name}={tree}: expected a source tree of this project "
+                      "(with ready/bench/engine.py and kernels/)")
+    return root
+
+
+def tree_env(root: Path, links: Path) -> dict[str, str]:
+    """The environment in which `python -m ready.bench.engine` imports `ready` from the source tree
+    `root` and `ready_kernels` from root/kernels (linked under `links`, a folder of the variant's own).
+    PYTHONSAFEPATH keeps `python -m` from putting the working folder, this tree, first."""
+    links.mkdir(parents=True, exist_ok=True)
+    link = links / "ready_kernels"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(root / "kernels", target_is_directory=True)
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join([str(root), str(links), *rest])}
 
 
 def lookup(doc: Any, path: str) -> Optional[float]:
@@ -177,6 +206,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--metric", action="append", default=[], metavar="NAME=PATH",
                     help="also report this dotted path of the engine JSON, e.g. tps=forced.0.decode_tokens_per_s")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per process (default none)")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
+                    help="run variant NAME from another source tree of this project (e.g. a worktree of an "
+                         "earlier commit)")
     a = ap.parse_args(own)
     try:
         variants: dict[str, dict[str, str]] = {}
@@ -197,6 +229,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             if not sep or not _NAME.match(name) or not path:
                 raise ABError(f"--metric {spec!r}: expected NAME=dotted.path, e.g. tps=forced.0.decode_tokens_per_s")
             metrics[name] = path
+        trees: dict[str, Path] = {}
+        for spec in a.tree:
+            name, sep, path = spec.partition("=")
+            if not sep or name not in variants or not path:
+                raise ABError(f"--tree {spec!r}: expected NAME=PATH with NAME one of the variants "
+                              f"({', '.join(variants)})")
+            trees[name] = tree_root(name, Path(path))
+        for name, root in trees.items():  # last: nothing is written for a request refused above
+            variants[name] = {**tree_env(root, Path(a.out) / "trees" / name), **variants[name]}
     except ABError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
