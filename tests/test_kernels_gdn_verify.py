@@ -178,3 +178,16 @@ def test_paper_size_on_cuda(dtype):
     o_ref, states_ref = gv.gdn_verify_reference(q, k, v, g, beta, h0)
     assert rel_err(states, states_ref) < 1e-5
     assert rel_err(o, o_ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_paper_size_replay_has_the_chains_bits_on_cuda(dtype):
+    """Compiled: exact mode's verify on CUDA is this kernel, and its commit the replay."""
+    q, k, v, g, beta, h0 = make_inputs(2, 8, 48, 128, 128, dtype, device="cuda")
+    _, chain = gv.gdn_verify(q, k, v, g, beta, h0)
+    inputs = pack(k, v, g, beta)[None]
+    for n in range(1, 9):
+        ssm = h0[None].clone()
+        gv.gdn_commit(ssm, inputs, n)
+        assert torch.equal(ssm[0], chain[:, n - 1]), n
