@@ -253,7 +253,7 @@ if HAS_TRITON:
         delta = rhs
         for i in range(1, T):
             a_i = tl.sum(tl.where(rows[:, None] == i, A, 0.0), 0)  # row i of A, over j
-            corr = tl.sum(a_i[:, None] * delta, 0)  # rows j >= i of A are zero: only solved rows count
+            corr = tl.sum(a_i[:, None] * delta, 0)  # A[i, j] = 0 for j >= i: only solved rows count
             delta = tl.where(rows[:, None] == i, delta - corr[None, :], delta)
         o = gamma[:, None] * QS + tl.dot(D * QK, delta, input_precision="ieee")
         tl.store(o_ptr + b * o_b + h * o_h + rows[:, None] * o_t + offs_v[None, :], o,
