@@ -228,14 +228,6 @@ def bench_gdn_fused(size: str, s: dict, T: int, dtype: torch.dtype, timer: Timer
                                                                      d, out_windows=wins[i], out_inputs=ins_buf[i])
                               for i in range(calls)])
     extra = {"engine_mode_replay_inputs": inputs_t}
-    if T > 1:  # the chunk form (env READY_GDN_CHUNK=1), same mode
-        extra["engine_mode_chunk"] = timer.measure([
-            lambda i=i: gf.gdn_fused_verify_triton(*ins[i % n_in], conv_w, A_log, dt_bias, h0[i], nk, d,
-                                                   out_windows=wins[i], out_inputs=ins_buf[i], chunk=True)
-            for i in range(calls)])
-        o_chunk = gf.gdn_fused_verify_triton(*ins[0], conv_w, A_log, dt_bias, h0[0], nk, d, out_inputs=ins_buf[0],
-                                             chunk=True)[0]
-        extra["engine_mode_chunk"]["rel_err_vs_reference"] = rel_err(o_chunk, want[0])
     if sweep and not timer.smoke:
         extra["sweep"] = []
         for bv, w in GDN_FUSED_SWEEP:

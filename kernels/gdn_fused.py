@@ -24,16 +24,13 @@ input dtype; q = l2norm(y_q) d_k^-0.5 and k = l2norm(y_k) of key head h // (H / 
 beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias); then `gdn_verify`'s token step. A token's
 arithmetic does not depend on T, so verify(K+1) and K+1 AR steps compute the same values.
 
-The chunk form (`chunk=True`, env READY_GDN_CHUNK=1; off by default until the H200 A/B says it pays)
-serves the engine's mode for verify blocks: all tokens' fronts side by side in [16, channels] tiles,
-then four small products against the live state and the keys and a triangular solve, instead of T
-serial state steps. Its outputs round differently from the token loop's (fast mode only), and its
-replay inputs are the loop's bit for bit in the interpreter tests.
+A chunk form (fronts in [16, C] tiles, a triangular solve instead of T serial steps) was written and
+measured 17x slower than the token loop at T=8 on the H200 (411 vs 24 µs), so verify blocks keep the
+loop (kernels/NOTES.md; code in git history at 211e58f).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -41,15 +38,6 @@ import torch.nn.functional as F
 
 from ._common import HAS_TRITON, next_pow2, require, require_triton, use_triton
 from .gdn_verify import BLOCK_V, NUM_WARPS, gdn_verify_reference, input_width
-
-# Env READY_GDN_CHUNK=1: a verify block (T > 1) in the engine's mode (replay inputs, no states) runs the
-# chunk form (`_gdn_fused_chunk_kernel`) instead of the serial token loop. Off by default: not yet
-# timed in the engine on the H200 (kernels/NOTES.md). Its outputs round differently from the serial
-# loop's, so exact mode, which must match the AR step bit for bit, never takes this kernel.
-CHUNK_TOKENS = 16  # the chunk form's token tile (tl.dot's smallest M); blocks of up to 16 tokens
-_CHUNK_ENV = os.environ.get("READY_GDN_CHUNK", "0")
-require(_CHUNK_ENV in ("0", "1"), f"env READY_GDN_CHUNK must be 0 (default) or 1, got {_CHUNK_ENV!r}")
-CHUNK = _CHUNK_ENV == "1"
 
 if HAS_TRITON:
     import triton
@@ -150,116 +138,6 @@ if HAS_TRITON:
                             STATES)
 
 
-    @triton.jit
-    def _conv_silu_tile(x_ptr, cs_ptr, w_ptr, win_ptr, rows, row_ok, chan, mask, store, x_t, cs_c, w_c, win_t, win_c,
-                        W: tl.constexpr, ROUND: tl.constexpr):
-        """`_conv_silu` of every token at once: a [TP, channels] tile (rows past T are zero); stores the
-        windows where `store`."""
-        for j in tl.static_range(0, W + 1):
-            src = rows - W + j  # the raw input row of tap j (< 0: from the live window)
-            fresh = (src >= 0)[:, None] & row_ok[:, None]
-            new = tl.load(x_ptr + src[:, None] * x_t + chan[None, :], mask=fresh & mask[None, :], other=0.0)
-            old = tl.load(cs_ptr + chan[None, :] * cs_c + (W + src)[:, None],
-                          mask=(fresh == 0) & row_ok[:, None] & mask[None, :], other=0.0)
-            xj = tl.where(fresh, new, old.to(new.dtype))
-            wj = tl.load(w_ptr + chan * w_c + j, mask=mask, other=0.0).to(tl.float32)[None, :]
-            if j == 0:
-                acc = xj.to(tl.float32) * wj
-                x0 = xj
-            else:
-                acc = acc + xj.to(tl.float32) * wj
-                tl.store(win_ptr + rows[:, None] * win_t + chan[None, :] * win_c + (j - 1), xj,
-                         mask=row_ok[:, None] & store[None, :])
-        if ROUND:
-            acc = acc.to(x0.dtype).to(tl.float32)
-        y = acc / (1.0 + tl.exp(-acc))
-        if ROUND:
-            y = y.to(x0.dtype).to(tl.float32)
-        return y
-
-    @triton.jit
-    def _gdn_fused_chunk_kernel(
-        x_ptr, b_ptr, a_ptr, cs_ptr, w_ptr, alog_ptr, dtb_ptr, h0_ptr, o_ptr, win_ptr, in_ptr,
-        x_b, x_t, b_b, b_t, a_b, a_t, cs_b, cs_c, w_c,
-        h0_b, h0_h, h0_k, h0_v, o_b, o_t, o_h, win_b, win_t, win_c, in_b, in_t, in_h,
-        H, REP, DK, DV, KEY_DIM, T,
-        Q_SCALE: tl.constexpr, EPS: tl.constexpr,
-        TP: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ROUND: tl.constexpr,
-    ):
-        """The chunk form of the same verify, for the engine's mode (outputs and replay inputs, no
-        states). The fronts of all T <= TP tokens come side by side in [TP, channels] tiles; with
-        Γ_t = exp(g_1 + .. + g_t) and D[t, j] = Γ_t / Γ_j, the token steps' deltas solve
-        (I + A) Δ = β ⊙ (V - Γ ⊙ K S0), A[t, j] = β_t D[t, j] (k_t · k_j) for j < t,
-        and o_t = Γ_t S0^T q_t + Σ_{j <= t} D[t, j] (q_t · k_j) δ_j: four small products against S0 and the
-        keys, then a triangular solve over [TP, BV] rows, whose serial chain is a few vector ops a token
-        instead of a [d_k, BV] state step."""
-        i_bh = tl.program_id(0)
-        i_v = tl.program_id(1)
-        b = (i_bh // H).to(tl.int64)
-        h = (i_bh % H).to(tl.int64)
-        kh = h // REP
-        offs_k = tl.arange(0, BK)
-        offs_v = i_v * BV + tl.arange(0, BV)
-        rows = tl.arange(0, TP)
-        cols = tl.arange(0, TP)
-        row_ok = rows < T
-        mask_k = offs_k < DK
-        mask_v = offs_v < DV
-        qk_store = mask_k & ((offs_k * 0 + h % REP + i_v) == 0)  # one program writes a key head's q/k windows
-        first = (offs_k * 0 + i_v) == 0  # a head's first d_v block writes its k, g and beta inputs
-        x_base = x_ptr + b * x_b
-        cs_base = cs_ptr + b * cs_b
-        win_base = win_ptr + b * win_b
-        q = _conv_silu_tile(x_base, cs_base, w_ptr, win_base, rows, row_ok, kh * DK + offs_k, mask_k, qk_store,
-                            x_t, cs_c, w_c, win_t, win_c, W, ROUND)
-        k = _conv_silu_tile(x_base, cs_base, w_ptr, win_base, rows, row_ok, KEY_DIM + kh * DK + offs_k, mask_k,
-                            qk_store, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
-        v = _conv_silu_tile(x_base, cs_base, w_ptr, win_base, rows, row_ok, 2 * KEY_DIM + h * DV + offs_v, mask_v,
-                            mask_v, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
-        q = q * tl.rsqrt(tl.sum(q * q, 1) + EPS)[:, None] * Q_SCALE
-        k = k * tl.rsqrt(tl.sum(k * k, 1) + EPS)[:, None]
-        beta = tl.sigmoid(tl.load(b_ptr + b * b_b + h + rows * b_t, mask=row_ok, other=0.0).to(tl.float32))
-        ga = tl.load(a_ptr + b * a_b + h + rows * a_t, mask=row_ok, other=0.0).to(tl.float32) \
-            + tl.load(dtb_ptr + h).to(tl.float32)
-        g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * tl.where(ga > 20.0, ga, tl.log(1.0 + tl.exp(ga)))
-        beta = tl.where(row_ok, beta, 0.0)
-        g = tl.where(row_ok, g, 0.0)
-
-        # the replay inputs of every token (the commit steps the accepted ones onto the live state)
-        in_rows = in_ptr + b * in_b + h * in_h + rows[:, None] * in_t
-        tl.store(in_rows + offs_k[None, :], k, mask=row_ok[:, None] & (mask_k & first)[None, :])
-        tl.store(in_rows + DK + offs_v[None, :], v, mask=row_ok[:, None] & mask_v[None, :])
-        one = row_ok[:, None] & ((offs_k < 1) & first)[None, :]
-        tl.store(in_rows + DK + DV + offs_k[None, :] * 0, g[:, None] + offs_k[None, :] * 0.0, mask=one)
-        tl.store(in_rows + DK + DV + 1 + offs_k[None, :] * 0, beta[:, None] + offs_k[None, :] * 0.0, mask=one)
-
-        s0 = tl.load(h0_ptr + b * h0_b + h * h0_h + offs_k[:, None] * h0_k + offs_v[None, :] * h0_v,
-                     mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        G = tl.cumsum(g, 0)
-        gamma = tl.exp(G)
-        diff = G[:, None] - G[None, :]
-        lower = rows[:, None] > cols[None, :]
-        D = tl.where(rows[:, None] >= cols[None, :], tl.exp(tl.where(lower, diff, 0.0)), 0.0)
-        kT = tl.trans(k)
-        KS = tl.dot(k, s0, input_precision="ieee")
-        QS = tl.dot(q, s0, input_precision="ieee")
-        KK = tl.dot(k, kT, input_precision="ieee")
-        QK = tl.dot(q, kT, input_precision="ieee")
-        A = tl.where(lower, beta[:, None] * D * KK, 0.0)
-        rhs = beta[:, None] * (v - gamma[:, None] * KS)
-        # forward substitution, one token row at a time: delta_i = rhs_i - sum_{j<i} A[i, j] delta_j. (The
-        # product form (I - A)(I + A^2)(I + A^4)(I + A^8) has no serial chain, but near-identical keys with
-        # beta ~ 1 cost it 40x the loop's error in fp32: 7e-5 against 2e-6, kernels/NOTES.md.)
-        delta = rhs
-        for i in range(1, T):
-            a_i = tl.sum(tl.where(rows[:, None] == i, A, 0.0), 0)  # row i of A, over j
-            corr = tl.sum(a_i[:, None] * delta, 0)  # A[i, j] = 0 for j >= i: only solved rows count
-            delta = tl.where(rows[:, None] == i, delta - corr[None, :], delta)
-        o = gamma[:, None] * QS + tl.dot(D * QK, delta, input_precision="ieee")
-        tl.store(o_ptr + b * o_b + h * o_h + rows[:, None] * o_t + offs_v[None, :], o,
-                 mask=row_ok[:, None] & mask_v[None, :])
-
-
 def _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk, out_states, out_windows,
            out_inputs=None):
     require(mixed.dim() == 3, f"gdn_fused_verify: mixed must be [B, T, C], got {tuple(mixed.shape)}")
@@ -344,10 +222,8 @@ def gdn_fused_verify_triton(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tenso
                             out_states: Optional[torch.Tensor] = None, out_windows: Optional[torch.Tensor] = None,
                             out_inputs: Optional[torch.Tensor] = None,
                             *, block_v: Optional[int] = None, num_warps: Optional[int] = None,
-                            chunk: Optional[bool] = None,
                             ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-    """One fused launch; `block_v`/`num_warps` override the launch heuristics (benchmarks and tests);
-    `chunk` (default: env READY_GDN_CHUNK) takes the chunk form for T > 1 with `out_inputs`."""
+    """One fused launch; `block_v`/`num_warps` override the launch heuristics (benchmarks and tests)."""
     require_triton()
     B, T, C, H, dv, W = _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
                                out_states, out_windows, out_inputs)
@@ -367,22 +243,6 @@ def gdn_fused_verify_triton(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tenso
     BK = max(16, next_pow2(dk))
     BV = block_v or BLOCK_V
     grid = (B * H, triton.cdiv(dv, BV))
-    if (CHUNK if chunk is None else chunk) and T > 1 and not keep:
-        require(T <= CHUNK_TOKENS, f"gdn_fused_verify: the chunk form takes up to {CHUNK_TOKENS} tokens, got {T}")
-        require(BV >= 16, f"gdn_fused_verify: the chunk form needs block_v >= 16 (tl.dot), got {BV}")
-        _gdn_fused_chunk_kernel[grid](
-            mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, o, windows, inputs,
-            mixed.stride(0), mixed.stride(1), b.stride(0), b.stride(1), a.stride(0), a.stride(1),
-            conv_state.stride(0), conv_state.stride(1), conv_weight.stride(0),
-            *initial_state.stride(),
-            o.stride(0), o.stride(1), o.stride(2),
-            windows.stride(0), windows.stride(1), windows.stride(2), inputs.stride(0), inputs.stride(1), inputs.stride(2),
-            H, H // nk, dk, dv, nk * dk, T,
-            Q_SCALE=float(dk ** -0.5), EPS=1e-6,
-            TP=CHUNK_TOKENS, W=W, BK=BK, BV=BV, ROUND=mixed.element_size() < 4,
-            num_warps=num_warps or 4,
-        )
-        return o, None, windows
     _gdn_fused_kernel[grid](
         mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, o, states, windows, inputs,
         mixed.stride(0), mixed.stride(1), b.stride(0), b.stride(1), a.stride(0), a.stride(1),
