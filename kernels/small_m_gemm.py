@@ -18,6 +18,8 @@ CUDA-graph capture (`SmallMTuner`); a candidate whose output differs from `F.lin
 rounding is never picked. Off CUDA, under autograd, for M > MAX_M, or while a CUDA graph is being
 captured before the shape was tuned, it is `F.linear`. `torch.ops.ready_kernels.small_m_linear`
 is the same dispatch as an opaque custom op, so `torch.compile`d code can call it.
+`small_m_linear_add` (op `ready_kernels::small_m_linear_add`) is residual + x W^T with the add in
+the Triton store (or the split-K sum): the layer's last residual add, one kernel less per layer.
 
 Modes (`set_mode` or env `READY_SMALL_M`): `auto` (default: tuned choice), `torch` (always
 `F.linear`), `triton` (always the Triton kernel with the default configuration; tests).
@@ -50,13 +52,14 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _small_m_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_m, w_n, y_s, y_m, K_SPLIT,
+    def _small_m_kernel(x_ptr, w_ptr, y_ptr, r_ptr, M, N, K, x_m, w_n, y_s, y_m, K_SPLIT,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                        EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False,
-                        EARLY: tl.constexpr = False):
+                        EVEN_K: tl.constexpr, IEEE: tl.constexpr, RESIDUAL: tl.constexpr = False,
+                        PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
         """Program (n block, k slice): acc[BM, BN] = x[:, slice] W[n block, slice]^T in fp32.
 
-        SPLIT == 1 stores acc in y's dtype; otherwise the fp32 partial goes to y + pid_k * y_s.
+        SPLIT == 1 stores acc in y's dtype (RESIDUAL: plus r [M, N], `_with_residual`); otherwise the
+        fp32 partial goes to y + pid_k * y_s.
         PDL: launched as a programmatic dependent; waits for the kernel before it first.
         EARLY: then lets the next kernel launch (`_common.pdl_launch`)."""
         if PDL:
@@ -91,9 +94,19 @@ if HAS_TRITON:
         y = y_ptr + pid_k.to(tl.int64) * y_s + offs_m[:, None] * y_m + offs_n[None, :]
         mask = mask_m[:, None] & mask_n[None, :]
         if SPLIT == 1:
-            tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            out = acc.to(y_ptr.dtype.element_ty)
+            if RESIDUAL:
+                out = _with_residual(out, r_ptr + offs_m[:, None] * y_m + offs_n[None, :], mask)
+            tl.store(y, out, mask=mask)
         else:
             tl.store(y, acc, mask=mask)
+
+    @triton.jit
+    def _with_residual(y, r_ptrs, mask):
+        """r + y for y already rounded to the output dtype: added in fp32 and rounded once more, the
+        arithmetic of a separate `r + y` (so the fused add gives the same bits)."""
+        r = tl.load(r_ptrs, mask=mask, other=0.0)
+        return (r.to(tl.float32) + y.to(tl.float32)).to(y.dtype)
 
     @triton.jit
     def _gemv_w(w_base, kk, K, mask_n, EVEN_K: tl.constexpr):
@@ -111,10 +124,11 @@ if HAS_TRITON:
         return tl.load(x_ptr + kk, mask=kk < K, other=0.0, eviction_policy="evict_last")
 
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, w_n,
-                     BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
-                     EARLY: tl.constexpr = False):
-        """Program n block: y[BN] = W[n block] x for one row x, fp32 products summed once at the end.
+    def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, N, K, w_n,
+                     BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr = False,
+                     PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
+        """Program n block: y[BN] = W[n block] x for one row x, fp32 products summed once at the end
+        (RESIDUAL: plus r [N]).
 
         PDL: launched as a programmatic dependent. The first W tile (a weight no kernel writes) is
         loaded while the kernel before this one still runs; x, its output, only after the wait.
@@ -137,11 +151,15 @@ if HAS_TRITON:
             kk = k0 + offs_k
             w = _gemv_w(w_base, kk, K, mask_n, EVEN_K)
             acc += w.to(tl.float32) * _gemv_x(x_ptr, kk, K, EVEN_K).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_n, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=mask_n)
+        out = tl.sum(acc, 1).to(y_ptr.dtype.element_ty)
+        if RESIDUAL:
+            out = _with_residual(out, r_ptr + offs_n, mask_n)
+        tl.store(y_ptr + offs_n, out, mask=mask_n)
 
     @triton.jit
-    def _split_sum_kernel(p_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-        """y[i] = sum_s p[s, i] (fp32 partials), cast to y's dtype."""
+    def _split_sum_kernel(p_ptr, y_ptr, r_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+                          RESIDUAL: tl.constexpr = False, PDL: tl.constexpr = False):
+        """y[i] = sum_s p[s, i] (fp32 partials), cast to y's dtype (RESIDUAL: plus r[i])."""
         if PDL:
             tl.extra.cuda.gdc_wait()
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -149,7 +167,10 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for s in tl.static_range(SPLIT):
             acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
-        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        out = acc.to(y_ptr.dtype.element_ty)
+        if RESIDUAL:
+            out = _with_residual(out, r_ptr + offs, mask)
+        tl.store(y_ptr + offs, out, mask=mask)
 
 
 @dataclass(frozen=True)
@@ -201,6 +222,14 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     require(x.dtype == weight.dtype, f"small_m_linear: x is {x.dtype} but weight is {weight.dtype}")
 
 
+def _check_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> None:
+    want = (*x.shape[:-1], weight.shape[0])
+    require(tuple(residual.shape) == want,
+            f"small_m_linear: residual must have shape {want} (x's rows by N), got {tuple(residual.shape)}")
+    require(residual.dtype == x.dtype and residual.device == x.device,
+            f"small_m_linear: residual is {residual.dtype} on {residual.device}, expected {x.dtype} on {x.device}")
+
+
 def small_m_linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Plain torch: F.linear (cuBLAS on CUDA)."""
     _check(x, weight)
@@ -208,12 +237,15 @@ def small_m_linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Ten
 
 
 def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optional[Config] = None,
-                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                          out: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The Triton kernel for x [..., K] with at most MAX_M rows; y [..., N] in x's dtype (no autograd).
+    `residual` [..., N]: y = residual + x W^T, the add in the store (the arithmetic of a separate add).
 
     fp32 inputs multiply in IEEE fp32 (FMA accuracy); 16-bit inputs on tensor cores, fp32 accumulate."""
     require_triton()
     _check(x, weight)
+    if residual is not None:
+        _check_residual(x, weight, residual)
     cfg = config or DEFAULT
     N, K = weight.shape
     x2 = x.reshape(-1, K)
@@ -227,11 +259,13 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
     y = out if out is not None else torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M == 0:
         return y.reshape(*x.shape[:-1], N)
+    has_r = residual is not None
+    r = residual.reshape(M, N).contiguous() if has_r else y  # y: an unread placeholder
     launch = pdl_launch(x.device, early=True)
     if cfg.gemv:
-        _gemv_kernel[(triton.cdiv(N, cfg.bn),)](x2, weight, y, N, K, weight.stride(0), BN=cfg.bn, BK=cfg.bk,
-                                                EVEN_K=K % cfg.bk == 0, num_warps=cfg.warps, num_stages=cfg.stages,
-                                                **launch)
+        _gemv_kernel[(triton.cdiv(N, cfg.bn),)](x2, weight, y, r, N, K, weight.stride(0), BN=cfg.bn, BK=cfg.bk,
+                                                EVEN_K=K % cfg.bk == 0, RESIDUAL=has_r, num_warps=cfg.warps,
+                                                num_stages=cfg.stages, **launch)
         return y.reshape(*x.shape[:-1], N)
     split = max(1, min(cfg.split, -(-K // cfg.bk)))
     k_split = -(-K // (split * cfg.bk)) * cfg.bk  # every slice a whole number of BK steps
@@ -241,17 +275,18 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
     ieee = x.dtype == torch.float32 or _INTERPRETED
     # enable_fp_fusion pinned (exact mode's bits must not follow TRITON_DEFAULT_FP_FUSION or Triton 3.10's default)
     if split == 1:
-        _small_m_kernel[grid](x2, weight, y, M, N, K, x2.stride(0), weight.stride(0), 0, N, k_split,
-                              BM=16, BN=cfg.bn, BK=cfg.bk, SPLIT=1, EVEN_K=even, IEEE=ieee,
+        _small_m_kernel[grid](x2, weight, y, r, M, N, K, x2.stride(0), weight.stride(0), 0, N, k_split,
+                              BM=16, BN=cfg.bn, BK=cfg.bk, SPLIT=1, EVEN_K=even, IEEE=ieee, RESIDUAL=has_r,
                               num_warps=cfg.warps, num_stages=cfg.stages, enable_fp_fusion=True, **launch)
     else:
         part = torch.empty(split, M, N, device=x.device, dtype=torch.float32)
-        _small_m_kernel[grid](x2, weight, part, M, N, K, x2.stride(0), weight.stride(0), M * N, N, k_split,
+        _small_m_kernel[grid](x2, weight, part, part, M, N, K, x2.stride(0), weight.stride(0), M * N, N, k_split,
                               BM=16, BN=cfg.bn, BK=cfg.bk, SPLIT=split, EVEN_K=even, IEEE=ieee,
                               num_warps=cfg.warps, num_stages=cfg.stages, enable_fp_fusion=True, **launch)
         block = 1024
-        _split_sum_kernel[(triton.cdiv(M * N, block),)](part, y, M * N, SPLIT=split, BLOCK=block, num_warps=4,
-                                                        enable_fp_fusion=True, **pdl_launch(x.device))
+        _split_sum_kernel[(triton.cdiv(M * N, block),)](part, y, r, M * N, SPLIT=split, BLOCK=block,
+                                                        RESIDUAL=has_r, num_warps=4, enable_fp_fusion=True,
+                                                        **pdl_launch(x.device))
     return y.reshape(*x.shape[:-1], N)
 
 
@@ -384,17 +419,17 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _dispatch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _dispatch(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     N, K = weight.shape
     x2 = x.reshape(-1, K)
     if _MODE == "triton":
-        return small_m_linear_triton(x2, weight).reshape(*x.shape[:-1], N)
+        return small_m_linear_triton(x2, weight, residual=residual).reshape(*x.shape[:-1], N)
     known, cfg = TUNER.lookup(x2, weight)
     if not known and not capturing():
         cfg = TUNER.tune(x2, weight)
     if cfg is None:
-        return F.linear(x, weight)
-    return small_m_linear_triton(x2, weight, cfg).reshape(*x.shape[:-1], N)
+        return F.linear(x, weight) if residual is None else residual + F.linear(x, weight)
+    return small_m_linear_triton(x2, weight, cfg, residual=residual).reshape(*x.shape[:-1], N)
 
 
 def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -516,3 +551,26 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return torch.ops.ready_kernels.small_m_linear(x, weight)
     return _dispatch(x, weight)
+
+
+@torch.library.custom_op("ready_kernels::small_m_linear_add", mutates_args=())
+def _small_m_linear_add_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    if eligible(x, weight):
+        return _dispatch(x, weight, residual)
+    return residual + F.linear(x, weight)
+
+
+@_small_m_linear_add_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def small_m_linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + x W^T with the add in the projection's store where `small_m_linear` runs Triton (a
+    layer's last residual add, one kernel less per layer at verify); the same bits as the separate add."""
+    if not eligible(x, weight):
+        return residual + F.linear(x, weight)
+    _check_residual(x, weight, residual)
+    if torch.compiler.is_compiling():
+        return torch.ops.ready_kernels.small_m_linear_add(x, weight, residual)
+    return _dispatch(x, weight, residual)

@@ -62,6 +62,39 @@ def test_one_row_gemv_matches_reference_and_refuses_more_rows(N, K, dtype, cfg):
     assert not cfg.runs(2) and all(c.runs(2) for c in CONFIGS)
 
 
+@pytest.mark.parametrize("cfg", CONFIGS + GEMV[:1], ids=lambda c: c.name())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 64, 256), (5, 100, 64), (8, 17, 96)])
+def test_the_residual_add_in_the_store_gives_the_bits_of_a_separate_add(M, N, K, dtype, cfg):
+    if not cfg.runs(M):
+        pytest.skip("the GEMV multiplies one row")
+    x, w = _operands(M, N, K, dtype, lead=(1,))
+    r = torch.randn(1, M, N, device=DEVICE).to(dtype)
+    y = sm.small_m_linear_triton(x, w, cfg)
+    got = sm.small_m_linear_triton(x, w, cfg, residual=r)
+    assert got.shape == (1, M, N) and got.dtype == dtype
+    if dtype == torch.float32 or DEVICE == "cuda":
+        assert torch.equal(got, r + y)  # the product rounded, then r added in fp32 and rounded
+    else:  # Triton's interpreter truncates fp32 -> bf16 where the GPU rounds to nearest even
+        torch.testing.assert_close(got, r + y, rtol=2 ** -7, atol=0)
+
+
+def test_small_m_linear_add_is_residual_plus_linear_and_checks_the_residual():
+    x, w = _operands(3, 20, 32, torch.float32)
+    r = torch.randn(3, 20, device=DEVICE)
+    torch.testing.assert_close(sm.small_m_linear_add(x, w, r), r + F.linear(x, w))
+    torch.testing.assert_close(torch.ops.ready_kernels.small_m_linear_add(x, w, r), r + F.linear(x, w))
+    prev = sm.set_mode("triton")  # the Triton path (fp32 in triton mode) checks the residual's shape
+    try:
+        if sm.eligible(x, w):
+            with pytest.raises(KernelInputError, match=r"residual must have shape \(3, 20\)"):
+                sm.small_m_linear_add(x, w, r[:2])
+    finally:
+        sm.set_mode(prev)
+    with pytest.raises(KernelInputError, match=r"residual must have shape \(3, 20\)"):
+        sm.small_m_linear_triton(x, w, residual=r.T.contiguous())
+
+
 def _candidate(fn) -> str:
     """The name of the candidate a tuner timing closure runs (its bound configuration, or torch)."""
     return fn.__defaults__[0].name() if fn.__defaults__ else "torch"
@@ -202,6 +235,8 @@ def test_27b_projection_shapes_on_cuda(M, N, K):
     tuner = sm.SmallMTuner()
     tuner.tune(x.reshape(-1, K), w)
     assert rel_err(sm.small_m_linear(x, w), want) < 1e-2
+    r = torch.randn(M, N, device=DEVICE).to(x.dtype)
+    assert torch.equal(sm.small_m_linear_add(x, w, r), r + sm.small_m_linear(x, w))  # the add fused or not
 
 
 def test_a_shape_tuned_for_more_rows_lends_its_choice_to_fewer():

@@ -212,6 +212,33 @@ def test_static_cache_mode_gives_the_same_tokens_as_dynamic(model):
     assert torch.allclose(outs[0][1], outs[1][1], atol=1e-5)
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_a_pass_computes_its_rotary_inputs_once_and_each_layer_would_compute_the_same(monkeypatch, static):
+    """The pass's positions, cos and sin are computed once for all attention layers (each layer's own
+    fused transcendentals cost the 27B verify ~0.2 ms on the H200); a layer left to compute them
+    itself (rope=None) gets the same numbers, on the dynamic and the static (CUDA-graph) cache."""
+    import ready.target.layers as layers
+
+    torch.manual_seed(2)
+    model = random_model(num_hidden_layers=8)  # two attention layers
+    calls = []
+    real = layers.rotary
+    monkeypatch.setattr(layers, "rotary", lambda *a, **kw: (calls.append(a[0].clone()), real(*a, **kw))[1])
+    prompt, block = torch.randint(0, 97, (1, 10)), torch.randint(0, 97, (1, 4))
+    cache = model.new_cache(max_len=32)
+    cache.static = static
+    with torch.no_grad():
+        model.prefill(prompt, cache)
+        calls.clear()
+        hoisted = model.verify(block, cache).logits
+        cache.pending = 0
+        assert len(model.config.attn_layer_ids) == 2 and len(calls) == 1
+        assert calls[0].tolist() == list(range(10, 14))  # the block's absolute positions
+        monkeypatch.setattr(model, "_pass_rope", lambda *a: None)  # every layer computes its own
+        per_layer = model.verify(block, cache).logits
+    assert torch.equal(hoisted, per_layer)
+
+
 @pytest.mark.cuda
 def test_graphed_verify_replays_match_eager_on_cuda():
     from ready.target import GraphedVerify

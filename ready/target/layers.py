@@ -17,14 +17,17 @@ from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated
 
 
 def _small_m_linear():
-    """The tuned small-M linear of kernels/small_m_gemm.py (F.linear off CUDA or with autograd)."""
+    """The tuned small-M linear of kernels/small_m_gemm.py (F.linear off CUDA or with autograd), and
+    its residual form r + x W^T."""
     from ready.fastops import load_kernel  # stderr note when the fused op is wanted but missing
 
     mod = load_kernel("small_m_gemm")
-    return F.linear if mod is None else mod.small_m_linear
+    if mod is None:
+        return F.linear, lambda x, weight, residual: residual + F.linear(x, weight)
+    return mod.small_m_linear, mod.small_m_linear_add
 
 
-linear = _small_m_linear()
+linear, linear_add = _small_m_linear()
 
 
 # --- exact mode: every op of a verify pass gives a row the same bits whatever the number of rows ------
@@ -183,9 +186,15 @@ class FusedMLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=False)
         fuse_state_dict_names(self, "gate_up_proj", [("gate_proj", inner), ("up_proj", inner)])
 
-    def forward(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, exact: bool = False, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The MLP of x; with `residual`, residual + MLP(x) (on the small-M path the add is down_proj's
+        epilogue, rounded as the separate add rounds)."""
         gate, up = lin(x, self.gate_up_proj.weight, exact).split(self.inner, dim=-1)
-        return lin(_elementwise(F.silu, gate, exact) * up, self.down_proj.weight, exact)
+        inner = _elementwise(F.silu, gate, exact) * up
+        if residual is not None and not exact:
+            return linear_add(inner, self.down_proj.weight, residual)
+        y = lin(inner, self.down_proj.weight, exact)
+        return y if residual is None else residual + y
 
 
 def rotary(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype,
@@ -195,6 +204,20 @@ def rotary(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dty
     freqs = positions.float()[:, None] * inv_freq[None]
     emb = torch.cat([freqs, freqs], dim=-1)
     return _elementwise(torch.cos, emb, exact).to(dtype), _elementwise(torch.sin, emb, exact).to(dtype)
+
+
+# A pass's rotary inputs, shared by its attention layers: positions [T], cos and sin [T, rot_dim]
+Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def pass_rope(base: torch.Tensor | int, T: int, rot_dim: int, theta: float, dtype: torch.dtype,
+              device: torch.device, exact: bool = False) -> Rope:
+    """Positions base + 0..T-1 (`base`: a static cache's device counter, or the committed length) with
+    their cos / sin, computed once per pass: inside every layer's fused kernels the transcendentals
+    cost the 27B verify(8) ~0.2 ms on the H200 (docs/benchmarks.md)."""
+    pos = base + torch.arange(T, device=device)
+    cos, sin = rotary(pos, rot_dim, theta, dtype, exact)
+    return pos, cos, sin
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -244,19 +267,23 @@ class Attention(nn.Module):
         v = v.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)
         return q, k, v, gate.reshape(B, T, -1)
 
-    def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None, exact: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: Optional[KVSlot] = None, exact: bool = False,
+                rope: Optional[Rope] = None) -> torch.Tensor:
         q, k, v, gate = self.project(x, exact)
-        return self.gate_out(self.mix(q, k, v, start, cache, exact), gate, exact)
+        return self.gate_out(self.mix(q, k, v, start, cache, exact, rope), gate, exact)
+
+    def rope(self, T: int, start: int, cache: Optional[KVSlot], dtype: torch.dtype, device: torch.device,
+             exact: bool = False) -> Rope:
+        """`pass_rope` for T tokens after `start` (a static cache: after its device counter)."""
+        base = cache.length_t if cache is not None and cache.static else start
+        return pass_rope(base, T, self.rot_dim, self.cfg.rope_theta, dtype, device, exact)
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, cache: Optional[KVSlot] = None,
-            exact: bool = False) -> torch.Tensor:
-        """Rotary, the cache write and attention: the output [B, H, T, hd] before its gate and o_proj."""
+            exact: bool = False, rope: Optional[Rope] = None) -> torch.Tensor:
+        """Rotary, the cache write and attention: the output [B, H, T, hd] before its gate and o_proj.
+        `rope`: the pass's positions, cos and sin (`HybridLM` computes them once for every layer)."""
         T, device = q.shape[2], q.device
-        if cache is not None and cache.static:
-            pos = cache.length_t + torch.arange(T, device=device)
-        else:
-            pos = torch.arange(start, start + T, device=device)
-        cos, sin = rotary(pos, self.rot_dim, self.cfg.rope_theta, q.dtype, exact)
+        pos, cos, sin = rope if rope is not None else self.rope(T, start, cache, q.dtype, device, exact)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is None:  # training / teacher forcing: this chunk's keys only
             if self.window:
@@ -588,7 +615,8 @@ def fuses_decode(layer: DecoderLayer, x: torch.Tensor, mode: str, cache: Optiona
     return layer.layer_type != "linear_attention" or GDN_FUSED_KERNEL is not None
 
 
-def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KVSlot, start: int) -> torch.Tensor:
+def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KVSlot, start: int,
+                       rope: Optional[Rope] = None) -> torch.Tensor:
     """One decoder block of the AR step with two of its small kernels folded into projections
     (kernels/fused_gemv.py): the residual add after the token mixer goes into o_proj / out_proj's
     epilogue and the post-attention RMSNorm into gate_up's prologue (one kernel before), the residual
@@ -604,7 +632,7 @@ def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KV
     else:
         m = layer.self_attn
         q, k, v, gate = m.project(h)
-        x = gemv(m.gated(m.mix(q, k, v, start, cache), gate), m.o_proj.weight, residual=x)
+        x = gemv(m.gated(m.mix(q, k, v, start, cache, rope=rope), gate), m.o_proj.weight, residual=x)
     post = layer.post_attention_layernorm
     g, u = gemv(x, layer.mlp.gate_up_proj.weight, post.weight, eps=post.eps).split(layer.mlp.inner, dim=-1)
     return gemv(F.silu(g) * u, layer.mlp.down_proj.weight, residual=x)
@@ -618,20 +646,22 @@ def decoder_layer_forward(
     start: int,
     state_positions: Optional[torch.Tensor],
     exact: bool = False,
+    rope: Optional[Rope] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One pre-norm residual block: token mixer (GDN or attention), then the MLP. `exact`: the
-    row-invariant ops of exact mode (see the comment at the top of this module). The AR step on the
-    16-bit CUDA fast path runs `fused_decode_layer`."""
+    row-invariant ops of exact mode (see the comment at the top of this module). `rope`: the pass's
+    rotary inputs (attention layers; computed here when None). The AR step on the 16-bit CUDA fast
+    path runs `fused_decode_layer`."""
     if fuses_decode(layer, x, mode, cache, exact):
-        return fused_decode_layer(layer, x, cache, start), None
+        return fused_decode_layer(layer, x, cache, start, rope), None
     h = layer.input_layernorm(x, exact)
     at = None
     if layer.layer_type == "linear_attention":
         h, at = layer.linear_attn(h, mode, cache, state_positions, exact)
     else:
-        h = layer.self_attn(h, start, cache, exact)
+        h = layer.self_attn(h, start, cache, exact, rope)
     x = x + h
-    return x + layer.mlp(layer.post_attention_layernorm(x, exact), exact), at
+    return layer.mlp(layer.post_attention_layernorm(x, exact), exact, residual=x), at
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

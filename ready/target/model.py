@@ -15,7 +15,8 @@ from torch import nn
 
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, HybridConfig, TargetError
-from ready.target.layers import DecoderLayer, RMSNorm, commit_gdn, decoder_layer_forward, init_weights, lin
+from ready.target.layers import (DecoderLayer, RMSNorm, Rope, commit_gdn, decoder_layer_forward, init_weights, lin,
+                                 pass_rope)
 
 
 def _inductor_pdl(device: torch.device) -> dict:
@@ -63,6 +64,8 @@ class HybridLM(nn.Module):
         self._attn_index = {lid: i for i, lid in enumerate(config.attn_layer_ids)}
         self._compiled_fn = None
         self._compiled_exact_fn = None
+        self._compiled_rope = None
+        self._compiled_exact_rope = None
         # exact mode: verify (and so the AR step, a verify of one token) runs row-invariant ops, so
         # that verify(K+1) and K+1 AR steps give bit-identical logits and states (docs/interfaces.md)
         self.exact: bool = False
@@ -91,6 +94,10 @@ class HybridLM(nn.Module):
             # wherever inductor fuses it (one fused graph per block length must round like another)
             self._compiled_exact_fn = torch.compile(decoder_layer_forward, dynamic=False,
                                                     options={"emulate_precision_casts": True, **pdl})
+            # the pass's rotary inputs in one fused kernel (eager: a dozen tiny ones per pass)
+            self._compiled_rope = torch.compile(pass_rope, dynamic=False, options=pdl)
+            self._compiled_exact_rope = torch.compile(pass_rope, dynamic=False,
+                                                      options={"emulate_precision_casts": True, **pdl})
 
     def graphs_compile(self) -> bool:
         """Whether graph captures use the compiled layers (see compile_in_graphs); compiles on first use."""
@@ -187,6 +194,7 @@ class HybridLM(nn.Module):
         exact = bool(self.exact) and mode == "verify"
         compiled_fn = self._compiled_exact_fn if exact else self._compiled_fn
         layer_fn = compiled_fn if compiled and compiled_fn is not None else decoder_layer_forward
+        rope = self._pass_rope(ids.shape[1], start, cache, x, exact, compiled)
         hidden, states = [], [None] * len(state_set)
         if EMBEDDINGS in capture:
             hidden.append((EMBEDDINGS, x))
@@ -196,7 +204,7 @@ class HybridLM(nn.Module):
             slot = None
             if cache is not None:
                 slot = cache.gdn_slots[gi] if gi >= 0 else cache.kv_slot(self._attn_index[lid])
-            x, at = layer_fn(layer, x, mode, slot, start, pos, exact)
+            x, at = layer_fn(layer, x, mode, slot, start, pos, exact, rope)
             if gi in state_set:
                 states[state_set[gi]] = at
             if lid in capture:
@@ -209,6 +217,19 @@ class HybridLM(nn.Module):
         hid = torch.stack([h for _, h in sorted(hidden, key=lambda p: capture.index(p[0]))], dim=2) if capture else None
         st = torch.stack(states, dim=2) if state_set else None
         return TargetOutput(logits=logits, hidden=hid, states=st, normed=h if normed else None)
+
+    def _pass_rope(self, T: int, start: int, cache: Optional[HybridCache], x: torch.Tensor, exact: bool,
+                   compiled: bool) -> Optional[Rope]:
+        """The pass's positions, cos and sin, computed once for all its attention layers (None
+        without any); compiled with the layers in graph captures (a static cache's device counter)."""
+        if not self._attn_index:
+            return None
+        attn = self.model.layers[next(iter(self._attn_index))].self_attn
+        base = cache.length_t if cache is not None and cache.static else start
+        fn = pass_rope
+        if compiled and isinstance(base, torch.Tensor) and self._compiled_rope is not None:
+            fn = self._compiled_exact_rope if exact else self._compiled_rope
+        return fn(base, T, attn.rot_dim, attn.cfg.rope_theta, x.dtype, x.device, exact)
 
     def head(self, h: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """The LM head on final-norm outputs h [..., D] -> logits [..., V]: the one definition, used by every

@@ -122,7 +122,7 @@ def _ragged_layer(layer: Any, x: torch.Tensor, slot: Any, kv: Optional[tuple], p
     else:
         h = _ragged_attention(layer.self_attn, h, kv[0], kv[1], pos, exact)
     x = x + h
-    return x + layer.mlp(layer.post_attention_layernorm(x, exact), exact)
+    return layer.mlp(layer.post_attention_layernorm(x, exact), exact, residual=x)
 
 
 _COMPILED: dict[bool, Any] = {}
