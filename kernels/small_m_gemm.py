@@ -422,14 +422,15 @@ def capturing() -> bool:
 def _dispatch(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     N, K = weight.shape
     x2 = x.reshape(-1, K)
+    r2 = None if residual is None else residual.reshape(-1, N)
     if _MODE == "triton":
-        return small_m_linear_triton(x2, weight, residual=residual).reshape(*x.shape[:-1], N)
+        return small_m_linear_triton(x2, weight, residual=r2).reshape(*x.shape[:-1], N)
     known, cfg = TUNER.lookup(x2, weight)
     if not known and not capturing():
         cfg = TUNER.tune(x2, weight)
     if cfg is None:
         return F.linear(x, weight) if residual is None else residual + F.linear(x, weight)
-    return small_m_linear_triton(x2, weight, cfg, residual=residual).reshape(*x.shape[:-1], N)
+    return small_m_linear_triton(x2, weight, cfg, residual=r2).reshape(*x.shape[:-1], N)
 
 
 def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:

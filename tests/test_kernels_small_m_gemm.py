@@ -95,6 +95,23 @@ def test_small_m_linear_add_is_residual_plus_linear_and_checks_the_residual():
         sm.small_m_linear_triton(x, w, residual=r.T.contiguous())
 
 
+@pytest.mark.parametrize("mode", ["triton", "auto"])
+def test_the_dispatch_adds_a_residual_with_leading_dims(mode, monkeypatch):
+    """The tuned dispatch behind `small_m_linear_add` takes x [B, T, K] and residual [B, T, N] (the
+    layer's shapes), whichever kernel it picks."""
+    x, w = _operands(4, 20, 32, torch.float32, lead=(1,))
+    r = torch.randn(1, 4, 20, device=DEVICE)
+    monkeypatch.setattr(sm, "TUNER", sm.SmallMTuner(configs=(sm.Config(16, 32, 2, 4, 2),),
+                                                   timer=lambda fn: 0.0 if fn.__defaults__ else 1.0))
+    prev = sm.set_mode(mode)
+    try:
+        got = sm._dispatch(x, w, r)
+    finally:
+        sm.set_mode(prev)
+    assert got.shape == (1, 4, 20)
+    torch.testing.assert_close(got, r + F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
 def _candidate(fn) -> str:
     """The name of the candidate a tuner timing closure runs (its bound configuration, or torch)."""
     return fn.__defaults__[0].name() if fn.__defaults__ else "torch"
