@@ -87,31 +87,35 @@ def test_the_fast_path_takes_the_fused_block_only_for_one_token_on_cuda():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or layers.FUSED_GEMV is None, reason="needs CUDA and Triton")
 def test_on_cuda_the_graphed_compiled_ar_step_matches_the_unfused_one(monkeypatch):
-    """The engine's AR step (compiled layers in a CUDA graph, the tuned Triton kernel) in bf16: the
-    fused block's logits agree with the unfused block's to bf16 rounding (the MLP's normed input is
-    not rounded to 16 bits), and the greedy tokens agree."""
+    """The engine's AR step (compiled layers in a CUDA graph, the tuned Triton kernel) in bf16: fed
+    the same tokens, the fused block's logits agree with the unfused block's to bf16 rounding (the
+    MLP's normed input is not rounded to 16 bits) at every step, and so does the greedy choice
+    wherever the unfused block's top two logits lie further apart than that rounding. (Comparing two
+    free-running greedy continuations instead fails on a near tie: on the H200 a 0.9 % logit
+    difference flipped one token at step 5 of 8 and the sequences parted,
+    kernels/results/ab_rope_residual_h200/diag_fused_vs_unfused_tokens.txt.)"""
     from ready.decode.graphs import GraphRunner
 
     mod = layers.FUSED_GEMV
     target = _target(torch.bfloat16).cuda()
     target.compile_layers(True)
-    ids = torch.randint(0, VOCAB, (1, 12), device="cuda", generator=torch.Generator("cuda").manual_seed(4))
+    gen = torch.Generator("cuda").manual_seed(4)
+    ids = torch.randint(0, VOCAB, (1, 12), device="cuda", generator=gen)
+    fed = torch.randint(0, VOCAB, (8,), device="cuda", generator=gen)  # the tokens both paths step on
 
-    def ar(on: bool):
+    def ar(on: bool) -> torch.Tensor:
         monkeypatch.setattr(layers, "FUSED_GEMV", mod if on else None)
         cache = target.new_cache(1, 48, max_verify=1)
         runner = GraphRunner(target, [])
         runner.prepare(cache)
-        tok = target.prefill(ids, cache).logits[:, -1:].argmax(-1)
-        logits, toks = [], []
-        for _ in range(8):
-            out = runner.step(tok, cache)
-            logits.append(out.logits[0, -1].float().clone())
-            tok = out.logits[:, -1:].argmax(-1)
-            toks.append(int(tok))
-        return torch.stack(logits), toks
+        target.prefill(ids, cache)
+        return torch.stack([runner.step(fed[i].view(1, 1), cache).logits[0, -1].float().clone() for i in range(8)])
 
-    (plain, plain_toks), (fast, fast_toks) = ar(False), ar(True)
-    assert ((fast - plain).norm() / plain.norm()).item() < 2e-2
-    assert fast_toks == plain_toks
+    plain, fast = ar(False), ar(True)
+    rel = (fast - plain).norm(dim=-1) / plain.norm(dim=-1)
+    assert rel.max().item() < 2e-2, rel.tolist()
+    top2 = plain.topk(2, dim=-1).values
+    decisive = (top2[:, 0] - top2[:, 1]) > 2 * (fast - plain).abs().max(dim=-1).values
+    assert decisive.sum() >= 3  # several steps have a clear winner, so the check below checks something
+    assert torch.equal(fast.argmax(-1)[decisive], plain.argmax(-1)[decisive])
     assert mod.TUNER.choice  # the fused op ran through its tuner, on the Triton kernel
