@@ -48,6 +48,28 @@ def test_summary_pairs_by_round_and_skips_rounds_without_a_partner():
     assert d["interval"]["mean"] == pytest.approx(1.75) and res["failed"] == {"a": {2: "exit code 1"}}
 
 
+def test_a_round_is_started_only_when_it_fits_the_budget():
+    assert ab.round_fits(0.0, [], 2, 10.0)  # nothing measured yet: the first round always starts
+    assert ab.round_fits(100.0, [40.0, 50.0], 2, 200.0)  # 100 + 2 x 50 = 200
+    assert not ab.round_fits(100.5, [40.0, 50.0], 2, 200.0)
+    assert ab.round_fits(1e9, [50.0], 2, None)
+
+
+def test_a_budget_stops_before_a_round_that_cannot_finish_and_still_summarizes(tmp_path, monkeypatch):
+    """Processes of 120 s under a 385 s budget (the 3 Dec H200 run): round 0 runs, round 1 would end
+    at ~480 s and is not started, so no unpaired process is paid for; the summary is written."""
+    now = [0.0]
+    monkeypatch.setattr(ab, "run_process", lambda args, env, timeout: (now.__setitem__(0, now[0] + 120.0),
+                                                                       {"ar": {"decode_tokens_per_s": float(env["R"])}})[1])
+    res = ab.run_ab({"a": {"R": "70"}, "b": {"R": "72"}}, [], 3, tmp_path, dict(ab.METRICS), budget=385.0,
+                    clock=lambda: now[0])
+    assert res["rounds_run"] == 1 and res["order"] == [["a", "b"]] and now[0] == 240.0
+    assert "after 1 of 3 rounds" in res["stopped"] and "--budget 385" in res["stopped"]
+    assert res["differences"]["ar_tok_s"]["b - a"]["per_round"] == [2.0]
+    assert json.loads((tmp_path / "ab.json").read_text())["rounds_run"] == 1
+    assert sorted(f.name for f in tmp_path.glob("*_*.json")) == ["a_0.json", "b_0.json"]
+
+
 def test_bad_requests_are_refused_with_one_message(tmp_path, capsys):
     assert ab.main(["--variant", "a", "--out", str(tmp_path)]) == 2
     assert "at least two variants" in capsys.readouterr().err
@@ -55,6 +77,8 @@ def test_bad_requests_are_refused_with_one_message(tmp_path, capsys):
     assert "given twice" in capsys.readouterr().err
     assert ab.main(["--variant", "a", "--variant", "b", "--out", str(tmp_path), "--", "--out", "x.json"]) == 2
     assert "leave out --out" in capsys.readouterr().err
+    assert ab.main(["--variant", "a", "--variant", "b", "--budget", "0", "--out", str(tmp_path)]) == 2
+    assert "--budget 0: expected a positive number of seconds" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing written for a refused request
 
 

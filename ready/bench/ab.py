@@ -18,6 +18,10 @@ difference variant − first, its mean and a 95 % t interval over the rounds (pa
 same machine; none with one round). Each process's own JSON goes to `<out>/<variant>_<round>.json`
 as it ends, so a run stopped by a time limit keeps what finished.
 
+`--budget SECONDS` bounds the whole A/B (e.g. a device command's limit less a margin): a round that
+would end past it, judged by the slowest process so far, is not started, and the summary of the
+rounds that ran is written as usual (`stopped` says why it ended early).
+
 `--tree NAME=PATH` runs variant NAME from another source tree of this project (another commit's
 `ready/` and `kernels/`, e.g. `git worktree add ../old HEAD~1` or a `git archive` of it): its processes
 import `ready` from PATH and `ready_kernels` from PATH/kernels, so a code change is A/B'd against the
@@ -37,7 +41,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ready.artifacts import atomic_write_text
 
@@ -127,6 +131,12 @@ def round_order(names: Sequence[str], r: int) -> list[str]:
     return list(names) if r % 2 == 0 else list(reversed(names))
 
 
+def round_fits(elapsed: float, walls: Sequence[float], processes: int, budget: Optional[float]) -> bool:
+    """Whether a round of `processes` more processes, each as slow as the slowest so far, ends within
+    `budget` seconds of the A/B's start (always with no budget, or before the first process)."""
+    return budget is None or not walls or elapsed + processes * max(walls) <= budget
+
+
 def run_process(engine_args: Sequence[str], env: dict[str, str], timeout: Optional[float]) -> dict[str, Any]:
     """One engine benchmark in a fresh process: its JSON, or {"failed": why, "stderr": tail}."""
     cmd = [sys.executable, "-m", "ready.bench.engine", *engine_args, "--json"]
@@ -169,26 +179,37 @@ def summarize(names: Sequence[str], runs: dict[str, list[Optional[dict]]], metri
 
 
 def run_ab(variants: dict[str, dict[str, str]], engine_args: Sequence[str], rounds: int, out: Path,
-           metrics: dict[str, str], timeout: Optional[float] = None) -> dict[str, Any]:
-    """Run `rounds` rounds of every variant, writing each process's JSON and the summary under `out`."""
+           metrics: dict[str, str], timeout: Optional[float] = None, budget: Optional[float] = None,
+           clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """Run `rounds` rounds of every variant, writing each process's JSON and the summary under `out`.
+    With `budget` (seconds), a round that would not end within it is not started (`round_fits`): an
+    unpaired process costs device time and adds nothing, and the summary is written either way."""
     names = list(variants)
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Optional[dict]]] = {n: [None] * rounds for n in names}
     order: list[list[str]] = []
-    total, done = rounds * len(names), 0
+    total, done, walls, start, stopped = rounds * len(names), 0, [], clock(), None
     for r in range(rounds):
+        if not round_fits(clock() - start, walls, len(names), budget):
+            stopped = (f"after {r} of {rounds} rounds: {len(names)} more processes of up to {max(walls):.0f} s "
+                       f"would end past --budget {budget:g} s")
+            print(f"[ab] stopped {stopped}", file=sys.stderr, flush=True)
+            break
         order.append(round_order(names, r))
         for n in order[-1]:
             done += 1
+            t0 = clock()
             doc = run_process(engine_args, variants[n], timeout)
+            walls.append(clock() - t0)
             runs[n][r] = doc
             atomic_write_text(out / f"{n}_{r}.json", json.dumps(doc, indent=1) + "\n")
             figure = (f"failed: {doc['failed']}" if "failed" in doc else
                       f"AR {lookup(doc, METRICS['ar_tok_s']) or float('nan'):.2f} tok/s, "
                       f"verify ratio {lookup(doc, METRICS['verify_ratio']) or float('nan'):.3f}, "
-                      f"{doc['process_wall_s']:.0f} s")
+                      f"{walls[-1]:.0f} s")
             print(f"[{done}/{total}] round {r} {n}: {figure}", file=sys.stderr, flush=True)
-    res = {"engine_args": list(engine_args), "env": variants, "order": order, **summarize(names, runs, metrics)}
+    res = {"engine_args": list(engine_args), "env": variants, "order": order, **summarize(names, runs, metrics),
+           "rounds_run": len(order), "stopped": stopped}
     atomic_write_text(out / "ab.json", json.dumps(res, indent=1) + "\n")
     return res
 
@@ -206,6 +227,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--metric", action="append", default=[], metavar="NAME=PATH",
                     help="also report this dotted path of the engine JSON, e.g. tps=forced.0.decode_tokens_per_s")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per process (default none)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole A/B: a round that would end past it is not started, judged by "
+                         "the slowest process so far (e.g. a device command's time limit less a margin)")
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                     help="run variant NAME from another source tree of this project (e.g. a worktree of an "
                          "earlier commit)")
@@ -221,6 +245,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ABError("--variant: expected at least two variants to compare")
         if a.rounds < 1:
             raise ABError(f"--rounds {a.rounds}: expected at least 1")
+        if a.budget is not None and not a.budget > 0:
+            raise ABError(f"--budget {a.budget:g}: expected a positive number of seconds")
         if any(w == "--out" or w.startswith("--out=") for w in engine_args):
             raise ABError("engine arguments: leave out --out (each process's JSON goes to the A/B folder)")
         metrics = dict(METRICS)
@@ -241,7 +267,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ABError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    res = run_ab(variants, engine_args, a.rounds, Path(a.out), metrics, a.timeout)
+    res = run_ab(variants, engine_args, a.rounds, Path(a.out), metrics, a.timeout, a.budget)
     print(json.dumps(res))
     return 1 if res["failed"] else 0
 
