@@ -210,6 +210,11 @@ def rotary(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dty
 Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def rope_base(start: int, cache: Optional[KVSlot]) -> torch.Tensor | int:
+    """Where a pass's positions start: a static cache's device counter (CUDA graphs), else `start`."""
+    return cache.length_t if cache is not None and cache.static else start
+
+
 def pass_rope(base: torch.Tensor | int, T: int, rot_dim: int, theta: float, dtype: torch.dtype,
               device: torch.device, exact: bool = False) -> Rope:
     """Positions base + 0..T-1 (`base`: a static cache's device counter, or the committed length) with
@@ -272,18 +277,14 @@ class Attention(nn.Module):
         q, k, v, gate = self.project(x, exact)
         return self.gate_out(self.mix(q, k, v, start, cache, exact, rope), gate, exact)
 
-    def rope(self, T: int, start: int, cache: Optional[KVSlot], dtype: torch.dtype, device: torch.device,
-             exact: bool = False) -> Rope:
-        """`pass_rope` for T tokens after `start` (a static cache: after its device counter)."""
-        base = cache.length_t if cache is not None and cache.static else start
-        return pass_rope(base, T, self.rot_dim, self.cfg.rope_theta, dtype, device, exact)
-
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, cache: Optional[KVSlot] = None,
             exact: bool = False, rope: Optional[Rope] = None) -> torch.Tensor:
         """Rotary, the cache write and attention: the output [B, H, T, hd] before its gate and o_proj.
         `rope`: the pass's positions, cos and sin (`HybridLM` computes them once for every layer)."""
         T, device = q.shape[2], q.device
-        pos, cos, sin = rope if rope is not None else self.rope(T, start, cache, q.dtype, device, exact)
+        if rope is None:
+            rope = pass_rope(rope_base(start, cache), T, self.rot_dim, self.cfg.rope_theta, q.dtype, device, exact)
+        pos, cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is None:  # training / teacher forcing: this chunk's keys only
             if self.window:

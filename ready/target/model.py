@@ -16,7 +16,7 @@ from torch import nn
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, HybridConfig, TargetError
 from ready.target.layers import (DecoderLayer, RMSNorm, Rope, commit_gdn, decoder_layer_forward, init_weights, lin,
-                                 pass_rope)
+                                 pass_rope, rope_base)
 
 
 def _inductor_pdl(device: torch.device) -> dict:
@@ -225,7 +225,7 @@ class HybridLM(nn.Module):
         if not self._attn_index:
             return None
         attn = self.model.layers[next(iter(self._attn_index))].self_attn
-        base = cache.length_t if cache is not None and cache.static else start
+        base = rope_base(start, cache)
         fn = pass_rope
         if compiled and isinstance(base, torch.Tensor) and self._compiled_rope is not None:
             fn = self._compiled_exact_rope if exact else self._compiled_rope
