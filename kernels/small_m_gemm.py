@@ -12,9 +12,10 @@ over SPLIT programs that write fp32 partials, and a second small kernel adds the
 GEMV kernel without `tl.dot` takes as few as 2 rows of W per program (`tl.dot` needs 16), so a
 weight with few rows still fills every SM with many short programs and the last wave stays short.
 
-`small_m_linear` (dispatch) picks, per (M, N, K, dtype), the fastest of cuBLAS (`F.linear`) and
-the Triton configurations, timed once on the device the first time that shape is seen outside
-CUDA-graph capture (`SmallMTuner`); a candidate whose output differs from `F.linear` beyond
+`small_m_linear` (dispatch) picks, per (M, N, K, dtype, with or without the residual add), the
+fastest of cuBLAS (`F.linear`) and the Triton configurations, timed once on the device the first
+time that shape is seen outside CUDA-graph capture (`SmallMTuner`), each as the step runs it: the
+weight cold in HBM, the add included (a separate kernel after cuBLAS); a candidate whose output differs from `F.linear` beyond
 rounding is never picked. Off CUDA, under autograd, for M > MAX_M, or while a CUDA graph is being
 captured before the shape was tuned, it is `F.linear`. `torch.ops.ready_kernels.small_m_linear`
 is the same dispatch as an opaque custom op, so `torch.compile`d code can call it.
@@ -33,6 +34,7 @@ benchmarks: the same process otherwise). The tuners time candidates from a CUDA 
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -303,7 +305,7 @@ def device_timer(fn: Callable[[], object]) -> float:
     """Median ms of fn on the device. Default (env READY_TUNE_TIMER=graph): do_bench_cudagraph, the
     calls replayed from one CUDA graph, as the engine runs them, so a busy host (e.g. compile workers
     during a warm-up) cannot stretch a short kernel's time to its Python launch time; L2 is not
-    flushed. READY_TUNE_TIMER=bench: triton.testing.do_bench, L2 flushed, each call launched from
+    flushed (`SmallMTuner` rotates copies of a large weight instead, `cold_weights`). READY_TUNE_TIMER=bench: triton.testing.do_bench, L2 flushed, each call launched from
     Python (the timer before 2 Dec; its choices changed from process to process: kernels/NOTES.md
     "Tuning from a CUDA graph")."""
     if TUNE_TIMER == "graph":
@@ -346,8 +348,26 @@ def correct_candidates(configs, run: Callable[[Config], torch.Tensor], want: tor
     return runs, kept
 
 
+def cold_weights(weight: torch.Tensor) -> list[torch.Tensor]:
+    """The weight and enough copies of it that timing calls which rotate over them find each one out
+    of L2, as the step does (it streams ~50 GB of weights per token, so no weight is L2-resident when
+    its turn comes). Only weights of at least an eighth of L2 are copied: a smaller one is L2-warm in
+    a timing loop and in a small model's step alike. Off CUDA: just the weight."""
+    if not weight.is_cuda:
+        return [weight]
+    l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
+    size = weight.numel() * weight.element_size()
+    if size * 8 < l2:
+        return [weight]
+    return [weight] + [weight.clone() for _ in range(-(-2 * l2 // size))]  # the rotation spans >= 2 x L2
+
+
 class SmallMTuner:
-    """Per (M, N, K, dtype, device): the fastest correct candidate, None meaning F.linear."""
+    """Per (M, N, K, dtype, device, residual): the fastest correct candidate, None meaning F.linear.
+
+    Candidates are timed as the step runs them: the weight read cold from HBM (`cold_weights`), and for
+    `small_m_linear_add` with the residual add (cuBLAS: F.linear then a separate add kernel; Triton: the
+    add in the store)."""
 
     def __init__(self, configs: tuple[Config, ...] = CONFIGS, timer: Optional[Timer] = None, tol: float = 2e-2):
         self.configs, self.timer, self.tol = configs, timer, tol
@@ -355,13 +375,13 @@ class SmallMTuner:
         self.timings: dict[tuple, dict[str, float]] = {}
 
     @staticmethod
-    def key(x2: torch.Tensor, weight: torch.Tensor) -> tuple:
-        return (x2.shape[0], weight.shape[0], weight.shape[1], x2.dtype, x2.device.index)
+    def key(x2: torch.Tensor, weight: torch.Tensor, residual: bool = False) -> tuple:
+        return (x2.shape[0], weight.shape[0], weight.shape[1], x2.dtype, x2.device.index, residual)
 
-    def lookup(self, x2: torch.Tensor, weight: torch.Tensor) -> tuple[bool, Optional[Config]]:
+    def lookup(self, x2: torch.Tensor, weight: torch.Tensor, residual: bool = False) -> tuple[bool, Optional[Config]]:
         """(known, choice). A shape tuned only for more rows (the verify block) lends its choice to
         fewer rows (the shortened last round) without timing again: any configuration runs any M."""
-        k = self.key(x2, weight)
+        k = self.key(x2, weight, residual)
         if k in self.choice:
             return True, self.choice[k]
         more = sorted(m for (m, *rest) in self.choice if tuple(rest) == k[1:] and m > k[0])
@@ -370,15 +390,20 @@ class SmallMTuner:
             return True, self.choice[k]
         return False, None
 
-    def tune(self, x2: torch.Tensor, weight: torch.Tensor) -> Optional[Config]:
-        """Time F.linear and every configuration on these operands; remember and return the winner."""
-        k = self.key(x2, weight)
+    def tune(self, x2: torch.Tensor, weight: torch.Tensor, residual: bool = False) -> Optional[Config]:
+        """Time F.linear and every configuration on these operands (`residual`: with the add);
+        remember and return the winner."""
+        k = self.key(x2, weight, residual)
         x2 = torch.randn_like(x2)  # never time or check on the caller's (maybe zero) rows
-        want = F.linear(x2, weight).float()
-        offered = (c for c in self.configs if c.offered(x2.shape[0]))
-        triton_runs, configs = correct_candidates(offered, lambda c: small_m_linear_triton(x2, weight, c), want,
-                                                  self.tol)
-        runs: dict[str, Callable[[], object]] = {"torch": lambda: F.linear(x2, weight), **triton_runs}
+        r = torch.randn(x2.shape[0], weight.shape[0], device=x2.device, dtype=x2.dtype) if residual else None
+        want = F.linear(x2, weight).float() if r is None else (r + F.linear(x2, weight)).float()
+        offered = [c for c in self.configs if c.offered(x2.shape[0])]
+        _, configs = correct_candidates(offered, lambda c: small_m_linear_triton(x2, weight, c, residual=r), want,
+                                        self.tol)
+        ws = itertools.cycle(cold_weights(weight))
+        runs: dict[str, Callable[[], object]] = {
+            "torch": lambda: F.linear(x2, next(ws)) if r is None else r + F.linear(x2, next(ws)),
+            **{n: (lambda c=c: small_m_linear_triton(x2, next(ws), c, residual=r)) for n, c in configs.items()}}
         times = time_candidates(runs, self.timer or device_timer)
         best = min(configs, key=lambda n: times[n], default=None)
         self.choice[k] = configs[best] if best is not None and times[best] < times["torch"] else None
@@ -389,9 +414,9 @@ class SmallMTuner:
         """Every tuned shape with its winner and timings (ms), for benchmark JSON."""
         rows = []
         for key, t in self.timings.items():
-            m, n, k, dt, _ = key
+            m, n, k, dt, _, res = key
             cfg = self.choice[key]
-            rows.append({"M": m, "N": n, "K": k, "dtype": str(dt).replace("torch.", ""),
+            rows.append({"M": m, "N": n, "K": k, "dtype": str(dt).replace("torch.", ""), "residual": res,
                          "choice": "torch" if cfg is None else cfg.name(),
                          "us": {name: round(ms * 1e3, 2) for name, ms in t.items()},
                          "weight_GBps_best": round(n * k * torch.finfo(dt).bits / 8 / (min(t.values()) * 1e-3) / 1e9, 1)})
@@ -425,9 +450,9 @@ def _dispatch(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Te
     r2 = None if residual is None else residual.reshape(-1, N)
     if _MODE == "triton":
         return small_m_linear_triton(x2, weight, residual=r2).reshape(*x.shape[:-1], N)
-    known, cfg = TUNER.lookup(x2, weight)
+    known, cfg = TUNER.lookup(x2, weight, residual is not None)
     if not known and not capturing():
-        cfg = TUNER.tune(x2, weight)
+        cfg = TUNER.tune(x2, weight, residual is not None)
     if cfg is None:
         return F.linear(x, weight) if residual is None else residual + F.linear(x, weight)
     return small_m_linear_triton(x2, weight, cfg, residual=r2).reshape(*x.shape[:-1], N)

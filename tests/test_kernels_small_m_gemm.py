@@ -204,8 +204,8 @@ def test_tuner_picks_the_fastest_correct_candidate_and_never_a_wrong_one():
     x, w = _operands(4, 48, 64, torch.float32)
     real = sm.small_m_linear_triton
 
-    def broken(x2, weight, cfg=None, out=None):  # the "fastest" configuration computes garbage
-        y = real(x2, weight, cfg, out)
+    def broken(x2, weight, cfg=None, out=None, residual=None):  # the "fastest" configuration computes garbage
+        y = real(x2, weight, cfg, out, residual)
         return y + 1.0 if cfg == bad else y
 
     tuner = sm.SmallMTuner(configs=(bad, good), timer=Timed())
@@ -218,6 +218,45 @@ def test_tuner_picks_the_fastest_correct_candidate_and_never_a_wrong_one():
     assert tuner.report()[0]["choice"] == good.name()
     slow = sm.SmallMTuner(configs=(good,), timer=lambda fn: (fn(), 5.0)[1])
     assert slow.tune(x.reshape(-1, 64), w) is None  # nothing beats F.linear: keep it
+
+
+def test_the_tuner_times_a_residual_call_with_its_add_and_remembers_it_apart():
+    """cuBLAS pays a separate add kernel where Triton adds in its store, so `small_m_linear_add`'s
+    choice is timed with the add and kept under its own key."""
+    cfg = sm.Config(16, 32, 2, 4, 2)
+    outputs = {}
+
+    def timer(fn):
+        outputs[_candidate(fn)] = fn()
+        return {"torch": 1.0, cfg.name(): 2.0}[_candidate(fn)]
+
+    tuner = sm.SmallMTuner(configs=(cfg,), timer=timer)
+    x, w = _operands(4, 20, 32, torch.float32)
+    assert tuner.tune(x, w) is None and tuner.lookup(x, w, residual=True) == (False, None)
+    assert rel_err(outputs["torch"], outputs[cfg.name()]) < 1e-5
+    assert tuner.tune(x, w, residual=True) is None
+    assert set(tuner.timings) == {tuner.key(x, w), tuner.key(x, w, True)}
+    assert [r["residual"] for r in tuner.report()] == [False, True]
+    # both candidates timed r + x W^T (cuBLAS's closure forgetting the add would part them)
+    assert rel_err(outputs["torch"], outputs[cfg.name()]) < 1e-5
+
+
+def test_timing_calls_rotate_over_the_cold_weight_copies(monkeypatch):
+    """Each timed call reads the next copy of the weight, so a weight near L2's size is timed from
+    HBM as in the step (here the copies are told apart by their values)."""
+    x, w = _operands(2, 20, 32, torch.float32)
+    if DEVICE == "cpu":
+        assert len(sm.cold_weights(w)) == 1 and sm.cold_weights(w)[0] is w  # no L2 to escape
+    monkeypatch.setattr(sm, "cold_weights", lambda weight: [weight, 2 * weight, 3 * weight])
+    sums = []
+
+    def timer(fn):
+        sums.append(float(fn().abs().sum()))
+        return 1.0
+
+    sm.SmallMTuner(configs=(sm.Config(16, 32, 2, 4, 2),), timer=timer).tune(x, w)
+    # warm-up, then two rounds of (torch, Triton) in alternating order, each on the next copy
+    assert [round(v / sums[0]) for v in sums] == [1, 2, 3, 1, 2]
 
 
 def test_dispatch_and_custom_op_are_f_linear_off_cuda_or_with_gradients():
@@ -239,6 +278,17 @@ def test_mode_switch_is_checked():
             sm.set_mode("fast")
     finally:
         sm.set_mode(prev)
+
+
+@pytest.mark.cuda
+def test_a_weight_near_l2_size_is_timed_from_copies_spanning_twice_l2():
+    l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
+    w = torch.empty(l2 // 2 // 1024, 512, device=DEVICE, dtype=torch.bfloat16)  # half of L2
+    ws = sm.cold_weights(w)
+    assert ws[0] is w and len({t.data_ptr() for t in ws}) == len(ws) >= 5
+    assert sum(t.numel() * t.element_size() for t in ws[1:]) >= 2 * l2
+    small = torch.empty(16, 512, device=DEVICE, dtype=torch.bfloat16)
+    assert len(sm.cold_weights(small)) == 1
 
 
 @pytest.mark.cuda
