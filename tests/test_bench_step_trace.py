@@ -37,6 +37,19 @@ def test_summary_splits_busy_time_gaps_and_breaks_between_replays():
     assert rows["a"]["us"] == pytest.approx(10.0) and rows["a"]["calls"] == 1
 
 
+def test_overlapping_kernels_are_charged_only_what_they_add_to_the_timeline():
+    # a PDL launch: b starts 6 µs into a's 10 and ends at 14; c waits 1 µs idle, then runs 3
+    events = [(0.0, 10.0, "a"), (6.0, 8.0, "b"), (15.0, 3.0, "c")]
+    s = summarize(events, replays=1)
+    rows = {r["kernel"]: r for r in s["by_kernel"]}
+    assert (rows["a"]["advance_us"], rows["b"]["advance_us"], rows["c"]["advance_us"]) == (10.0, 4.0, 3.0)
+    assert rows["b"]["us"] == 8.0 and rows["c"]["gap_before_us"] == 1.0
+    assert sum(r["advance_us"] for r in s["by_kernel"]) + s["gap_ms"] * 1e3 == pytest.approx(s["span_ms"] * 1e3)
+    assert [r["kernel"] for r in s["by_kernel"]] == ["a", "b", "c"]  # by advance + gap
+    inside = summarize([(0.0, 10.0, "a"), (2.0, 3.0, "b")], replays=1)  # b ends before a: adds nothing
+    assert {r["kernel"]: r["advance_us"] for r in inside["by_kernel"]} == {"a": 10.0, "b": 0.0}
+
+
 def test_no_kernels_is_a_clear_error():
     with pytest.raises(SystemExit, match="no kernels"):
         summarize([], replays=1)
@@ -84,6 +97,7 @@ def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
     out = step_trace.trace_step("x", "bfloat16", [1, 8], 16, 2, 0)
     assert len(loads) == 1 and [s["tokens"] for s in out["steps"]] == [1, 8]
     assert all(len(s["by_kernel"]) == 25 for s in out["steps"])  # rows cut for the report, not for the difference
-    assert out["difference"][0] == {"kernel": "k29", "us": 7 * 29.0, "calls": 0.0, "us_first": 29.0, "us_last": 8 * 29.0}
+    assert out["difference"][0] == {"kernel": "k29", "us": 7 * 29.0, "advance_us": 7 * 29.0, "calls": 0.0,
+                                 "us_first": 29.0, "us_last": 8 * 29.0}
     single = step_trace.trace_step("x", "bfloat16", [8], 16, 2, 0)
     assert single["tokens"] == 8 and "difference" not in single and len(single["by_kernel"]) == 25

@@ -7,8 +7,9 @@ replays, so every replay sees the same context) and reports:
 - `replay_ms`: ms per replay timed with CUDA events around `--replays` back-to-back replays;
 - from a torch.profiler trace of as many replays: `span_ms` (first kernel start to last kernel end,
   per replay), `busy_ms` (sum of kernel durations), `gap_ms` (time between consecutive kernels of
-  a replay with no kernel running), `kernels` per replay, and per kernel name its µs, calls and the
-  gaps before it (`by_kernel`, largest first).
+  a replay with no kernel running), `kernels` per replay, and per kernel name its µs, calls, the
+  gaps before it and `advance_us`, what it adds to the timeline when kernels overlap under
+  programmatic dependent launch (`by_kernel`, largest advance + gap first).
 The profiler itself may lengthen gaps a little: compare `span_ms` with `replay_ms`. CUDA only.
 
 `--tokens 1,8` traces each size on one loaded target and adds `difference`: per kernel name the
@@ -50,10 +51,17 @@ def kernel_events(trace: dict, by_grid: bool = False) -> list[tuple[float, float
 
 def summarize(events: list[tuple[float, float, str]], replays: int, top: Optional[int] = 25) -> dict[str, Any]:
     """Span, busy and gap time per replay, and per kernel name (the `top` largest; None: all), from
-    ordered kernel events."""
+    ordered kernel events.
+
+    With programmatic dependent launch a kernel starts while the one before it still runs, so
+    durations overlap and `us` (the sum of durations) overstates what a kernel costs the step.
+    `advance_us` is what it adds to the replay's timeline: how far its end moves the latest end so
+    far, the idle gap before it excluded. Per replay, advances plus gaps add up to the span; rows are
+    ordered by advance plus gap."""
     if not events:
         raise SystemExit("step_trace: the profiler recorded no kernels (is this a CUDA build with CUPTI?)")
-    rows: dict[str, dict[str, float]] = defaultdict(lambda: {"us": 0.0, "calls": 0.0, "gap_before_us": 0.0})
+    rows: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"us": 0.0, "advance_us": 0.0, "calls": 0.0, "gap_before_us": 0.0})
     busy = gap = between = 0.0
     prev_end: Optional[float] = None
     for ts, dur, name in events:
@@ -61,22 +69,25 @@ def summarize(events: list[tuple[float, float, str]], replays: int, top: Optiona
         r["us"] += dur
         r["calls"] += 1
         busy += dur
-        if prev_end is not None:
+        if prev_end is None:
+            r["advance_us"] += dur
+        else:
             g = max(0.0, ts - prev_end)
             if g > REPLAY_BREAK_US:
                 between += g
             else:
                 gap += g
                 r["gap_before_us"] += g
+            r["advance_us"] += max(0.0, ts + dur - max(prev_end, ts))
         prev_end = ts + dur if prev_end is None else max(prev_end, ts + dur)
     span = (prev_end - events[0][0]) - between
-    by = sorted(rows.items(), key=lambda kv: -(kv[1]["us"] + kv[1]["gap_before_us"]))
+    by = sorted(rows.items(), key=lambda kv: -(kv[1]["advance_us"] + kv[1]["gap_before_us"]))
     per = lambda v: round(v / replays, 2)  # noqa: E731
     return {
         "span_ms": round(span / replays / 1e3, 4), "busy_ms": round(busy / replays / 1e3, 4),
         "gap_ms": round(gap / replays / 1e3, 4), "kernels": len(events) / replays,
-        "by_kernel": [{"kernel": k, "us": per(v["us"]), "calls": per(v["calls"]), "gap_before_us": per(v["gap_before_us"])}
-                      for k, v in by[:top]],
+        "by_kernel": [{"kernel": k, "us": per(v["us"]), "advance_us": per(v["advance_us"]), "calls": per(v["calls"]),
+                       "gap_before_us": per(v["gap_before_us"])} for k, v in by[:top]],
     }
 
 
@@ -134,13 +145,15 @@ def kernel_difference(first: dict[str, Any], last: dict[str, Any], top: int = 25
     counts as 0 there), the `top` largest changes in either direction first."""
     a = {r["kernel"]: r for r in first["by_kernel"]}
     b = {r["kernel"]: r for r in last["by_kernel"]}
-    zero = {"us": 0.0, "calls": 0.0}
+    zero = {"us": 0.0, "advance_us": 0.0, "calls": 0.0}
     rows = []
     for k in dict.fromkeys([*a, *b]):
         ra, rb = a.get(k, zero), b.get(k, zero)
-        rows.append({"kernel": k, "us": round(rb["us"] - ra["us"], 2), "calls": round(rb["calls"] - ra["calls"], 2),
+        adv_a, adv_b = ra.get("advance_us", ra["us"]), rb.get("advance_us", rb["us"])
+        rows.append({"kernel": k, "us": round(rb["us"] - ra["us"], 2),
+                     "advance_us": round(adv_b - adv_a, 2), "calls": round(rb["calls"] - ra["calls"], 2),
                      "us_first": ra["us"], "us_last": rb["us"]})
-    return sorted(rows, key=lambda r: -abs(r["us"]))[:top]
+    return sorted(rows, key=lambda r: -abs(r["advance_us"]))[:top]
 
 
 def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, replays: int, seed: int,
