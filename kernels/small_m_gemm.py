@@ -354,13 +354,14 @@ def correct_candidates(configs, run: Callable[[Config], torch.Tensor], want: tor
 def cold_weights(weight: torch.Tensor) -> list[torch.Tensor]:
     """The weight and enough copies of it that timing calls which rotate over them find each one out
     of L2, as the step does (it streams ~50 GB of weights per token, so no weight is L2-resident when
-    its turn comes). Only weights of at least an eighth of L2 are copied: a smaller one is L2-warm in
-    a timing loop and in a small model's step alike. Off CUDA: just the weight."""
+    its turn comes). Only weights between an eighth of L2 and twice L2 are copied: a smaller one is
+    L2-warm in a timing loop and in a small model's step alike, a larger one streams through L2 on its
+    own (the LM head is not copied). Off CUDA: just the weight."""
     if not weight.is_cuda:
         return [weight]
     l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
     size = weight.numel() * weight.element_size()
-    if size * 8 < l2:
+    if size * 8 < l2 or size >= 2 * l2:
         return [weight]
     return [weight] + [weight.clone() for _ in range(-(-2 * l2 // size))]  # the rotation spans >= 2 x L2
 

@@ -288,7 +288,8 @@ def test_a_weight_near_l2_size_is_timed_from_copies_spanning_twice_l2():
     assert ws[0] is w and len({t.data_ptr() for t in ws}) == len(ws) >= 5
     assert sum(t.numel() * t.element_size() for t in ws[1:]) >= 2 * l2
     small = torch.empty(16, 512, device=DEVICE, dtype=torch.bfloat16)
-    assert len(sm.cold_weights(small)) == 1
+    large = torch.empty(2 * l2 // 1024, 512, device=DEVICE, dtype=torch.bfloat16)  # 2 x L2: cold by itself
+    assert len(sm.cold_weights(small)) == 1 and len(sm.cold_weights(large)) == 1
 
 
 @pytest.mark.cuda
