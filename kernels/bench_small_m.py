@@ -6,7 +6,7 @@ Run from the repository root on a CUDA machine:
 
 For each weight shape (N, K) of the fused target (GDN in_proj, attention qkv, MLP gate_up, down,
 out/o projection, LM head) and each row count M, it times F.linear and every Triton configuration
-of `small_m_gemm.CONFIGS` (triton.testing.do_bench, median, L2 flushed between calls), and reports
+of `small_m_gemm.CONFIGS` (the tuner's timer: `device_timer`, weights cold via `cold_weights`), and reports
 µs, the weight-read rate (GB/s = N*K*2 bytes / time) and the winner. `--smoke` runs the tuner on
 tiny shapes on CPU (Triton interpreter) without timing meaning anything. `--grid` times a wider
 product grid of multi-row configurations (BN x BK x SPLIT x warps x stages) instead of CONFIGS, to

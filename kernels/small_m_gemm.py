@@ -15,10 +15,11 @@ weight with few rows still fills every SM with many short programs and the last 
 `small_m_linear` (dispatch) picks, per (M, N, K, dtype, with or without the residual add), the
 fastest of cuBLAS (`F.linear`) and the Triton configurations, timed once on the device the first
 time that shape is seen outside CUDA-graph capture (`SmallMTuner`), each as the step runs it: the
-weight cold in HBM, the add included (a separate kernel after cuBLAS); a candidate whose output differs from `F.linear` beyond
-rounding is never picked. Off CUDA, under autograd, for M > MAX_M, or while a CUDA graph is being
-captured before the shape was tuned, it is `F.linear`. `torch.ops.ready_kernels.small_m_linear`
-is the same dispatch as an opaque custom op, so `torch.compile`d code can call it.
+weight cold in HBM, the add included (a separate kernel after cuBLAS); a candidate whose output
+differs from `F.linear` beyond rounding is never picked. Off CUDA, under autograd, for M > MAX_M,
+or while a CUDA graph is being captured before the shape was tuned, it is `F.linear`.
+`torch.ops.ready_kernels.small_m_linear` is the same dispatch as an opaque custom op, so
+`torch.compile`d code can call it.
 `small_m_linear_add` (op `ready_kernels::small_m_linear_add`) is residual + x W^T with the add in
 the Triton store (or the split-K sum): the layer's last residual add, one kernel less per layer.
 
@@ -308,9 +309,10 @@ def device_timer(fn: Callable[[], object]) -> float:
     """Median ms of fn on the device. Default (env READY_TUNE_TIMER=graph): do_bench_cudagraph, the
     calls replayed from one CUDA graph, as the engine runs them, so a busy host (e.g. compile workers
     during a warm-up) cannot stretch a short kernel's time to its Python launch time; L2 is not
-    flushed (`SmallMTuner` rotates copies of a large weight instead, `cold_weights`). READY_TUNE_TIMER=bench: triton.testing.do_bench, L2 flushed, each call launched from
-    Python (the timer before 2 Dec; its choices changed from process to process: kernels/NOTES.md
-    "Tuning from a CUDA graph")."""
+    flushed (`SmallMTuner` rotates copies of a large weight instead, `cold_weights`).
+    READY_TUNE_TIMER=bench: triton.testing.do_bench, L2 flushed, each call launched from Python (the
+    timer before 2 Dec; its choices changed from process to process: kernels/NOTES.md "Tuning from a
+    CUDA graph")."""
     if TUNE_TIMER == "graph":
         return float(triton.testing.do_bench_cudagraph(fn, rep=12, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=2, rep=12, return_mode="median"))
