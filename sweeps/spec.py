@@ -32,6 +32,7 @@ BASELINE_LABELS = {"ar": "AR", "dspark": "DSpark", "ft": "DSpark + FT", "placebo
 BASELINE_SET = {"ft": {"reader.enabled": False}, "placebo": {"reader.enabled": True, "reader.states": "shuffled"}}
 REPLICATE = ("all", "adaptation")
 SWEEP_KEYS = ("preset", "profile", "seeds", "replicate")  # CLI keys that set the sweep, not the run config
+ROW_SECTIONS = ("grid", "variants", "search")  # a spec declares its rows in at least one of these
 
 
 class SpecError(ConfigError):
@@ -277,15 +278,39 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
         raise SpecError(_clean(str(e))) from None
 
 
-def _validate(cfg: DictConfig, source: str) -> None:
+Layer = tuple[str, set[str]]  # (where a merged layer came from, the dotted keys it sets)
+
+
+def _keys(tree: Any, prefix: str = "") -> set[str]:
+    """The dotted keys a layer sets: {"reader": {"rank": 8}} -> {"reader.rank"}."""
+    if isinstance(tree, (DictConfig, ListConfig)):
+        tree = OmegaConf.to_container(tree, resolve=False)
+    if not isinstance(tree, dict) or not tree:
+        return {prefix[:-1]} if prefix else set()
+    return {k for key, value in tree.items() for k in _keys(value, f"{prefix}{key}.")}
+
+
+def blame(key: str, layers: Sequence[Layer], default: str) -> str:
+    """Where a bad value at `key` came from: the last layer that sets it (or a key inside it, or the
+    section holding it), so a command-line value is blamed on the command line, not on the spec file;
+    `default` when no layer sets it (a schema default, or a check across several keys)."""
+    for source, keys in reversed(layers):
+        if any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in keys):
+            return source
+    return default
+
+
+def _validate(cfg: DictConfig, source: str, layers: Sequence[Layer] = ()) -> None:
+    """Resolve and range-check `cfg`; the error names the layer that set the bad key (`blame`)."""
     try:
         OmegaConf.to_container(cfg, resolve=True)  # interpolations resolve (and type-check) here
         validate(cfg)
     except ConfigError as e:
-        raise SpecError(f"{source}: {_clean(str(e))}") from None
+        found = re.search(r"at key '([^']*)'", str(e))
+        raise SpecError(f"{blame(found.group(1), layers, source) if found else source}: {_clean(str(e))}") from None
     except Exception as e:  # an interpolation that fails to resolve
         key = getattr(e, "full_key", "") or ""
-        raise SpecError(f"{source}: bad value at key '{key}': {_clean(str(e))}") from None
+        raise SpecError(f"{blame(key, layers, source)}: bad value at key '{key}': {_clean(str(e))}") from None
 
 
 def _read_yaml(path: Path, what: str) -> DictConfig:
@@ -324,11 +349,13 @@ def parse_overrides(overrides: Sequence[str]) -> tuple[dict, dict]:
     for token in overrides:
         if "=" not in token:
             raise SpecError(f"override '{token}': expected KEY=VALUE (e.g. reader.rank=16)")
-        key, _, _ = token.partition("=")
+        key, _, text = token.partition("=")
         try:
             value = OmegaConf.to_container(OmegaConf.from_dotlist([token]))
         except Exception as e:
-            raise SpecError(f"override '{token}': {_clean(str(e))}") from None
+            why = getattr(e, "problem", None) or _clean(str(e))
+            raise SpecError(f"override '{token}': the value {text!r} is not valid YAML ({why}); expected "
+                            "KEY=VALUE with a YAML value, e.g. reader.rank=16 or reader.layers=[30,62]") from None
         node: Any = value
         for part in key.split("."):
             node = node[part]
@@ -351,6 +378,9 @@ def list_sweeps(experiments_dir: Path = EXPERIMENTS_DIR) -> dict[str, str]:
             raw = OmegaConf.load(path)
             if not isinstance(raw, DictConfig):
                 raise ValueError("expected a mapping at the top level")
+            if not any(k in raw for k in ROW_SECTIONS):  # e.g. an empty file: not a sweep at all
+                raise ValueError(f"{'the file is empty' if len(raw) == 0 else 'declares no rows'}; expected "
+                                 "a 'grid', 'variants' or 'search' section")
             out[path.stem] = f"{raw.get('table', '') or 'search'}: {raw.get('description', '')}".strip()
         except Exception as e:
             out[path.stem] = f"BROKEN {path.name}: {_yaml_problem(e)}"
@@ -443,14 +473,17 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
 
     base_path = root / "base.yaml"
     preset_path = root / "presets" / f"{spec.preset}.yaml"
-    cfg = _merge(schema(), _read_yaml(base_path, "base config"), str(base_path))
-    cfg = _merge(cfg, _read_yaml(preset_path, "preset"), str(preset_path))
-    cfg = _merge(cfg, nest(OmegaConf.to_container(spec.config)), str(spec_path))
-    if "config" in profile_raw:
-        cfg = _merge(cfg, nest(OmegaConf.to_container(profile_raw.config)), str(profile_path))
-    cfg = _merge(cfg, nest(config_cli), "command line")
+    layers: list[Layer] = [(str(base_path), _read_yaml(base_path, "base config")),
+                           (str(preset_path), _read_yaml(preset_path, "preset")),
+                           (str(spec_path), nest(OmegaConf.to_container(spec.config))),
+                           (str(profile_path), nest(OmegaConf.to_container(profile_raw.get("config") or OmegaConf.create({})))),
+                           ("command line", nest(config_cli))]
+    cfg = schema()
+    for source, layer in layers:
+        cfg = _merge(cfg, layer, source)
+    layers = [(source, _keys(layer)) for source, layer in layers]
     cfg.name = name
-    _validate(cfg, str(spec_path))
+    _validate(cfg, str(spec_path), layers)
 
     rows = _rows(spec, str(spec_path))
     swept = {k for _, _, values in rows for k in values}
@@ -462,7 +495,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
     for i, m in enumerate(spec.baselines):
         where = f"{spec_path} (baseline '{m}')"
         bcfg = _merge(cfg, nest(BASELINE_SET.get(m, {})), where)
-        _validate(bcfg, where)
+        _validate(bcfg, where, [*layers, (where, set(BASELINE_SET.get(m, {})))])
         baselines.append(Variant(label=BASELINE_LABELS[m], order=i, method=m, cfg=bcfg, variant_id=variant_hash(bcfg, m),
                                  replicate=spec.replicate))
     variants: list[Variant] = []
@@ -474,7 +507,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
         where = f"{spec_path} (row '{label}')"
         vcfg = _merge(cfg, nest(values), where)
         vcfg.name = f"{name}:{label}"
-        _validate(vcfg, where)
+        _validate(vcfg, where, [*layers, (where, set(values))])
         vid = variant_hash(vcfg, method)
         if vid in by_id:  # e.g. {0,last} and "all" on a 2-layer drafter: one run, both labels
             by_id[vid].label += f" = {label}"
@@ -485,7 +518,13 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
         variants.append(row)
     if spec.search is not None:
         _check_search(spec.search, cfg, str(spec_path))
-    if not variants and (spec.search is None or spec.search.n_trials <= 0):
+    if not variants and spec.search is not None and spec.search.n_trials <= 0:  # a search of no trials
+        in_profile = _keys(profile_raw.get("search") or {}, "search.") if profile_raw.get("search") else set()
+        where = blame("search.n_trials", [(str(profile_path), in_profile), ("command line", set(sweep_cli))],
+                      str(spec_path))
+        raise SpecError(f"{where}: bad value at key 'search.n_trials': {spec.search.n_trials}; expected an integer "
+                        ">= 1 (the search's trials are this sweep's only rows)")
+    if not variants and spec.search is None:
         raise SpecError(f"{spec_path}: declares no rows; expected a 'grid', 'variants' or 'search' section")
 
     return Sweep(name=name, spec=spec, preset=spec.preset, profile=profile_name, seeds=list(spec.seeds),

@@ -90,6 +90,18 @@ def store_copy(base: Path, dest: Path) -> str:
     return f"sqlite:///{dest / 'mlflow.db'}"
 
 
+def errors(err: str) -> list[str]:
+    """The `error:` lines of a command's stderr; a traceback anywhere fails the caller's check."""
+    assert "Traceback" not in err, err
+    return [ln for ln in err.splitlines() if ln.startswith("error:")]
+
+
+def sweep_args(uri: str, tmp_path: Path, *extra: str, runner: str = "fault_helpers:nan_run_variant") -> list[str]:
+    """`sweeps.run` arguments for SWEEP on the smoke profile with a fake runner, its own store and run folder."""
+    return [SWEEP, "profile=smoke", *extra, "--runner", runner, "--tracking-uri", uri,
+            "--run-dir", str(tmp_path / "run"), "--no-report", "--quiet", "--workers", "1"]
+
+
 def nan_run_variant(cfg: Any, method: str = "ready", progress: bool = True):
     """A runner (--runner fault_helpers:nan_run_variant) whose drafting rows come back with NaN τ,
     as a broken model's would: the run must end FAILED, never FINISHED."""

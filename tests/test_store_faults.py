@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fault_helpers import REPO, SWEEP, raced_store, store_copy
+from fault_helpers import REPO, SWEEP, errors, raced_store, store_copy, sweep_args
 from reports.build import main as reports_main
 from sweeps import tracking
 from sweeps.run import main
@@ -32,21 +32,10 @@ def base(tmp_path_factory) -> Path:
     return tmp_path_factory.getbasetemp()
 
 
-def errors(err: str) -> list[str]:
-    """The `error:` lines of a command's stderr; a traceback anywhere fails the caller's check."""
-    assert "Traceback" not in err, err
-    return [ln for ln in err.splitlines() if ln.startswith("error:")]
-
-
 def children(uri: str, sweep: str = SWEEP) -> list:
     c = tracking.client(uri)
     exp = c.get_experiment_by_name(f"ready-{sweep}")
     return list(c.search_runs([exp.experiment_id], filter_string="tags.`ready.kind` = 'variant'")) if exp else []
-
-
-def sweep_args(uri: str, tmp_path: Path, *extra: str, runner: str = "fault_helpers:nan_run_variant") -> list[str]:
-    return [SWEEP, "profile=smoke", *extra, "--runner", runner, "--tracking-uri", uri,
-            "--run-dir", str(tmp_path / "run"), "--no-report", "--quiet", "--workers", "1"]
 
 
 # ---------------------------------------------------------------------------------------------
