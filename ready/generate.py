@@ -167,6 +167,7 @@ def build_drafter(method: str, args: argparse.Namespace, target: Any) -> Any:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ready.decode.engine import Engine, as_prompt, check_prompt
     from ready.decode.evaluate import evaluate, run_ar
+    from ready.health import check_target
     from ready.metrics import summarize, tau as tau_of, tps as tps_of
 
     if args.block_size < 1:
@@ -187,6 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             check_prompt(target, as_prompt(p), args.max_new_tokens)
         except DecodeError as e:
             raise DecodeError(f"prompt {i}: {e}") from None
+    check_target(target, prompts[0], what=f"target {source}")  # the sweeps' health check: no output from NaN
     drafter = build_drafter(args.method, args, target)
     if args.exact is None:
         args.exact = args.dtype in ("bfloat16", "float16")

@@ -8,9 +8,12 @@ with a fake runner instead of training.
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import pytest
+import torch
 
 from fault_helpers import errors
 from sweeps.run import main
@@ -25,6 +28,91 @@ def probe_args(tmp_path: Path, *args: str) -> list[str]:
 
 def nothing_written(tmp_path: Path) -> bool:
     return not (tmp_path / "mlflow.db").exists() and not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. A NaN checkpoint decoded in silence
+
+WORDS = ["<|endoftext|>", "def", "add(a,", "b):", "return", "a", "+", "b"]
+
+
+def word_tokenizer():
+    """A word-level tokenizer that knows the probe's prompt, "def add(a, b):"."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def tiny_checkpoint(folder: Path, head: float = 0.0) -> Path:
+    """A tiny hybrid target with its tokenizer, as `ready.generate --target DIR` reads it."""
+    from ready.target import HybridConfig, HybridLM, save_target
+
+    torch.manual_seed(0)
+    cfg = HybridConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                       linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                       max_position_embeddings=64)
+    model = HybridLM(cfg).eval()
+    if head:
+        with torch.no_grad():
+            model.lm_head.weight.fill_(head)
+    return save_target(model, folder, tokenizer=word_tokenizer())
+
+
+def nan_weight(folder: Path) -> str:
+    """One weight set to NaN (the probe's first variant): rewritten with safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    file = folder / "model.safetensors"
+    state = load_file(str(file))
+    name = sorted(k for k, v in state.items() if v.ndim == 2)[0]
+    state[name][0, 0] = float("nan")
+    save_file(state, str(file), metadata={"format": "pt"})
+    return name
+
+
+def nan_bytes(folder: Path) -> str:
+    """NaN bytes written into the safetensors file over one tensor's first value (the second variant)."""
+    file = folder / "model.safetensors"
+    raw = bytearray(file.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    name = sorted(k for k in header if k != "__metadata__")[0]
+    start = 8 + n + header[name]["data_offsets"][0]
+    raw[start:start + 4] = b"\xff\xff\xff\x7f"  # a float32 NaN
+    file.write_bytes(bytes(raw))
+    return name
+
+
+@pytest.mark.parametrize("break_it", [nan_weight, nan_bytes])
+def test_generate_refuses_a_checkpoint_with_nan_weights(break_it, tmp_path: Path, capsys) -> None:
+    from ready.generate import main as generate
+
+    folder = tiny_checkpoint(tmp_path / "target")
+    (folder / "DONE").unlink()  # a user's folder: no manifest to catch the change first
+    name = break_it(folder)
+    code = generate(["--target", str(folder), "--method", "ngram", "--prompt", "def add(a, b):",
+                     "--max-new-tokens", "8", "--json", "--device", "cpu"])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""  # no JSON with "token_ids": [0]
+    assert errors(out.err) == [f"error: target {folder}: weight {name} holds NaN or Inf values; expected finite "
+                               "weights (a broken or corrupted checkpoint)"]
+
+
+def test_generate_refuses_a_target_whose_logits_overflow(tmp_path: Path, capsys) -> None:
+    from ready.generate import main as generate
+
+    folder = tiny_checkpoint(tmp_path / "target", head=3e38)  # finite weights, logits beyond float32
+    code = generate(["--target", str(folder), "--method", "ngram", "--prompt", "def add(a, b):",
+                     "--max-new-tokens", "8", "--json", "--device", "cpu"])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""
+    assert errors(out.err) == [f"error: target {folder}: logits hold NaN or Inf (first at probe position 0 of 3); "
+                               "expected finite logits from a working model"]
 
 
 # ---------------------------------------------------------------------------------------------

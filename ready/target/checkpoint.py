@@ -12,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ready.artifacts import ArtifactError, atomic_dir, check_folder
+from ready.health import check_model
 from ready.target.config import PRESETS, HybridConfig, TargetError, preset_config
 from ready.target.model import HybridLM
 
@@ -139,7 +140,9 @@ def load_target(
     model.load_state_dict(loaded, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(dev).eval()
+    model = model.to(dev).eval()
+    check_model(model, f"target {path}")  # NaN/Inf weights would still "decode": every entry point refuses them
+    return model
 
 
 def save_target(model: HybridLM, out_dir: str | os.PathLike, tokenizer: Any = None) -> Path:
