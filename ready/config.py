@@ -78,16 +78,42 @@ class RegenConfig:
 
 @dataclass
 class DrafterConfig:
-    """DSpark semi-autoregressive block drafter."""
+    """DSpark semi-autoregressive block drafter, in the DSpark checkpoint format's own terms.
 
-    block_size: int = 7
+    Block convention (DSpark's, SpecForge's and the public checkpoints'): a block is `block_size`
+    tokens, the anchor (the last committed token) and `block_size - 1` mask slots, so a round
+    proposes block_size - 1 tokens and verifies block_size (anchor + proposals); tau <= block_size.
+    The drafter's layers have their own shape (attention heads, head dim, MLP, rotary), and only
+    the hidden size is the target's. The ReaDy reader (`reader:`) is a separate part on top.
+    """
+
+    # tokens per block counting the anchor: block_size - 1 proposals, block_size tokens verified per round
+    # (8 = the paper's 7 draft positions; the public 27B DSpark checkpoint uses 7, i.e. 6 proposals)
+    block_size: int = 8
     num_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 512
+    rope_theta: float = 10000.0
+    # Hugging Face rope_scaling of the drafter's own rotary (e.g. {rope_type: yarn, factor: 32,
+    # original_max_position_embeddings: 8192}); empty = plain rotary
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    rms_norm_eps: float = 1e-6
+    # a real token of the target's vocabulary whose frozen embedding fills the block's mask slots
+    # (the embedded tokenizer's <|mask|> is id 1; Qwen3.5's public DSpark uses 248070)
+    mask_token_id: int = 1
     # target layers whose hidden features form the drafter's context (paper ids, 64-layer scale);
     # -1 = the token embeddings (features that carry nothing of other tokens)
     context_layers: list[int] = field(default_factory=lambda: [1, 17, 33, 49, 62])
-    head: str = "vanilla"  # vanilla | gated | rnn  (sequence head over the previous draft token)
+    head: str = "vanilla"  # vanilla | gated | rnn  (DSpark's Markov head over the previous draft token)
     head_rank: int = 64
-    # a pretrained drafter checkpoint directory; empty = train the base drafter from scratch
+    # DSpark's confidence head (a linear acceptance predictor per proposal): carried, trained with the
+    # drafter's other weights and saved; ReaDy's loss drops its term, as the paper does
+    confidence_head: bool = False
+    confidence_with_markov: bool = True  # the confidence head also sees the Markov embedding of the previous token
+    # a pretrained drafter: this project's folder or a DSpark (SpecForge / DeepSpec) Hugging Face folder;
+    # empty = train the base drafter from scratch. Its shape fields replace the ones above
     checkpoint: Optional[str] = None
     # id space of context_layers: "paper" (64-layer ids, mapped by relative depth) | "model" (target ids as given)
     layer_space: str = "paper"
@@ -271,7 +297,12 @@ def validate(cfg: DictConfig | Config) -> None:
         ("reader.rank", c.reader.rank >= 1, "a positive integer (1 .. d_k)"),
         ("reader.position", c.reader.position in ("pre", "post"), "'pre' or 'post'"),
         ("drafter.head", c.drafter.head in ("vanilla", "gated", "rnn"), "'vanilla', 'gated' or 'rnn'"),
-        ("drafter.block_size", c.drafter.block_size >= 1, "an integer >= 1"),
+        ("drafter.block_size", c.drafter.block_size >= 2, "an integer >= 2 (the anchor + at least one proposal)"),
+        ("drafter.num_attention_heads", c.drafter.num_attention_heads >= 1
+         and c.drafter.num_attention_heads % max(1, c.drafter.num_key_value_heads) == 0,
+         "a positive multiple of drafter.num_key_value_heads"),
+        ("drafter.head_dim", c.drafter.head_dim >= 2 and c.drafter.head_dim % 2 == 0, "an even integer >= 2"),
+        ("drafter.mask_token_id", c.drafter.mask_token_id >= 0, "a token id >= 0 (a real token of the target)"),
         ("drafter.num_layers", c.drafter.num_layers >= 1, "an integer >= 1"),
         ("drafter.context_window", c.drafter.context_window >= 0, "an integer >= 0 (0 = unlimited)"),
         ("reader.states", c.reader.states in ("own", "shuffled"), "'own' or 'shuffled' (the state placebo)"),

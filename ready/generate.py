@@ -45,7 +45,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
     src.add_argument("--prompts", help="JSONL file, one prompt per line")
     p.add_argument("--max-new-tokens", type=int, required=True)
-    p.add_argument("-k", "--block-size", type=int, default=7, help="draft tokens per round for ngram (default 7)")
+    p.add_argument("-k", "--proposals", type=int, default=7, help="draft tokens proposed per round by ngram (default 7)")
     p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the ngram drafter looks up")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -145,7 +145,7 @@ def build_drafter(method: str, args: argparse.Namespace, target: Any) -> Any:
     if method == "ngram":
         from ready.decode.ngram import NgramDrafter
 
-        return NgramDrafter(target.config.vocab_size, args.block_size, max_ngram=args.ngram_max)
+        return NgramDrafter(target.config.vocab_size, args.proposals, max_ngram=args.ngram_max)
     if not args.drafter:
         raise DecodeError(f"--method {method} needs a drafter checkpoint (--drafter PATH), e.g. one written by the "
                           "training pipeline")
@@ -170,8 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ready.health import check_target
     from ready.metrics import summarize, tau as tau_of, tps as tps_of
 
-    if args.block_size < 1:
-        raise DecodeError(f"-k/--block-size {args.block_size}; expected an integer >= 1")
+    if args.proposals < 1:
+        raise DecodeError(f"-k/--proposals {args.proposals}; expected an integer >= 1")
     if args.max_new_tokens < 1:
         raise DecodeError(f"--max-new-tokens {args.max_new_tokens}; expected an integer >= 1")
     if args.prompt_ids is not None:
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     target.exact = bool(args.exact)
     on_cuda = target.device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else int(on_cuda)
-    k = drafter.block_size if drafter is not None else 0
+    k = drafter.proposals if drafter is not None else 0
 
     lossless = None
     if args.check_lossless:
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             **({k: g[k] for k in ("lossless_exact", "tie_flips", "min_margin")} if "tie_flips" in g else {}),
         })
     report: dict[str, Any] = {
-        "target": source, "method": args.method, "block_size": k, "device": str(target.device),
+        "target": source, "method": args.method, "proposals": k, "device": str(target.device),
         "dtype": str(target.dtype).replace("torch.", ""), "max_new_tokens": args.max_new_tokens, "exact": bool(args.exact),
         "results": results, "summary": summary.to_dict(),
     }

@@ -436,7 +436,7 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: A
     from ready.artifacts import cached, content_id
 
     weights = ("config.json", "*.safetensors", "*.safetensors.index.json")  # not metrics.json's timings
-    drafter_id = content_id(folder, (*weights, "drafter.json"))  # the weights: a rebuild that differs is evaluated anew
+    drafter_id = content_id(folder, weights)  # the weights: a rebuild that differs is evaluated anew
     target_id = content_id(loaded.target_path, weights) if Path(loaded.target_path).is_dir() else loaded.target_path
     evals = to_container(cfg.eval)
     if sampling_params(cfg) is None:  # knobs of sampling cannot change a greedy evaluation: greedy caches stay valid

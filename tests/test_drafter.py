@@ -5,7 +5,7 @@ import torch
 
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode.protocol import DraftStep, Drafter
-from ready.drafter import DrafterError, DSparkDrafter, load_drafter
+from ready.drafter import DrafterError, DSparkDrafter, load_drafter, save_drafter
 from ready.target import HybridConfig, HybridLM
 
 V = 64
@@ -20,7 +20,7 @@ def tiny_target(seed: int = 0, layers: int = 8, **kw) -> HybridLM:
 
 
 def drafter_for(target, seed=0, reader=True, trained_reader=True, **kw) -> DSparkDrafter:
-    dk = dict(block_size=4, num_layers=2, head_rank=8)
+    dk = dict(block_size=5, num_layers=2, head_rank=8)  # K = 4 proposals
     rk = dict(enabled=reader, rank=4, mlp_hidden=16)
     for k, v in kw.items():
         (rk if k in ReaderConfig.__dataclass_fields__ else dk)[k] = v
@@ -29,7 +29,7 @@ def drafter_for(target, seed=0, reader=True, trained_reader=True, **kw) -> DSpar
     if trained_reader:  # readers that have learned something, so their reads matter
         for r in d.readers.values():
             torch.nn.init.normal_(r.fuse_out.weight, std=0.3)
-    torch.nn.init.normal_(d.head.bias_out.weight, std=0.3)  # likewise for the sequence head
+    torch.nn.init.normal_(d.markov_head.markov_w2.weight, std=0.3)  # likewise for the sequence head
     return d
 
 
@@ -156,7 +156,7 @@ def test_the_reader_reads_the_committed_states(target):
 
 def test_propose_is_deterministic_and_follows_the_protocol(target):
     d = drafter_for(target)
-    assert isinstance(d, Drafter) and d.block_size == 4 and d.vocab_size == V
+    assert isinstance(d, Drafter) and (d.block_size, d.proposals) == (5, 4) and d.vocab_size == V
     ids = torch.randint(0, V, (2, 12))
     d.begin(ids[:, :6])
     d.propose(draft_step(target, d, ids[:, :7]))  # an earlier round: context K/V cached for 6 tokens
@@ -178,24 +178,24 @@ def test_prompt_of_one_token_drafts_without_context(target):
 
 def test_save_and_load_round_trip(target, tmp_path):
     d = drafter_for(target, head="rnn")
-    d.save(tmp_path / "drafter")
+    save_drafter(d, tmp_path / "drafter")
     back = load_drafter(tmp_path / "drafter", target)
     assert back.resolved() == d.resolved()
     step = draft_step(target, d, torch.randint(0, V, (1, 8)))
     assert torch.equal(d.draft(step)[1], back.draft(step)[1])
     # a base checkpoint under a new reader config: backbone kept, fresh (identity) reader
     base = drafter_for(target, reader=False)
-    base.save(tmp_path / "base")
+    save_drafter(base, tmp_path / "base")
     staged = load_drafter(tmp_path / "base", target, reader_cfg=ReaderConfig(rank=2, mlp_hidden=8))
     assert staged.state_layers == [4, 6] and staged.readers["1"].rank == 2
     assert torch.equal(base.draft(step)[1], staged.draft(step)[1])
 
 
 def test_checkpoint_for_another_target_is_one_clear_error(target, tmp_path):
-    drafter_for(target).save(tmp_path / "d")
+    save_drafter(drafter_for(target), tmp_path / "d")
     with pytest.raises(DrafterError, match="built for another target: same architecture but different embed"):
         load_drafter(tmp_path / "d", tiny_target(seed=1))
-    with pytest.raises(DrafterError, match=r"built for another target: architecture num_hidden_layers=8 \(target has 12\)"):
+    with pytest.raises(DrafterError, match=r"d/config.json: num_target_layers is 8 but the target has 12 layers; expected a drafter built for this target"):
         load_drafter(tmp_path / "d", tiny_target(layers=12))
     with pytest.raises(DrafterError, match="no drafter checkpoint here"):
         load_drafter(tmp_path / "missing", target)
@@ -204,8 +204,8 @@ def test_checkpoint_for_another_target_is_one_clear_error(target, tmp_path):
 def test_save_refuses_to_replace_a_folder_with_other_files(target, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("keep me")
-    with pytest.raises(DrafterError, match=r"not a drafter checkpoint folder \(holds \['notes.txt'\]\)"):
-        drafter_for(target).save(tmp_path / "run")
+    with pytest.raises(DrafterError, match=r"not a drafter folder \(holds \['notes.txt'\]\)"):
+        save_drafter(drafter_for(target), tmp_path / "run")
     assert (tmp_path / "run" / "notes.txt").read_text() == "keep me"
 
 
@@ -221,7 +221,7 @@ def test_save_refuses_to_replace_a_folder_with_other_files(target, tmp_path):
 ])
 def test_bad_settings_are_one_clear_error(target, kw, match):
     part = "drafter" if "context_layers" in kw or "head" in kw else "reader"
-    dk, rk = dict(block_size=4, num_layers=2), dict(rank=4, mlp_hidden=16)
+    dk, rk = dict(block_size=5, num_layers=2), dict(rank=4, mlp_hidden=16)
     (dk if part == "drafter" else rk).update(kw)
     with pytest.raises(ValueError, match=match):
         DSparkDrafter(DrafterConfig(**dk), ReaderConfig(**rk), target)
@@ -241,8 +241,8 @@ def test_lora_adapters_must_be_merged_before_saving(target, tmp_path):
     wrapped = get_peft_model(d, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"]))
     assert not any("lora" in n for n, _ in d.readers.named_parameters())  # readers and heads stay plain
     with pytest.raises(DrafterError, match="still carries LoRA adapters; merge them first"):
-        d.save(tmp_path / "d")
+        save_drafter(d, tmp_path / "d")
     merged = wrapped.merge_and_unload()
-    merged.save(tmp_path / "d")
+    save_drafter(merged, tmp_path / "d")
     step = draft_step(target, merged, torch.randint(0, V, (1, 8)))
     assert torch.equal(merged.draft(step)[1], load_drafter(tmp_path / "d", target).draft(step)[1])

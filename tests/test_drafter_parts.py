@@ -50,13 +50,13 @@ def test_injection_layers_count_from_the_end_when_negative():
 def _inputs(head_kind, V=11, K=4, D=6):
     torch.manual_seed(0)
     head = build_head(head_kind, V, 3, D)
-    torch.nn.init.normal_(head.bias_out.weight)
+    torch.nn.init.normal_(head.markov_w2.weight)
     return head, torch.randn(2, K, V), torch.randint(0, V, (2, K)), torch.randn(2, K, D)
 
 
 def test_vanilla_head_adds_a_low_rank_bigram_of_the_previous_token():
     head, base, prev, hid = _inputs("vanilla")
-    want = base + head.prev_embed.weight[prev] @ head.bias_out.weight.T
+    want = base + head.markov_w1.weight[prev] @ head.markov_w2.weight.T
     torch.testing.assert_close(head.block_logits(base, prev, hid), want)
 
 

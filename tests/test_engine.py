@@ -65,7 +65,7 @@ class ReplayDrafter:
 
     def __init__(self, references: dict[tuple, list[int]], block_size: int, right: int | None = None,
                  p_right: float | None = None, seed: int = 0):
-        self.references, self.block_size, self.vocab_size = references, block_size, VOCAB
+        self.references, self.proposals, self.vocab_size = references, block_size, VOCAB
         self.capture_layers: list[int] = []
         self.right, self.p_right, self.rng = right, p_right, random.Random(seed)
         self.full: list[int] = []
@@ -76,13 +76,13 @@ class ReplayDrafter:
 
     def propose(self, step: DraftStep) -> torch.Tensor:
         t = step.tokens.shape[1]
-        truth = (self.full[t:] + [0] * self.block_size)[: self.block_size]
+        truth = (self.full[t:] + [0] * self.proposals)[: self.proposals]
         if self.p_right is not None:
             right = 0
-            while right < self.block_size and self.rng.random() < self.p_right:
+            while right < self.proposals and self.rng.random() < self.p_right:
                 right += 1
         else:
-            right = self.block_size if self.right is None else self.right
+            right = self.proposals if self.right is None else self.right
         out = [tok if j < right else (tok + 1) % VOCAB for j, tok in enumerate(truth)]
         return torch.tensor([out])
 
@@ -91,7 +91,7 @@ class RecordingDrafter:
     """Checks, every round, that the DraftStep is what the protocol promises."""
 
     def __init__(self, target: HybridLM, block_size: int, capture_layers: list[int]):
-        self.target, self.block_size, self.vocab_size = target, block_size, VOCAB
+        self.target, self.proposals, self.vocab_size = target, block_size, VOCAB
         self.capture_layers = capture_layers
         self.rounds = 0
 
@@ -110,7 +110,7 @@ class RecordingDrafter:
         self.target.prefill(tokens[:, :-1], fresh)
         torch.testing.assert_close(step.cache.ssm, fresh.ssm, atol=1e-4, rtol=1e-4)
         self.rounds += 1
-        return tokens[:, -1:].repeat(1, self.block_size)  # "the last token again": some right, most wrong
+        return tokens[:, -1:].repeat(1, self.proposals)  # "the last token again": some right, most wrong
 
 
 # --- round settlement (hand-built) -----------------------------------------------------------------
@@ -151,7 +151,7 @@ def step_of(tokens: list[int]) -> DraftStep:
 
 
 def test_ngram_proposes_the_continuation_of_the_latest_longest_match():
-    d = NgramDrafter(VOCAB, block_size=3, max_ngram=2)
+    d = NgramDrafter(VOCAB, proposals=3, max_ngram=2)
     # suffix (1, 2) occurs at 0 and 4; the latest earlier match (4) is followed by 9, 1, 2
     assert d.propose(step_of([1, 2, 3, 0, 1, 2, 9, 1, 2])).tolist() == [[9, 1, 2]]
     # no bigram match: falls back to the unigram 7 -> followed by 8
@@ -159,12 +159,12 @@ def test_ngram_proposes_the_continuation_of_the_latest_longest_match():
 
 
 def test_ngram_extends_a_repeating_pattern_past_the_end():
-    d = NgramDrafter(VOCAB, block_size=5, max_ngram=2)
+    d = NgramDrafter(VOCAB, proposals=5, max_ngram=2)
     assert d.propose(step_of([4, 1, 2, 1, 2])).tolist() == [[1, 2, 1, 2, 1]]
 
 
 def test_ngram_without_match_repeats_the_last_token():
-    d = NgramDrafter(VOCAB, block_size=3)
+    d = NgramDrafter(VOCAB, proposals=3)
     assert d.propose(step_of([3])).tolist() == [[3, 3, 3]]
     assert d.propose(step_of([1, 2, 3])).tolist() == [[3, 3, 3]]
 
@@ -310,12 +310,12 @@ def test_token_ids_outside_the_vocabulary_are_refused(target):
         Engine(target).generate([1, 128], 4)
 
 
-def test_block_size_below_one_is_refused(target):
-    with pytest.raises(DecodeError, match="K=0; expected an integer >= 1"):
-        NgramDrafter(VOCAB, block_size=0)
+def test_fewer_than_one_proposal_is_refused(target):
+    with pytest.raises(DecodeError, match="K=0 proposals per round; expected an integer >= 1"):
+        NgramDrafter(VOCAB, proposals=0)
     bad = ReplayDrafter({}, 3)
-    bad.block_size = 0
-    with pytest.raises(DecodeError, match="block size K=0"):
+    bad.proposals = 0
+    with pytest.raises(DecodeError, match="proposes K=0 tokens per round"):
         Engine(target, bad)
 
 

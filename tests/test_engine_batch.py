@@ -39,7 +39,7 @@ def make_drafter(target: HybridLM, kind: str, k: int = 3):
         return NgramDrafter(VOCAB, k)
     torch.manual_seed(6)
     ctx = {"context_layers": [-1, 33]} if kind == "ready_embed" else {}
-    d = drafter_mod.DSparkDrafter(DrafterConfig(block_size=k, num_layers=2, head_rank=8, **ctx),
+    d = drafter_mod.DSparkDrafter(DrafterConfig(block_size=k + 1, num_layers=2, head_rank=8, **ctx),
                                   ReaderConfig(enabled=kind.startswith("ready"), rank=4, mlp_hidden=16), target).eval()
     for r in d.readers.values():
         torch.nn.init.normal_(r.fuse_out.weight, std=0.5)

@@ -29,7 +29,7 @@ class StateSpy:
     """A drafter that records what the reader would read (cache length and GDN states) each round
     and drafts the last token repeated (so some drafts are accepted on repetitive text)."""
 
-    block_size, vocab_size, capture_layers = 3, VOCAB, []
+    proposals, vocab_size, capture_layers = 3, VOCAB, []
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, torch.Tensor]] = []
@@ -39,7 +39,7 @@ class StateSpy:
 
     def propose(self, step) -> torch.Tensor:
         self.seen.append((step.cache.length, step.cache.ssm.clone()))
-        return step.tokens[:, -1:].repeat(1, self.block_size)
+        return step.tokens[:, -1:].repeat(1, self.proposals)
 
 
 def states_after(target: HybridLM, ids: list[int]) -> torch.Tensor:
@@ -97,7 +97,7 @@ def test_evaluate_on_donor_states_through_slots_equals_one_prompt_at_a_time(targ
     from ready.drafter import DSparkDrafter
 
     torch.manual_seed(3)
-    drafter = DSparkDrafter(DrafterConfig(block_size=3, num_layers=1, head_rank=8),
+    drafter = DSparkDrafter(DrafterConfig(block_size=4, num_layers=1, head_rank=8),
                             ReaderConfig(enabled=True, rank=4, mlp_hidden=16), target).eval()
     for r in drafter.readers.values():
         torch.nn.init.normal_(r.fuse_out.weight, std=0.5)
@@ -120,7 +120,7 @@ def test_a_placebo_needs_two_prompts_and_a_drafter(target):
 class Oracle:
     """Drafts the target's own greedy continuation (every draft is accepted)."""
 
-    block_size, vocab_size, capture_layers = 3, VOCAB, []
+    proposals, vocab_size, capture_layers = 3, VOCAB, []
 
     def __init__(self, prompt: list[int], continuation: list[int]) -> None:
         self.full = prompt + continuation
@@ -130,7 +130,7 @@ class Oracle:
 
     def propose(self, step) -> torch.Tensor:
         t = step.tokens.shape[1]
-        nxt = (self.full[t:t + self.block_size] + [0] * self.block_size)[: self.block_size]
+        nxt = (self.full[t:t + self.proposals] + [0] * self.proposals)[: self.proposals]
         return torch.tensor([nxt])
 
 

@@ -13,6 +13,7 @@ import ready.reader as reader_mod
 import ready.target.layers as layers_mod
 import ready.target.model as model_mod
 from ready.config import DrafterConfig, ReaderConfig
+from ready.drafter import save_drafter
 from ready.decode import Engine, evaluate
 from ready.generate import main
 from ready.target import HybridLM, save_target
@@ -30,7 +31,7 @@ def target() -> HybridLM:
 
 def make_drafter(target: HybridLM, reader: bool, k: int = 3):
     torch.manual_seed(6)
-    d = DrafterConfig(block_size=k, num_layers=1, head_rank=8)
+    d = DrafterConfig(block_size=k + 1, num_layers=1, head_rank=8)
     r = ReaderConfig(enabled=reader, rank=4, mlp_hidden=16)
     return drafter_mod.DSparkDrafter(d, r, target).eval()
 
@@ -48,14 +49,14 @@ def test_block_drafters_are_lossless_through_the_engine(target, reader):
 
 def test_generate_cli_loads_a_saved_drafter(target, tmp_path, capsys):
     tpath = save_target(target, tmp_path / "target")
-    make_drafter(target, reader=True).save(tmp_path / "ready")
-    make_drafter(target, reader=False).save(tmp_path / "dspark")
+    save_drafter(make_drafter(target, reader=True), tmp_path / "ready")
+    save_drafter(make_drafter(target, reader=False), tmp_path / "dspark")
     code = main(["--target", str(tpath), "--drafter", str(tmp_path / "ready"), "--method", "ready", "--prompt-ids",
                  "1,2,3,4", "--max-new-tokens", "12", "--device", "cpu", "--json", "--check-lossless"])
     out = capsys.readouterr()
     assert code == 0, out.err
     report = json.loads(out.out)
-    assert report["lossless"] == 1 and report["block_size"] == 3
+    assert report["lossless"] == 1 and report["proposals"] == 3
     assert report["results"][0]["token_ids"] == Engine(target).generate([1, 2, 3, 4], 12).tokens
     # a DSpark checkpoint under --method ready is refused with one line
     code = main(["--target", str(tpath), "--drafter", str(tmp_path / "dspark"), "--method", "ready", "--prompt-ids",

@@ -161,7 +161,7 @@ class OracleDrafter:
     """Proposes the AR continuation with every `wrong`-th draft replaced: acceptance of every length."""
 
     def __init__(self, ar: dict[tuple, list[int]], k: int, wrong: int = 5):
-        self.block_size, self.vocab_size, self.capture_layers = k, VOCAB, []
+        self.proposals, self.vocab_size, self.capture_layers = k, VOCAB, []
         self.ar, self.wrong, self.calls = ar, wrong, 0
         self.prompt: tuple = ()
 
@@ -170,8 +170,8 @@ class OracleDrafter:
 
     def propose(self, step) -> torch.Tensor:
         n = step.tokens.shape[1] - len(self.prompt)  # new tokens committed so far
-        cont = self.ar[self.prompt][n:n + self.block_size]
-        cont = cont + [0] * (self.block_size - len(cont))
+        cont = self.ar[self.prompt][n:n + self.proposals]
+        cont = cont + [0] * (self.proposals - len(cont))
         out = []
         for tok in cont:
             self.calls += 1

@@ -68,7 +68,7 @@ def test_ngram_with_lossless_check_over_a_prompts_file(ckpt, capsys, tmp_path):
                              "--max-new-tokens", "12", "--json", "--check-lossless")
     assert code == 0, err
     report = json.loads(out)
-    assert report["lossless"] == 1 and report["mismatch"] is None and report["block_size"] == 3
+    assert report["lossless"] == 1 and report["mismatch"] is None and report["proposals"] == 3
     assert [r["prompt_len"] for r in report["results"]] == [5, 5, 2, 3]
     for r, prompt in zip(report["results"], [[1, 2, 3, 1, 2], [1, 2, 3, 4, 1], [4, 5], [6, 7, 8]]):
         assert r["token_ids"] == Engine(model).generate(prompt, 12).tokens
@@ -91,7 +91,7 @@ def test_text_output_names_method_and_throughput(ckpt, capsys):
         (["--method", "ar", "--prompt-ids", ""], "prompt 0: prompt is empty"),
         (["--method", "ar", "--prompt-ids", "1,x"], "expected comma-separated integers"),
         (["--method", "ar", "--prompt-ids", ",".join(["1"] * 60)], "exceeds the model's context of 64 tokens"),
-        (["--method", "ngram", "-k", "0", "--prompt-ids", "1"], "-k/--block-size 0; expected an integer >= 1"),
+        (["--method", "ngram", "-k", "0", "--prompt-ids", "1"], "-k/--proposals 0; expected an integer >= 1"),
         (["--method", "dspark", "--prompt-ids", "1"], "--method dspark needs a drafter checkpoint (--drafter PATH)"),
         (["--method", "ready", "--drafter", "/nonexistent", "--prompt-ids", "1"], "no drafter checkpoint here"),
         (["--method", "ar", "--prompts", "/nonexistent.jsonl"], "no such file"),

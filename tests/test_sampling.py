@@ -56,7 +56,7 @@ def test_position_law_is_the_target_for_a_normalised_q_and_not_for_a_halved_one(
 def test_the_drafter_samples_each_position_after_the_token_it_drew_with_the_training_distribution(target):
     d = drafter_for(target)
     prompt = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(1))
-    u = torch.rand(2, d.block_size, generator=torch.Generator().manual_seed(2))
+    u = torch.rand(2, d.proposals, generator=torch.Generator().manual_seed(2))
     toks, q = d.sample(draft_step(target, d, prompt), DraftSampling(0.8, 0.9, u))
     assert toks.shape == (2, 4) and q.shape == (2, 4, V) and q.dtype == torch.float32
     assert torch.equal(draw(q, u), toks)  # every token drawn from the q reported for it
@@ -74,7 +74,7 @@ def test_the_static_draft_step_samples_the_same_as_the_eager_one(target):
     eager, static = drafter_for(target), drafter_for(target)
     static.cuda_graphs = True
     prompt = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(3))
-    u = torch.rand(1, eager.block_size, generator=torch.Generator().manual_seed(4))
+    u = torch.rand(1, eager.proposals, generator=torch.Generator().manual_seed(4))
     te, qe = eager.sample(draft_step(target, eager, prompt), DraftSampling(1.0, 1.0, u))
     ts, qs = static.sample(draft_step(target, static, prompt), DraftSampling(1.0, 1.0, u))
     assert torch.equal(te, ts)
@@ -142,7 +142,7 @@ def test_a_drafter_reporting_another_q_than_it_drew_from_fails_the_rule_check(ta
     d = drafter_for(target)
 
     class Halved:  # draws from q but reports q / 2: not the distribution of its drafts
-        block_size, vocab_size, capture_layers = d.block_size, d.vocab_size, d.capture_layers
+        proposals, vocab_size, capture_layers = d.proposals, d.vocab_size, d.capture_layers
 
         def begin(self, ids):
             d.begin(ids)

@@ -54,10 +54,10 @@ def target() -> HybridLM:
 
 def dspark(target: HybridLM) -> DSparkDrafter:
     torch.manual_seed(12)
-    d = DSparkDrafter(DrafterConfig(block_size=K, num_layers=1, head_rank=4),
+    d = DSparkDrafter(DrafterConfig(block_size=K + 1, num_layers=1, head_rank=4),
                       ReaderConfig(enabled=True, rank=2, mlp_hidden=8), target).eval()
     with torch.no_grad():  # an untrained head adds nothing; a random one makes q_j depend on the token drawn at j-1
-        d.head.bias_out.weight.normal_(0.0, 3.0)
+        d.markov_head.markov_w2.weight.normal_(0.0, 3.0)
     return d
 
 
@@ -67,7 +67,7 @@ class TableDrafter:
     capture_layers: list[int] = []
 
     def __init__(self, table: torch.Tensor):
-        self.table, self.block_size, self.vocab_size = table, K, V
+        self.table, self.proposals, self.vocab_size = table, K, V
 
     def begin(self, prompt_ids: torch.Tensor) -> None:
         pass
@@ -88,7 +88,7 @@ class AgreeingDrafter(TableDrafter):
     """q_j = the target's own warped distribution after the drafted prefix: every draft is accepted."""
 
     def __init__(self, target: HybridLM, params: SamplingParams):
-        self.target, self.params, self.block_size, self.vocab_size = target, params, K, V
+        self.target, self.params, self.proposals, self.vocab_size = target, params, K, V
 
     def sample(self, step: DraftStep, sampling: DraftSampling) -> tuple[torch.Tensor, torch.Tensor]:
         ids, toks, qs = tuple(step.tokens[0].tolist()), [], []

@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
 
 def engine_acceptance(target, drafter, tokens: torch.Tensor, a: int) -> int:
     """What one engine round accepts after committing tokens[:a+1]: drafts vs the target's argmaxes."""
-    cache = target.new_cache(1, max_len=tokens.numel() + 8, max_verify=drafter.block_size + 1)
+    cache = target.new_cache(1, max_len=tokens.numel() + 8, max_verify=drafter.proposals + 1)
     out = target.prefill(tokens[None, :a], cache, capture_layers=drafter.capture_layers)
     step = DraftStep(tokens=tokens[None, : a + 1], features=out.hidden, target=target, cache=cache)
     drafts = drafter.propose(step)
@@ -41,7 +41,7 @@ def engine_acceptance(target, drafter, tokens: torch.Tensor, a: int) -> int:
 
 def test_every_anchors_acceptance_equals_an_engine_round_from_it(setup):
     target, drafter, data = setup
-    anchors, valid = full_block_anchors(data, drafter.block_size)
+    anchors, valid = full_block_anchors(data, drafter.proposals)
     rows = torch.arange(4)
     acc = block_acceptance(drafter, target, data.tokens[rows], anchors[rows])
     seen = []
@@ -50,12 +50,12 @@ def test_every_anchors_acceptance_equals_an_engine_round_from_it(setup):
             a = int(anchors[b, i])
             assert int(acc[b, i]) == engine_acceptance(target, drafter, data.tokens[b], a), (b, a)
             seen.append(int(acc[b, i]))
-    assert max(seen) >= 1 and min(seen) < drafter.block_size  # accepted and rejected drafts both checked
+    assert max(seen) >= 1 and min(seen) < drafter.proposals  # accepted and rejected drafts both checked
 
 
 def test_tallies_pool_every_full_block_and_the_placebo_reads_another_row(setup):
     target, drafter, data = setup
-    K = drafter.block_size
+    K = drafter.proposals
     res = teacher_forced_acceptance(drafter, target, data, batch_size=5, progress=False)
     per_seq = data.tokens.shape[1] - K - (data.prompt_len - 1)  # anchors prompt_len-1 .. T-K-1
     assert res["sequences"]["blocks"] == [per_seq] * len(data)

@@ -88,7 +88,7 @@ class RandomDrafter:
     """Proposes random tokens on the target's device (free drafts for engine-limited timing)."""
 
     def __init__(self, vocab_size: int, block_size: int, device: torch.device, seed: int = 0) -> None:
-        self.vocab_size, self.block_size, self.capture_layers = vocab_size, block_size, []
+        self.vocab_size, self.proposals, self.capture_layers = vocab_size, block_size, []
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.device = device
 
@@ -96,7 +96,7 @@ class RandomDrafter:
         pass
 
     def propose(self, step: Any) -> torch.Tensor:
-        return torch.randint(0, self.vocab_size, (1, self.block_size), generator=self.gen, device=self.device)
+        return torch.randint(0, self.vocab_size, (1, self.proposals), generator=self.gen, device=self.device)
 
 
 def forced_acceptance(dist: dict[int, float], seed: int = 0) -> Callable[[torch.Tensor, torch.Tensor], int]:
@@ -183,7 +183,7 @@ def drafter_configs(preset: str, block_size: int) -> tuple[Any, Any]:
         elif f.name != "base.yaml":
             raise DecodeError(f"--drafter-preset {preset!r}: no {f}; expected a preset in experiments/presets/")
     cfg = merge(schema(), *layers, source=f"drafter preset {preset}")
-    cfg.drafter.block_size = block_size
+    cfg.drafter.block_size = block_size + 1  # K proposals: a DSpark block of K + 1
     return cfg.drafter, cfg.reader
 
 
@@ -198,7 +198,7 @@ def build_drafter(target: Any, kind: str, preset: str, block_size: int, seed: in
     torch.manual_seed(seed)
     d = DSparkDrafter(dcfg, rcfg, target)
     with torch.no_grad():
-        d.head.bias_out.weight.normal_(std=0.02)
+        d.markov_head.markov_w2.weight.normal_(std=0.02)
         for r in d.readers.values():
             r.fuse_out.weight.normal_(std=0.02)
     return d.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
@@ -261,7 +261,7 @@ def time_readers(drafter: Any, cache: Any, iters: int = 20, batch: int = 1) -> d
 
     if not drafter.reader_enabled or cache.ssm.device.type != "cuda":
         return {}
-    K, D = drafter.block_size, drafter.hidden_size
+    K, D = drafter.block_size, drafter.hidden_size  # the reader reads every row of the block
     src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, batch)
     h = torch.randn(batch, K, D, device=cache.ssm.device, dtype=drafter.fc.weight.dtype)
     readers = list(drafter.readers.values())
@@ -619,7 +619,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("-k", "--block-size", type=int, default=7)
+    ap.add_argument("-k", "--proposals", dest="block_size", type=int, default=7,
+                    help="K, tokens proposed per round (a DSpark block of K + 1; default 7)")
     ap.add_argument("--accept-dist", action="append", default=None,
                     help="A:p,... distribution of accepted lengths for a forced-acceptance run (repeatable); "
                          "default 0:0.1,3:0.3,7:0.6 when K=7")

@@ -104,8 +104,8 @@ class BatchDraft:
     Per row b with n[b] context tokens (committed tokens but the last; = the cache row's length):
     the drafter's context keys/values live in per-layer buffers [B, H_kv, cap, hd]; a row's prompt
     rows are projected when it is admitted (`admit`), and every step re-projects its last K+1 rows
-    (no row gains more per round), as the single-sequence static draft step does. The block sits at
-    positions n[b] .. n[b]+K-1, attends to context rows < n[b] (the last `context_window` of them
+    (no row gains more per round), as the single-sequence static draft step does. The block (anchor +
+    K mask rows, `block_size` = K+1) sits at positions n[b] .. n[b]+K, attends to context rows < n[b] (the last `context_window` of them
     when set) through a per-row mask, and the reader reads row b of the target cache. The same
     drafter weights and pieces as `DSparkDrafter.draft`; one CUDA graph per engine (batch size)."""
 
@@ -118,7 +118,7 @@ class BatchDraft:
         self.d = drafter
         self.cache, self.features = cache, features
         B, cap = cache.batch_size, features.shape[1]
-        self.B, self.cap, self.K = B, cap, drafter.block_size
+        self.B, self.cap, self.K = B, cap, drafter.proposals
         dev, dt = features.device, drafter.fc.weight.dtype
         attn = drafter.layers[0].self_attn
         self.hkv, self.hd = attn.num_kv_heads, attn.head_dim
@@ -129,9 +129,8 @@ class BatchDraft:
             self.tok = torch.zeros(B, dtype=torch.long, device=dev)
             self.rows_b = torch.arange(B, device=dev)
             self.ar_r = torch.arange(self.K + 1, device=dev)
-            self.ar_k = torch.arange(self.K, device=dev)
             self.ar_cap = torch.arange(cap, device=dev)
-            self.ones = torch.ones(B, self.K, dtype=torch.bool, device=dev)
+            self.ones = torch.ones(B, self.K + 1, dtype=torch.bool, device=dev)
         ssm = cache.ssm if states is None else states
         self.src = StateSource.from_cache(ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
         self.graphs = cuda_graphs and dev.type == "cuda"
@@ -167,13 +166,13 @@ class BatchDraft:
         sees = self.ar_cap[None, :] < n[:, None]
         if d.context_window:  # the last W context positions, as forward_train masks them
             sees = sees & (self.ar_cap[None, :] >= (n - d.context_window)[:, None])
-        mask = torch.cat([sees, self.ones], dim=-1)[:, None, None, :].expand(B, 1, K, self.cap + K)
+        mask = torch.cat([sees, self.ones], dim=-1)[:, None, None, :].expand(B, 1, K + 1, self.cap + K + 1)
         read = None
         if self.src is not None:
             src = self.src
             read = lambda reader, h: reader(h, src)  # noqa: E731
-        cos, sin = d._rope(n[:, None] + self.ar_k)
-        h = d._backbone(d._block_input(self.tok), cos, sin, list(zip(self.k, self.v)), mask, read)
+        cos, sin = d._rope(n[:, None] + self.ar_r)
+        h = d._backbone(d._block_input(self.tok), cos, sin, list(zip(self.k, self.v)), mask, read)[:, 1:]
         return d._finish(d._logits(h), self.tok, h, None, None)[0]
 
     def _capture(self, warmup: int = 2) -> None:
@@ -219,7 +218,7 @@ class BatchEngine:
             check_drafter(target, drafter)
         self.target, self.drafter = target, drafter
         self.batch_size = int(batch_size)
-        self.k = drafter.block_size if drafter is not None else 0
+        self.k = drafter.proposals if drafter is not None else 0
         self.capture = list(getattr(drafter, "capture_layers", []) or []) if drafter is not None else []
         self.eos = target.config.eos_token_id if eos_token_id is None else eos_token_id
         self.device = target_device(target)

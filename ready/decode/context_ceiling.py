@@ -100,7 +100,7 @@ def rejection_share(drafter: Any, target: Any, data: RegenData, window: int, bat
     anchor share says the drafter fails where older text matters: what reading states could fix."""
     from ready.decode.teacher_forced import _batches, block_acceptance, full_block_anchors
 
-    K = int(drafter.block_size)
+    K = int(drafter.proposals)
     device = next(drafter.parameters()).device
     anchors, valid = full_block_anchors(data, K)
     n_anchor = n_anchor_changed = n_rej = n_rej_changed = 0

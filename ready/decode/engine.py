@@ -188,9 +188,9 @@ def check_prompt(target: Any, prompt: torch.Tensor, max_new_tokens: int) -> None
 
 def check_drafter(target: Any, drafter: Drafter) -> None:
     """Raise DecodeError if the drafter cannot work with this target."""
-    k = getattr(drafter, "block_size", None)
+    k = getattr(drafter, "proposals", None)
     if not isinstance(k, int) or k < 1:
-        raise DecodeError(f"drafter {describe(drafter)} has block size K={k!r}; expected an integer >= 1")
+        raise DecodeError(f"drafter {describe(drafter)} proposes K={k!r} tokens per round; expected an integer >= 1")
     vocab = getattr(drafter, "vocab_size", None)
     if vocab != target.config.vocab_size:
         raise DecodeError(
@@ -235,7 +235,7 @@ class Engine:
         self.traces: list[RoundTrace] = []  # the first rounds of the last generation, when asked
         self.target = target
         self.drafter = drafter
-        self.k = drafter.block_size if drafter is not None else 0
+        self.k = drafter.proposals if drafter is not None else 0
         self.capture = list(getattr(drafter, "capture_layers", []) or []) if drafter is not None else []
         self.eos = target.config.eos_token_id if eos_token_id is None else eos_token_id
         self.device = target_device(target)

@@ -333,7 +333,7 @@ def report_lossless_failure(benchmark: str, method: str, mm: Mismatch, failure: 
 def _summaries(ar: Sequence[Any], spec: Sequence[Any], benchmark: str, method: str, drafter: Optional[Drafter],
                lossless: int) -> tuple[Any, Any]:
     """(the drafting row's metrics with its speedup over AR, AR's metrics) of one benchmark's generations."""
-    k = drafter.block_size if drafter is not None else 0
+    k = drafter.proposals if drafter is not None else 0
     ar_metrics = summarize([g.log() for g in ar], benchmark, "ar", 0)
     ar_metrics.lossless, ar_metrics.speedup = 1, 1.0
     metrics = summarize([g.log() for g in spec], benchmark, method, k)

@@ -17,13 +17,13 @@ from ready.decode.protocol import DraftStep
 class NgramDrafter:
     """Implements the `Drafter` protocol with prompt lookup over the committed tokens."""
 
-    def __init__(self, vocab_size: int, block_size: int = 7, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if block_size < 1:
-            raise DecodeError(f"n-gram drafter: block size K={block_size}; expected an integer >= 1")
+    def __init__(self, vocab_size: int, proposals: int = 7, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if proposals < 1:
+            raise DecodeError(f"n-gram drafter: K={proposals} proposals per round; expected an integer >= 1")
         if not (1 <= min_ngram <= max_ngram):
             raise DecodeError(f"n-gram drafter: n-gram sizes {min_ngram}..{max_ngram}; expected 1 <= min_ngram <= max_ngram")
         self.vocab_size = vocab_size
-        self.block_size = block_size
+        self.proposals = proposals
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.capture_layers: list[int] = []
@@ -40,9 +40,9 @@ class NgramDrafter:
         start = self.match_start(tokens)
         seq = tokens.tolist()
         if start is None:
-            return [seq[-1]] * self.block_size
+            return [seq[-1]] * self.proposals
         out = list(seq)
-        for i in range(self.block_size):
+        for i in range(self.proposals):
             out.append(out[start + i])  # start + i < len(out): copying may read its own proposal
         return out[len(seq):]
 

@@ -35,9 +35,11 @@ class DraftStep:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Anything that proposes `block_size` tokens per round from a `DraftStep`."""
+    """Anything that proposes `proposals` tokens per round from a `DraftStep`.
 
-    block_size: int  # K, tokens proposed per round
+    A round verifies the anchor + K = `proposals` tokens (a DSpark block of block_size = K + 1)."""
+
+    proposals: int  # K, tokens proposed per round
     vocab_size: int  # must equal the target's vocabulary size
     capture_layers: list[int]  # target model layer ids whose hidden output the engine captures
 

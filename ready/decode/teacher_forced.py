@@ -39,7 +39,7 @@ def block_acceptance(drafter: Any, target: Any, tokens: torch.Tensor, anchors: t
     """Accepted draft length A [B, A] at each anchor of `tokens` [B, T] (target-greedy after the prompt)."""
     from ready.train.teacher_pass import teacher_pass
 
-    K = int(drafter.block_size)
+    K = int(drafter.proposals)
     tp = teacher_pass(target, drafter, tokens, anchors, logits=False)  # every drafting row asks the same
     logits = drafter.forward_train(tokens, tp.hidden, anchors, tp.states)  # [B, A, K, V]
     T = tokens.shape[1]
@@ -61,7 +61,7 @@ def _batches(n: int, size: int) -> list[slice]:
 def teacher_forced_acceptance(drafter: Any, target: Any, data: RegenData, batch_size: int = 8,
                               progress: bool = True, split: str = "validation") -> dict[str, Any]:
     """Per-sequence tallies and the pooled tau over every full-block anchor of `data` (JSON-able)."""
-    K = int(drafter.block_size)
+    K = int(drafter.proposals)
     device = next(drafter.parameters()).device
     anchors, valid = full_block_anchors(data, K)
     committed, blocks = [], []

@@ -8,6 +8,11 @@ the previous token x_{j-1} (the anchor token for j = 1):
 - `gated`:   bias = W2 (sigmoid(G [h_j; W1[x_{j-1}]]) * W1[x_{j-1}])  (the hidden state gates the bigram)
 - `rnn`:     a GRU-like state s_j over the drafted prefix, bias = W2 tanh(o_j)
 
+Parameter names are DSpark's (`markov_w1` = W1, `markov_w2` = W2, `gate_proj` = G, `joint_proj`), so
+a DSpark checkpoint's `markov_head.*` tensors load as they are. The optional confidence head
+(`ConfidenceHead`, DSpark's acceptance predictor) reads a proposal's hidden state and, optionally,
+the Markov embedding of its previous token.
+
 Training is teacher-forced on the label tokens; drafting is greedy (or, at temperature > 0,
 sampled: `sample` conditions each position on the token drawn before it), position by position.
 All go through the same `step`, so they cannot disagree. W2 starts at zero: an untrained head adds
@@ -36,17 +41,17 @@ class VanillaHead(nn.Module):
     def __init__(self, vocab_size: int, rank: int, hidden: int):
         super().__init__()
         self.rank = rank
-        self.prev_embed = nn.Embedding(vocab_size, rank)  # W1
-        self.bias_out = nn.Linear(rank, vocab_size, bias=False)  # W2
-        nn.init.normal_(self.prev_embed.weight, std=0.02)
-        nn.init.zeros_(self.bias_out.weight)
+        self.markov_w1 = nn.Embedding(vocab_size, rank)  # W1
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)  # W2
+        nn.init.normal_(self.markov_w1.weight, std=0.02)
+        nn.init.zeros_(self.markov_w2.weight)
 
     def init_state(self, like: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
     def step(self, state: Optional[torch.Tensor], prev: torch.Tensor, hidden: torch.Tensor) -> tuple[Optional[torch.Tensor], torch.Tensor]:
         """One position: prev [...] token ids, hidden [..., D] -> (new state, bias [..., V])."""
-        return state, self.bias_out(self.prev_embed(prev))
+        return state, self.markov_w2(self.markov_w1(prev))
 
     def block_logits(self, base: torch.Tensor, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Teacher-forced: base [..., K, V], prev [..., K] (x_{j-1} per position), hidden [..., K, D]."""
@@ -90,12 +95,12 @@ class GatedHead(VanillaHead):
 
     def __init__(self, vocab_size: int, rank: int, hidden: int):
         super().__init__(vocab_size, rank, hidden)
-        self.gate = nn.Linear(hidden + rank, rank)
+        self.gate_proj = nn.Linear(hidden + rank, rank)
 
     def step(self, state, prev, hidden):
-        e = self.prev_embed(prev)
-        g = torch.sigmoid(self.gate(torch.cat([hidden.to(e.dtype), e], dim=-1)))
-        return state, self.bias_out(g * e)
+        e = self.markov_w1(prev)
+        g = torch.sigmoid(self.gate_proj(torch.cat([hidden.to(e.dtype), e], dim=-1)))
+        return state, self.markov_w2(g * e)
 
 
 class RNNHead(VanillaHead):
@@ -103,17 +108,32 @@ class RNNHead(VanillaHead):
 
     def __init__(self, vocab_size: int, rank: int, hidden: int):
         super().__init__(vocab_size, rank, hidden)
-        self.joint = nn.Linear(2 * rank + hidden, 3 * rank)  # -> [update gate; candidate; output]
+        self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)  # -> [update gate; candidate; output]
 
     def init_state(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(*like.shape[:-1], self.rank, device=like.device, dtype=self.joint.weight.dtype)
+        return torch.zeros(*like.shape[:-1], self.rank, device=like.device, dtype=self.joint_proj.weight.dtype)
 
     def step(self, state, prev, hidden):
-        e = self.prev_embed(prev)
-        gate, cand, out = self.joint(torch.cat([state, e, hidden.to(e.dtype)], dim=-1)).chunk(3, dim=-1)
+        e = self.markov_w1(prev)
+        gate, cand, out = self.joint_proj(torch.cat([state, e, hidden.to(e.dtype)], dim=-1)).chunk(3, dim=-1)
         gate = torch.sigmoid(gate)
         state = gate * state + (1 - gate) * torch.tanh(cand)
-        return state, self.bias_out(torch.tanh(out))
+        return state, self.markov_w2(torch.tanh(out))
+
+
+class ConfidenceHead(nn.Module):
+    """DSpark's acceptance predictor: one logit per proposal from its hidden state (and, with
+    `with_markov`, the Markov embedding W1[x_{j-1}] of its previous token)."""
+
+    def __init__(self, hidden: int, markov_rank: int = 0):
+        super().__init__()
+        self.with_markov = markov_rank > 0
+        self.proj = nn.Linear(hidden + markov_rank, 1)
+
+    def forward(self, hidden: torch.Tensor, prev_embedding: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """hidden [..., D] (+ prev_embedding [..., r]) -> acceptance logits [...] in fp32."""
+        x = torch.cat([hidden, prev_embedding.to(hidden.dtype)], dim=-1) if self.with_markov else hidden
+        return self.proj(x).squeeze(-1).float()
 
 
 def build_head(kind: str, vocab_size: int, rank: int, hidden: int) -> VanillaHead:

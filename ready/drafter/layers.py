@@ -1,15 +1,17 @@
 """One DSpark draft layer: attention over (target context features ++ the draft block), then an MLP.
 
-The block's queries attend to two kinds of keys/values: the projected target features of the
-committed prefix (the "context", shared by every layer but projected by each layer's own
-k/v maps) and the block itself, bidirectionally. A layer can carry a hook that edits its normed
+The layers are Qwen3 decoder layers with the drafter's own shape (query heads, KV heads, head dim,
+MLP width, rotary), as DSpark checkpoints define them; only the hidden size is the target's. The
+block's queries attend to two kinds of keys/values: the projected target features of the
+committed prefix (the "context", shared by every layer but projected by each layer's own k/v
+maps) and the block itself, bidirectionally. A layer can carry a hook that edits its normed
 input before attention (`pre`) or after attention, at the post-attention norm, before the MLP
 (`post`); that is where the ReaDy reader is injected.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +23,7 @@ Hook = Callable[[torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    """y = x / rms(x) * weight, computed in fp32."""
+    """y = weight * (x / rms(x)): normalised in fp32, scaled in x's dtype (as Qwen3's RMSNorm)."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -31,15 +33,46 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return self.weight * y.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables for integer `positions` [B, N] -> cos, sin [B, N, head_dim]."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    ang = positions.float().unsqueeze(-1) * inv
-    ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos().to(dtype), ang.sin().to(dtype)
+def rope_type(scaling: Mapping[str, Any]) -> str:
+    """The rotary kind a Hugging Face rope_scaling names ('default' when empty)."""
+    return str(scaling.get("rope_type", scaling.get("type", "default"))) if scaling else "default"
+
+
+class Rotary(nn.Module):
+    """The drafter's rotary tables: plain, or scaled as Hugging Face's rope_scaling says (yarn, ...).
+
+    Scaled kinds take their inverse frequencies and attention factor from transformers'
+    `ROPE_INIT_FUNCTIONS`, the code DSpark checkpoints are trained and served with."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: Optional[Mapping[str, Any]] = None,
+                 max_position_embeddings: int = 32768):
+        super().__init__()
+        scaling = dict(scaling or {})
+        kind = rope_type(scaling)
+        if kind == "default":
+            inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+            factor = 1.0
+        else:
+            from transformers import Qwen3Config
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            if kind not in ROPE_INIT_FUNCTIONS:
+                raise ValueError(f"rope_scaling.rope_type {kind!r} is unknown; expected 'default' or one of "
+                                 f"{sorted(ROPE_INIT_FUNCTIONS)}")
+            hf = Qwen3Config(head_dim=head_dim, rope_theta=theta, max_position_embeddings=max_position_embeddings,
+                             rope_scaling={**scaling, "rope_type": kind, "rope_theta": theta})
+            inv, factor = ROPE_INIT_FUNCTIONS[kind](hf, torch.device("cpu"))
+        self.register_buffer("inv_freq", inv.float(), persistent=False)
+        self.attention_factor = float(factor)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Integer `positions` [B, N] -> cos, sin [B, N, head_dim] in `dtype`."""
+        ang = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)
+        ang = torch.cat([ang, ang], dim=-1)
+        return (ang.cos() * self.attention_factor).to(dtype), (ang.sin() * self.attention_factor).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,18 +1,18 @@
 """DSparkDrafter: the DSpark semi-autoregressive block drafter, optionally with ReaDy state readers.
 
-Indexing (identical in training and drafting, docs/interfaces.md "Drafter"): the anchor `a` is
-the last committed token. The context is the target's features of tokens[:a]; they are
+Indexing (DSpark's, identical in training and drafting, docs/interfaces.md "Drafter"): the anchor
+`a` is the last committed token. The context is the target's features of tokens[:a]; they are
 concatenated over the captured layers, projected by `fc` and normalised, and every draft layer
-uses them as extra keys/values. The block input is token a followed by K-1 mask embeddings at
-positions a..a+K-1; its output j (1..K) predicts token a+j. A sequence head then conditions each
-position on the previous token. Embeddings and LM head are the target's (frozen, read through
-`.detach()`, never part of this module's parameters or state_dict). The reader, when enabled,
-reads the committed GDN states after token a-1.
+uses them as extra keys/values. A block is `block_size` = K+1 rows at positions a..a+K: token a,
+then K copies of the mask token (the target's embedding of `mask_token_id`); row j (1..K) predicts
+token a+j, the K = `proposals` tokens of a round. A Markov head then conditions each proposal on
+the previous token. Embeddings and LM head are the target's (frozen, read through `.detach()`,
+never part of this module's parameters or state_dict). The reader, when enabled, reads the
+committed GDN states after token a-1. Checkpoints: `ready.drafter.checkpoint` (the DSpark format).
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 import weakref
 from pathlib import Path
@@ -23,18 +23,13 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ready.artifacts import ArtifactError, atomic_dir, check_folder
 from ready.config import DrafterConfig, ReaderConfig
-from ready.drafter.heads import build_head
+from ready.drafter.heads import ConfidenceHead, build_head
 from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
-from ready.drafter.layers import DraftLayer, RMSNorm, rope_cos_sin
+from ready.drafter.layers import DraftLayer, RMSNorm, Rotary, rope_type
 from ready.reader import StateReader, StateSource
 from ready.target.layers import linear
 
-FORMAT = "ready-dspark-drafter/1"
-META_FILE = "drafter.json"
-WEIGHTS_FILE = "weights.safetensors"
-CHECKPOINT_FILES = {META_FILE, WEIGHTS_FILE, "DONE"}
 FINGERPRINT_FIELDS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
     "num_key_value_heads", "head_dim", "intermediate_size", "linear_num_value_heads",
@@ -90,6 +85,14 @@ def fingerprint_mismatch(saved: dict, current: dict) -> Optional[str]:
     return None
 
 
+def rotary_max_positions(drafter_cfg: dict, target_max: int) -> int:
+    """The drafter's max_position_embeddings: a yarn-scaled rotary's extended range, else the target's."""
+    scaling = drafter_cfg.get("rope_scaling") or {}
+    if rope_type(scaling) != "default" and scaling.get("original_max_position_embeddings") and scaling.get("factor"):
+        return int(scaling["original_max_position_embeddings"] * scaling["factor"])
+    return int(target_max)
+
+
 class DSparkDrafter(nn.Module):
     """Block drafter over target features; `propose` follows the engine's Drafter protocol."""
 
@@ -98,29 +101,48 @@ class DSparkDrafter(nn.Module):
         c = target.config
         self.drafter_cfg, self.reader_cfg = _as_dict(drafter_cfg), _as_dict(reader_cfg)
         d, r = self.drafter_cfg, self.reader_cfg
-        self.block_size = int(d["block_size"])
+        self.block_size = int(d["block_size"])  # tokens per block: the anchor + `proposals`
+        self.proposals = self.block_size - 1  # K: tokens proposed per round (the engine's Drafter protocol)
         self.vocab_size = int(c.vocab_size)
         self.hidden_size = D = int(c.hidden_size)
         self.num_layers = int(d["num_layers"])
-        if self.block_size < 1 or self.num_layers < 1:
+        if self.block_size < 2 or self.num_layers < 1:
             raise DrafterError(f"drafter.block_size = {self.block_size}, drafter.num_layers = {self.num_layers}; "
-                               "expected integers >= 1")
+                               "expected block_size >= 2 (the anchor + at least one proposal) and num_layers >= 1")
+        self.mask_token_id = int(d["mask_token_id"])
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise DrafterError(f"drafter.mask_token_id = {self.mask_token_id}; expected a token id of the target, "
+                               f"0..{self.vocab_size - 1}")
+        heads, kv_heads = int(d["num_attention_heads"]), int(d["num_key_value_heads"])
+        if heads < 1 or kv_heads < 1 or heads % kv_heads:
+            raise DrafterError(f"drafter.num_attention_heads = {heads}, drafter.num_key_value_heads = {kv_heads}; "
+                               "expected positive counts with the KV heads dividing the query heads")
         self.capture_layers = map_context_layers(d["context_layers"], int(c.num_hidden_layers),
                                                  space=d.get("layer_space", "paper"))
         self.context_window = int(d.get("context_window", 0) or 0)  # 0 = every committed token
         if self.context_window < 0:
             raise DrafterError(f"drafter.context_window = {self.context_window}; expected an integer >= 0 (0 = unlimited)")
-        self.head_dim, self.rope_theta = int(c.head_dim), float(c.rope_theta)
-        eps = float(c.rms_norm_eps)
+        self.head_dim = int(d["head_dim"])
+        self.max_position_embeddings = rotary_max_positions(d, int(c.max_position_embeddings))
+        try:
+            self.rotary = Rotary(self.head_dim, float(d["rope_theta"]), d.get("rope_scaling") or {},
+                                 self.max_position_embeddings)
+        except (KeyError, TypeError, ValueError) as e:
+            raise DrafterError(f"drafter.rope_scaling = {d.get('rope_scaling')!r}: {e}; expected Hugging Face "
+                               "rope_scaling fields (e.g. rope_type yarn, factor, original_max_position_embeddings)") from None
+        eps = float(d["rms_norm_eps"])
 
         self.fc = nn.Linear(len(self.capture_layers) * D, D, bias=False)
         self.hidden_norm = RMSNorm(D, eps)
-        self.mask_embed = nn.Parameter(torch.randn(D) * 0.02)  # input of draft positions 2..K
         self.layers = nn.ModuleList([
-            DraftLayer(D, int(c.intermediate_size), int(c.num_attention_heads), int(c.num_key_value_heads),
-                       self.head_dim, eps) for _ in range(self.num_layers)])
+            DraftLayer(D, int(d["intermediate_size"]), heads, kv_heads, self.head_dim, eps)
+            for _ in range(self.num_layers)])
         self.norm = RMSNorm(D, eps)
-        self.head = build_head(str(d["head"]), self.vocab_size, int(d["head_rank"]), D)
+        self.markov_head = build_head(str(d["head"]), self.vocab_size, int(d["head_rank"]), D)
+        self.confidence_head: Optional[ConfidenceHead] = None
+        if d.get("confidence_head"):
+            markov_in = self.markov_head.rank if d.get("confidence_with_markov", True) else 0
+            self.confidence_head = ConfidenceHead(D, markov_in)
 
         self.reader_enabled = bool(r["enabled"])
         self.state_layers: list[int] = []
@@ -137,6 +159,7 @@ class DSparkDrafter(nn.Module):
                     D, len(self.state_layers), int(c.linear_num_value_heads), int(c.linear_key_head_dim),
                     int(c.linear_value_head_dim), int(r["rank"]), int(r["mlp_hidden"]), float(r["eps"]))
         self._gdn_indices = [target.gdn_index(i) for i in self.state_layers]
+        self.target_num_layers = int(c.num_hidden_layers)
         # shared, frozen and unregistered: not moved, saved or trained with the drafter
         object.__setattr__(self, "_shared", (target.embed_tokens, target.lm_head))
         object.__setattr__(self, "_fingerprint", target_fingerprint(target))
@@ -177,13 +200,21 @@ class DSparkDrafter(nn.Module):
         return self.hidden_norm(self.fc(feats.flatten(2).to(self.fc.weight.dtype)))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(positions, self.head_dim, self.rope_theta, self.fc.weight.dtype)
+        return self.rotary(positions, self.fc.weight.dtype)
 
     def _block_input(self, first: torch.Tensor) -> torch.Tensor:
-        """Anchor tokens [...] -> block inputs [..., K, D]: the anchor's embedding, then mask embeddings."""
-        x0 = self._embed(first).unsqueeze(-2)
-        rest = self.mask_embed.to(x0.dtype).expand(*x0.shape[:-2], self.block_size - 1, self.hidden_size)
-        return torch.cat([x0, rest], dim=-2)
+        """Anchor tokens [...] -> block inputs [..., block_size, D]: the embeddings of the anchor and
+        of `proposals` mask tokens."""
+        masks = torch.full_like(first, self.mask_token_id).unsqueeze(-1).expand(*first.shape, self.proposals)
+        return self._embed(torch.cat([first.unsqueeze(-1), masks], dim=-1))
+
+    def confidence(self, hidden: torch.Tensor, prev: torch.Tensor) -> Optional[torch.Tensor]:
+        """DSpark's acceptance logits for proposals with hidden states [..., K, D] and previous tokens
+        [..., K]; None without a confidence head."""
+        if self.confidence_head is None:
+            return None
+        emb = self.markov_head.markov_w1(prev) if self.confidence_head.with_markov else None
+        return self.confidence_head(hidden, emb)
 
     def _hooks(self, layer: int, read) -> dict:
         if str(layer) not in self.readers:
@@ -205,7 +236,7 @@ class DSparkDrafter(nn.Module):
         positions < anchor); states [B, A, Ls, H, d_k, d_v] committed states after token anchor-1.
         """
         B, T = tokens.shape
-        A, K, D = anchors.shape[1], self.block_size, self.hidden_size
+        A, R, K, D = anchors.shape[1], self.block_size, self.proposals, self.hidden_size
         dev = tokens.device
         if hidden.shape[:2] != (B, T):
             raise DrafterError(f"hidden has shape {tuple(hidden.shape)}; expected [{B}, {T}, C, D] to match tokens")
@@ -217,25 +248,25 @@ class DSparkDrafter(nn.Module):
         cos_c, sin_c = self._rope(torch.arange(T, device=dev).expand(B, T))
         context_kv = [layer.self_attn.kv(ctx, cos_c, sin_c) for layer in self.layers]
 
-        offs = torch.arange(K, device=dev)
-        pos = (anchors.unsqueeze(-1) + offs).reshape(B, A * K)
+        pos = (anchors.unsqueeze(-1) + torch.arange(R, device=dev)).reshape(B, A * R)
         cos, sin = self._rope(pos)
         first = tokens.gather(1, anchors)  # [B, A]
-        x = self._block_input(first).reshape(B, A * K, D)
+        x = self._block_input(first).reshape(B, A * R, D)
         t_ids = torch.arange(T, device=dev).view(1, 1, T)
         sees_ctx = t_ids < anchors.unsqueeze(-1)  # [B, A, T]
         if self.context_window:  # only the last W committed tokens (as `draft` slices its context)
             sees_ctx &= t_ids >= anchors.unsqueeze(-1) - self.context_window
-        sees_ctx = sees_ctx.repeat_interleave(K, dim=1)  # [B, A*K, T]
-        blk = torch.arange(A * K, device=dev) // K
-        same_block = (blk.view(-1, 1) == blk.view(1, -1)).expand(B, A * K, A * K)
+        sees_ctx = sees_ctx.repeat_interleave(R, dim=1)  # [B, A*R, T]
+        blk = torch.arange(A * R, device=dev) // R
+        same_block = (blk.view(-1, 1) == blk.view(1, -1)).expand(B, A * R, A * R)
         mask = torch.cat([sees_ctx, same_block], dim=-1).unsqueeze(1)
 
-        h = self._backbone(x, cos, sin, context_kv, mask, read).view(B, A, K, D)
+        h = self._backbone(x, cos, sin, context_kv, mask, read).view(B, A, R, D)[:, :, 1:]  # the proposals' rows
         base = self._logits(h)
-        labels = tokens.gather(1, (anchors.unsqueeze(-1) + offs + 1).clamp(max=T - 1).view(B, A * K)).view(B, A, K)
+        labels = tokens.gather(1, (anchors.unsqueeze(-1) + torch.arange(1, K + 1, device=dev)).clamp(max=T - 1)
+                               .view(B, A * K)).view(B, A, K)
         prev = torch.cat([first.unsqueeze(-1), labels[..., :-1]], dim=-1)
-        return self.head.block_logits(base, prev, h)
+        return self.markov_head.block_logits(base, prev, h)
 
     def _training_reader(self, states: Optional[torch.Tensor], B: int, A: int):
         if not self.reader_enabled:
@@ -248,13 +279,13 @@ class DSparkDrafter(nn.Module):
             raise DrafterError(f"the reader is enabled, so forward_train needs committed states of shape {want} "
                                f"(state layers {self.state_layers}); got {got}")
         src = StateSource.from_training(states)
-        K, D = self.block_size, self.hidden_size
-        return lambda reader, h: reader(h.reshape(B * A, K, D), src).reshape(B, A * K, D)
+        R, D = self.block_size, self.hidden_size
+        return lambda reader, h: reader(h.reshape(B * A, R, D), src).reshape(B, A * R, D)
 
     # --- drafting ---------------------------------------------------------------------------
     # The context K/V of the committed features lives in static per-layer buffers (`_ctx`), filled
     # incrementally: only rows not projected before are projected. On CUDA the whole draft step
-    # (the last K+1 context rows re-projected in place, backbone over the whole buffer with a
+    # (the last K+1 = block_size context rows re-projected in place, backbone over the whole buffer with a
     # length mask, reader, sequence head) is one CUDA graph per target cache (`_DraftGraph`); it is
     # replayed only for the cache it was captured on, so a step that hands another cache (the
     # state placebo's donor) never replays a graph that reads the wrong states. `cuda_graphs`
@@ -340,7 +371,7 @@ class DSparkDrafter(nn.Module):
 
     @torch.no_grad()
     def propose(self, step: Any) -> torch.Tensor:
-        """Greedy draft of the next K tokens after the last committed one: LongTensor [B, K]."""
+        """Greedy draft of the next K = `proposals` tokens after the last committed one: LongTensor [B, K]."""
         return self.draft(step)[0]
 
     @torch.no_grad()
@@ -354,8 +385,8 @@ class DSparkDrafter(nn.Module):
                 uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The sequence head over the backbone's logits: greedy (mode None) or sampled (mode = (T, top_p))."""
         if mode is None:
-            return self.head.greedy(base, first, h)
-        return self.head.sample(base, first, h, mode[0], mode[1], uniforms)
+            return self.markov_head.greedy(base, first, h)
+        return self.markov_head.sample(base, first, h, mode[0], mode[1], uniforms)
 
     @torch.no_grad()
     def draft(self, step: Any, sampling: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,10 +401,10 @@ class DSparkDrafter(nn.Module):
                                "(features of every committed token but the last)")
         mode = None if sampling is None else (float(sampling.temperature), float(sampling.top_p))
         uniforms = None if sampling is None else sampling.uniforms
-        if uniforms is not None and tuple(uniforms.shape) != (B, self.block_size):
-            raise DrafterError(f"sampling uniforms of shape {tuple(uniforms.shape)}; expected ({B}, {self.block_size})")
+        if uniforms is not None and tuple(uniforms.shape) != (B, self.proposals):
+            raise DrafterError(f"sampling uniforms of shape {tuple(uniforms.shape)}; expected ({B}, {self.proposals})")
         graphs = dev.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
-        if graphs and feats is not None and T - 1 >= self.block_size + 1:
+        if graphs and feats is not None and T - 1 >= self.block_size:
             return self._draft_static(step, mode, uniforms)
         context_kv = self._context_kv(feats, B, dev)
         if self.context_window:  # the last W context positions, as forward_train masks them
@@ -384,7 +415,7 @@ class DSparkDrafter(nn.Module):
             read = lambda reader, h: reader(h, src)  # noqa: E731
         pos = (T - 1 + torch.arange(self.block_size, device=dev)).expand(B, -1)
         cos, sin = self._rope(pos)
-        h = self._backbone(self._block_input(tokens[:, -1]), cos, sin, context_kv, None, read)
+        h = self._backbone(self._block_input(tokens[:, -1]), cos, sin, context_kv, None, read)[:, 1:]
         return self._finish(self._logits(h), tokens[:, -1], h, mode, uniforms)
 
     # --- the static (CUDA-graph) draft step ----------------------------------------------------
@@ -395,7 +426,7 @@ class DSparkDrafter(nn.Module):
         (`mode` = (T, top_p)) has its own graph, with the uniforms as a static input."""
         tokens, feats, cache = step.tokens, step.features, step.cache
         B, T = tokens.shape
-        n, R = T - 1, self.block_size + 1
+        n, R = T - 1, self.block_size  # a round commits up to block_size new context rows
         room = max(n + R, int(getattr(cache, "max_len", 0) or 0))
         c = self._ensure_ctx(B, room, tokens.device)
         self._resume(c, feats, n)
@@ -425,7 +456,7 @@ class DSparkDrafter(nn.Module):
 
     def _static_body(self, g: "_DraftGraph") -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed-shape draft: inputs g.feats (the last R context rows), g.tok (anchor), g.n (context length)."""
-        c, K, (B, R) = self._ctx, self.block_size, g.feats.shape[:2]
+        c, Bk, (B, R) = self._ctx, self.block_size, g.feats.shape[:2]
         dev = g.feats.device
         rows = g.n - R + torch.arange(R, device=dev)
         ctx = self._context(g.feats)
@@ -438,109 +469,14 @@ class DSparkDrafter(nn.Module):
         sees = at < g.n
         if self.context_window:  # the last W context positions, as forward_train masks them
             sees = sees & (at >= g.n - self.context_window)
-        mask = torch.cat([sees, torch.ones(K, dtype=torch.bool, device=dev)]).expand(B, 1, K, c["cap"] + K)
+        mask = torch.cat([sees, torch.ones(Bk, dtype=torch.bool, device=dev)]).expand(B, 1, Bk, c["cap"] + Bk)
         read = None
         if self.reader_enabled:
             read = lambda reader, h: reader(h, g.src)  # noqa: E731
-        cos, sin = self._rope((g.n + torch.arange(K, device=dev)).expand(B, K))
+        cos, sin = self._rope((g.n + torch.arange(Bk, device=dev)).expand(B, Bk))
         context_kv = list(zip(c["k"], c["v"]))
-        h = self._backbone(self._block_input(g.tok), cos, sin, context_kv, mask, read)
+        h = self._backbone(self._block_input(g.tok), cos, sin, context_kv, mask, read)[:, 1:]
         return self._finish(self._logits(h), g.tok, h, g.mode, g.u)
-
-    # --- checkpoints ------------------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
-        """Write config, target fingerprint and weights into the folder `path` (atomically, as a whole)."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        if path.exists():
-            extra = sorted(p.name for p in path.iterdir() if p.name not in CHECKPOINT_FILES)
-            if extra:
-                raise DrafterError(f"{path}: not a drafter checkpoint folder (holds {extra[:5]}); save replaces the "
-                                   "whole folder, so expected a new or drafter-only folder")
-        meta = {"format": FORMAT, "drafter": self.drafter_cfg, "reader": self.reader_cfg,
-                "resolved": self.resolved(), "target": self._fingerprint}
-        state = self.state_dict()
-        if any("lora_" in k or ".base_layer." in k for k in state):
-            raise DrafterError("this drafter still carries LoRA adapters; merge them first (peft merge_and_unload) "
-                               "so the checkpoint holds plain drafter weights")
-        weights = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-        with atomic_dir(path) as tmp:
-            (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
-            save_file(weights, str(tmp / WEIGHTS_FILE))
-        return path
-
-
-def _read_meta(file: Path) -> dict:
-    """drafter.json as a dict with the keys load_drafter needs, or one DrafterError naming the file."""
-    try:
-        meta = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise DrafterError(f"{file}: not readable JSON ({str(e).splitlines()[0]}); expected the drafter "
-                           "config written by DSparkDrafter.save") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise DrafterError(f"{file}: checkpoint format {got!r}; expected {FORMAT!r}")
-    lacking = [k for k in ("target", "drafter", "reader") if not isinstance(meta.get(k), dict)]
-    if lacking:
-        raise DrafterError(f"{file}: no {lacking[0]!r} section; expected the drafter config written by DSparkDrafter.save")
-    return meta
-
-
-def _read_weights(file: Path) -> dict[str, torch.Tensor]:
-    """The saved tensors, or one DrafterError naming the file (unreadable, truncated, NaN/Inf)."""
-    from safetensors.torch import load_file
-
-    try:
-        state = load_file(str(file))
-    except Exception as e:  # SafetensorError (truncated, bad header), OSError
-        raise DrafterError(f"{file}: not a readable safetensors file ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}); expected the weights DSparkDrafter.save wrote") from None
-    for name, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise DrafterError(f"{file}: tensor {name} holds NaN or Inf values; expected finite weights")
-    return state
-
-
-def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictConfig | None = None) -> DSparkDrafter:
-    """The drafter saved in `path`, attached to `target` (which must be the one it was built for).
-
-    With `reader_cfg` the saved backbone is loaded under that reader configuration and the
-    readers start fresh (e.g. stage 1 of ReaDy on a base DSpark checkpoint). A checkpoint whose
-    files changed since `save` (its manifest), or that holds unreadable JSON or safetensors or
-    non-finite weights, is one DrafterError naming the file.
-    """
-    path = Path(path)
-    if not (path / META_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
-        raise DrafterError(f"{path}: no drafter checkpoint here; expected a folder written by DSparkDrafter.save "
-                           f"({META_FILE} + {WEIGHTS_FILE})")
-    try:
-        check_folder(path, "drafter checkpoint", patterns=("*.safetensors",))  # weights; JSON is parsed below
-    except ArtifactError as e:
-        raise DrafterError(str(e)) from None
-    meta = _read_meta(path / META_FILE)
-    why = fingerprint_mismatch(meta["target"], target_fingerprint(target))
-    if why:
-        raise DrafterError(f"{path}: this drafter was built for another target: {why}")
-    try:
-        dcfg = OmegaConf.merge(OmegaConf.structured(DrafterConfig), meta["drafter"])
-        rcfg = OmegaConf.merge(OmegaConf.structured(ReaderConfig), reader_cfg if reader_cfg is not None else meta["reader"])
-    except Exception as e:  # omegaconf raises several types; all mean the schema moved on
-        raise DrafterError(f"{path}: its drafter/reader config does not fit the current schema: "
-                           f"{str(e).splitlines()[0]}") from None
-    drafter = DSparkDrafter(dcfg, rcfg, target)
-    state = _read_weights(path / WEIGHTS_FILE)
-    if reader_cfg is not None:
-        state = {k: v for k, v in state.items() if not k.startswith("readers.")}
-        state.update({k: v for k, v in drafter.state_dict().items() if k.startswith("readers.")})
-    try:
-        missing, unexpected = drafter.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # a tensor of the wrong shape
-        raise DrafterError(f"{path}: weights do not fit the saved config: {str(e).splitlines()[-1].strip()}") from None
-    if missing or unexpected:
-        raise DrafterError(f"{path}: weights do not match the saved config (missing {missing[:3]}, unexpected "
-                           f"{unexpected[:3]}); a LoRA-wrapped drafter must be merged before saving")
-    return drafter.to(target.embed_tokens.weight.device)
 
 
 class _DraftGraph:
@@ -560,7 +496,7 @@ class _DraftGraph:
             self.feats = torch.zeros((B, R) + tuple(feats.shape[2:]), device=dev, dtype=feats.dtype)
             self.tok = torch.zeros(B, dtype=torch.long, device=dev)
             self.n = torch.full((), R, dtype=torch.long, device=dev)
-            self.u = torch.zeros(B, drafter.block_size, dtype=torch.float32, device=dev)
+            self.u = torch.zeros(B, drafter.proposals, dtype=torch.float32, device=dev)
         self.src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.out: Optional[tuple[torch.Tensor, torch.Tensor]] = None

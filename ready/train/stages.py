@@ -252,7 +252,7 @@ def load_checkpoint(path: Path, params, opt, sched, fingerprint: str) -> Optiona
 def evaluate_loss(drafter: nn.Module, target: nn.Module, data: RegenData, cfg: Any, num: int = 64,
                   anchors_per_sample: int = 8, seed: int = 0) -> float:
     """Loss of the drafter on the first `num` sequences of `data` with fixed anchors (no update)."""
-    K = int(drafter.block_size)
+    K = int(drafter.proposals)
     idx = torch.arange(min(num, len(data)))
     device = next(drafter.parameters()).device
     tokens = data.tokens[idx].to(device)
@@ -329,7 +329,7 @@ def train_stage(
     forward = _ddp(drafter, device) if dp.active else drafter.forward_train
     reduce = distributed.all_reduce_sum if dp.active else None
 
-    K = int(drafter.block_size)
+    K = int(drafter.proposals)
     trainable = [p for _, p in params]
     every = max(1, int(cfg.train.checkpoint_every))
     l1_weight, gamma = float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)
