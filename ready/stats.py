@@ -1,23 +1,29 @@
-"""Paired resampling statistics of decoding logs: intervals for τ, gains, state reliance, survival.
+"""Paired resampling statistics of decoding logs: τ, gains, state reliance, survival, with intervals,
+p-values and minimum detectable effects (docs: /work/shared/DESIGN.md, "How a table earns its numbers").
 
-The unit of evidence is a prompt (docs: /work/shared/DESIGN.md, "How a table earns its numbers").
-Rows of one sweep setting decode the same prompts, so a comparison of row A with row B pairs
-them prompt by prompt, and seed s of A with seed s of B. A quantity is a ratio of pooled sums
-(τ = Σ committed / Σ rounds over the prompts of a benchmark), so resampling works on per-prompt
-sums:
+- **Units.** The unit of evidence is a (seed, prompt) pair. Every seed of a row decodes the same prompts,
+  so seeds × prompts is a *crossed* design, and a comparison of row A with row B pairs A's (s, i) with
+  B's (s, i). Sampled runs (eval.temperature > 0) pool a prompt's samples into its unit, and two runs
+  pair only when every prompt has the same (sample, seed) set.
+- **Pooling.** One definition everywhere: a quantity is a ratio of sums over every unit of every suite
+  and seed it covers — τ = Σ committed / Σ rounds, TPS = Σ new tokens / Σ wall time, P_j = Σ hits_j /
+  Σ observed_j. `overall` pools every suite's prompts this way (not a mean of the suites' values);
+  `run_metrics` logs these pooled points to MLflow as `overall/tau|tps|survival_<j>`.
+- **Resampling (crossed, "pigeonhole" bootstrap).** Each resample draws seeds and prompts independently
+  with replacement (prompts within their suite) and weighs unit (s, i) by (times s drawn) × (times i
+  drawn). It draws S - 1 of S seeds: the (n - 1)-bootstrap, whose variance of a seed mean is the
+  unbiased one (drawing S would shrink the seed level by (S - 1)/S, a third with 3 seeds). Every
+  statistic is a function of ratios of sums, so the weights' scale does not matter.
+- **Intervals.** value ± t(df) × SE: SE is the resamples' standard deviation; df is Satterthwaite's over
+  the seed and prompt mean squares of the statistic's linearised unit values (a two-way crossed ANOVA).
+  With few seeds and a large seed variance df falls towards S - 1 (2 with 3 seeds: t = 4.30, not 1.96);
+  with one seed the interval is conditional on that seed. The same (SE, df) give the p-value, the
+  minimum detectable effect at 80 % power and the two one-sided tests of equivalence.
+- **Thin comparisons.** A paired comparison in which fewer than MIN_DISCORDANT units differ between the
+  two rows has no usable interval (its resamples are a few atoms); `Interval.thin` says so and
+  `Interval.sign_p` is the sign test on those units.
 
-- one seed: bootstrap the prompts with replacement (the same draw for A and B);
-- several seeds: hierarchical bootstrap — draw seeds with replacement, then prompts within each
-  drawn seed, and pool everything drawn;
-- `overall` is the unweighted mean over benchmarks of the per-benchmark value (as in
-  `ready.metrics.overall`); its resampling draws prompts within each benchmark (stratified).
-- sampled runs (eval.temperature > 0) decode each prompt several times, sample s of prompt i with
-  the same seed in every row; a prompt's samples are pooled into its unit (the prompt stays the unit
-  resampled), and two runs pair only when every prompt has the same (sample, seed) set in both, so
-  (prompt, sample) of A meets (prompt, sample) of B.
-
-Point estimates are computed on the full data; intervals are 95 % percentile intervals of
-N_RESAMPLES resamples from a fixed seed, so a table rebuilt from the same runs reads the same.
+Point estimates use all the data; the resampling seed is fixed, so the same runs give the same numbers.
 """
 
 from __future__ import annotations
@@ -28,11 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
+from scipy import stats as sps
 
-N_RESAMPLES = 4000  # >= 2,000 (DESIGN.md); 4,000 keeps the 2.5 % tail at 100 resamples
+N_RESAMPLES = 4000  # >= 2,000 (DESIGN.md)
 SEED = 0  # resampling seed: the same runs always give the same interval
 LEVEL = 0.95
-OVERALL = "overall"  # mean over benchmarks, resampled within each benchmark
+ALPHA = 1 - LEVEL  # two-sided level of every test and mark
+POWER = 0.80  # the power at which a minimum detectable effect is quoted
+MIN_DISCORDANT = 10  # fewer differing units: no interval, a count and a sign test (a sign test needs >= 6 to reach p < 0.05)
+OVERALL = "overall"  # every suite's prompts pooled (ratio of sums), resampled within each suite
 HELDOUT_TF = "heldout_tf"  # teacher-forced acceptance on held-out regenerated sequences
 
 
@@ -84,11 +94,23 @@ class RunTallies:
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate (on the full data) and its 95 % percentile interval."""
+    """A point estimate (on the full data) and its 95 % interval, with what it rests on.
+
+    `se` and `df` give the interval (value ± t(df) × se), its p-value, its minimum detectable effect
+    and its equivalence test; without `se` (an interval typed in by hand) the width stands for it.
+    `discordant` and `ahead` are set for paired comparisons only.
+    """
 
     value: float
     lo: float
     hi: float
+    se: Optional[float] = None  # standard error (crossed bootstrap)
+    df: float = math.inf  # t degrees of freedom (Satterthwaite, seeds and prompts)
+    seeds: int = 0
+    units: int = 0  # seed × prompt units behind the estimate
+    discordant: Optional[int] = None  # paired: units on which the two rows decoded differently
+    ahead: int = 0  # paired: of those, units on which the first row is ahead
+    seed_share: Optional[float] = None  # share of the estimate's variance that sits at the seed level
 
     @property
     def excludes_zero(self) -> bool:
@@ -98,6 +120,60 @@ class Interval:
     def clears(self, other: "Interval") -> bool:
         """True when this interval lies wholly above `other` (lower bound > other's upper bound)."""
         return self.lo > other.hi
+
+    @property
+    def std_error(self) -> float:
+        if self.se is not None:
+            return self.se
+        return (self.hi - self.lo) / (2 * t_quantile(1 - ALPHA / 2, self.df))
+
+    @property
+    def thin(self) -> bool:
+        """A paired comparison resting on fewer than MIN_DISCORDANT differing units: no interval to read."""
+        return self.discordant is not None and self.discordant < MIN_DISCORDANT
+
+    @property
+    def p_value(self) -> float:
+        """Two-sided p of "no difference" (t with `df`); the sign test's for a thin comparison."""
+        if self.thin:
+            return self.sign_p
+        se = self.std_error
+        if se <= 0:
+            return 1.0 if self.value == 0 else 0.0
+        return float(2 * sps.t.sf(abs(self.value) / se, self.df))
+
+    @property
+    def sign_p(self) -> float:
+        """Two-sided sign test on the discordant units (1.0 when none differ)."""
+        n = self.discordant or 0
+        return float(sps.binomtest(self.ahead, n).pvalue) if n else 1.0
+
+    def mde(self, power: float = POWER) -> float:
+        """Smallest true effect this design detects with probability `power` (two-sided, level ALPHA):
+        (t_{1-α/2} + t_power) × se, in the estimate's units."""
+        return (t_quantile(1 - ALPHA / 2, self.df) + t_quantile(power, self.df)) * self.std_error
+
+    def tost_p(self, margin: float) -> float:
+        """p of the two one-sided tests that the true value lies inside (-margin, +margin) (equivalence)."""
+        se = self.std_error
+        if se <= 0:
+            return 0.0 if abs(self.value) < margin else 1.0
+        return float(max(sps.t.sf((self.value + margin) / se, self.df), sps.t.sf((margin - self.value) / se, self.df)))
+
+
+def t_quantile(q: float, df: float) -> float:
+    """Student-t quantile; the normal one for df = inf."""
+    return float(sps.norm.ppf(q) if not math.isfinite(df) else sps.t.ppf(q, df))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error over the family, in the input order)."""
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p)
+    adj = np.minimum(1.0, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))
+    out = np.empty_like(p)
+    out[order] = adj
+    return out.tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,70 +291,112 @@ def tallies(evaluation: Mapping[str, Any]) -> RunTallies:
 
 
 # ---------------------------------------------------------------------------------------------
-# Resampling
+# The crossed design: a (seed, unit) table, its resampling, its intervals
 
 
-def _counts(rng: np.random.Generator, m: int, n: int) -> np.ndarray:
-    """[m, n]: how often each of n units is drawn in each of m bootstrap samples of size n."""
-    idx = rng.integers(0, n, size=(m, n)) + n * np.arange(m)[:, None]
-    return np.bincount(idx.ravel(), minlength=m * n).reshape(m, n)
+@dataclass(frozen=True)
+class Design:
+    """`x[s, u]`: unit u's column sums in seed s (unit u is the same prompt in every seed); units are
+    grouped by suite, `strata[u]` the suite's number (prompts are resampled within their suite)."""
+
+    x: np.ndarray  # [S, U, Q]
+    strata: np.ndarray  # [U]
+
+    @property
+    def totals(self) -> np.ndarray:
+        return self.x.sum((0, 1))
 
 
-def resampled_sums(data: Sequence[Sequence[np.ndarray]], n_resamples: int = N_RESAMPLES,
-                   seed: int = SEED) -> np.ndarray:
-    """[R, B, Q] pooled column sums of hierarchical bootstrap samples.
+def pooled(sums: np.ndarray, num: int = 0, den: int = 1) -> np.ndarray:
+    """The one pooling of every quantity here: Σ num / Σ den over the units (columns of [..., Q] sums);
+    NaN where the denominator is 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = sums[..., den]
+        return np.where(d > 0, sums[..., num] / np.where(d > 0, d, 1), np.nan)
 
-    `data[s][b]` is the [units, Q] table of seed s on stratum b. Each sample draws len(data)
-    seeds with replacement, then, for every drawn seed and stratum, that stratum's units with
-    replacement; the drawn rows are summed per stratum. With one seed this is the plain paired
-    bootstrap of units (every column of a row moves together, so A and B stay paired).
-    """
+
+def resampled_totals(d: Design, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """[R, Q] column totals of crossed ("pigeonhole") bootstrap samples: S - 1 of the S seeds and every
+    suite's P_b prompts drawn with replacement, independently; unit (s, u) weighed by (draws of s) ×
+    (draws of u). One seed is always drawn whole (the interval is then conditional on it)."""
     rng = np.random.default_rng(seed)
-    n_seeds, n_strata, q = len(data), len(data[0]), data[0][0].shape[1]
-    out = np.zeros((n_resamples, n_strata, q))
-    for _slot in range(n_seeds):
-        chosen = rng.integers(0, n_seeds, size=n_resamples)
+    n_seeds, _, q = d.x.shape
+    w = rng.multinomial(max(n_seeds - 1, 1), np.full(n_seeds, 1 / n_seeds), size=n_resamples)  # [R, S]
+    out = np.zeros((n_resamples, q))
+    for b in np.unique(d.strata):
+        cols = np.flatnonzero(d.strata == b)
+        v = rng.multinomial(cols.size, np.full(cols.size, 1 / cols.size), size=n_resamples)  # [R, P_b]
         for s in range(n_seeds):
-            rows = np.flatnonzero(chosen == s)
-            if rows.size == 0:
-                continue
-            for b in range(n_strata):
-                x = data[s][b]
-                if x.shape[0]:
-                    out[rows, b] += _counts(rng, rows.size, x.shape[0]) @ x
+            out += w[:, s, None] * (v @ d.x[s, cols])
     return out
 
 
-def bootstrap(data: Sequence[Sequence[np.ndarray]], statistic: Callable[[np.ndarray], np.ndarray],
-              n_resamples: int = N_RESAMPLES, seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(point, lo, hi) of `statistic` (sums [..., B, Q] -> [..., *shape]) under `resampled_sums`."""
-    full = np.sum([[x.sum(0) for x in per_seed] for per_seed in data], axis=0)  # [B, Q]
-    point = statistic(full[None])[0]
-    res = statistic(resampled_sums(data, n_resamples, seed))
-    alpha = (1 - LEVEL) / 2
+def influence(d: Design, statistic: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """[S, U, O] each unit's linearised contribution to the statistic (its gradient at the totals, by
+    central differences, times the unit's columns)."""
+    t = d.totals.astype(float)
+    f = lambda x: np.atleast_1d(statistic(x)).astype(float)  # noqa: E731
+    jac = np.zeros((f(t).size, t.size))
+    for q in range(t.size):
+        h = 1e-6 * max(abs(t[q]), 1.0)
+        up, down = t.copy(), t.copy()
+        up[q] += h
+        down[q] -= h
+        jac[:, q] = (f(up) - f(down)) / (2 * h)
+    return d.x @ np.nan_to_num(jac).T
+
+
+def satterthwaite(z: np.ndarray, strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(df, seed share) per output of unit values z [S, U, O] of a crossed seeds × prompts design.
+
+    Two-way ANOVA without replication: MS_seed (S - 1 df) and MS_prompt (prompts centred within their
+    suite, U - B df). The variance of the mean is at most (MS_seed + MS_prompt) / (S U); Satterthwaite's
+    df of that sum lies between min(S - 1, U - B) and their sum, near S - 1 when the seed level dominates.
+    The seed share is MS_seed / (MS_seed + MS_prompt)."""
+    n_seeds, n_units, n_out = z.shape
+    prompt = z.mean(0)
+    for b in np.unique(strata):
+        prompt[strata == b] -= prompt[strata == b].mean(0)
+    df_p, df_s = n_units - np.unique(strata).size, n_seeds - 1
+    ms_p = n_seeds * (prompt ** 2).sum(0) / df_p if df_p > 0 else np.zeros(n_out)
+    ms_s = n_units * ((z.mean(1) - z.mean((0, 1))) ** 2).sum(0) / df_s if df_s > 0 else np.zeros(n_out)
+    total = ms_s + ms_p
+    denom = (ms_s ** 2 / df_s if df_s > 0 else 0.0) + (ms_p ** 2 / df_p if df_p > 0 else 0.0)
+    df = np.where(denom > 0, total ** 2 / np.where(denom > 0, denom, 1.0), math.inf)
+    share = np.where(total > 0, ms_s / np.where(total > 0, total, 1.0), 0.0)
+    return df, share
+
+
+def discordance(d: Design) -> tuple[int, int]:
+    """(units where the rows differ, of those the units where the first row's ratio is higher) of a
+    paired design with columns [num_A, den_A, num_B, den_B]."""
+    a, b = d.x[..., :2], d.x[..., 2:4]
+    differ = np.any(a != b, axis=-1)
+    ahead = differ & (a[..., 0] * b[..., 1] > b[..., 0] * a[..., 1])
+    return int(differ.sum()), int(ahead.sum())
+
+
+def estimate(d: Design, statistic: Callable[[np.ndarray], np.ndarray], paired: bool = False,
+             n_resamples: int = N_RESAMPLES, seed: int = SEED) -> list[Optional[Interval]]:
+    """One Interval per output of `statistic` (totals [..., Q] -> [...] or [..., O]): the point on all
+    the data, SE from the crossed bootstrap, value ± t(df) × SE with Satterthwaite's df. None where the
+    point is not finite (a survival position no round observed)."""
+    point = np.atleast_1d(statistic(d.totals)).astype(float)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a position no resample observed stays NaN
-        lo, hi = np.nanpercentile(res, [100 * alpha, 100 * (1 - alpha)], axis=0)
-    return np.asarray(point), np.asarray(lo), np.asarray(hi)
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
-
-
-def _mean_strata(x: np.ndarray) -> np.ndarray:
-    """Mean over the stratum axis (-1 for [..., B], -2 for [..., B, K]) skipping missing values."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(x, axis=-1)
-
-
-def _as_interval(point: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Optional[Interval]:
-    p, a, b = float(point), float(lo), float(hi)
-    if not (math.isfinite(p) and math.isfinite(a) and math.isfinite(b)):
-        return None
-    return Interval(p, a, b)
+        warnings.simplefilter("ignore", RuntimeWarning)  # a resample that observed nothing at j: NaN
+        res = np.asarray(statistic(resampled_totals(d, n_resamples, seed))).reshape(n_resamples, -1)
+        se = np.nanstd(res, axis=0, ddof=1)
+    df, share = satterthwaite(influence(d, statistic), d.strata)
+    discordant, ahead = discordance(d) if paired else (None, 0)
+    out: list[Optional[Interval]] = []
+    for o, p in enumerate(point):
+        if not (math.isfinite(p) and math.isfinite(se[o])):
+            out.append(None)
+            continue
+        half = t_quantile(1 - ALPHA / 2, float(df[o])) * float(se[o])
+        out.append(Interval(float(p), float(p - half), float(p + half), float(se[o]), float(df[o]),
+                            d.x.shape[0], d.x.shape[0] * d.x.shape[1], discordant, ahead, float(share[o])))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,15 +412,15 @@ def _strata(run: RunTallies, key: str, swapped: bool = False) -> dict[str, Talli
     return {key: source[key]} if key in source else {}
 
 
-def _aligned(a: Tallies, b: Tallies, where: str) -> Tallies:
-    """`b` reordered to `a`'s units; StatsError when the two runs did not decode the same units (prompts,
+def _aligned(a: Tallies, b: Tallies, where: str, whose: str = "both rows (runs of one sweep setting)") -> Tallies:
+    """`b` reordered to `a`'s units; StatsError when the two did not decode the same units (prompts,
     and for sampled runs the same (sample, seed) set of every prompt)."""
     if a.size == b.size and np.array_equal(a.index, b.index):
         out = b
     else:
         if a.size != b.size or set(a.index.tolist()) != set(b.index.tolist()):
             raise StatsError(f"{where}: the runs decoded different prompts ({a.size} vs {b.size}); expected the "
-                             "same prompts in both rows (runs of one sweep setting)")
+                             f"same prompts in {whose}")
         pos = {int(i): k for k, i in enumerate(b.index)}
         order = np.asarray([pos[int(i)] for i in a.index])
         out = Tallies(a.index, b.committed[order], b.rounds[order], b.hits[order], b.observed[order],
@@ -335,23 +453,41 @@ def _names(runs: Sequence[RunTallies], key: str, swapped: bool = False) -> Optio
     return sorted(sets[0])
 
 
-def _paired_data(a: Sequence[RunTallies], b: Sequence[RunTallies], key: str, what: str,
-                 b_swapped: bool = False) -> Optional[list[list[np.ndarray]]]:
-    if len(a) != len(b):
+def design(a: Sequence[RunTallies], key: str, what: str = "tau", b: Optional[Sequence[RunTallies]] = None,
+           b_swapped: bool = False, k: int = 0) -> Optional[Design]:
+    """The crossed table of `key` (a benchmark, OVERALL or HELDOUT_TF): row A's units per seed, and with
+    `b` (seed s of B beside seed s of A) B's columns after A's; every seed's units in seed 0's order.
+    None when a run lacks the key; StatsError when seeds or rows decoded different prompts."""
+    if b is not None and len(a) != len(b):
         raise StatsError(f"{key}: {len(a)} runs of one row against {len(b)} of the other; expected one pair per seed")
     names = _names(a, key)
-    if names is None or _names(b, key, b_swapped) != names:
+    if names is None or (b is not None and _names(b, key, b_swapped) != names):
         return None
-    data = []
-    for s, (ra, rb) in enumerate(zip(a, b)):
-        sa, sb = _strata(ra, key), _strata(rb, key, b_swapped)
-        data.append([np.concatenate([_columns(sa[n], what), _columns(_aligned(sa[n], sb[n], f"{n} (pair {s})"), what)],
-                                    axis=1) for n in names])
-    return data
+    first = _strata(a[0], key)
+    seeds = []
+    for s, ra in enumerate(a):
+        blocks = []
+        for n in names:
+            cols = _columns(_aligned(first[n], _strata(ra, key)[n], f"{n} (seed {s})", "every seed of a row"), what, k)
+            if b is not None:
+                tb = _aligned(first[n], _strata(b[s], key, b_swapped)[n], f"{n} (pair {s})")
+                cols = np.concatenate([cols, _columns(tb, what, k)], axis=1)
+            blocks.append(cols)
+        seeds.append(np.concatenate(blocks))
+    strata = np.concatenate([np.full(first[n].size, i) for i, n in enumerate(names)])
+    return Design(np.stack(seeds).astype(float), strata)
 
 
-def _tau_of(sums: np.ndarray, c: int = 0, n: int = 1) -> np.ndarray:
-    return _mean_strata(_ratio(sums[..., c], sums[..., n]))
+def _one(d: Optional[Design], statistic: Callable[[np.ndarray], np.ndarray], paired: bool = False) -> Optional[Interval]:
+    return None if d is None else estimate(d, statistic, paired)[0]
+
+
+def _gain(t: np.ndarray) -> np.ndarray:
+    return 100.0 * (pooled(t, 0, 1) / pooled(t, 2, 3) - 1.0)
+
+
+def _difference(t: np.ndarray) -> np.ndarray:
+    return pooled(t, 0, 1) - pooled(t, 2, 3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,72 +495,53 @@ def _tau_of(sums: np.ndarray, c: int = 0, n: int = 1) -> np.ndarray:
 
 
 def tau(runs: Sequence[RunTallies], key: str) -> Optional[Interval]:
-    """A row's own τ (pooled over prompts and seeds) on `key` (benchmark, OVERALL or HELDOUT_TF)."""
-    names = _names(runs, key)
-    if names is None:
-        return None
-    data = [[_columns(_strata(r, key)[n], "tau") for n in names] for r in runs]
-    return _as_interval(*bootstrap(data, _tau_of))
+    """A row's own τ, pooled over its prompts (every suite's, for OVERALL) and seeds."""
+    return _one(design(runs, key, "tau"), pooled)
+
+
+def tps(runs: Sequence[RunTallies], key: str) -> Optional[Interval]:
+    """A row's TPS, Σ new tokens / Σ wall time over its prompts and seeds."""
+    return None if key == HELDOUT_TF else _one(design(runs, key, "tps"), pooled)
 
 
 def gain_pct(a: Sequence[RunTallies], b: Sequence[RunTallies], key: str, metric: str = "tau") -> Optional[Interval]:
     """Paired gain of row A over row B in percent, 100 (τ_A / τ_B - 1) (metric "tps": TPS ratio)."""
-    data = _paired_data(a, b, key, "tps" if metric == "tps" else "tau")
-    if data is None:
-        return None
-    return _as_interval(*bootstrap(data, lambda s: 100.0 * (_tau_of(s, 0, 1) / _tau_of(s, 2, 3) - 1.0)))
+    return _one(design(a, key, "tps" if metric == "tps" else "tau", b), _gain, paired=True)
 
 
 def difference(a: Sequence[RunTallies], b: Sequence[RunTallies], key: str) -> Optional[Interval]:
     """Paired difference of τ, τ_A - τ_B."""
-    data = _paired_data(a, b, key, "tau")
-    if data is None:
-        return None
-    return _as_interval(*bootstrap(data, lambda s: _tau_of(s, 0, 1) - _tau_of(s, 2, 3)))
+    return _one(design(a, key, "tau", b), _difference, paired=True)
 
 
 def state_reliance(runs: Sequence[RunTallies], key: str) -> Optional[Interval]:
     """τ with the run's own states minus τ with another prompt's states (the `state_swap` decode)."""
     if key == HELDOUT_TF:
         return None
-    data = _paired_data(runs, runs, key, "tau", b_swapped=True)
-    if data is None:
-        return None
-    return _as_interval(*bootstrap(data, lambda s: _tau_of(s, 0, 1) - _tau_of(s, 2, 3)))
+    return _one(design(runs, key, "tau", runs, b_swapped=True), _difference, paired=True)
 
 
 def speedup(runs: Sequence[RunTallies], key: str) -> Optional[Interval]:
-    """TPS over AR's TPS on the same prompts, paired prompt by prompt: mean over benchmarks of the
-    row's TPS over the mean of AR's (as `ready.metrics.overall`). The AR timing is each prompt's
-    `ar_wall_s`: on CUDA, AR decoded interleaved with the row in the same process (ABAB)."""
-    names = _names(runs, key)
-    if names is None or key == HELDOUT_TF:
-        return None
-    tables = [[_columns(_strata(r, key)[n], "speedup") for n in names] for r in runs]
-    if any(not (t[:, 3] > 0).all() for per in tables for t in per):
+    """TPS over AR's TPS on the same prompts, paired prompt by prompt (each prompt's `ar_wall_s`: on CUDA,
+    AR decoded interleaved with the row in the same process, ABAB); pooled: Σ AR wall / Σ row wall."""
+    d = None if key == HELDOUT_TF else design(runs, key, "speedup")
+    if d is None or not (d.x[..., 3] > 0).all():
         return None  # some prompt has no AR timing: no paired speedup
-    return _as_interval(*bootstrap(tables, lambda x: _mean_strata(_ratio(x[..., 0], x[..., 1]))
-                                   / _mean_strata(_ratio(x[..., 2], x[..., 3]))))
+    return _one(d, lambda x: pooled(x, 0, 1) / pooled(x, 2, 3))
 
 
 def survival(runs: Sequence[RunTallies], key: str) -> list[Optional[Interval]]:
-    """Prefix survival P_j with its band for j = 1..K (None where no round observed j)."""
+    """Prefix survival P_j = Σ hits_j / Σ observed_j with its band, j = 1..K (None where no round observed j)."""
     names = _names(runs, key)
     if names is None or key == HELDOUT_TF:
         return []
     k = max(_strata(r, key)[n].hits.shape[1] for r in runs for n in names)
-    if k == 0:
+    d = design(runs, key, "survival", k=k) if k else None
+    if d is None:
         return []
-    data = [[_columns(_strata(r, key)[n], "survival", k) for n in names] for r in runs]
-
-    def stat(s: np.ndarray) -> np.ndarray:  # [..., B, 2K] -> [..., K]
-        p = _ratio(s[..., :k], s[..., k:])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return np.nanmean(p, axis=-2)
-
-    point, lo, hi = bootstrap(data, stat)
-    return [_as_interval(point[j], lo[j], hi[j]) for j in range(k)]
+    bands = estimate(d, lambda s: pooled(np.stack([s[..., :k], s[..., k:]], axis=-1)))
+    return [None if iv is None else Interval(iv.value, max(iv.lo, 0.0), min(iv.hi, 1.0), iv.se, iv.df, iv.seeds,
+                                             iv.units, seed_share=iv.seed_share) for iv in bands]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,22 +557,28 @@ def run_metrics(evaluation: Mapping[str, Any]) -> dict[str, float]:
 
     `<b>/tau_lo|_hi`, `<b>/survival_<j>_lo|_hi`, `<b>/state_reliance[_lo|_hi]` (with a state_swap
     decode), `<b>/speedup_lo|_hi` (drafting rows, paired with the AR timing of each prompt) for
-    every benchmark b and `overall`; `heldout_tf/tau[_lo|_hi]` (teacher-forced).
-    An evaluation without per-prompt records gives no metrics.
+    every benchmark b and `overall`; `heldout_tf/tau[_lo|_hi]` (teacher-forced). `overall/tau`,
+    `overall/tps` and `overall/survival_<j>` are the pooled points (ratio of sums over every suite's
+    prompts), which replace `ready.metrics.overall`'s means over suites in MLflow. One run: every
+    interval is conditional on its seed. An evaluation without per-prompt records gives no metrics.
     """
     run = tallies(evaluation)
     out: dict[str, float] = {}
 
-    def put(name: str, iv: Optional[Interval], point: bool = False) -> None:
+    def put(name: str, iv: Optional[Interval], point: bool = False, ends: bool = True) -> None:
         if iv is not None:
             if point:
                 out[name] = iv.value
-            out[f"{name}_lo"], out[f"{name}_hi"] = iv.lo, iv.hi
+            if ends:
+                out[f"{name}_lo"], out[f"{name}_hi"] = iv.lo, iv.hi
 
     for key in _keys(run):
-        put(f"{key}/tau", tau([run], key))
+        pool = key == OVERALL
+        put(f"{key}/tau", tau([run], key), point=pool)
         for j, iv in enumerate(survival([run], key), start=1):
-            put(f"{key}/survival_{j}", iv)
+            put(f"{key}/survival_{j}", iv, point=pool)
+        if pool:
+            put(f"{key}/tps", tps([run], key), point=True, ends=False)
         put(f"{key}/state_reliance", state_reliance([run], key), point=True)
         if evaluation.get("method") not in (None, "ar"):
             put(f"{key}/speedup", speedup([run], key))
@@ -473,7 +596,7 @@ def relative_metrics(evaluation: Mapping[str, Any], reference_evaluation: Mappin
     """Paired τ gains of a run over a reference run of the same seed, with their intervals.
 
     `name` "" (DSpark) gives `<b>/tau_gain_pct[_lo|_hi]`; "ft" gives `<b>/tau_gain_vs_ft_pct[...]`,
-    "placebo" `<b>/tau_gain_vs_placebo_pct[...]`; for every shared benchmark b, `overall` (when
+    "placebo" `<b>/tau_gain_vs_placebo_pct[...]`; for every shared benchmark b, `overall` (pooled, when
     both ran the same benchmarks) and `heldout_tf` (teacher-forced, resampling sequences).
     """
     a, b = tallies(evaluation), tallies(reference_evaluation)

@@ -93,3 +93,29 @@ def metrics_of(ev: dict) -> dict[str, float]:
     for m in [*per_bench, overall(per_bench)]:
         out.update(m.mlflow_metrics())
     return out
+
+
+def crossed_pair(n_seeds: int, n_prompts: int, n_rounds: int, *, gain: float = 0.0, sd_seed: float = 0.0,
+                 sd_prompt: float = 0.0, sd_unit: float = 0.0, seed: int = 0,
+                 effects: Optional[dict] = None) -> tuple[list[dict], list[dict]]:
+    """(reference evaluations, row evaluations), one per seed, on one benchmark "b", built so that the row's
+    τ on unit (seed s, prompt i) is the reference's × (1 + gain + a_s + b_i + e_si), with a_s ~ N(0, sd_seed),
+    b_i ~ N(0, sd_prompt), e_si ~ N(0, sd_unit): a crossed design with known variance components (relative
+    gains, not percent). Both rows run the same rounds on a unit; `effects` (a dict) receives a, b and e."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(0, sd_seed, n_seeds)
+    b = rng.normal(0, sd_prompt, n_prompts)
+    e = rng.normal(0, sd_unit, (n_seeds, n_prompts))
+    if effects is not None:
+        effects.update(a=a, b=b, e=e)
+    refs, rows = [], []
+    for s in range(n_seeds):
+        ref = [draw_rounds(rng, p, n_rounds) for p in difficulty(n_prompts)]
+        row = []
+        for i, r in enumerate(ref):
+            mine = list(r)
+            shift_to_tau([mine], round(sum(x + 1 for x in r) * (1 + gain + a[s] + b[i] + e[s, i])), rng)
+            row.append(mine)
+        refs.append(evaluation("dspark", {"b": ref}))
+        rows.append(evaluation("ready", {"b": row}))
+    return refs, rows

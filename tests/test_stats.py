@@ -41,7 +41,9 @@ def test_one_seed_gain_interval_matches_scipy_paired_bootstrap():
     assert ours.hi == pytest.approx(theirs.confidence_interval.high, abs=0.1 * width)
 
 
-def test_hierarchical_interval_matches_a_plain_loop_over_seeds_then_prompts():
+def test_crossed_bootstrap_matches_a_plain_loop_over_seeds_and_prompts():
+    """Each resample draws S - 1 of S seeds and each suite's prompts with replacement, independently, and
+    weighs unit (s, i) by the product of their draws; the interval is value ± t(df) × SE."""
     seeds = [(_row(10 + s), _row(20 + s)) for s in range(3)]
     refs = [r for (_, r), _ in seeds]
     rows = [r for _, (_, r) in seeds]
@@ -51,25 +53,75 @@ def test_hierarchical_interval_matches_a_plain_loop_over_seeds_then_prompts():
     benches = ("gsm8k", "humaneval")
     draws = []
     for _ in range(2000):
-        pooled = {b: np.zeros(4) for b in benches}
-        for _slot in range(3):
+        tot = np.zeros(4)
+        for _slot in range(2):  # S - 1 seeds
             s = rng.integers(3)
             for b in benches:
-                idx = rng.integers(0, 10, size=10)
+                idx = rng.integers(0, 10, size=10)  # the same prompts, whichever seed
                 ca, na = _sums(rows[s], b)
                 cb, nb = _sums(refs[s], b)
-                pooled[b] += [ca[idx].sum(), na[idx].sum(), cb[idx].sum(), nb[idx].sum()]
-        tau_a = np.mean([p[0] / p[1] for p in pooled.values()])
-        tau_b = np.mean([p[2] / p[3] for p in pooled.values()])
-        draws.append(100 * (tau_a / tau_b - 1))
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    width = hi - lo
-    assert ours.lo == pytest.approx(lo, abs=0.12 * width) and ours.hi == pytest.approx(hi, abs=0.12 * width)
-    # the point estimate pools every seed's prompts: mean over benchmarks of Σc / Σn
-    full = [[sum(_sums(r, b)[i].sum() for r in rs) for i in (0, 1)] for rs in (rows, refs) for b in benches]
-    tau_a = np.mean([c / n for c, n in full[:2]])
-    tau_b = np.mean([c / n for c, n in full[2:]])
-    assert ours.value == pytest.approx(100 * (tau_a / tau_b - 1))
+                tot += [ca[idx].sum(), na[idx].sum(), cb[idx].sum(), nb[idx].sum()]
+        draws.append(100 * (tot[0] / tot[1] / (tot[2] / tot[3]) - 1))
+    assert ours.se == pytest.approx(np.std(draws, ddof=1), rel=0.08)
+    assert ours.seeds == 3 and ours.units == 3 * 20
+    t = scipy_t_quantile(ours.df)
+    assert (ours.lo, ours.hi) == pytest.approx((ours.value - t * ours.se, ours.value + t * ours.se))
+    # the point pools every suite's prompts of every seed: one ratio of sums, not a mean over suites
+    tot = [sum(_sums(r, b)[i].sum() for r in rs for b in benches) for rs in (rows, refs) for i in (0, 1)]
+    assert ours.value == pytest.approx(100 * (tot[0] / tot[1] / (tot[2] / tot[3]) - 1))
+
+
+def scipy_t_quantile(df):
+    return pytest.importorskip("scipy.stats").t.ppf(0.975, df)
+
+
+def _crossed(effects=None, **kw):
+    from evaluation_logs import crossed_pair
+
+    refs, rows = crossed_pair(**kw, effects=effects)
+    return stats.gain_pct([stats.tallies(e) for e in rows], [stats.tallies(e) for e in refs], "b")
+
+
+def test_the_standard_error_matches_the_known_variance_components():
+    """Hand-built logs with gains 1 + a_s + b_i + e_si: the bootstrap SE is that of the realised components,
+    s_a² / S + s_b² / P + s_e² / ((S - 1) P) (the (S - 1)-of-S seed draw keeps the seed level unbiased)."""
+    for sd_seed, sd_prompt, sd_unit in ((0.03, 0.0, 0.02), (0.0, 0.05, 0.02), (0.02, 0.03, 0.03)):
+        eff = {}
+        iv = _crossed(eff, n_seeds=8, n_prompts=40, n_rounds=40, sd_seed=sd_seed, sd_prompt=sd_prompt,
+                      sd_unit=sd_unit, seed=1)
+        a, b, e = eff["a"], eff["b"], eff["e"]
+        e = e - e.mean(0) - e.mean(1, keepdims=True) + e.mean()
+        want = 100 * np.sqrt(a.var(ddof=1) / 8 + b.var() / 40 + (e ** 2).sum() / (8 * 40) / (7 * 40))
+        assert iv.se == pytest.approx(want, rel=0.2), (sd_seed, sd_prompt, sd_unit)
+        # the seed share is MS_seed / (MS_seed + MS_prompt) of the two-way ANOVA: E = (P σ_a² + σ_e²) / (...)
+        ms_s, ms_p, ms_e = 40 * a.var(ddof=1), 8 * b.var(ddof=1), (e ** 2).sum() / (7 * 39)
+        assert iv.seed_share == pytest.approx((ms_s + ms_e) / (ms_s + ms_p + 2 * ms_e), abs=0.1)
+
+
+def test_with_few_seeds_and_a_seed_effect_the_interval_is_a_t_on_about_s_minus_1_df():
+    seedy = _crossed(n_seeds=3, n_prompts=64, n_rounds=20, sd_seed=0.04, sd_unit=0.01, seed=2)
+    assert 2 <= seedy.df < 4 and seedy.seed_share > 0.8
+    assert (seedy.hi - seedy.lo) / (2 * seedy.se) > 3.0  # t(2..4): 2.8 .. 4.3, not the normal 1.96
+    prompty = _crossed(n_seeds=3, n_prompts=64, n_rounds=20, sd_prompt=0.04, sd_unit=0.01, seed=2)
+    assert prompty.df > 60 and prompty.seed_share < 0.1
+    assert (prompty.hi - prompty.lo) / (2 * prompty.se) == pytest.approx(2.0, abs=0.03)
+
+
+def test_the_crossed_interval_keeps_its_coverage_where_seeds_vary():
+    """Over 150 designs of 3 seeds with a real seed effect (no true gain on average), the 95 % interval
+    covers the true mean gain about 95 % of the time; a normal interval on the same SE does not."""
+    rng = np.random.default_rng(5)
+    hit = hit_normal = 0
+    for _ in range(150):
+        x = np.zeros((3, 48, 4))
+        gains = rng.normal(0, 0.04, 3)[:, None] + rng.normal(0, 0.01, (3, 48))
+        x[..., 1] = x[..., 3] = 20.0
+        x[..., 2] = 50.0
+        x[..., 0] = 50.0 * (1 + gains)
+        iv = stats.estimate(stats.Design(x, np.zeros(48, dtype=int)), stats._gain, n_resamples=800)[0]
+        hit += iv.lo <= 0 <= iv.hi
+        hit_normal += abs(iv.value) <= 1.96 * iv.se
+    assert hit / 150 >= 0.9 and hit_normal / 150 < 0.85
 
 
 def test_seeds_widen_the_interval_when_training_varies_between_them():
@@ -96,18 +148,32 @@ def test_a_one_percent_gain_over_500_rounds_is_noise_and_ten_percent_is_not():
     assert g10.lo > 0 and g10.excludes_zero
 
 
-def test_point_estimates_are_the_metrics_the_evaluation_reports():
-    rounds, run = _row(3)
+def test_overall_pools_every_suites_prompts_as_one_ratio_of_sums():
+    """One pooling everywhere: `overall` τ, TPS and P_j are ratios of sums over every prompt of every suite
+    (suites with more rounds weigh more), per suite they are the evaluation's own metrics; run_metrics logs
+    the pooled points, which replace ready.metrics.overall's means over suites in MLflow."""
+    rounds = {"humaneval": bench_rounds(3, 10, 20), "gsm8k": bench_rounds(4, 30, 60)}  # unequal suites
+    ev = evaluation("ready", rounds)
+    run = stats.tallies(ev)
     per_bench = []
     for b, rs in rounds.items():
         logs = [SequenceLog(new_tokens=1 + sum(a + 1 for a in r), wall_s=0.1, accepted=r, horizons=[K] * len(r)) for r in rs]
         per_bench.append(summarize(logs, b, "ready", K))
-    total = overall(per_bench)
-    assert stats.tau([run], "overall").value == pytest.approx(total.tau)
+    committed = sum(a + 1 for rs in rounds.values() for r in rs for a in r)
+    n_rounds = sum(len(r) for rs in rounds.values() for r in rs)
+    pooled_tau = stats.tau([run], "overall").value
+    assert pooled_tau == pytest.approx(committed / n_rounds)
+    assert pooled_tau != pytest.approx(overall(per_bench).tau, abs=1e-3)  # not the mean over suites
     assert stats.tau([run], "gsm8k").value == pytest.approx(per_bench[1].tau)
     band = stats.survival([run], "overall")
-    assert [iv.value for iv in band] == pytest.approx(total.survival)
+    hits = sum(sum(a >= 1 for a in r) for rs in rounds.values() for r in rs)
+    assert band[0].value == pytest.approx(hits / n_rounds)
     assert all(iv.lo <= iv.value <= iv.hi for iv in band)
+    m = stats.run_metrics(ev)
+    tokens = sum(1 + sum(a + 1 for a in r) for rs in rounds.values() for r in rs)
+    assert m["overall/tau"] == pooled_tau and m["overall/survival_1"] == band[0].value
+    assert m["overall/tps"] == pytest.approx(tokens / (0.1 * 40))
+    assert "gsm8k/tau" not in m  # per suite, ready.metrics' value is already the pooled one
     tps = stats.gain_pct([run], [run], "overall", metric="tps")
     assert (tps.value, tps.lo, tps.hi) == (0.0, 0.0, 0.0)  # a row against itself: exactly no gain
 
@@ -151,8 +217,8 @@ def test_rows_over_different_prompts_are_one_clear_error():
 
 
 def test_state_reliance_is_own_states_minus_another_prompts_states():
-    rounds = {"humaneval": bench_rounds(1, 10, 50)}
-    swapped = {"humaneval": bench_rounds(2, 10, 50, -0.10, rounds["humaneval"])}
+    rounds = {"humaneval": bench_rounds(1, 20, 50)}
+    swapped = {"humaneval": bench_rounds(2, 20, 50, -0.10, rounds["humaneval"])}
     run = stats.tallies(evaluation("ready", rounds, swapped=swapped))
     own = stats.tau([run], "humaneval").value
     sr = stats.state_reliance([run], "humaneval")
@@ -282,3 +348,41 @@ def test_a_greedy_row_written_with_sample_keys_pairs_with_one_written_before_sam
     new = stats.tallies(written)
     assert new.benchmarks["humaneval"].samples is None
     assert stats.gain_pct([new], [old], stats.OVERALL).value == pytest.approx(0.0)
+
+
+def test_a_comparison_on_a_few_differing_units_is_thin_and_gets_a_sign_test():
+    """Two rows that decode differently on 2 of 3 × 64 units: no interval to read, a count and a sign test."""
+    refs, rows = [], []
+    for s in range(3):
+        rounds = bench_rounds(50 + s, 64, 8)
+        changed = [list(r) for r in rounds]
+        if s == 0:  # two prompts where the row accepts nothing: both units behind the reference
+            for i in [i for i, r in enumerate(rounds) if sum(r)][:2]:
+                changed[i] = [0] * len(rounds[i])
+        refs.append(stats.tallies(evaluation("placebo", {"b": rounds})))
+        rows.append(stats.tallies(evaluation("ready", {"b": changed})))
+    iv = stats.gain_pct(rows, refs, "b")
+    assert iv.discordant == 2 and iv.units == 3 * 64 and iv.thin
+    assert iv.ahead == 0 and iv.sign_p == pytest.approx(0.5) and iv.p_value == iv.sign_p  # 2 × 0.5²
+    wide = stats.gain_pct([stats.tallies(evaluation("ready", {"b": bench_rounds(7, 64, 8)}))], refs[:1], "b")
+    assert wide.discordant >= stats.MIN_DISCORDANT and not wide.thin
+    assert stats.tau(rows, "b").discordant is None  # a row's own τ pairs nothing
+
+
+def test_p_value_mde_and_equivalence_follow_the_t_of_the_interval():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    iv = stats.Interval(1.0, 0.0, 2.0, se=0.5, df=4)
+    assert iv.p_value == pytest.approx(2 * scipy_stats.t.sf(2.0, 4))
+    assert iv.mde() == pytest.approx((scipy_stats.t.ppf(0.975, 4) + scipy_stats.t.ppf(0.8, 4)) * 0.5)
+    assert stats.Interval(0.0, -1, 1, se=0.5).mde() == pytest.approx(2.8016 * 0.5, abs=1e-3)  # normal: 1.96 + 0.84
+    # two one-sided tests: inside ±margin when both one-sided p's are small
+    near = stats.Interval(0.1, -0.9, 1.1, se=0.3, df=30)
+    assert near.tost_p(1.0) < 0.05 and near.tost_p(0.5) > 0.05
+    assert near.tost_p(1.0) == pytest.approx(scipy_stats.t.sf((1.0 - 0.1) / 0.3, 30))
+    typed = stats.Interval(3.0, 1.04, 4.96)  # typed in by hand: the width stands for the SE
+    assert typed.std_error == pytest.approx(1.0, abs=1e-3)
+
+
+def test_holm_adjusts_in_step_down_order():
+    assert stats.holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    assert stats.holm([]) == []
