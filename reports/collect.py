@@ -52,6 +52,46 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
+def _mlflow_tables() -> set[str]:
+    """The tables MLflow's SQL store expects; it creates or migrates them when one is missing."""
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  (registers every table on Base)
+    from mlflow.store.db.base_sql_model import Base
+
+    return set(Base.metadata.tables)
+
+
+def check_sqlite_store(db: Path, tracking_uri: str) -> None:
+    """Refuse, reading it only, a sqlite file that MLflow would write into when it opens it: a file
+    without MLflow's tables (MLflow would write its whole schema into it), one of another MLflow
+    version (it would migrate it) or one without the Default experiment (it would add one). A
+    report reads a store; it never changes one."""
+    import sqlite3
+    from urllib.parse import quote
+
+    expected = "expected the store a sweep wrote (an mlflow.db or a tracking server)"
+    try:
+        con = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in con.execute("select name from sqlite_master where type = 'table'")}
+            default = "experiments" in tables and con.execute(
+                "select 1 from experiments where experiment_id = 0").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise ReportError(f"tracking URI {tracking_uri!r}: not a readable MLflow store ({e}); {expected}") from None
+    missing = sorted(_mlflow_tables() - tables)
+    if "experiments" in missing or "runs" in missing:
+        raise ReportError(f"tracking URI {tracking_uri!r}: {db} is not an MLflow store (a SQLite file without MLflow's "
+                          f"tables; left as it is); {expected}")
+    if missing:
+        raise ReportError(f"tracking URI {tracking_uri!r}: {db} is the store of another MLflow version (no table "
+                          f"{missing[0]!r}; left as it is); expected a store this MLflow reads as it is "
+                          f"(`mlflow db upgrade {tracking_uri}` first)")
+    if not default:
+        raise ReportError(f"tracking URI {tracking_uri!r}: {db} lacks MLflow's Default experiment (left as it is); "
+                          f"{expected}")
+
+
 def _client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
@@ -62,6 +102,7 @@ def _client(tracking_uri: str):
                 f"tracking URI {tracking_uri!r}: no MLflow database at {db}; expected the store a "
                 "sweep wrote (run `python -m sweeps.run NAME` first or pass --tracking-uri)"
             )
+        check_sqlite_store(db, tracking_uri)  # before MLflow opens it: it writes into what is not its store
     try:  # a file that is not an MLflow store fails here, not deep in a table
         client = MlflowClient(tracking_uri=tracking_uri)
         client.search_experiments(max_results=1)

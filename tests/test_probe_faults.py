@@ -116,6 +116,32 @@ def test_generate_refuses_a_target_whose_logits_overflow(tmp_path: Path, capsys)
 
 
 # ---------------------------------------------------------------------------------------------
+# 3. A report that writes into a foreign database
+
+
+@pytest.mark.parametrize("kind", ["foreign sqlite", "zero bytes"])
+def test_reports_build_leaves_a_file_that_is_not_an_mlflow_store_as_it_is(kind: str, tmp_path: Path, capsys) -> None:
+    import sqlite3
+
+    from reports.build import main as reports_main
+
+    db = tmp_path / "other.db"
+    db.touch()
+    if kind == "foreign sqlite":
+        with sqlite3.connect(db) as con:
+            con.execute("create table notes (body text)")
+            con.execute("insert into notes values ('mine')")
+    before = db.read_bytes()
+    uri = f"sqlite:///{db}"
+    assert reports_main(["--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 2
+    assert errors(capsys.readouterr().err) == [
+        f"error: tracking URI {uri!r}: {db} is not an MLflow store (a SQLite file without MLflow's tables; left as "
+        "it is); expected the store a sweep wrote (an mlflow.db or a tracking server)"]
+    assert db.read_bytes() == before  # no MLflow schema written into it
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
 # 8. Unclear messages
 
 
