@@ -84,6 +84,15 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+def _unreachable(reason: Any, timeout: float) -> str:
+    """Why a server did not answer, as it happened: refused at once, silent for `timeout` s, or else."""
+    if isinstance(reason, ConnectionRefusedError):
+        return f"the connection was refused ({reason.strerror or reason}: nothing listens at that address)"
+    if isinstance(reason, TimeoutError) or str(reason) == "timed out":
+        return f"no answer within {timeout:g} s ({reason})"
+    return f"cannot reach it ({reason})"
+
+
 def check_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     """Raise TrackingError unless an MLflow server answers at an http(s) URI within `timeout`
     seconds (MLflow itself would retry for minutes without a word): `/health` says OK, or the
@@ -100,9 +109,8 @@ def check_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
         except urllib.error.HTTPError as e:
             status = e.code
         except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", None) or e
-            raise TrackingError(f"tracking URI {uri!r}: no answer within {timeout:g} s ({reason}); expected a "
-                                "reachable MLflow server (`mlflow server ...`) or a sqlite:/// path") from None
+            raise TrackingError(f"tracking URI {uri!r}: {_unreachable(getattr(e, 'reason', None) or e, timeout)}; "
+                                "expected a reachable MLflow server (`mlflow server ...`) or a sqlite:/// path") from None
         if status in (200, 401, 403):
             return
     raise TrackingError(f"tracking URI {uri!r}: the server there answers HTTP {status} to MLflow's API; "
