@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf  # noqa: F401  (DictConfig: types)
 
 from ready.artifacts import ArtifactError, atomic_dir, check_folder
 from ready.config import DrafterConfig, ReaderConfig
@@ -37,12 +37,6 @@ READER_FILE = "ready_reader.safetensors"
 OWN_FILES = {CONFIG_FILE, WEIGHTS_FILE, READER_FILE, "DONE"}
 # key prefixes of early DSpark checkpoints (heads nested under `logit_head`), as SpecForge maps them
 LEGACY_PREFIXES = (("logit_head.markov_head.", "markov_head."), ("logit_head.confidence_head.", "confidence_head."))
-
-
-def _plain(cfg: Any) -> dict:
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return dict(cfg)
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -163,8 +157,9 @@ def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
         raise _refuse(path, f"num_target_layers is {n_target} but the target has {c.num_hidden_layers} layers; "
                             "expected a drafter built for this target")
     layer_ids = dc.get("target_layer_ids")
-    if not layer_ids or any(not -1 <= int(i) < int(c.num_hidden_layers) for i in layer_ids):
-        raise _refuse(path, f"dflash_config.target_layer_ids = {layer_ids}; expected target layer ids in "
+    if (not layer_ids or any(not -1 <= int(i) < int(c.num_hidden_layers) for i in layer_ids)
+            or list(layer_ids) != sorted(set(layer_ids))):
+        raise _refuse(path, f"dflash_config.target_layer_ids = {layer_ids}; expected ascending target layer ids in "
                             f"0..{int(c.num_hidden_layers) - 1}")
     rank = int(dc.get("markov_rank", 0) or 0)
     kind = str(dc.get("markov_head_type", "vanilla")).lower()
@@ -200,7 +195,7 @@ def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
     }
 
 
-def _read_json(file: Path) -> dict:
+def read_json(file: Path) -> dict:
     try:
         raw = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -210,7 +205,7 @@ def _read_json(file: Path) -> dict:
     return raw
 
 
-def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
+def load_tensors(file: Path) -> dict[str, torch.Tensor]:
     """One safetensors file, or one DrafterError naming it (unreadable, truncated, NaN/Inf)."""
     from safetensors.torch import load_file
 
@@ -225,10 +220,10 @@ def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path) -> list[Path]:
     """model.safetensors, or the shards a model.safetensors.index.json names."""
     if (path / INDEX_FILE).is_file():
-        index = _read_json(path / INDEX_FILE)
+        index = read_json(path / INDEX_FILE)
         shards = sorted(set((index.get("weight_map") or {}).values()))
         missing = [s for s in shards if not (path / s).is_file()]
         if not shards or missing:
@@ -266,7 +261,7 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
         check_folder(path, "drafter checkpoint", patterns=("*.safetensors",))  # a manifest only in folders we wrote
     except ArtifactError as e:
         raise DrafterError(str(e)) from None
-    raw = _read_json(path / CONFIG_FILE)
+    raw = read_json(path / CONFIG_FILE)
     drafter_fields = drafter_config_from_dspark(raw, target, path)
     own = raw.get("ready_drafter")
     saved_reader: Any = {"enabled": False}
@@ -287,14 +282,14 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
                            f"{str(e).splitlines()[0]}") from None
     drafter = DSparkDrafter(dcfg, rcfg, target)
     state: dict[str, torch.Tensor] = {}
-    for file in _weight_files(path):
-        state.update(_normalise_keys(_load_tensors(file)))
+    for file in weight_files(path):
+        state.update(_normalise_keys(load_tensors(file)))
     if drafter.reader_enabled:
         if reader_cfg is None:
             if not (path / READER_FILE).is_file():
                 raise DrafterError(f"{path}: config.json declares a reader but {READER_FILE} is missing; expected "
                                    "the reader's weights beside the drafter")
-            state.update(_load_tensors(path / READER_FILE))
+            state.update(load_tensors(path / READER_FILE))
         else:
             state.update({k: v for k, v in drafter.state_dict().items() if k.startswith("readers.")})
     try:

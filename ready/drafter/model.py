@@ -117,7 +117,8 @@ class DSparkDrafter(nn.Module):
         if heads < 1 or kv_heads < 1 or heads % kv_heads:
             raise DrafterError(f"drafter.num_attention_heads = {heads}, drafter.num_key_value_heads = {kv_heads}; "
                                "expected positive counts with the KV heads dividing the query heads")
-        self.capture_layers = map_context_layers(d["context_layers"], int(c.num_hidden_layers),
+        self.target_num_layers = int(c.num_hidden_layers)
+        self.capture_layers = map_context_layers(d["context_layers"], self.target_num_layers,
                                                  space=d.get("layer_space", "paper"))
         self.context_window = int(d.get("context_window", 0) or 0)  # 0 = every committed token
         if self.context_window < 0:
@@ -159,9 +160,11 @@ class DSparkDrafter(nn.Module):
                     D, len(self.state_layers), int(c.linear_num_value_heads), int(c.linear_key_head_dim),
                     int(c.linear_value_head_dim), int(r["rank"]), int(r["mlp_hidden"]), float(r["eps"]))
         self._gdn_indices = [target.gdn_index(i) for i in self.state_layers]
-        self.target_num_layers = int(c.num_hidden_layers)
+        # DSpark's target layer id n-1 is the Hugging Face hidden state of the last layer, which is the
+        # final-normed output; the target captures un-normed layer outputs, so that slice is normed here
+        self.norm_last_feature = self.capture_layers[-1] == self.target_num_layers - 1
         # shared, frozen and unregistered: not moved, saved or trained with the drafter
-        object.__setattr__(self, "_shared", (target.embed_tokens, target.lm_head))
+        object.__setattr__(self, "_shared", (target.embed_tokens, target.lm_head, target.final_norm))
         object.__setattr__(self, "_fingerprint", target_fingerprint(target))
         self._ctx: Optional[dict] = None
         self._graphs: list = []
@@ -197,6 +200,8 @@ class DSparkDrafter(nn.Module):
         if feats.dim() != 4 or feats.shape[2] != C or feats.shape[3] != self.hidden_size:
             raise DrafterError(f"target features have shape {tuple(feats.shape)}; expected [B, T, {C}, "
                                f"{self.hidden_size}] (one slice per capture layer {self.capture_layers})")
+        if self.norm_last_feature:
+            feats = torch.cat([feats[:, :, :-1], self._shared[2](feats[:, :, -1:])], dim=2)
         return self.hidden_norm(self.fc(feats.flatten(2).to(self.fc.weight.dtype)))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,7 +309,7 @@ class DSparkDrafter(nn.Module):
             self._graph_sig = sig
 
     def _weights_signature(self) -> tuple:
-        ws = [p for p in self.parameters()] + [self._shared[0].weight, self._shared[1].weight]
+        ws = [p for p in self.parameters()] + [m.weight for m in self._shared]
         return tuple((id(w), w.data_ptr(), w.dtype) for w in ws)
 
     def _ensure_ctx(self, B: int, need: int, dev: torch.device) -> dict:
