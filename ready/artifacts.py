@@ -151,9 +151,22 @@ def intact(folder: str | os.PathLike, spec: Any = None, label: Optional[str] = N
         _adopt_legacy(folder, spec_hash, label)
         return True
     if why is not None:
-        print(f"[ready] artifact {label} failed verification ({why}); rebuilding it", file=sys.stderr, flush=True)
+        said = (str(folder.resolve()), why, _mtime(folder / DONE))
+        if said not in _SAID:  # several checks of one folder before its rebuild: one line
+            _SAID.add(said)
+            print(f"[ready] artifact {label} failed verification ({why}); rebuilding it", file=sys.stderr, flush=True)
         return False
     return True
+
+
+_SAID: set[tuple[str, str, int]] = set()  # (folder, what is wrong, its marker's mtime) already on stderr
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def check_folder(folder: str | os.PathLike, what: str, patterns: tuple[str, ...] = ("*",)) -> None:

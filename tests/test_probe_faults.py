@@ -202,3 +202,32 @@ def test_a_bad_value_in_a_spec_file_is_still_blamed_on_that_file(tmp_path: Path,
     assert main(["main", "profile=smoke", "--dry-run", "--experiments-dir", str(experiments)]) == 2
     (line,) = errors(capsys.readouterr().err)
     assert line.startswith(f"error: {profile}: bad value at key 'reader.rank': -1; expected ")
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Smaller
+
+
+def test_a_broken_artifact_is_reported_once_however_often_it_is_checked(tmp_path: Path, capsys) -> None:
+    """The pipeline asks `built()` and then the stage itself whether a folder is intact: one line."""
+    from ready.artifacts import cached, intact
+
+    spec = {"kind": "toy", "n": 1}
+    builds = []
+
+    def build(tmp: Path) -> None:
+        builds.append(1)
+        (tmp / "weights.bin").write_bytes(b"\x01" * 64)
+
+    folder = cached(tmp_path, "toy", spec, build)
+    (folder / "weights.bin").write_bytes(b"\x02" * 64)  # same size, other content
+    capsys.readouterr()
+    assert not intact(folder, spec, label=f"toy/{folder.name}")  # pipeline.built()
+    assert cached(tmp_path, "toy", spec, build) == folder  # the stage: rebuilds it
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"[ready] artifact toy/{folder.name} failed verification (weights.bin: content differs from the "
+                     "sha256 the marker recorded); rebuilding it"]
+    assert len(builds) == 2 and (folder / "weights.bin").read_bytes() == b"\x01" * 64
+    (folder / "weights.bin").write_bytes(b"\x03" * 64)  # broken again after the rebuild: said again
+    assert not intact(folder, spec, label=f"toy/{folder.name}")
+    assert len(capsys.readouterr().err.splitlines()) == 1
