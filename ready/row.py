@@ -236,8 +236,8 @@ def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list
     budget = int(cfg.eval.max_new_tokens)
     weights = ("config.json", "*.safetensors", "*.safetensors.index.json")  # not metrics.json (timings)
     target_id = content_id(loaded.target_path, weights) if Path(loaded.target_path).is_dir() else loaded.target_path
-    spec = {"kind": "ar_generations", "version": AR_BUILD_VERSION, "target": loaded.target_path,
-            "target_content": target_id, "checked": "health/1",
+    spec = {"kind": "ar_generations", "version": AR_BUILD_VERSION,  # the target by content: a moved or
+            "target_content": target_id, "checked": "health/1",        # copied artifacts_dir keeps its cache
             "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "max_new_tokens": budget, "warmup": int(cfg.eval.warmup_rounds),
             "eos": loaded.eos, **({"sampling": sampling_spec(cfg)} if sampling_spec(cfg) else {}),

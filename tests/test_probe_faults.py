@@ -231,3 +231,37 @@ def test_a_broken_artifact_is_reported_once_however_often_it_is_checked(tmp_path
     (folder / "weights.bin").write_bytes(b"\x03" * 64)  # broken again after the rebuild: said again
     assert not intact(folder, spec, label=f"toy/{folder.name}")
     assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_ar_generations_are_found_again_after_artifacts_dir_moves(tmp_path: Path, monkeypatch) -> None:
+    """The AR cache is keyed by the target's contents, not its path: artifacts_dir enters no hash."""
+    import importlib
+    import shutil
+
+    from ready.config import schema
+    from ready.row import _Loaded, ar_generations
+    from ready.target import load_target
+
+    def loaded(root: Path) -> _Loaded:
+        path = root / "target" / "tiny"
+        return _Loaded(load_target(path), word_tokenizer(), 0, str(path), "cpu")
+
+    cfg = schema()
+    cfg.eval.max_new_tokens, cfg.eval.warmup_rounds = 4, 0
+    suites = {"humaneval": [[1, 2, 3], [2, 3, 4]]}
+    first = tmp_path / "artifacts"
+    tiny_checkpoint(first / "target" / "tiny")
+    cfg.artifacts_dir = str(first)
+    before = ar_generations(cfg, loaded(first), suites, progress=False)
+    moved = tmp_path / "elsewhere" / "artifacts"
+    shutil.copytree(first, moved)
+    shutil.rmtree(first)
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("AR generations decoded again")
+
+    monkeypatch.setattr(importlib.import_module("ready.decode.evaluate"), "run_ar", no_decoding)
+    cfg.artifacts_dir = str(moved)
+    after = ar_generations(cfg, loaded(moved), suites, progress=False)
+    assert [g.tokens for g in after["humaneval"]] == [g.tokens for g in before["humaneval"]]
+    assert len(list((moved / "ar").iterdir())) == 1  # the copied folder, nothing new beside it
