@@ -327,6 +327,9 @@ def validate(cfg: DictConfig | Config) -> None:
         ("target.attention_window", c.target.attention_window >= 0, "an integer >= 0 (0 = every earlier token)"),
         ("pretrain.repeat_fraction", 0.0 <= c.pretrain.repeat_fraction <= 1.0, "a share in [0, 1]"),
         ("bench.suites", len(c.bench.suites) >= 1, "a non-empty list of benchmark names (e.g. [humaneval, heldout])"),
+        ("bench.limit", c.bench.limit >= 1, "an integer >= 1 (prompts per benchmark; a file with fewer records "
+                                           "gives all it has)"),
+        ("bench.max_prompt_tokens", c.bench.max_prompt_tokens >= 0, "an integer >= 0 (0 = prompts are not cut)"),
     ]
     for key, ok, expected in checks:
         if not ok:

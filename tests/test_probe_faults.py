@@ -142,6 +142,19 @@ def test_reports_build_leaves_a_file_that_is_not_an_mlflow_store_as_it_is(kind: 
 
 
 # ---------------------------------------------------------------------------------------------
+# 5. bench.limit=0 and -1 ran every prompt
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_bench_limit_below_one_is_refused_before_anything_runs(value: str, tmp_path: Path, capsys) -> None:
+    assert main(probe_args(tmp_path, "main", "profile=smoke", f"bench.limit={value}")) == 2
+    assert errors(capsys.readouterr().err) == [
+        f"error: command line: bad value at key 'bench.limit': {value}; expected an integer >= 1 (prompts per "
+        "benchmark; a file with fewer records gives all it has)"]
+    assert nothing_written(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
 # 8. Unclear messages
 
 
