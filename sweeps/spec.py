@@ -225,11 +225,24 @@ def canonical(cfg: DictConfig, method: str) -> dict:
             _drop(tree, key)
     if "eval" in tree:  # auto / on / true name the same decoding (a float32 auto row hashes as before: false)
         tree["eval"]["exact"] = exact_mode(cfg)
+    drafter = tree.get("drafter")
+    if drafter is not None and drafter.get("checkpoint"):  # what the rows start from: its contents, not its path
+        drafter["checkpoint"] = checkpoint_id(drafter["checkpoint"])
     reader = tree.get("reader")
     if reader is not None:  # -1 and num_layers-1 name the same draft layer
         n = tree["drafter"]["num_layers"]
         reader["inject_layers"] = sorted({int(i) % n for i in reader["inject_layers"]})
     return {"method": method, "config": tree}
+
+
+def checkpoint_id(path: str) -> str:
+    """`drafter.checkpoint` as it enters a row's hash: the folder's content digest."""
+    from ready.drafter.checkpoint import is_drafter_folder, content_digest
+
+    if not is_drafter_folder(path):
+        raise ConfigError(f"bad value at key 'drafter.checkpoint': {path!r} is not a drafter folder; expected a DSpark "
+                          "folder (config.json with dflash_config + model.safetensors)")
+    return "sha256:" + content_digest(path)
 
 
 def variant_hash(cfg: DictConfig, method: str) -> str:

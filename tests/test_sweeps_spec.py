@@ -109,6 +109,22 @@ def test_hash_ignores_what_cannot_change_a_result_and_tracks_what_can():
     assert a.setting != c.setting
 
 
+def test_a_drafter_checkpoint_enters_row_hashes_by_its_contents_not_its_path(tmp_path: Path):
+    def folder(name: str, weights: bytes) -> Path:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"dflash_config": {"projector_type": "dspark"}}')
+        (tmp_path / name / "model.safetensors").write_bytes(weights)
+        return tmp_path / name
+
+    by = lambda s: {j.variant.label: j.config_hash for j in s.jobs()}  # noqa: E731
+    a, copy, other = folder("a", b"w1"), folder("copy", b"w1"), folder("other", b"w2")
+    ha, hcopy, hother = (by(load_sweep("ft_control", [f"drafter.checkpoint={p}"])) for p in (a, copy, other))
+    assert ha == hcopy and ha["DSpark"] != hother["DSpark"] and ha["AR"] == hother["AR"]
+    assert ha["DSpark"] != by(load_sweep("ft_control"))["DSpark"]
+    with pytest.raises(ConfigError, match=r"drafter.checkpoint': '.*nothing' is not a drafter folder; expected a DSpark"):
+        load_sweep("ft_control", [f"drafter.checkpoint={tmp_path / 'nothing'}"]).jobs()
+
+
 def test_profile_smoke_shrinks_budgets_and_search_trials():
     full, smoke = load_sweep("search_loss"), load_sweep("search_loss", ["profile=smoke"])
     assert smoke.common.pretrain.steps < full.common.pretrain.steps
@@ -155,7 +171,10 @@ def test_presets_resolve_and_the_paper_preset_reads_the_checkpoint_from_the_envi
     paper = load_sweep("main", ["preset=qwen3_5_27b"]).common
     assert paper.target.source == "/models/qwen3.5-27b" and paper.target.pretrain is False
     assert len(paper.bench.suites) == 7 and paper.drafter.block_size == 7
-    template = load_sweep("rank", ["preset=local_checkpoint_template", "target.source=/models/mine"]).common
+    with pytest.raises(ConfigError, match="'/path/to/dspark_drafter_dir' is not a drafter folder"):
+        load_sweep("rank", ["preset=local_checkpoint_template", "target.source=/models/mine"])
+    template = load_sweep("rank", ["preset=local_checkpoint_template", "target.source=/models/mine",
+                                   "drafter.checkpoint=null"]).common
     assert template.target.source == "/models/mine" and set(template.bench.paths) == set(template.bench.suites)
     with pytest.raises(SpecError, match="preset 'nope' not found"):
         load_sweep("rank", ["preset=nope"])

@@ -311,11 +311,17 @@ def is_drafter_folder(path: str | Path) -> bool:
         return False
 
 
-def content_digest(path: str | Path) -> Optional[str]:
-    """Content digest of a drafter folder's weights and config (what a row that starts from it depends on)."""
-    from ready.artifacts import content_id
+def content_digest(path: str | Path) -> str:
+    """sha256 over a drafter folder's config and weights (names and contents): what a sweep row that
+    starts from it depends on, the same on every host (each file is hashed once per process)."""
+    import hashlib
+
+    from ready.artifacts import file_digest
 
     path = Path(path)
-    if not path.is_dir():
-        return None
-    return content_id(path, patterns=("*.safetensors", "*.json"))
+    if not (path / CONFIG_FILE).is_file():
+        raise DrafterError(f"{path}: no {CONFIG_FILE}; expected a DSpark drafter folder")
+    h = hashlib.sha256()
+    for p in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json")):
+        h.update(f"{p.name}:{file_digest(p)}\n".encode())
+    return h.hexdigest()[:16]

@@ -150,7 +150,8 @@ def ensure_base_drafter(
     if cfg.drafter.checkpoint:
         path = Path(cfg.drafter.checkpoint)
         if not path.is_dir():
-            raise PipelineError(f"drafter.checkpoint = {str(path)!r} is not a folder; expected a drafter saved by DSparkDrafter.save")
+            raise PipelineError(f"drafter.checkpoint = {str(path)!r} is not a folder; expected a DSpark drafter folder "
+                                "(config.json with dflash_config + model.safetensors)")
         return path
     launched = _launch_if_asked(cfg, target, tokenizer, "base", None, None, prompts)
     return _ensure_base(cfg, target, tokenizer, callback, progress, prompts, launched)
