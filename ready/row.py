@@ -120,7 +120,9 @@ def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: 
     benchmark and, when a row drafts, the regenerated training and validation data and the teacher
     store of the base drafters (`ready.train.teacher_store`)."""
     loaded = _load(cfg, progress)
-    ar_generations(cfg, loaded, _suites(cfg, loaded.tokenizer), progress)
+    suites = _suites(cfg, loaded.tokenizer)
+    check_donor_prompts(cfg, methods, suites)
+    ar_generations(cfg, loaded, suites, progress)
     if any(m != "ar" for m in methods):
         from ready.train.regen import build_regen_data, build_validation_data
         from ready.train.teacher_store import ensure_teacher_store
@@ -177,6 +179,25 @@ def _suites(cfg: DictConfig, tokenizer: Any) -> dict[str, list[list[int]]]:
     from ready.data import load_suite
 
     return {name: [p.ids for p in load_suite(name, cfg.bench, tokenizer, cfg.corpus)] for name in cfg.bench.suites}
+
+
+def check_donor_prompts(cfg: DictConfig, methods: Sequence[str], suites: dict[str, list[list[int]]]) -> None:
+    """The state placebo and the state swap read another prompt's states, so each suite needs two
+    prompts. Checked when the suites are loaded, before anything trains; the message says whether
+    bench.limit or the benchmark's file is short."""
+    uses = [what for method, what in (("placebo", "the state placebo"), ("ready", "the state swap (eval.state_reliance)"))
+            if method in methods and (method == "placebo" or cfg.eval.state_reliance)]
+    for name, prompts in suites.items():
+        if uses and len(prompts) < 2:
+            limit, path = int(cfg.bench.limit), (cfg.bench.paths or {}).get(name)
+            if limit < 2:
+                short = f"bench.limit={limit}; expected bench.limit >= 2"
+            else:
+                source = f"its file {str(path)!r}" if path else ("the held-out corpus" if name == "heldout" else
+                                                                  "its embedded source")
+                short = f"{source} holds only {len(prompts)} (bench.limit={limit}); expected at least 2 records there"
+            raise PipelineConfigError(f"benchmark '{name}': {len(prompts)} prompt(s), but {uses[0]} reads another "
+                                      f"prompt's states, so it needs at least 2: {short}")
 
 
 def sampling_params(cfg: DictConfig) -> Any:
@@ -349,6 +370,7 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
     requested_rank = int(cfg.reader.rank)
     cfg = resolve_rank(cfg, d_k)
     suites = _suites(cfg, loaded.tokenizer)
+    check_donor_prompts(cfg, [method], suites)
     ar = ar_generations(cfg, loaded, suites, progress)
 
     drafter, folder, curves, resolved = None, None, {}, {}

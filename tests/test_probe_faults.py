@@ -142,6 +142,60 @@ def test_reports_build_leaves_a_file_that_is_not_an_mlflow_store_as_it_is(kind: 
 
 
 # ---------------------------------------------------------------------------------------------
+# 4. A benchmark file with one 30 MB line
+
+
+def test_a_30_mb_prompt_is_tokenized_from_its_end_only(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from ready.config import BenchmarkConfig
+    from ready.data.benchmarks import TAIL_CHARS_PER_TOKEN, load_suite
+
+    huge = "def add(a, b):\n" + "return a + b\n" * 2_500_000  # 30 MB
+    file = tmp_path / "HumanEval.jsonl"
+    file.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": huge}) + "\n"
+                    + json.dumps({"task_id": "HumanEval/1", "prompt": "def add(a, b):\n"}) + "\n")
+    assert file.stat().st_size > 30_000_000
+    class Spy:
+        """The word tokenizer, noting how long each text it is given is."""
+
+        chat_template = None
+
+        def __init__(self) -> None:
+            self.tokenizer, self.seen = word_tokenizer(), []
+
+        def __call__(self, text: str, **kwargs):
+            self.seen.append(len(text))
+            return self.tokenizer(text, **kwargs)
+
+        def decode(self, ids: list[int]) -> str:
+            return self.tokenizer.decode(ids)
+
+    spy = Spy()
+    bench = OmegaConf.structured(BenchmarkConfig(paths={"humaneval": str(file)}, limit=2, max_prompt_tokens=32))
+    first, second = load_suite("humaneval", bench, spy)
+    assert first.ids == [WORDS.index(w) for w in ("return", "a", "+", "b")] * 8  # its last 32 tokens
+    assert second.ids == [1, 2, 3]
+    assert max(spy.seen) <= 32 * TAIL_CHARS_PER_TOKEN  # never the whole 30 MB
+
+
+def test_a_prompt_kept_whole_may_not_be_30_mb(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from ready.config import BenchmarkConfig
+    from ready.data.benchmarks import BenchmarkError, load_suite
+
+    file = tmp_path / "HumanEval.jsonl"
+    file.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "a + b\n" * 5_000_000}) + "\n")
+    bench = OmegaConf.structured(BenchmarkConfig(paths={"humaneval": str(file)}, limit=2, max_prompt_tokens=0))
+    with pytest.raises(BenchmarkError) as e:
+        load_suite("humaneval", bench, word_tokenizer())
+    assert str(e.value) == (f"benchmark 'humaneval': file {str(file)!r}, record 0: a prompt of 30,000,000 characters "
+                            "with bench.max_prompt_tokens=0 (kept whole); expected at most 1,000,000 characters, or "
+                            "bench.max_prompt_tokens > 0 to keep its last tokens")
+
+
+# ---------------------------------------------------------------------------------------------
 # 5. bench.limit=0 and -1 ran every prompt
 
 
@@ -172,6 +226,48 @@ def test_a_broken_override_value_says_what_was_expected(tmp_path: Path, capsys) 
     assert line.startswith("error: override 'reader.layers=[30,': the value '[30,' is not valid YAML (")
     assert line.endswith("expected KEY=VALUE with a YAML value, e.g. reader.rank=16 or reader.layers=[30,62]")
     assert nothing_written(tmp_path)
+
+
+def variant_runs(tmp_path: Path) -> list:
+    """The child runs of the probe's store (sweep `main`)."""
+    from sweeps import tracking
+
+    c = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("ready-main")
+    return list(c.search_runs([exp.experiment_id], "tags.`ready.kind` = 'variant'")) if exp else []
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("probe") / "target")
+
+
+def test_a_prompt_that_is_a_number_names_the_file_the_record_and_the_field(checkpoint: Path, tmp_path: Path,
+                                                                            capsys) -> None:
+    file = tmp_path / "HumanEval.jsonl"
+    file.write_text('{"task_id": "HumanEval/0", "prompt": "def add(a, b):"}\n{"task_id": "HumanEval/1", "prompt": 5}\n')
+    assert main(probe_args(tmp_path, "main", "profile=smoke", f"target.source={checkpoint}", "bench.suites=[humaneval]",
+                           f"bench.paths.humaneval={file}", "--no-report")) == 2
+    assert errors(capsys.readouterr().err) == [
+        f"error: benchmark 'humaneval': file {str(file)!r} is malformed (record 1: field 'prompt' holds 5, a int, not a "
+        "string); expected HumanEval JSONL(.gz) records with 'task_id' and 'prompt' fields"]
+    assert variant_runs(tmp_path) == []
+
+
+def test_a_one_record_file_says_the_file_is_short_not_the_limit(checkpoint: Path, tmp_path: Path, capsys) -> None:
+    file = tmp_path / "HumanEval.jsonl"
+    file.write_text('{"task_id": "HumanEval/0", "prompt": "def add(a, b):"}\n')
+    assert main(probe_args(tmp_path, "main", "profile=smoke", f"target.source={checkpoint}", "bench.suites=[humaneval]",
+                           f"bench.paths.humaneval={file}", "--no-report")) == 2
+    assert errors(capsys.readouterr().err) == [
+        "error: benchmark 'humaneval': 1 prompt(s), but the state swap (eval.state_reliance) reads another prompt's "
+        f"states, so it needs at least 2: its file {str(file)!r} holds only 1 (bench.limit=2); expected at least 2 "
+        "records there"]
+    assert variant_runs(tmp_path) == []  # refused before any row trains
+    assert main(probe_args(tmp_path, "main", "profile=smoke", f"target.source={checkpoint}", "bench.suites=[humaneval]",
+                           f"bench.paths.humaneval={file}", "bench.limit=1", "--no-report")) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert line.endswith("so it needs at least 2: bench.limit=1; expected bench.limit >= 2")
 
 
 def test_an_empty_spec_file_is_listed_as_broken_not_as_a_search(tmp_path: Path, capsys) -> None:

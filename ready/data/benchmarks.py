@@ -249,12 +249,23 @@ def _json_error(raw: str, e: json.JSONDecodeError, kind: str, closing: str) -> s
     return f"not JSON: {e.msg} at line {e.lineno} column {e.colno}"
 
 
+# fields whose value becomes prompt text: a number or a list there is the file's error, not the tokenizer's
+TEXT_FIELDS = {"gsm8k": ("question",), "math500": ("problem",), "humaneval": ("prompt",), "mbpp": ("text", "prompt"),
+               "livecodebench": ("question_content", "starter_code"), "alpaca": ("instruction", "input")}
+
+
 def _check_fields(rows: list[dict], name: str, path: Path, fmt: _Format) -> None:
     for i, r in enumerate(rows):
         for names in fmt.required:
             if not any(r.get(n) not in (None, "") for n in names):
                 raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i} lacks "
                                      f"field '{names[0]}'); expected {fmt.expected}")
+        for field in TEXT_FIELDS.get(name, ()):
+            value = r.get(field)
+            if value is not None and not isinstance(value, str):
+                raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i}: field "
+                                     f"'{field}' holds {json.dumps(value)[:40]}, a {type(value).__name__}, not a "
+                                     f"string); expected {fmt.expected}")
 
 
 def format_prompt(tokenizer: Any, text: str, thinking: bool) -> str:
@@ -265,9 +276,25 @@ def format_prompt(tokenizer: Any, text: str, thinking: bool) -> str:
     return text
 
 
+TAIL_CHARS_PER_TOKEN = 64  # a prompt cut to its last N tokens is tokenized from its last 64 N characters on
+TAIL_MARGIN = 16  # tokens beyond the N kept, so the cut through the first word never reaches them
+MAX_UNCUT_CHARS = 1_000_000  # longest prompt text kept whole (bench.max_prompt_tokens = 0)
+
+
 def encode_prompt(tokenizer: Any, text: str, max_tokens: int) -> tuple[str, list[int]]:
-    """Token ids of `text` (no added specials), keeping the last `max_tokens`."""
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    """Token ids of `text` (no added specials), keeping the last `max_tokens`.
+
+    Only the end of a long text is tokenized: a window of its last TAIL_CHARS_PER_TOKEN x max_tokens
+    characters, four times wider until it gives TAIL_MARGIN more tokens than are kept (a 30 MB
+    record was tokenized whole, for minutes, to keep 128 tokens). A text shorter than the window
+    is tokenized as before."""
+    window = max_tokens * TAIL_CHARS_PER_TOKEN if max_tokens > 0 else len(text)
+    while True:
+        part = text[-window:] if window < len(text) else text
+        ids = list(tokenizer(part, add_special_tokens=False)["input_ids"])
+        if part is text or len(ids) > max_tokens + TAIL_MARGIN:
+            break
+        window *= 4
     if max_tokens > 0 and len(ids) > max_tokens:
         ids = ids[-max_tokens:]
         text = tokenizer.decode(ids)
@@ -302,6 +329,10 @@ def load_suite(name: str, bench: Any, tokenizer: Any, corpus_cfg: Any = None) ->
         except (KeyError, TypeError, AttributeError) as e:
             raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i}: bad field "
                                  f"{e}); expected {fmt.expected}") from None
+        if int(bench.max_prompt_tokens) <= 0 and len(text) > MAX_UNCUT_CHARS:
+            raise BenchmarkError(f"benchmark '{name}': file {str(path)!r}, record {i}: a prompt of {len(text):,} "
+                                 f"characters with bench.max_prompt_tokens=0 (kept whole); expected at most "
+                                 f"{MAX_UNCUT_CHARS:,} characters, or bench.max_prompt_tokens > 0 to keep its last tokens")
         prompt, ids = encode_prompt(tokenizer, format_prompt(tokenizer, text, bool(bench.thinking)),
                                     int(bench.max_prompt_tokens))
         out.append(BenchPrompt(id=f"{name}/{rid}", text=prompt, ids=ids))
