@@ -293,11 +293,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:  # the project's user errors (bad path, bad benchmark file, bad checkpoint)
         print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)
         return 2
+    except OSError as e:  # the machine's: a full disk, a read-only or forbidden path (else a bug: its traceback)
+        if st.machine_fault(e) is None:
+            raise
+        print(f"error: {st.machine_fault(e)}; expected free space and write access there", file=sys.stderr)
+        return 2
 
 
 def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or Path("runs") / sweep.name).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    st.check_run_dir(run_dir)
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     c = tracking.client(uri)
     experiment_id = tracking.ensure_experiment(c, sweep.name, sweep.spec.description)

@@ -19,10 +19,12 @@ for `STALE_AFTER_S`) is marked FAIL and its MLflow run KILLED, so it is run agai
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -48,6 +50,30 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 class StudyError(ValueError):
     """A storage URL or study state the runner cannot use; the message says what was expected."""
+
+
+# faults of the machine rather than of the code: a full disk, a read-only or forbidden path
+MACHINE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def machine_fault(e: BaseException) -> Optional[str]:
+    """One line for an OSError the machine caused (MACHINE_ERRNOS), naming the path; None for any
+    other error, whose traceback is worth showing."""
+    if not isinstance(e, OSError) or e.errno not in MACHINE_ERRNOS:
+        return None
+    return f"{e.filename}: {e.strerror}" if e.filename else f"{e.strerror or e}"
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """The run folder must be a folder this process can write: the Optuna journal and the workers'
+    logs go there."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as e:
+        raise StudyError(f"--run-dir {run_dir}: cannot write in it ({e.strerror or e}); expected a writable "
+                         "folder for the Optuna journal and the workers' logs") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +388,7 @@ def _run_trial(study: optuna.Study, trial_id: int, number: int, job: Job, ctx: W
     except Exception as e:
         ctx.failed.append(job.config_hash)
         print(f"[sweeps] FAILED {job.variant.label} (seed {job.seed}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        if not isinstance(e, ValueError):  # ValueErrors are the user's mistakes, already one clear line
+        if not isinstance(e, ValueError) and machine_fault(e) is None:  # the user's or the machine's: one line
             traceback.print_exc()
         storage.set_trial_user_attr(trial_id, "failure", f"{type(e).__name__}: {e}"[:2000])
         study.tell(number, state=TrialState.FAIL)

@@ -133,8 +133,14 @@ def prepare_store(uri: str) -> None:
 
         if db.exists() and not db.is_file():
             raise TrackingError(f"tracking URI {uri!r}: {db} is a folder; expected an MLflow sqlite file")
-        db.parent.mkdir(parents=True, exist_ok=True)
-        with _file_lock(db.with_name(db.name + ".lock")):
+        lock = db.with_name(db.name + ".lock")
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            lock.touch()
+        except OSError as e:  # sqlite writes its journal beside the file: the folder must be writable too
+            raise TrackingError(f"tracking URI {uri!r}: cannot write in {db.parent} ({e.strerror or e}); expected a "
+                                "writable folder for the MLflow store") from None
+        with _file_lock(lock):
             try:
                 retry(lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1))  # creates / migrates
             except Exception as e:

@@ -117,3 +117,11 @@ def nan_run_variant(cfg: Any, method: str = "ready", progress: bool = True):
             m.tau = float("nan")
         per.append(m)
     return VariantResult(method=method, benchmarks=per, overall=overall(per), evaluation={"fake": True})
+
+
+def full_disk_run_variant(cfg: Any, method: str = "ready", progress: bool = True):
+    """A runner (--runner fault_helpers:full_disk_run_variant) that writes under artifacts_dir, as every
+    row does, where `<artifacts_dir>/full` leads to /dev/full: the write fails with ENOSPC."""
+    with open(Path(cfg.artifacts_dir) / "full", "wb") as f:
+        f.write(b"\0" * (1 << 16))
+    raise AssertionError("the write to /dev/full succeeded")

@@ -9,15 +9,25 @@ with a fake runner instead of training.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
 import pytest
 import torch
 
-from fault_helpers import errors
+from fault_helpers import errors, sweep_args
 from sweeps.run import main
 from sweeps.spec import EXPERIMENTS_DIR
+
+
+def children(uri: str, sweep: str = "inject_pos") -> list:
+    """The child (row) runs of a sweep in the store at `uri`."""
+    from sweeps import tracking
+
+    c = tracking.client(uri)
+    exp = c.get_experiment_by_name(f"ready-{sweep}")
+    return list(c.search_runs([exp.experiment_id], "tags.`ready.kind` = 'variant'")) if exp else []
 
 
 def probe_args(tmp_path: Path, *args: str) -> list[str]:
@@ -209,6 +219,55 @@ def test_a_bench_limit_below_one_is_refused_before_anything_runs(value: str, tmp
 
 
 # ---------------------------------------------------------------------------------------------
+# 7. Tracebacks: a read-only run folder or store folder, a full disk
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot write in: a mode 555 one, or for root (whom modes do not stop) /sys/fs."""
+    if os.geteuid() == 0:
+        return Path("/sys/fs")
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    return folder
+
+
+def test_a_read_only_run_dir_is_one_line_and_nothing_is_stored(tmp_path: Path, capsys) -> None:
+    folder = unwritable_folder(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main([*sweep_args(uri, tmp_path), "--run-dir", str(folder)]) == 2  # the last --run-dir counts
+    (line,) = errors(capsys.readouterr().err)
+    assert line.startswith(f"error: --run-dir {folder}: cannot write in it (") and line.endswith(
+        "); expected a writable folder for the Optuna journal and the workers' logs")
+    assert not (tmp_path / "mlflow.db").exists()  # refused before the store is opened
+
+
+def test_a_read_only_folder_for_mlflow_db_is_one_line(tmp_path: Path, capsys) -> None:
+    folder = unwritable_folder(tmp_path)
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    assert main(sweep_args(uri, tmp_path)) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert line.startswith(f"error: tracking URI {uri!r}: cannot write in {folder} (") and line.endswith(
+        "); expected a writable folder for the MLflow store")
+    assert not (folder / "mlflow.db").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_under_artifacts_dir_fails_each_row_in_one_line(tmp_path: Path, capsys) -> None:
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    (artifacts / "full").symlink_to("/dev/full")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(sweep_args(uri, tmp_path, f"artifacts_dir={artifacts}", runner="fault_helpers:full_disk_run_variant")) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    failed = [ln for ln in err.splitlines() if ln.startswith("[sweeps] FAILED")]
+    assert len(failed) == 6 and all(ln.endswith("OSError: [Errno 28] No space left on device") for ln in failed)
+    runs = children(uri)
+    assert len(runs) == 6 and {r.info.status for r in runs} == {"FAILED"}
+    assert all("No space left on device" in r.data.tags["ready.error"] for r in runs)
+
+
+# ---------------------------------------------------------------------------------------------
 # 8. Unclear messages
 
 
@@ -230,11 +289,7 @@ def test_a_broken_override_value_says_what_was_expected(tmp_path: Path, capsys) 
 
 def variant_runs(tmp_path: Path) -> list:
     """The child runs of the probe's store (sweep `main`)."""
-    from sweeps import tracking
-
-    c = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = c.get_experiment_by_name("ready-main")
-    return list(c.search_runs([exp.experiment_id], "tags.`ready.kind` = 'variant'")) if exp else []
+    return children(f"sqlite:///{tmp_path / 'mlflow.db'}", "main")
 
 
 @pytest.fixture(scope="module")
