@@ -9,16 +9,17 @@ p-values and minimum detectable effects (docs: /work/shared/DESIGN.md, "How a ta
   and seed it covers — τ = Σ committed / Σ rounds, TPS = Σ new tokens / Σ wall time, P_j = Σ hits_j /
   Σ observed_j. `overall` pools every suite's prompts this way (not a mean of the suites' values);
   `run_metrics` logs these pooled points to MLflow as `overall/tau|tps|survival_<j>`.
-- **Resampling (crossed, "pigeonhole" bootstrap).** Each resample draws seeds and prompts independently
-  with replacement (prompts within their suite) and weighs unit (s, i) by (times s drawn) × (times i
-  drawn). It draws S - 1 of S seeds: the (n - 1)-bootstrap, whose variance of a seed mean is the
-  unbiased one (drawing S would shrink the seed level by (S - 1)/S, a third with 3 seeds). Every
-  statistic is a function of ratios of sums, so the weights' scale does not matter.
+- **Resampling (crossed, Owen's "pigeonhole" bootstrap).** Each resample draws S of the S seeds and
+  each suite's prompts with replacement, independently, and weighs unit (s, i) by (times s drawn) ×
+  (times i drawn). It is conservative where unit-level noise dominates (it counts that noise up to
+  three times) and, with few seeds, it shrinks the seed level by (S - 1)/S; the t below makes up for
+  the latter (tests/test_stats.py checks coverage with 3 seeds where seeds, prompts or units dominate).
 - **Intervals.** value ± t(df) × SE: SE is the resamples' standard deviation; df is Satterthwaite's over
   the seed and prompt mean squares of the statistic's linearised unit values (a two-way crossed ANOVA).
   With few seeds and a large seed variance df falls towards S - 1 (2 with 3 seeds: t = 4.30, not 1.96);
   with one seed the interval is conditional on that seed. The same (SE, df) give the p-value, the
-  minimum detectable effect at 80 % power and the two one-sided tests of equivalence.
+  minimum detectable effect at 80 % power and the two one-sided tests of equivalence. Every statistic
+  is a function of ratios of sums, so the weights' scale does not matter.
 - **Thin comparisons.** A paired comparison in which fewer than MIN_DISCORDANT units differ between the
   two rows has no usable interval (its resamples are a few atoms); `Interval.thin` says so and
   `Interval.sign_p` is the sign test on those units.
@@ -316,12 +317,12 @@ def pooled(sums: np.ndarray, num: int = 0, den: int = 1) -> np.ndarray:
 
 
 def resampled_totals(d: Design, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> np.ndarray:
-    """[R, Q] column totals of crossed ("pigeonhole") bootstrap samples: S - 1 of the S seeds and every
-    suite's P_b prompts drawn with replacement, independently; unit (s, u) weighed by (draws of s) ×
-    (draws of u). One seed is always drawn whole (the interval is then conditional on it)."""
+    """[R, Q] column totals of crossed ("pigeonhole") bootstrap samples: the S seeds and every suite's P_b
+    prompts drawn with replacement, independently; unit (s, u) weighed by (draws of s) × (draws of u).
+    One seed is always drawn whole (the interval is then conditional on it)."""
     rng = np.random.default_rng(seed)
     n_seeds, _, q = d.x.shape
-    w = rng.multinomial(max(n_seeds - 1, 1), np.full(n_seeds, 1 / n_seeds), size=n_resamples)  # [R, S]
+    w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=n_resamples)  # [R, S]
     out = np.zeros((n_resamples, q))
     for b in np.unique(d.strata):
         cols = np.flatnonzero(d.strata == b)
@@ -497,6 +498,13 @@ def _difference(t: np.ndarray) -> np.ndarray:
 def tau(runs: Sequence[RunTallies], key: str) -> Optional[Interval]:
     """A row's own τ, pooled over its prompts (every suite's, for OVERALL) and seeds."""
     return _one(design(runs, key, "tau"), pooled)
+
+
+def point(runs: Sequence[RunTallies], key: str, what: str = "tau") -> Optional[float]:
+    """A row's pooled τ ("tau") or TPS ("tps") over its seeds and prompts, without resampling."""
+    d = None if (key == HELDOUT_TF and what != "tau") else design(runs, key, what)
+    value = float(pooled(d.totals)) if d is not None else math.nan
+    return value if math.isfinite(value) else None
 
 
 def tps(runs: Sequence[RunTallies], key: str) -> Optional[Interval]:

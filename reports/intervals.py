@@ -2,10 +2,11 @@
 
 A row (variant) contributes its latest finished, lossless run of every seed that logged an
 evaluation.json. A comparison of row A with reference row R pairs seed s of A with seed s of R
-and resamples seeds, then prompts (`ready.stats`). A reference with a single run that shares
-A's base drafter (param `train.base_seed`; a spec that replicates only the adaptation stages)
-is paired with each of A's seeds. Whatever cannot be paired is said in a note, never silently
-dropped.
+and resamples seeds and prompts jointly (the crossed design, `ready.stats`). A reference with a
+single run that shares A's base drafter (param `train.base_seed`; a spec that replicates only the
+adaptation stages) is paired with each of A's seeds. Whatever cannot be paired is said in a note,
+never silently dropped. Rows that resolve to the same drafter as an earlier row (a rank clamped to
+d_k) are found here (`Evidence.clones`), so every table and finding can say so.
 """
 
 from __future__ import annotations
@@ -38,9 +39,16 @@ class Evidence:
         self.base_seed: dict[tuple[str, int], object] = {}  # (variant, seed) -> param train.base_seed
         self.devices: set[str] = set()
         self.problems: list[str] = []
+        drafters: dict[str, dict[int, str]] = {}  # variant -> seed -> its trained drafter's folder
+        self.resolved_rank: dict[str, tuple[int, int]] = {}  # variant -> (requested, built) reader rank
         for r in collect.finished(runs).iter_rows(named=True):
             self.base_seed[r["ready.variant_id"], r["ready.seed"] or 0] = r.get("param.train.base_seed")
             ev = evaluations.get(r["run_id"])
+            key, rank = _drafter_identity(r, ev)
+            if key is not None:
+                drafters.setdefault(r["ready.variant_id"], {})[r["ready.seed"] or 0] = key
+            if rank is not None:
+                self.resolved_rank[r["ready.variant_id"]] = rank
             if ev is None:
                 continue
             try:
@@ -52,9 +60,23 @@ class Evidence:
                 self.devices.add(t.device)
             if t.benchmarks or t.heldout_tf is not None:
                 self.by_variant.setdefault(r["ready.variant_id"], {})[r["ready.seed"] or 0] = t
+        self.clones = _clones(runs, drafters)
         if "param.target.device" in runs.columns:
             self.devices |= {str(d) for d in collect.finished(runs)["param.target.device"].drop_nulls()
                              if str(d) in ("cpu", "cuda")}
+
+    def clone_of(self, v: Variant) -> Optional[str]:
+        """The variant id of the earlier row whose drafter v resolves to (None: v is its own row)."""
+        return self.clones.get(v.variant_id)
+
+    def clone_label(self, v: Variant, names: Mapping[str, str]) -> str:
+        """v's label, with "(= r=64: rank 128 clamped to d_k = 64)" when it is another row's drafter."""
+        orig = self.clone_of(v)
+        if orig is None:
+            return v.name
+        rank = self.resolved_rank.get(v.variant_id)
+        why = (f"rank {rank[0]} clamped to d_k = {rank[1]}" if rank and rank[0] != rank[1] else "same drafter")
+        return f"{v.name} (= {names.get(orig, orig)}: {why})"
 
     def has(self, v: Optional[Variant]) -> bool:
         return v is not None and bool(self.by_variant.get(v.variant_id))
@@ -120,6 +142,10 @@ class Evidence:
     def tau(self, v: Variant, key: str) -> Optional[Interval]:
         return stats.tau(self.runs(v), key) if self.has(v) else None
 
+    def point(self, v: Variant, key: str, what: str = "tau") -> Optional[float]:
+        """v's pooled τ or TPS over its seeds and prompts, without an interval (cheap)."""
+        return stats.point(self.runs(v), key, what) if self.has(v) else None
+
     def state_reliance(self, v: Variant, key: str) -> Optional[Interval]:
         runs = self.runs(v)
         if not runs or not all(r.swapped for r in runs):
@@ -137,6 +163,33 @@ class Evidence:
     def timing_ranked(self) -> bool:
         """TPS may be ranked only when every run is known to have been timed on CUDA."""
         return self.devices == {"cuda"}
+
+
+def _drafter_identity(run: Mapping, evaluation: Optional[Mapping]) -> tuple[Optional[str], Optional[tuple[int, int]]]:
+    """(the run's trained drafter folder, (requested, built) reader rank) from its evaluation.json, each None
+    when not recorded. Without evaluation.json no clone is found (tags alone cannot tell a clamped rank
+    from an evaluation reused from the cache)."""
+    resolved = (evaluation or {}).get("resolved") or {}
+    rank = None
+    if resolved.get("rank") is not None and resolved.get("rank_requested") is not None:
+        rank = (int(resolved["rank_requested"]), int(resolved["rank"]))
+    folder = resolved.get("drafter_dir") if run.get("ready.method") not in (None, "ar") else None
+    return (str(folder) if folder else None), rank
+
+
+def _clones(runs: pl.DataFrame, drafters: Mapping[str, Mapping[int, str]]) -> dict[str, str]:
+    """clone variant id -> the earlier variant (by `ready.order`) that trained the same drafter in every seed."""
+    order = {v.variant_id: k for k, v in enumerate(collect.aggregate(runs))}
+    out: dict[str, str] = {}
+    seen: list[str] = []
+    for vid in sorted(drafters, key=lambda x: order.get(x, len(order))):
+        mine = drafters[vid]
+        orig = next((o for o in seen if all(drafters[o].get(s) == d for s, d in mine.items())), None)
+        if orig is None:
+            seen.append(vid)
+        else:
+            out[vid] = orig
+    return out
 
 
 def count_text(counts: Sequence[Counts]) -> str:

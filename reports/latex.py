@@ -1,9 +1,11 @@
 """Render a `Table` as booktabs LaTeX: a full `table` float, or a tabular-only fragment for \\input{}.
 
 No vertical rules; \\toprule/\\midrule/\\bottomrule and \\cmidrule under group headers; a value in
-bold only where its interval clears the runner-up's; a gain whose interval excludes 0 marked with
-a superscript *; a missing value is a dagger-marked dash and a not-lossless row a double dagger,
-explained in notes set under the bottom rule (inside the tabular, so fragments carry them too).
+bold where its row's paired interval against every other row excludes 0; a comparison that stays
+significant after Holm's correction over the table marked with a superscript *; a comparison on too
+few differing units shows "(k of N differ)" instead of an interval; a missing value is a
+dagger-marked dash and a not-lossless row a double dagger, explained in notes set under the bottom
+rule (inside the tabular, so fragments carry them too).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def render_cell(cell: Cell) -> str:
         body = rf"\mathbf{{{body}}}"
     if cell.marked:
         body += rf"^{{{EFFECT_MARK}}}"
-    return f"${body}$"
+    return f"${body}$" + (f" ({escape(cell.thin_text)})" if cell.thin else "")
 
 
 def caption(table: Table) -> str:

@@ -23,6 +23,8 @@ def render_cell(cell: Cell) -> str:
         body += "×"
     if cell.bold:
         body = f"**{body}**"
+    if cell.thin:
+        body += f" ({cell.thin_text})"
     return body + ("\\" + EFFECT_MARK if cell.marked else "")
 
 

@@ -2,18 +2,29 @@
 
 A `Table` holds numbers, not strings; `reports.latex` and `reports.markdown` render it. Gains are
 recomputed here, never read from the gains the runner logged: paired by prompt and seed from the
-runs' evaluation.json with a 95 % interval (`reports.intervals`, `ready.stats`), or, for runs
-without per-prompt logs, as a ratio of seed means. A cell is marked only when its interval
-excludes 0, and bold only when its interval clears the runner-up's; CPU timings are never ranked.
+runs' evaluation.json with a 95 % interval (`reports.intervals`, `ready.stats`: crossed bootstrap
+over seeds and prompts, t on Satterthwaite's df), or, for runs without per-prompt logs, as a ratio
+of seed means. The rules every table follows (and states in its caption):
+
+- a comparison is marked when its p-value stays below ALPHA after Holm's correction over the
+  table's comparisons (`apply_holm`);
+- a row is bold only when its paired interval against every other row excludes 0 in its favour
+  (`best_row`: an intersection-union test, no correction needed);
+- a comparison resting on fewer than `ready.stats.MIN_DISCORDANT` differing units shows the count,
+  not an interval, and is never marked;
+- a row that resolves to another row's drafter (a rank clamped to d_k) says so in its label and is
+  never marked or bolded; CPU timings are never ranked.
+
 Not-lossless runs are left out and footnoted. A value that cannot be computed is a missing cell
 (rendered as a dash) plus a note saying why, never a zero.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import polars as pl
 
@@ -24,7 +35,7 @@ from reports.collect import METHOD_NAMES, Stat, Variant
 from reports.intervals import Counts, Evidence, count_text
 
 SUMMARY = "overall"  # the benchmark key of the whole-suite metrics the ablation tables report
-AVERAGE = "_average"  # per-run mean over benchmarks, added for Table 1's last row
+POOLED = "_pooled"  # per run, every suite's prompts pooled (ratio of sums): Table 1's last row
 GAIN_DECIMALS = 1  # percent gains: +5.1 [+2.0, +8.3]
 DIFF_DECIMALS = 3  # state reliance, a difference of τ
 TAU_DECIMALS = 3
@@ -69,7 +80,7 @@ BENCHMARK_NAMES = {
     "mt_bench": "MT-Bench",
     "alpaca": "Alpaca",
     "heldout": "Held-out",
-    AVERAGE: "Average",
+    POOLED: "All prompts",
 }
 
 
@@ -95,7 +106,8 @@ class Column:
 @dataclass
 class Cell:
     """One table cell. kind: text | num (value ± std or [lo, hi]) | gain (signed %) | diff (signed)
-    | speedup (×). A gain or diff whose 95 % interval [lo, hi] excludes 0 is marked (EFFECT_MARK)."""
+    | speedup (×). A gain or diff is marked (EFFECT_MARK) when its interval excludes 0 and its
+    Holm-adjusted p (set by `apply_holm` over the table) is below ALPHA."""
 
     kind: str = "num"
     mean: float | None = None
@@ -106,23 +118,42 @@ class Cell:
     lo: float | None = None  # 95 % interval, when the cell was resampled
     hi: float | None = None
     flag: str = ""  # a footnote mark after the text (NOT_LOSSLESS_MARK on a row label)
-    ranked: bool = True  # False: shown, never marked or bolded (CPU timings)
+    ranked: bool = True  # False: shown, never marked or bolded (CPU timings, a row that is another's drafter)
+    iv: Interval | None = None  # the statistics of a resampled cell: p-value, MDE, discordant units
+    p_adj: float | None = None  # Holm-adjusted p over the table's comparisons (`apply_holm`)
 
     @property
     def missing(self) -> bool:
         return self.kind != "text" and self.mean is None and not self.text
 
     @property
+    def thin(self) -> bool:
+        """A paired comparison on fewer than MIN_DISCORDANT differing units: shown as a count, no interval."""
+        return self.iv is not None and self.iv.thin
+
+    @property
     def has_interval(self) -> bool:
-        return self.mean is not None and self.lo is not None and self.hi is not None
+        return self.mean is not None and self.lo is not None and self.hi is not None and not self.thin
+
+    @property
+    def comparison(self) -> bool:
+        """A ranked signed effect with a test behind it: a member of the table's Holm family."""
+        return self.ranked and self.kind in ("gain", "diff") and self.has_interval and self.iv is not None
 
     @property
     def marked(self) -> bool:
-        """A signed effect whose interval excludes 0."""
-        return self.ranked and self.kind in ("gain", "diff") and self.has_interval and (self.lo > 0 or self.hi < 0)
+        """A signed effect whose interval excludes 0 and whose Holm-adjusted p (when set) is below ALPHA."""
+        if not (self.ranked and self.kind in ("gain", "diff") and self.has_interval and (self.lo > 0 or self.hi < 0)):
+            return False
+        return self.p_adj is None or self.p_adj < stats.ALPHA
+
+    @property
+    def thin_text(self) -> str:
+        """"2 of 384 differ" for a thin comparison ("" otherwise)."""
+        return f"{self.iv.discordant} of {self.iv.units:,} differ" if self.thin and self.iv else ""
 
 
-EFFECT_MARK = "*"  # after a gain whose 95 % interval excludes 0
+EFFECT_MARK = "*"  # after a comparison that stays significant after Holm's correction over the table
 NOT_LOSSLESS_MARK = "‡"  # after a row (or column group) with a run left out for not being lossless
 CPU_TIMING = "CPU timing, indicative: TPS is not ranked"
 
@@ -165,17 +196,33 @@ def _unranked(cell: Cell, ranked: bool) -> Cell:
     return cell
 
 
-def mark_best(cells: Sequence[Cell]) -> None:
-    """Bold the best cell only when its interval clears the runner-up's (best lo > runner-up hi).
+def best_row(candidates: Sequence[Variant], score: Callable[[Variant], float | None],
+             beats: Callable[[Variant, Variant], Interval | None]) -> Variant | None:
+    """The candidate with the highest score, when its paired interval against every other candidate
+    (`beats(best, other)`) excludes 0 in its favour and rests on enough differing units; else None.
 
-    Needs two or more present cells, every one with an interval: a value without an interval
-    (or a tie within noise) is never called best.
+    Needs two or more candidates, each with a score: a row without per-prompt evidence, or a tie
+    within noise, leaves nothing bold. Each comparison at 95 %, all required: an intersection-union
+    test, so the bold needs no multiplicity correction.
     """
-    present = [c for c in cells if c.mean is not None]
-    if len(present) < 2 or not all(c.has_interval for c in present):
-        return
-    best, second = sorted(present, key=lambda c: c.mean, reverse=True)[:2]
-    best.bold = best.lo > second.hi
+    scored = [(score(v), v) for v in candidates]
+    if len(scored) < 2 or any(x is None for x, _ in scored):
+        return None
+    best = max(scored, key=lambda x: x[0])[1]
+    for _, other in scored:
+        if other is not best:
+            iv = beats(best, other)
+            if iv is None or iv.thin or not iv.lo > 0:
+                return None
+    return best
+
+
+def apply_holm(cells: Sequence[Cell]) -> int:
+    """Set every comparison cell's Holm-adjusted p over this family; returns the family's size."""
+    family = [c for c in cells if c.comparison]
+    for c, p in zip(family, stats.holm([c.iv.p_value for c in family])):  # type: ignore[union-attr]
+        c.p_adj = p
+    return len(family)
 
 
 def _num(stat: Stat | None, decimals: int) -> Cell:
@@ -187,7 +234,7 @@ def _num(stat: Stat | None, decimals: int) -> Cell:
 def _interval_cell(kind: str, iv: Interval | None, decimals: int) -> Cell:
     if iv is None:
         return Cell(kind, decimals=decimals)
-    return Cell(kind, iv.value, decimals=decimals, lo=iv.lo, hi=iv.hi)
+    return Cell(kind, iv.value, decimals=decimals, lo=iv.lo, hi=iv.hi, iv=iv)
 
 
 def _ratio(a: Stat | None, b: Stat | None) -> float | None:
@@ -281,17 +328,40 @@ def _first(variants: Sequence[Variant], method: str) -> Variant | None:
     return next((v for v in variants if v.method == method), None)
 
 
-def _reading(ev: Evidence, counts: Sequence[Counts], with_rounds: str) -> list[str]:
-    """Caption sentences: the data behind a cell and how to read its interval, mark and bold."""
+def _span(values: Sequence[float], fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+def _reading(counts: Sequence[Counts], with_rounds: str, cells: Sequence[Cell] = (), family: int = 0,
+             mde_cells: Sequence[Cell] = (), clones: bool = False) -> list[str]:
+    """Caption sentences: the data behind a cell and how to read its interval, mark and bold
+    (`cells`: every cell of the table; `family`: the Holm family's size; `mde_cells`: the Δτ vs DSpark
+    cells whose minimum detectable effect the caption quotes)."""
     if not counts:
         return [f"No per-prompt logs (evaluation.json): gains are ratios of seed means without intervals, "
-                f"and nothing is bolded{with_rounds}."]
-    return [
+                f"and nothing is marked or bolded{with_rounds}."]
+    dfs = [c.iv.df for c in cells if c.comparison and c.iv is not None]
+    df = f" (here {_span(dfs, '.1f')})" if dfs and all(map(math.isfinite, dfs)) else ""
+    out = [
         f"Per cell: {count_text(counts)}.",
-        "Gains are paired by prompt and seed against the reference row; [lo, hi] is a 95 % interval "
-        f"(bootstrap over seeds, then prompts; {N_RESAMPLES:,} resamples); {EFFECT_MARK} marks an interval "
-        "that excludes 0; bold only where a row's interval clears the runner-up's.",
+        "Gains are paired by prompt and seed against the reference row and pool every suite's prompts (ratio of "
+        "sums); [lo, hi] is a 95 % interval, value ± t × SE: SE from a bootstrap that resamples seeds and prompts "
+        f"jointly ({N_RESAMPLES:,} resamples), t on Satterthwaite's degrees of freedom over seeds and prompts{df}, "
+        "which near seeds − 1 where the seeds disagree.",
+        f"{EFFECT_MARK} marks a comparison that stays significant (p < {stats.ALPHA:g}) after Holm's correction over "
+        f"the table's {family} comparisons; bold: a row whose paired interval against every other row excludes 0 "
+        "in its favour.",
     ]
+    if any(c.thin for c in cells):
+        out.append(f"(k of N differ): the two rows decode differently on fewer than {stats.MIN_DISCORDANT} seed × "
+                   "prompt units, too few for an interval; never marked.")
+    mdes = [c.iv.mde() for c in mde_cells if c.iv is not None and c.has_interval]
+    if mdes:
+        out.append(f"Smallest Δτ vs DSpark detectable at {stats.POWER * 100:.0f} % power: {_span(mdes, '.1f')} %.")
+    if clones:
+        out.append("A row labelled (= X: …) resolves to row X's drafter and repeats its numbers: never marked or bolded.")
+    return out
 
 
 def _timing(ev: Evidence) -> str:
@@ -325,8 +395,9 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
 
     Columns: τ, Δτ vs DSpark and vs FT (%), state reliance (Δτ own − another prompt's states), TPS and
     ΔTPS vs DSpark (%). With per-prompt logs (`evaluations`: run id -> evaluation.json) τ and every
-    comparison carry a 95 % interval, hierarchical over the seeds each row finished and the prompts;
-    without them, gains are ratios of seed means. Not-lossless runs are left out and footnoted.
+    comparison carry a 95 % interval over the seeds each row finished and the prompts (crossed), marks
+    follow Holm over the table and bold the paired best row; without them, gains are ratios of seed
+    means. Not-lossless runs are left out and footnoted; a row that is another row's drafter says so.
     """
     runs, aside = collect.set_aside_not_lossless(runs)
     evaluations = evaluations or {}
@@ -380,26 +451,41 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
 
     rows: list[list[Cell]] = []
     counts: list[Counts] = []
+    names = {v.variant_id: v.name for v in ordered}
     for v in ordered:
         c = ev.counts(v, stats.OVERALL)
         if c is not None:
             counts.append(c)
         tau_iv = ev.tau(v, stats.OVERALL)
         tau = _interval_cell("num", tau_iv, TAU_DECIMALS) if tau_iv else _num(notes.stat(v, f"{SUMMARY}/tau"), TAU_DECIMALS)
-        row = [Cell("text", text=v.name, flag=NOT_LOSSLESS_MARK if v.variant_id in aside else ""), tau]
+        label = ev.clone_label(v, names)
+        row = [Cell("text", text=label, flag=NOT_LOSSLESS_MARK if v.variant_id in aside else ""), tau]
         row.append(Cell("gain", text="ref.") if v is ref else gain(v, ref, "tau"))
         row.append(Cell("gain", text="ref.") if v is ft else Cell("text", text="") if v is ref else gain(v, ft, "tau"))
         row.append(reliance_cell(v))
         row.append(_num(notes.stat(v, f"{SUMMARY}/tps"), 2))
         row.append(Cell("gain", text="ref.") if v is ref else _unranked(gain(v, ref, "tps"), ev.timing_ranked))
+        if ev.clone_of(v) is not None:  # another row's drafter: its numbers repeat that row's
+            for cell in row[1:]:
+                cell.ranked = False
         rows.append(row)
+    by_row = dict(zip((v.variant_id for v in ordered), rows))
+    own = [v for v in ordered if v.n_finished and ev.clone_of(v) is None]
+    best = best_row(own, lambda v: ev.point(v, stats.OVERALL), lambda a, b: ev.gain(a, b, stats.OVERALL)[0])
+    if best is not None:
+        for col in (1, 2, 3):
+            by_row[best.variant_id][col].bold = True
+    if ev.timing_ranked:
+        best = best_row(own, lambda v: ev.point(v, stats.OVERALL, "tps"),
+                        lambda a, b: ev.gain(a, b, stats.OVERALL, "tps")[0])
+        if best is not None:
+            for col in (5, 6):
+                by_row[best.variant_id][col].bold = True
     if ref is None:  # keep the reference row visible, as a row of dashes
         rows.insert(0, [Cell("text", text="DSpark"), Cell(decimals=TAU_DECIMALS), Cell("gain"), Cell("text", text=""),
                         Cell("text", text=""), Cell(decimals=2), Cell("gain")])
-    for col in (1, 2, 3, 4):
-        mark_best([r[col] for r in rows])
-    if ev.timing_ranked:
-        mark_best([r[6] for r in rows])
+    cells = [c for row in rows for c in row]
+    family = apply_holm(cells)
     _seed_notes(variants, notes, aside)
     columns = [
         Column(spec.row_header, spec.row_header, align="l"),
@@ -414,9 +500,9 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
     if not any_evidence:
         r = [v.stats[f"{SUMMARY}/rounds"].mean for v in ordered if f"{SUMMARY}/rounds" in v.stats]
         rounds = f" ({min(r):,.0f}–{max(r):,.0f} rounds per seed)" if r else ""
-    about = _reading(ev, counts, rounds)
-    about += ["τ pooled over seeds and prompts" + ("" if any_evidence else " (mean ± std over seeds)")
-              + "; TPS mean ± std over seeds.",
+    about = _reading(counts, rounds, cells, family, [r[2] for r in rows], bool(ev.clones))
+    about += ["τ pooled over seeds and every suite's prompts (ratio of sums)"
+              + ("" if any_evidence else " (mean ± std over seeds)") + "; TPS mean ± std over seeds.",
               "State reliance: τ with the row's own states minus τ with another prompt's states."]
     about += [t for t in (_timing(ev),) if t] + _search_about(sweep, evaluations) + _sampling_about(evaluations)
     notes.add(_tie_flip_note(evaluations))
@@ -427,30 +513,50 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
                  rule_before=rule, notes=notes.items, lossless_notes=_lossless_notes(variants, aside), about=about)
 
 
+def with_pooled(runs: pl.DataFrame, evaluations: Mapping[str, dict], benches: Sequence[str]) -> pl.DataFrame:
+    """Add `_pooled/tau` and `_pooled/tps` per run: every suite's prompts pooled (ratio of sums, as
+    `ready.stats` pools `overall`), from the run's evaluation.json, else its logged `overall/<m>`
+    (pooled by `ready.stats.run_metrics`); null for a run that misses a benchmark."""
+    values: dict[str, list[float | None]] = {"tau": [], "tps": []}
+    for r in runs.iter_rows(named=True):
+        complete = all(r.get(f"{b}/{m}") is not None for b in benches for m in values)
+        run = None
+        if evaluations.get(r["run_id"]) is not None:
+            try:
+                run = stats.tallies(evaluations[r["run_id"]])
+            except stats.StatsError:
+                run = None
+        for m in values:
+            point = stats.point([run], stats.OVERALL, m) if run is not None and run.benchmarks else None
+            values[m].append((point if point is not None else r.get(f"{SUMMARY}/{m}")) if complete else None)
+    return runs.with_columns([pl.Series(f"{POOLED}/{m}", v, dtype=pl.Float64) for m, v in values.items()])
+
+
 def _tps_tau(v: Variant | None, bench: str, notes: _Notes) -> tuple[Stat | None, Stat | None]:
     """A variant's TPS and tau on one benchmark (None for an absent variant or missing metric)."""
     if v is None:
         return None, None
-    if bench == AVERAGE:  # the average row's note names the cause (a missing benchmark), added below
+    if bench == POOLED:  # the pooled row's note names the cause (a missing benchmark), added below
         return v.stat(f"{bench}/tps")[0], v.stat(f"{bench}/tau")[0]
     return notes.stat(v, f"{bench}/tps"), notes.stat(v, f"{bench}/tau")
 
 
 def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
                evaluations: Mapping[str, dict] | None = None) -> Table:
-    """Table 1: per benchmark and their average, TPS / speedup vs AR / tau for each method, gains vs DSpark.
+    """Table 1: per benchmark and all prompts pooled, TPS / speedup vs AR / tau for each method, gains vs DSpark.
 
     Column groups are AR, DSpark, then every other variant in `ready.order`; the gain columns
     compare each non-baseline variant with DSpark, paired by prompt and seed with a 95 % interval
-    when the runs' evaluation.json are given. The average row is the mean over benchmarks (per
-    run, then over seeds), as in the paper; it is missing when any benchmark is.
+    when the runs' evaluation.json are given. The last row pools every suite's prompts (ratio of
+    sums per run, then mean over seeds), the one pooling its gains use (the paper's "Average" is a
+    mean over benchmarks instead); it is missing when any benchmark is. Bold per benchmark: the
+    method (DSpark or another row) whose paired τ (TPS on CUDA) beats every other method's.
     """
     runs, aside = collect.set_aside_not_lossless(runs)
     evaluations = evaluations or {}
     ev = Evidence(runs, evaluations)
     benches = collect.benchmarks(runs, "tps")
-    for metric in ("tps", "tau"):
-        runs = collect.with_mean_over(runs, f"{AVERAGE}/{metric}", [f"{b}/{metric}" for b in benches])
+    runs = with_pooled(runs, evaluations, benches)
     variants = collect.aggregate(runs)
     notes = _Notes()
     for p in ev.problems:
@@ -481,8 +587,9 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
 
     rows: list[list[Cell]] = []
     counts: list[Counts] = []
-    for b in [*benches, AVERAGE]:
-        key = stats.OVERALL if b == AVERAGE else b
+    methods = [v for v in (ds, *others) if v is not None and v.n_finished]
+    for b in [*benches, POOLED]:
+        key = stats.OVERALL if b == POOLED else b
         counts += [c for v in groups if v is not None and v.method != "ar" for c in [ev.counts(v, key)] if c]
         st = [_tps_tau(v, b, notes) for v in groups]
         ar_tps, (ds_tps, ds_tau) = st[0][0], st[1]
@@ -491,9 +598,15 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
         tau_cells = [_num(tau, 2) for _, tau in st]
         gain_tps = [_unranked(paired(v, key, "tps", tps, ds_tps), ev.timing_ranked) for v, (tps, _) in zip(others, st[2:])]
         gain_tau = [paired(v, key, "tau", tau, ds_tau) for v, (_, tau) in zip(others, st[2:])]
-        mark_best(gain_tau)
-        if ev.timing_ranked:
-            mark_best(gain_tps)
+        for metric, col, gains in (("tau", tau_cells, gain_tau), ("tps", tps_cells, gain_tps)):
+            if metric == "tps" and not ev.timing_ranked:
+                continue
+            best = best_row(methods, lambda v: ev.point(v, key, metric),
+                            lambda a, o: ev.gain(a, o, key, metric)[0])  # noqa: B023 (used at once)
+            if best is not None:
+                col[groups.index(best)].bold = True
+                if best is not ds:
+                    gains[others.index(best)].bold = True
         row = [Cell("text", text=BENCHMARK_NAMES.get(b, b))]
         for group in zip(tps_cells, x_cells, tau_cells):
             row += group
@@ -504,10 +617,14 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
         notes.add(f"no benchmark metrics (<benchmark>/tps) in sweep {sweep}")
     for v in groups:
         if v is not None and v.n_finished and any(v.stat(f"{b}/{m}")[0] is None for b in benches for m in ("tps", "tau")):
-            notes.add(f"{v.name}: Average needs every benchmark")
+            notes.add(f"{v.name}: All prompts needs every benchmark")
     _seed_notes(variants, notes, aside)
-    about = _reading(ev, counts, "")
-    about += ["TPS and τ per method: mean ± std over seeds; × is TPS over AR's."]
+    cells = [c for row in rows for c in row]
+    family = apply_holm(cells)
+    first_gain = 1 + 3 * len(groups)
+    about = _reading(counts, "", cells, family, [r[first_gain + 2 * k + 1] for r in rows for k in range(len(others))])
+    about += ["TPS and τ per method: mean ± std over seeds; × is TPS over AR's; All prompts pools every suite's "
+              "prompts (ratio of sums), not the mean over benchmarks."]
     about += [t for t in (_timing(ev),) if t] + _sampling_about(evaluations)
     notes.add(_tie_flip_note(evaluations))
     return Table(spec, sweep, collect.models(runs), collect.seed_counts(variants), columns, rows,

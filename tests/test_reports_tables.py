@@ -1,13 +1,14 @@
 """reports.tables without MLflow: which file a sweep's table goes to, the interval cells of an
-ablation table built from hand-built evaluation logs (marks, bold, left-out runs, captions), and
-LaTeX escaping."""
+ablation table built from hand-built evaluation logs (Holm marks, paired bold, thin comparisons,
+clone rows, left-out runs, captions), and LaTeX escaping."""
 
 import pytest
 
 from evaluation_logs import bench_rounds, evaluation, metrics_of
 from ready import stats
+from ready.stats import Interval
 from reports import collect, latex, markdown
-from reports.tables import CPU_TIMING, Cell, build_table, mark_best, spec_for
+from reports.tables import CPU_TIMING, Cell, apply_holm, best_row, build_table, spec_for
 
 BENCHES = ("humaneval", "gsm8k")
 PROMPTS, ROUNDS = 8, 30  # per benchmark: 480 rounds per seed
@@ -33,20 +34,37 @@ def _iv(mean, lo, hi, kind="gain"):
     return Cell(kind, mean, decimals=1, lo=lo, hi=hi)
 
 
-def test_bold_only_where_the_best_interval_clears_the_runner_up():
-    clear = [_iv(12.0, 9.0, 15.0), _iv(5.0, 2.0, 8.5), _iv(1.0, -2.0, 4.0), Cell("gain")]
-    mark_best(clear)
-    assert [c.bold for c in clear] == [True, False, False, False]
-    overlap = [_iv(12.0, 8.0, 15.0), _iv(9.0, 6.0, 12.0)]  # the best is higher, but not beyond noise
-    mark_best(overlap)
-    assert not any(c.bold for c in overlap)
-    without = [_iv(12.0, 9.0, 15.0), Cell("gain", 5.0)]  # a value without an interval is never ranked
-    mark_best(without)
-    assert not any(c.bold for c in without)
-    lone = [_iv(12.0, 9.0, 15.0), Cell("gain")]
-    mark_best(lone)
-    assert not lone[0].bold
+def test_bold_needs_a_paired_win_against_every_other_row():
+    from types import SimpleNamespace
 
+    from ready.stats import Interval
+
+    a, b, c = (SimpleNamespace(name=n) for n in "abc")
+    score = {"a": 5.0, "b": 4.0, "c": 3.0}
+    wins = {("a", "b"): Interval(1.0, 0.2, 1.8), ("a", "c"): Interval(2.0, 1.0, 3.0)}
+    assert best_row([a, b, c], lambda v: score[v.name], lambda x, y: wins[x.name, y.name]) is a
+    # the best beats the runner-up clearly but not c, paired: nothing bold (marginal intervals do not decide)
+    wins[("a", "c")] = Interval(2.0, -0.1, 4.1)
+    assert best_row([a, b, c], lambda v: score[v.name], lambda x, y: wins[x.name, y.name]) is None
+    # a win on too few differing units is no win
+    wins[("a", "c")] = Interval(2.0, 1.0, 3.0, discordant=3, ahead=3)
+    assert best_row([a, b, c], lambda v: score[v.name], lambda x, y: wins[x.name, y.name]) is None
+    wins[("a", "c")] = Interval(2.0, 1.0, 3.0)
+    assert best_row([a, b, c], lambda v: None if v is c else score[v.name], lambda x, y: wins[x.name, y.name]) is None
+    assert best_row([a], lambda v: 1.0, lambda x, y: None) is None  # one row is never "best"
+
+
+def test_holm_marks_only_what_survives_the_tables_family():
+    strong = Cell("gain", 9.0, decimals=1, lo=5.0, hi=13.0, iv=Interval(9.0, 5.0, 13.0, se=2.0, df=30))
+    weak = Cell("gain", 4.0, decimals=1, lo=0.2, hi=7.8, iv=Interval(4.0, 0.2, 7.8, se=1.9, df=30))
+    null = Cell("gain", 0.5, decimals=1, lo=-3.0, hi=4.0, iv=Interval(0.5, -3.0, 4.0, se=1.7, df=30))
+    timing = Cell("gain", 9.0, decimals=1, lo=5.0, hi=13.0, iv=strong.iv, ranked=False)
+    # unranked and interval-less cells stay out of the family
+    assert apply_holm([strong, weak, null, timing, Cell("gain", 1.0)]) == 3
+    # step-down: the second smallest p is multiplied by 2 (the largest, by 1)
+    assert weak.iv.p_value < 0.05 and weak.p_adj == pytest.approx(2 * weak.iv.p_value) and weak.p_adj > 0.05
+    assert strong.marked and not weak.marked and weak.lo > 0  # excludes 0, but not after Holm
+    assert timing.p_adj is None and not timing.marked
 
 def test_latex_escapes_labels_and_renders_missing_negative_and_interval_values():
     assert latex.escape("{30,62} & r_8 50%") == r"\{30,62\} \& r\_8 50\%"
@@ -75,18 +93,28 @@ def _sweep(rows, device="cpu", seeds=(0, 1)):
     """rows: (method, label, order, gain vs DSpark, options) -> (runs frame, evaluations by run id).
 
     options: wall_s (TPS), swap (τ gain of the state-swapped decode), not_lossless (seeds),
-    seeds (this row's seeds), base_seed (param train.base_seed; default: the seed).
+    seeds (this row's seeds), base_seed (param train.base_seed; default: the seed), like (an earlier
+    row whose rounds this row repeats) with differ (that many of seed 0's prompts accept nothing
+    instead), drafter (the row whose trained drafter this row reports) with rank (requested, built).
     """
     ds = {s: _rounds(100, s) for s in seeds}
-    records, evaluations = [], {}
+    records, evaluations, drawn = [], {}, {}
     for method, label, order, gain, opt in rows:
         for s in opt.get("seeds", seeds):
             rounds = ds[s] if method == "dspark" else _rounds(200 + 7 * order, s, gain, ds[s])
+            if "like" in opt:
+                rounds = {b: [list(r) for r in rs] for b, rs in drawn[opt["like"], s].items()}
+                for i in range(opt.get("differ", 0) if s == 0 else 0):
+                    rounds[BENCHES[0]][i] = [0] * len(rounds[BENCHES[0]][i])
+            drawn[label, s] = rounds
             swapped = {b: bench_rounds(900 + s, PROMPTS, ROUNDS, opt["swap"], r) for b, r in rounds.items()} \
                 if "swap" in opt else None
             bad = s in opt.get("not_lossless", ())
             ev = evaluation(method, rounds, device=device, wall_s=opt.get("wall_s", 0.1), swapped=swapped,
                             lossless=0 if bad else 1)
+            requested, built = opt.get("rank", (0, 0))
+            ev["resolved"].update(drafter_dir=f"/drafters/{opt.get('drafter', label)}-{s}", rank_requested=requested,
+                                  rank=built)
             run_id = f"{label}-{s}"
             evaluations[run_id] = ev
             records.append({"run_id": run_id, "status": "FINISHED", "start_time": s, "ready.method": method,
@@ -144,29 +172,37 @@ def test_gain_cells_are_the_hierarchical_paired_interval_over_both_seeds(rank):
     assert cells["DSpark + FT"][3].text == ""  # no reader, nothing to swap
 
 
-def test_a_ten_percent_gain_is_marked_and_a_one_percent_gain_is_not(rank):
+def test_marks_follow_holm_over_the_tables_comparisons(rank):
+    """+25 % survives Holm over the table's comparisons; +10 % excludes 0 on its own but not after Holm
+    at this size (16 prompts × 2 seeds); +1 % is noise."""
     table, _, _ = rank
     cells = _cells(table)
-    assert cells["r=8"][1].marked and cells["r=128"][1].marked
-    assert not cells["r=16"][1].marked and not cells["DSpark + FT"][1].marked
-    assert cells["r=16"][1].lo < 0 < cells["r=16"][1].hi
+    r8, r128, r16 = cells["r=8"][1], cells["r=128"][1], cells["r=16"][1]
+    assert r128.marked and r128.p_adj < 0.05
+    assert r8.lo > 0 and r8.iv.p_value < 0.05 and r8.p_adj >= 0.05 and not r8.marked
+    assert not r16.marked and r16.lo < 0 < r16.hi and not cells["DSpark + FT"][1].marked
+    family = [c for row in table.rows for c in row if c.comparison]
+    assert len(family) == 12  # 5 vs DSpark, 4 vs FT, 3 state reliances; CPU timings stay out
+    assert all(c.p_adj == pytest.approx(p) for c, p in zip(family, stats.holm([c.iv.p_value for c in family])))
     md = markdown.render(table)
-    assert f"| r=8 | {markdown.render_cell(cells['r=8'][0])} | {markdown.render_cell(cells['r=8'][1])} |" in md
-    assert markdown.render_cell(cells["r=8"][1]).endswith(r"]\*")
+    assert f"| r=8 | {markdown.render_cell(cells['r=8'][0])} | {markdown.render_cell(r8)} |" in md
+    assert markdown.render_cell(r128).endswith(r"\*") and not markdown.render_cell(r8).endswith(r"\*")
+    assert "after Holm's correction over the table's 12 comparisons" in " ".join(table.about)
 
 
-def test_bold_goes_to_a_best_row_that_clears_the_runner_up_and_never_to_cpu_timing(rank):
-    table, _, _ = rank
+def test_bold_goes_to_the_row_that_wins_every_paired_comparison_and_never_to_cpu_timing(rank):
+    table, _, evaluations = rank
     cells = _cells(table)
-    # r=128's paired gain (+25 %) clears r=8's (+10 %); r=128 is also twice as fast, but on CPU
-    assert cells["r=128"][1].bold
+    # r=128 (+25 %) beats every other row paired, prompt by prompt and seed by seed: its τ cells are bold
+    assert [i for i, c in enumerate(cells["r=128"]) if c.bold] == [0, 1, 2]
+    for other in ("DSpark", "DSpark + FT", "Placebo (shuffled states)", "r=8", "r=16"):
+        assert stats.gain_pct(*_pairs(evaluations, "r=128", other), "overall").lo > 0, other
     assert not any(c.bold for name, row in cells.items() if name != "r=128" for c in row)
-    # a row's own τ interval carries the spread of prompt difficulty, which pairing cancels: not bold
-    assert not cells["r=128"][0].bold and cells["r=128"][0].lo < cells["r=8"][0].hi
-    assert cells["r=128"][5].lo > max(cells[n][5].hi for n in ("r=8", "r=16"))
-    assert not cells["r=128"][5].bold and not cells["r=128"][4].bold
-    tps_gain = cells["r=128"][5]  # its interval excludes 0, but a CPU timing is never marked an effect
-    assert tps_gain.lo > 0 and not tps_gain.marked and not markdown.render_cell(tps_gain).endswith(r"\*")
+    # bold though its own τ interval overlaps r=8's: that interval carries the prompts' spread, which pairing cancels
+    assert cells["r=128"][0].lo < cells["r=8"][0].hi
+    tps_gain = cells["r=128"][5]  # r=128 is twice as fast, but on CPU: never bold, never marked an effect
+    assert tps_gain.lo > 0 and not tps_gain.bold and not tps_gain.marked
+    assert not markdown.render_cell(tps_gain).endswith(r"\*")
     assert CPU_TIMING in " ".join(table.about)
     assert "CPU timing, indicative" in latex.caption(table) and "CPU timing, indicative" in markdown.render(table)
 
@@ -178,15 +214,59 @@ def test_on_cuda_a_clear_speed_gain_is_bold():
     assert "CPU" not in " ".join(table.about)
 
 
-def test_caption_counts_seeds_prompts_and_rounds_per_cell(rank):
+def test_caption_counts_seeds_prompts_and_rounds_and_states_the_rules(rank):
     table, _, _ = rank
     cap = " ".join(table.about)
     n = len(BENCHES) * PROMPTS
     assert f"Per cell: 2 seeds × {n} prompts × {2 * n * ROUNDS:,} rounds." in cap
-    assert "95 % interval" in cap and "* marks an interval that excludes 0" in cap
+    for rule in ("95 % interval, value ± t × SE", "resamples seeds and prompts jointly",
+                 "Satterthwaite's degrees of freedom over seeds and prompts (here ",
+                 "* marks a comparison that stays significant (p < 0.05) after Holm's correction",
+                 "bold: a row whose paired interval against every other row excludes 0 in its favour",
+                 "Smallest Δτ vs DSpark detectable at 80 % power: ", "pool every suite's prompts (ratio of sums)"):
+        assert rule in cap, rule
+    mdes = [c.iv.mde() for c in (row[2] for row in table.rows) if c.iv is not None]
+    assert f"{min(mdes):.1f}–{max(mdes):.1f} %." in cap
     tex = latex.caption(table)
     assert rf"2 seeds $\times$ {n} prompts $\times$ {2 * n * ROUNDS:,} rounds" in tex
     assert " ".join(table.about) in markdown.render(table).splitlines()[0]
+
+
+def test_a_comparison_on_two_differing_units_shows_the_count_not_an_interval():
+    """r=8 decodes exactly like the placebo but on 2 of 2 × 16 prompt × seed units."""
+    rows = ROWS[:1] + ROWS[4:] + [("ready", "r=8", 3, 0.0, {"like": "Placebo (shuffled states)", "differ": 2})]
+    runs, evaluations = _sweep(rows)
+    table = build_table("rank", runs, evaluations)
+    pair = stats.gain_pct(*_pairs(evaluations, "r=8", "Placebo (shuffled states)"), "overall")
+    assert pair.discordant == 2 and pair.thin
+    vs_ds = _cells(table)["r=8"][1]  # against DSpark the rows differ on most units: an interval as usual
+    assert not vs_ds.thin and vs_ds.has_interval
+    direct = build_table("rank", *_sweep([ROWS[0], ("ready", "r=8", 3, 0.0, {"like": "DSpark", "differ": 2})]))
+    cell = _cells(direct)["r=8"][1]
+    assert cell.thin and not cell.has_interval and not cell.marked and not cell.comparison
+    assert markdown.render_cell(cell) == f"{cell.mean:+.1f} (2 of 32 differ)"
+    assert latex.render_cell(cell) == f"${cell.mean:+.1f}$ (2 of 32 differ)"
+    assert "(k of N differ): the two rows decode differently on fewer than 10" in " ".join(direct.about)
+
+
+def test_a_row_that_resolves_to_another_rows_drafter_is_labelled_and_never_ranked():
+    """r=128 is clamped to rank 64 = d_k: the same drafter folder as r=64 in every seed, the same numbers."""
+    rows = ROWS[:1] + ROWS[4:] + [("ready", "r=8", 3, 0.10, {"swap": -0.10, "rank": (8, 8)}),
+                                  ("ready", "r=64", 6, 0.25, {"swap": -0.20, "rank": (64, 64)}),
+                                  ("ready", "r=128", 7, 0.0, {"like": "r=64", "drafter": "r=64", "rank": (128, 64),
+                                                              "swap": -0.20})]
+    runs, evaluations = _sweep(rows)
+    table = build_table("rank", runs, evaluations)
+    labels = [r[0].text for r in table.rows]
+    clone = "r=128 (= r=64: rank 128 clamped to d_k = 64)"
+    assert labels[-2:] == ["r=64", clone]
+    cells = _cells(table)
+    assert [c.bold for c in cells["r=64"][:3]] == [True, True, True]  # its clone takes no part in the bold
+    assert cells[clone][1].mean == cells["r=64"][1].mean and not any(c.bold or c.marked for c in cells[clone])
+    assert not any(c.comparison for c in cells[clone])  # nor in the Holm family
+    assert f"| {clone} |" in markdown.render(table)
+    assert "r=128 (= r=64: rank 128 clamped to d\\_k = 64) &" in latex.render(table)
+    assert "A row labelled (= X: …) resolves to row X's drafter" in " ".join(table.about)
 
 
 def test_a_not_lossless_run_is_left_out_of_every_gain_and_footnoted():
