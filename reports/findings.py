@@ -10,15 +10,22 @@ positive control is read as its spec runs it, whatever `--profile` says.
 
 Each finding names the sweep that tests it, the paper's figure, and the paired comparisons that
 decide it: row A against row B of the same sweep setting, seed by seed and prompt by prompt, as a
-gain in τ (%) with its 95 % interval (`reports.intervals`, hierarchical over seeds and prompts),
-on the evaluation suites (`overall`) and teacher-forced on held-out regenerated sequences
-(`heldout_tf`). The verdict reads the engine-τ intervals only:
+gain in τ (%) with its 95 % interval (`reports.intervals`, `ready.stats`: every suite's prompts
+pooled, crossed bootstrap over seeds and prompts, t on Satterthwaite's df), on the evaluation suites
+(`overall`) and teacher-forced on held-out regenerated sequences (`heldout_tf`), and with the
+comparison's minimum detectable effect (MDE) at 80 % power. The verdict reads the engine-τ
+intervals only:
 
-- a directional claim ("A beats B") reproduces when every one of its intervals lies above 0, does
-  not when one lies below 0, and is inconclusive otherwise;
-- the saturation claim ("full rank adds little over r = 8") reproduces when the interval of the
-  full-rank gain lies below +SATURATION_PCT, does not when it lies above it, and is inconclusive
-  otherwise;
+- a directional claim ("A beats B") reproduces when its interval lies above 0, does not when it
+  lies below 0, and is inconclusive otherwise; a comparison on fewer than
+  `ready.stats.MIN_DISCORDANT` differing units is read by its sign test instead;
+- an absence claim ("the placebo does not beat FT", "full rank adds little over r = 8") is a claim
+  too: it reproduces only by two one-sided tests (TOST, level 0.05) that the gain lies within
+  ± its declared margin (`Comparison.margin`), and only when that margin is at least the
+  comparison's MDE; it does not reproduce when the row clearly beats its reference (the placebo:
+  the interval lies above 0; saturation: above the margin); otherwise it is inconclusive;
+- a finding reproduces only when every one of its claims does (an intersection-union test: each
+  at level 0.05, no multiplicity correction needed);
 - a finding about how the reader should be built (rank, source layers, injection) is only worth
   something when the reader shows a state effect at all: its precondition comparison (the default
   ReaDy row above the state placebo) must clear 0, or the finding reads "vacuous" instead of
@@ -31,6 +38,7 @@ on the evaluation suites (`overall`) and teacher-forced on held-out regenerated 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,17 +51,24 @@ from reports.errors import ReportError
 from reports.intervals import Evidence
 
 MARKER = "<!-- generated below by python -m reports.findings; hand-written text above this line is kept -->"
-SATURATION_PCT = 1.0  # "near saturation": the full-rank gain over r = 8 stays under +1 % τ
+SATURATION_PCT = 1.0  # "near saturation": the full-rank gain over r = 8 lies within ±1 % τ
+NULL_PCT = 1.0  # "no state effect": the placebo's gain over FT lies within ±1 % τ
 
 
 @dataclass(frozen=True)
 class Comparison:
     row: str  # a row label of the sweep (tag ready.label)
     ref: str  # the row it is compared with
-    # "above": row beats ref; "below": row loses to ref; "saturated": gain < SATURATION_PCT;
-    # "null": row must not beat ref (the placebo); "info": shown for context, not judged;
-    # "precondition": like "above", but what it guards is a null/saturation claim (overall_verdict)
+    # "above": row beats ref; "below": row loses to ref; "saturated": gain within ±margin (full rank);
+    # "null": gain within ±margin, and row must not beat ref (the placebo); "info": shown for context,
+    # not judged; "precondition": like "above", but what it guards is a null/saturation claim
     claim: str = "above"
+    margin: float = 0.0  # declared equivalence margin in % τ ("saturated", "null"); 0: the claim's default
+
+    @property
+    def bound(self) -> float:
+        """The equivalence margin of an absence claim (SATURATION_PCT / NULL_PCT unless declared)."""
+        return self.margin or (SATURATION_PCT if self.claim == "saturated" else NULL_PCT)
 
 
 @dataclass(frozen=True)
@@ -98,7 +113,19 @@ FINDINGS = (
 
 
 def _fmt(iv: Optional[Interval]) -> str:
-    return "—" if iv is None else f"{iv.value:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}]"
+    if iv is None:
+        return "—"
+    if iv.thin:  # too few differing units for an interval: the count and the sign test
+        return (f"{iv.value:+.2f} ({iv.discordant} of {iv.units:,} units differ, {iv.ahead} ahead; "
+                f"sign test p {iv.sign_p:.2f})")
+    return f"{iv.value:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}]"
+
+
+def _mde(iv: Optional[Interval]) -> str:
+    if iv is None:
+        return "—"
+    df = "∞" if not math.isfinite(iv.df) else f"{iv.df:.1f}"
+    return f"{iv.mde():.2f} (df {df})"
 
 
 def judge(c: Comparison, iv: Optional[Interval]) -> Optional[str]:
@@ -107,13 +134,34 @@ def judge(c: Comparison, iv: Optional[Interval]) -> Optional[str]:
         return None
     if iv is None:
         return "not run"
-    if c.claim == "null":  # passes unless the row clearly beats its reference
-        return "reproduces" if iv.lo <= 0 else "does not"
-    if c.claim == "saturated":
-        return "reproduces" if iv.hi < SATURATION_PCT else ("does not" if iv.lo > SATURATION_PCT else "inconclusive")
-    sign = -1 if c.claim == "below" else 1
-    lo, hi = sorted((sign * iv.lo, sign * iv.hi))
-    return "reproduces" if lo > 0 else ("does not" if hi < 0 else "inconclusive")
+    if c.claim in ("null", "saturated"):  # absence of an effect: an equivalence test, or nothing
+        if _shown(iv, c.bound if c.claim == "saturated" else 0.0) > 0:
+            return "does not"
+        if c.bound < iv.mde() or iv.tost_p(c.bound) >= stats.ALPHA:
+            return "inconclusive"
+        return "reproduces"
+    direction = _shown(iv) * (-1 if c.claim == "below" else 1)
+    return "reproduces" if direction > 0 else ("does not" if direction < 0 else "inconclusive")
+
+
+def _shown(iv: Interval, above: float = 0.0) -> int:
+    """+1 / -1 when the gain is shown above `above` / below 0 (its interval; for a thin comparison the sign
+    test on the differing units, against 0 only), else 0."""
+    if iv.thin:
+        if iv.sign_p >= stats.ALPHA or above:
+            return 0
+        return 1 if 2 * iv.ahead > (iv.discordant or 0) else -1
+    return 1 if iv.lo > above else (-1 if iv.hi < 0 else 0)
+
+
+def reason(c: Comparison, iv: Optional[Interval]) -> str:
+    """Why an absence claim is inconclusive or reproduces (its margin, MDE and TOST p); "" otherwise."""
+    if iv is None or c.claim not in ("null", "saturated") or judge(c, iv) == "does not":
+        return ""
+    mde = iv.mde()
+    if c.bound < mde:
+        return f"MDE {mde:.2f} % > margin ±{c.bound:g} %: too little data to show no effect"
+    return f"TOST at ±{c.bound:g} %: p {iv.tost_p(c.bound):.3f}"
 
 
 def reconcile(verdict: Optional[str], engine: Optional[Interval], tf: Optional[Interval]) -> Optional[str]:
@@ -179,12 +227,17 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
         return "\n".join(head + [f"**Verdict: not run** — {e}", ""])
     evidence = Evidence(runs, collect.load_evaluations(tracking_uri, runs, cache_dir))
     variants = {v.name: v for v in collect.aggregate(runs)}
+    names = {v.variant_id: v.name for v in variants.values()}
+
+    def label(v: Any) -> str:  # "r=128 (= r=64: rank 128 clamped to d_k = 64)" for a row that is another's drafter
+        return evidence.clone_label(v, names)
+
     rows, verdicts, preconditions, notes = [], [], [], []
     for c in finding.comparisons:
         a, b = variants.get(c.row), variants.get(c.ref)
         if a is None or b is None:
             missing = c.row if a is None else c.ref
-            rows.append(f"| {c.row} vs {c.ref} | — | — | — | row {missing!r} not in sweep {finding.sweep} |")
+            rows.append(f"| {c.row} vs {c.ref} | — | — | — | — | row {missing!r} not in sweep {finding.sweep} |")
             (preconditions if c.claim == "precondition" else verdicts).append(judge(c, None))
             continue
         engine, note = evidence.gain(a, b, stats.OVERALL)
@@ -196,13 +249,16 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
             verdict = "inconclusive"
             notes.append(f"{c.row} vs {c.ref}: the engine and teacher-forced intervals exclude 0 with opposite signs")
         (preconditions if c.claim == "precondition" else verdicts).append(verdict)
-        claim = {"above": "> 0", "below": "< 0", "saturated": f"< +{SATURATION_PCT:g} %", "null": "not > 0",
-                 "info": "(context)", "precondition": "> 0 (precondition)"}[c.claim]
-        rows.append(f"| {c.row} vs {c.ref} | {_fmt(engine)} | {_fmt(tf)} | {n} | {claim}: {verdict or '—'} |")
+        claim = {"above": "> 0", "below": "< 0", "saturated": f"within ±{c.bound:g} %",
+                 "null": f"within ±{c.bound:g} %, not > 0", "info": "(context)",
+                 "precondition": "> 0 (precondition)"}[c.claim]
+        why = reason(c, engine)
+        rows.append(f"| {label(a)} vs {label(b)} | {_fmt(engine)} | {_mde(engine)} | {_fmt(tf)} | {n} | "
+                    f"{claim}: {verdict or '—'}{f' ({why})' if why else ''} |")
         if note:
             notes.append(note)
-    table = ["| comparison | Δτ engine (%) [95 % CI] | Δτ teacher-forced (%) [95 % CI] | seeds × prompts × rounds | claim: verdict |",
-             "|---|---|---|---|---|", *rows]
+    table = ["| comparison | Δτ engine (%) [95 % CI] | MDE 80 % (df) | Δτ teacher-forced (%) [95 % CI] | "
+             "seeds × prompts × rounds | claim: verdict |", "|---|---|---|---|---|---|", *rows]
     out = head + table + [""] + [f"- {n}" for n in notes] + (["" ] if notes else [])
     verdict = overall_verdict(verdicts, preconditions)
     if control:
@@ -217,9 +273,12 @@ def render(tracking_uris: Sequence[str], cache_dir: Optional[Path] = None, profi
     where = (f"in the setting of profile `{profile}` (experiments/profiles/{profile}.yaml; every sweep run as "
              f"`python -m sweeps.run NAME profile={profile}`)" if profile else "on the embedded default")
     intro = (f"# The paper's ablation findings {where}\n\n"
-             "Generated by `python -m reports.findings` from the MLflow store; every gain is paired "
-             "(same prompts, same seeds) with a 95 % hierarchical bootstrap interval. Verdict rules: "
-             "`reports/findings.py`.\n")
+             "Generated by `python -m reports.findings` from the MLflow store; every gain pools every suite's "
+             "prompts and is paired (same prompts, same seeds) with a 95 % interval: value ± t × SE, SE from a "
+             "bootstrap that resamples seeds and prompts jointly, t on Satterthwaite's df (near seeds − 1 where "
+             "seeds disagree). MDE: the smallest true gain the comparison detects with 80 % power. \"No effect\" "
+             "and \"saturated\" reproduce only by two one-sided tests within a declared margin that is at least "
+             "the MDE. Verdict rules: `reports/findings.py`.\n")
     sections = [finding_section(f, tracking_uris, cache_dir, profile) for f in (POSITIVE_CONTROL, *FINDINGS)]
     return "\n".join([intro] + sections)
 

@@ -469,3 +469,17 @@ def test_unknown_sweep_and_missing_store_are_one_clear_error(store, tmp_path, ca
         build_reports(store, ["nope"], tmp_path, echo=None)
     assert main(["--tracking-uri", f"sqlite:///{tmp_path}/absent.db", "--out", str(tmp_path)]) == 2
     assert "no MLflow database at" in capsys.readouterr().err
+
+
+def test_findings_print_each_comparisons_mde_and_judge_saturation_by_equivalence(store):
+    from reports.findings import FINDINGS, finding_section
+
+    rank = next(f for f in FINDINGS if f.sweep == "rank")
+    text = finding_section(rank, [store], None)
+    assert "| comparison | Δτ engine (%) [95 % CI] | MDE 80 % (df) |" in text
+    t = {k: stats.tallies(v) for k, v in logs(tuple(RANK_ROWS), "cpu").items()}
+    iv = stats.gain_pct([t["r=128", s] for s in (0, 1)], [t["r=8", s] for s in (0, 1)], "overall")
+    row = next(line for line in text.splitlines() if line.startswith("| r=128 vs r=8 |"))
+    assert f"| {iv.mde():.2f} (df {iv.df:.1f}) |" in row
+    # r=128 gains ~+14 % over r=8 here: far above the ±1 % margin, whatever the MDE
+    assert iv.lo > 1.0 and row.endswith("| within ±1 %: does not |")

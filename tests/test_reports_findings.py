@@ -1,9 +1,10 @@
-"""The findings' verdicts follow the intervals: effects must clear 0, saturation must stay under the band."""
+"""The findings' verdicts follow the intervals: effects must clear 0; "no effect" and "saturated" need an
+equivalence test within a margin at least the MDE; thin comparisons are read by their sign test."""
 
 import pytest
 
 from ready.stats import Interval
-from reports.findings import Comparison, control_verdict, judge, overall_verdict
+from reports.findings import Comparison, _fmt, control_verdict, judge, overall_verdict, reason
 
 
 def test_a_directional_claim_needs_its_interval_on_the_right_side_of_zero():
@@ -16,15 +17,37 @@ def test_a_directional_claim_needs_its_interval_on_the_right_side_of_zero():
     assert judge(below, Interval(3.0, 1.0, 5.0)) == "does not"
 
 
-def test_saturation_and_the_placebo_claim():
+def test_no_effect_is_claimed_only_by_an_equivalence_test_within_a_margin_at_least_the_mde():
     sat = Comparison("r=128", "r=8", "saturated")
-    assert judge(sat, Interval(0.2, -0.5, 0.9)) == "reproduces"
+    assert sat.bound == 1.0
+    tight = Interval(0.2, -0.3, 0.7, se=0.25, df=50)  # MDE 0.71 %: a ±1 % margin can be shown
+    assert tight.mde() < 1.0 and tight.tost_p(1.0) < 0.05 and judge(sat, tight) == "reproduces"
+    # Table 3's old r=128 vs r=8 (+0.09 [-0.71, +0.96]): MDE ≈ 1.2 % > 1 %, so "near saturation" cannot be shown
+    old = Interval(0.09, -0.71, 0.96, se=0.43)
+    assert old.mde() > 1.0 and judge(sat, old) == "inconclusive"
+    assert "MDE 1.20 % > margin ±1 %" in reason(sat, old)
+    wide_ok = Interval(0.3, -0.2, 0.8, se=0.25, df=2)  # the same SE on 2 df: MDE (4.30 + 1.06) × 0.25 > 1
+    assert judge(sat, wide_ok) == "inconclusive"
     assert judge(sat, Interval(1.5, 0.5, 2.5)) == "inconclusive"
-    assert judge(sat, Interval(3.0, 2.0, 4.0)) == "does not"
+    assert judge(sat, Interval(3.0, 2.0, 4.0)) == "does not"  # clearly above the margin
     null = Comparison("placebo", "ft", "null")
-    assert judge(null, Interval(0.5, -0.5, 1.5)) == "reproduces"
-    assert judge(null, Interval(2.0, 0.5, 3.5)) == "does not"
+    assert judge(null, Interval(0.1, -0.3, 0.5, se=0.2, df=30)) == "reproduces"
+    assert judge(null, Interval(2.0, 0.5, 3.5)) == "does not"  # the placebo clearly beats FT
+    control = Interval(-0.10, -0.95, 0.75, se=0.43)  # the positive control's placebo vs FT: absence of evidence
+    assert judge(null, control) == "inconclusive"
+    assert judge(Comparison("placebo", "ft", "null", margin=2.0), control) == "reproduces"  # a wider declared margin
+    assert reason(null, control).startswith("MDE 1.20 % > margin ±1 %")
     assert judge(Comparison("a", "b", "info"), Interval(1, 0, 2)) is None
+
+
+def test_a_thin_comparison_is_read_by_its_sign_test():
+    """r=8 vs the placebo differed on 2 of 384 units: [-0.22, +0.00] is no interval; 2 units decide nothing."""
+    above = Comparison("r=8", "placebo", "precondition")
+    two = Interval(-0.06, -0.22, 0.0, discordant=2, ahead=0, units=384)
+    assert two.thin and judge(above, two) == "inconclusive"
+    eight = Interval(0.4, 0.1, 0.7, discordant=8, ahead=8, units=384)  # 8 of 8 ahead: sign test p = 0.008
+    assert judge(above, eight) == "reproduces" and judge(Comparison("a", "b", "below"), eight) == "does not"
+    assert "2 of 384 units differ, 0 ahead; sign test p 0.50" in _fmt(two)
 
 
 def test_one_failed_comparison_decides_and_a_missing_row_says_not_run():
