@@ -234,8 +234,10 @@ def _watch(procs, sweep: Sweep, args: argparse.Namespace, run_dir: Path) -> None
     bar.close()
 
 
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM unwinds like Ctrl-C, so runs and trials are marked KILLED/FAIL rather than left RUNNING."""
+def _signals_as_interrupt() -> None:
+    """SIGTERM and SIGINT unwind like Ctrl-C, so runs and trials are marked KILLED/FAIL rather than left
+    RUNNING. SIGINT is set too because a process started in the background of a script inherits it
+    ignored (the shell's rule for jobs without job control): `kill -INT` was then ignored in silence."""
     import signal
     import threading
 
@@ -244,6 +246,7 @@ def _sigterm_as_interrupt() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -271,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dry_run:
         print(dry_run_table(sweep))
         return 0
-    _sigterm_as_interrupt()
+    _signals_as_interrupt()
     idle = idle_cores()
     if args.workers is None:
         args.workers = max(1, min(default_workers(idle), len(sweep.jobs())))

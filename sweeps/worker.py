@@ -29,9 +29,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ctx = st.WorkerContext(tracking_uri=args.tracking_uri, experiment_id=args.experiment_id,
                            parent_run_id=args.parent_run_id or None, runner=args.runner, progress=True,
                            index=args.index)
-    from sweeps.run import _sigterm_as_interrupt
+    from sweeps.run import _signals_as_interrupt
 
-    _sigterm_as_interrupt()
+    _signals_as_interrupt()
     try:
         return st.worker_main(sweep, args.storage or None, Path(args.run_dir), ctx)
     except KeyboardInterrupt:

@@ -219,6 +219,52 @@ def test_a_bench_limit_below_one_is_refused_before_anything_runs(value: str, tmp
 
 
 # ---------------------------------------------------------------------------------------------
+# 6. kill -INT to the coordinator of a 2-worker sweep was ignored
+
+
+def test_sigint_to_the_coordinator_of_two_workers_stops_the_sweep(tmp_path: Path) -> None:
+    """Started as a script's background job is (SIGINT ignored), then `kill -INT` to the coordinator alone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fault_helpers import REPO
+
+    log = tmp_path / "calls.jsonl"
+    log.touch()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent)]), "OMP_NUM_THREADS": "1",
+           "FAKE_RUN_LOG": str(log), "FAKE_RUN_SLEEP": "300"}
+    args = sweep_args(uri, tmp_path, runner="test_sweeps_fake_runner")
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *args[:-2], "--workers", "2"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.time() + 180
+        while log.read_text().count('"start"') < 2 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert log.read_text().count('"start"') == 2, "the two workers never started their rows"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # it ran on for 29 s and exited 0
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of it and its workers
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "[sweeps] interrupted; a re-run picks up the unfinished rows" in err
+    runs = children(uri)
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"KILLED"}  # the two rows that had started
+    from sweeps import tracking
+
+    c = tracking.client(uri)
+    (parent,) = c.search_runs([runs[0].info.experiment_id], "tags.`ready.kind` = 'sweep'")
+    assert parent.info.status == "KILLED"
+
+
+# ---------------------------------------------------------------------------------------------
 # 7. Tracebacks: a read-only run folder or store folder, a full disk
 
 
