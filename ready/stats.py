@@ -350,21 +350,27 @@ def influence(d: Design, statistic: Callable[[np.ndarray], np.ndarray]) -> np.nd
 def satterthwaite(z: np.ndarray, strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(df, seed share) per output of unit values z [S, U, O] of a crossed seeds × prompts design.
 
-    Two-way ANOVA without replication: MS_seed (S - 1 df) and MS_prompt (prompts centred within their
-    suite, U - B df). The variance of the mean is at most (MS_seed + MS_prompt) / (S U); Satterthwaite's
-    df of that sum lies between min(S - 1, U - B) and their sum, near S - 1 when the seed level dominates.
-    The seed share is MS_seed / (MS_seed + MS_prompt)."""
+    Two-way ANOVA without replication: mean squares of seeds (S - 1 df), prompts (centred within their
+    suite, U - B df) and the residual ((S - 1)(U - B) df). The pigeonhole bootstrap's variance of the
+    mean is about ((S - 1)/S MS_seed + MS_prompt + MS_resid) / (S U) (Owen 2007); its Satterthwaite df
+    lies between min(S - 1, U - B) and their sum, near S - 1 when the seed level dominates. The seed
+    share is the seed term's part of that sum."""
     n_seeds, n_units, n_out = z.shape
     prompt = z.mean(0)
     for b in np.unique(strata):
         prompt[strata == b] -= prompt[strata == b].mean(0)
+    seed = z.mean(1) - z.mean((0, 1))
+    resid = z - z.mean(0) - seed[:, None]  # prompt means removed with the suite means: the residual
     df_p, df_s = n_units - np.unique(strata).size, n_seeds - 1
-    ms_p = n_seeds * (prompt ** 2).sum(0) / df_p if df_p > 0 else np.zeros(n_out)
-    ms_s = n_units * ((z.mean(1) - z.mean((0, 1))) ** 2).sum(0) / df_s if df_s > 0 else np.zeros(n_out)
-    total = ms_s + ms_p
-    denom = (ms_s ** 2 / df_s if df_s > 0 else 0.0) + (ms_p ** 2 / df_p if df_p > 0 else 0.0)
+    df_e = df_s * df_p
+    zero = np.zeros(n_out)
+    terms = [((n_seeds - 1) / n_seeds * n_units * (seed ** 2).sum(0) / df_s, df_s) if df_s > 0 else (zero, 1),
+             (n_seeds * (prompt ** 2).sum(0) / df_p, df_p) if df_p > 0 else (zero, 1),
+             ((resid ** 2).sum((0, 1)) / df_e, df_e) if df_e > 0 else (zero, 1)]
+    total = sum(t for t, _ in terms)
+    denom = sum(t ** 2 / k for t, k in terms)
     df = np.where(denom > 0, total ** 2 / np.where(denom > 0, denom, 1.0), math.inf)
-    share = np.where(total > 0, ms_s / np.where(total > 0, total, 1.0), 0.0)
+    share = np.where(total > 0, terms[0][0] / np.where(total > 0, total, 1.0), 0.0)
     return df, share
 
 

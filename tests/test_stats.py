@@ -95,9 +95,10 @@ def test_the_standard_error_matches_the_known_variance_components():
         e = e - e.mean(0) - e.mean(1, keepdims=True) + e.mean()
         want = 100 * np.sqrt(a.var() / 8 + b.var() / 40 + 3 * (e ** 2).mean() / (8 * 40))
         assert iv.se == pytest.approx(want, rel=0.2), (sd_seed, sd_prompt, sd_unit)
-        # the seed share is MS_seed / (MS_seed + MS_prompt) of the two-way ANOVA: E = (P σ_a² + σ_e²) / (...)
-        ms_s, ms_p, ms_e = 40 * a.var(ddof=1), 8 * b.var(ddof=1), (e ** 2).sum() / (7 * 39)
-        assert iv.seed_share == pytest.approx((ms_s + ms_e) / (ms_s + ms_p + 2 * ms_e), abs=0.1)
+        # the seed share is the seed term's part of the pigeonhole variance, (S - 1)/S MS_seed of
+        # (S - 1)/S MS_seed + MS_prompt + MS_resid (E MS_seed = P σ_a² + σ_e², E MS_prompt = S σ_b² + σ_e²)
+        ms_s, ms_p, ms_e = 40 * a.var(ddof=1) + (e ** 2).mean(), 8 * b.var(ddof=1) + (e ** 2).mean(), (e ** 2).mean()
+        assert iv.seed_share == pytest.approx(7 / 8 * ms_s / (7 / 8 * ms_s + ms_p + ms_e), abs=0.1)
 
 
 def test_with_few_seeds_and_a_seed_effect_the_interval_is_a_t_on_about_s_minus_1_df():
