@@ -215,7 +215,7 @@ class EvalConfig:
 
     # 2 suites x 64 prompts x 16 new tokens: as many decoded tokens per row as the earlier
     # 2 x 16 x 64, spread over 4x the prompts (the unit every interval resamples)
-    max_new_tokens: int = 16
+    max_new_tokens: int = 40  # issue 44: 16 -> 40 (~17 rounds a prompt, 6 % budget-cut; MDE: docs/sweeps.md)
     warmup_rounds: int = 1
     use_kernels: bool = True  # fused Triton kernels on CUDA; torch references elsewhere
     # auto | on | off: time AR in the same process as each drafting row, prompt by prompt
