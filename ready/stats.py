@@ -14,8 +14,9 @@ p-values and minimum detectable effects (docs: /work/shared/DESIGN.md, "How a ta
   (times i drawn). It is conservative where unit-level noise dominates (it counts that noise up to
   three times) and, with few seeds, it shrinks the seed level by (S - 1)/S; the t below makes up for
   the latter (tests/test_stats.py checks coverage with 3 seeds where seeds, prompts or units dominate).
-- **Intervals.** value ± t(df) × SE: SE is the resamples' standard deviation; df is Satterthwaite's over
-  the seed and prompt mean squares of the statistic's linearised unit values (a two-way crossed ANOVA).
+- **Intervals.** value ± t(df) × SE: SE is the resamples' standard deviation; df is Satterthwaite's for
+  that variance, from the seed, prompt and residual mean squares of the statistic's linearised unit
+  values (a two-way crossed ANOVA).
   With few seeds and a large seed variance df falls towards S - 1 (2 with 3 seeds: t = 4.30, not 1.96);
   with one seed the interval is conditional on that seed. The same (SE, df) give the p-value, the
   minimum detectable effect at 80 % power and the two one-sided tests of equivalence. Every statistic
@@ -40,9 +41,10 @@ from scipy import stats as sps
 N_RESAMPLES = 4000  # >= 2,000 (DESIGN.md)
 SEED = 0  # resampling seed: the same runs always give the same interval
 LEVEL = 0.95
-ALPHA = 1 - LEVEL  # two-sided level of every test and mark
+ALPHA = 0.05  # 1 - LEVEL: the two-sided level of every test and mark
 POWER = 0.80  # the power at which a minimum detectable effect is quoted
-MIN_DISCORDANT = 10  # fewer differing units: no interval, a count and a sign test (a sign test needs >= 6 to reach p < 0.05)
+# fewer differing units: no interval, a count and a sign test (which needs >= 6 units to reach p < 0.05)
+MIN_DISCORDANT = 10
 OVERALL = "overall"  # every suite's prompts pooled (ratio of sums), resampled within each suite
 HELDOUT_TF = "heldout_tf"  # teacher-forced acceptance on held-out regenerated sequences
 
@@ -485,7 +487,8 @@ def design(a: Sequence[RunTallies], key: str, what: str = "tau", b: Optional[Seq
     return Design(np.stack(seeds).astype(float), strata)
 
 
-def _one(d: Optional[Design], statistic: Callable[[np.ndarray], np.ndarray], paired: bool = False) -> Optional[Interval]:
+def _one(d: Optional[Design], statistic: Callable[[np.ndarray], np.ndarray],
+         paired: bool = False) -> Optional[Interval]:
     return None if d is None else estimate(d, statistic, paired)[0]
 
 

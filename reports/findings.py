@@ -237,7 +237,8 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
         a, b = variants.get(c.row), variants.get(c.ref)
         if a is None or b is None:
             missing = c.row if a is None else c.ref
-            rows.append(f"| {c.row} vs {c.ref} | — | — | — | — | row {missing!r} not in sweep {finding.sweep} |")
+            rows.append(f"| {c.row} vs {c.ref} | — | — | — | — | "
+                        f"row {missing!r} not in sweep {finding.sweep} |")
             (preconditions if c.claim == "precondition" else verdicts).append(judge(c, None))
             continue
         engine, note = evidence.gain(a, b, stats.OVERALL)

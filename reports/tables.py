@@ -360,7 +360,8 @@ def _reading(counts: Sequence[Counts], with_rounds: str, cells: Sequence[Cell] =
     if mdes:
         out.append(f"Smallest Δτ vs DSpark detectable at {stats.POWER * 100:.0f} % power: {_span(mdes, '.1f')} %.")
     if clones:
-        out.append("A row labelled (= X: …) resolves to row X's drafter and repeats its numbers: never marked or bolded.")
+        out.append("A row labelled (= X: …) resolves to row X's drafter and repeats its numbers: "
+                   "never marked or bolded.")
     return out
 
 
@@ -602,7 +603,7 @@ def main_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
             if metric == "tps" and not ev.timing_ranked:
                 continue
             best = best_row(methods, lambda v: ev.point(v, key, metric),
-                            lambda a, o: ev.gain(a, o, key, metric)[0])  # noqa: B023 (used at once)
+                            lambda a, o: ev.gain(a, o, key, metric)[0])
             if best is not None:
                 col[groups.index(best)].bold = True
                 if best is not ds:
