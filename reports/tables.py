@@ -348,7 +348,7 @@ def _reading(counts: Sequence[Counts], with_rounds: str, cells: Sequence[Cell] =
         "Gains are paired by prompt and seed against the reference row and pool every suite's prompts (ratio of "
         "sums); [lo, hi] is a 95 % interval, value ± t × SE: SE from a bootstrap that resamples seeds and prompts "
         f"jointly ({N_RESAMPLES:,} resamples), t on Satterthwaite's degrees of freedom over seeds and prompts{df}, "
-        "which near seeds − 1 where the seeds disagree.",
+        "which fall to seeds − 1 where the seeds disagree.",
         f"{EFFECT_MARK} marks a comparison that stays significant (p < {stats.ALPHA:g}) after Holm's correction over "
         f"the table's {family} comparisons; bold: a row whose paired interval against every other row excludes 0 "
         "in its favour.",
