@@ -350,7 +350,8 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
         if args.workers > 1:  # the workers' own records are in the study
             more_ran, more_failed = _outcomes(grid, parent_id)
             ran, failed = ran | more_ran, failed | more_failed
-        text, missing = summary_table(sweep, c, experiment_id, ran, failed, _running_elsewhere(grid))
+        elsewhere = _running_elsewhere(grid, c, experiment_id, sweep.setting, parent_id)
+        text, missing = summary_table(sweep, c, experiment_id, ran, failed, elsewhere)
         print(text, flush=True)
         if status == "FINISHED" and (code or missing):
             status = "FAILED"
@@ -361,12 +362,16 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     return 0 if status == "FINISHED" else 1
 
 
-def _running_elsewhere(grid) -> set[str]:
-    """Jobs whose trial is RUNNING under a live worker (another host, or one this run did not start)."""
+def _running_elsewhere(grid, c, experiment_id: str, setting: str, parent_id: str) -> set[str]:
+    """Jobs running under a live worker this invocation did not start: a RUNNING trial of its study
+    (another host), or a RUNNING run in the store of another invocation (another run folder)."""
     from optuna.trial import TrialState
 
-    return {t.user_attrs["job"] for t in grid.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if "job" in t.user_attrs and not st.is_stale(t)}
+    trials = {t.user_attrs["job"] for t in grid.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+              if "job" in t.user_attrs and not st.is_stale(t)}
+    runs = {job for job, run in tracking.live_claims(c, experiment_id, setting).items()
+            if run.info.status == "RUNNING" and run.data.tags.get("mlflow.parentRunId") != parent_id}
+    return trials | runs
 
 
 def _outcomes(grid, parent_id: str) -> tuple[set[str], set[str]]:

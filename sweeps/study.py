@@ -52,6 +52,11 @@ class StudyError(ValueError):
     """A storage URL or study state the runner cannot use; the message says what was expected."""
 
 
+class Claimed(Exception):
+    """The job is held by another run in the tracking store (finished, or running under a live worker
+    of another invocation): this worker leaves it. Not a failure."""
+
+
 # faults of the machine rather than of the code: a full disk, a read-only or forbidden path
 MACHINE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -217,13 +222,16 @@ def plan(study: optuna.Study, sweep: Sweep, c, experiment_id: str) -> list[PlanR
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
         if "job" in t.user_attrs:
             live[t.user_attrs["job"]] = "waiting" if t.state == TrialState.WAITING else "running"
+    held = tracking.live_claims(c, experiment_id, sweep.setting)  # by any invocation, whatever its run folder
     rows = []
     for job in sweep.jobs():
-        done = tracking.finished_run(c, experiment_id, job.config_hash, sweep.setting)
-        if done is not None:
-            rows.append(PlanRow(job, "finished", done.info.run_id))
+        run = held.get(job.config_hash)
+        if run is not None and run.info.status == "FINISHED":
+            rows.append(PlanRow(job, "finished", run.info.run_id))
         elif job.config_hash in live:
             rows.append(PlanRow(job, live[job.config_hash]))
+        elif run is not None:  # running under a live worker of another invocation
+            rows.append(PlanRow(job, "running", run.info.run_id))
         else:
             study.enqueue_trial({}, user_attrs=job_attrs(job, sweep))
             rows.append(PlanRow(job, "queued"))
@@ -271,10 +279,12 @@ def earlier_claim(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Optio
 
 
 class Heartbeat:
-    """Writes `heartbeat` (epoch seconds) into a running trial every HEARTBEAT_S seconds."""
+    """Writes `heartbeat` (epoch seconds) into a running trial every HEARTBEAT_S seconds, and into its
+    MLflow run (tag `ready.heartbeat`) once `run` = (client, run id) is set."""
 
     def __init__(self, study: optuna.Study, trial_id: int, interval: float = HEARTBEAT_S):
         self.storage, self.trial_id, self.interval = study._storage, trial_id, interval  # noqa: SLF001
+        self.run: Optional[tuple[Any, str]] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -282,6 +292,8 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.storage.set_trial_user_attr(self.trial_id, "heartbeat", time.time())
+                if self.run is not None:
+                    tracking.beat(*self.run)
             except Exception:
                 return  # the trial finished (or was reaped): nothing left to keep alive
 
@@ -323,10 +335,18 @@ def _objective(metrics: dict[str, float], name: str) -> float:
 
 def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, setting: str,
             on_start: Callable[[str], None] = lambda run_id: None, objective: str = "overall/tau") -> float:
-    """Run one job inside its MLflow child run; returns the objective. Raises on failure."""
+    """Run one job inside its MLflow child run; returns the objective. Raises on failure, and Claimed
+    when the store says another run holds the job (checked and started under `tracking.claim_lock`, so
+    two invocations with their own run folders, hence their own queues, never both run it)."""
     run_fn = load_runner(ctx.runner)
-    child = tracking.ChildRun(ctx.tracking_uri, ctx.experiment_id, ctx.parent_run_id, job,
-                              tracking.child_tags(job, sweep_name, table, setting))
+    with tracking.claim_lock(ctx.tracking_uri):
+        held = tracking.live_claims(c, ctx.experiment_id, setting, job.config_hash).get(job.config_hash)
+        if held is not None:
+            t = held.data.tags
+            raise Claimed(f"{'finished in' if held.info.status == 'FINISHED' else 'running in'} MLflow run "
+                          f"{held.info.run_id} (host {t.get('ready.host')}, pid {t.get('ready.pid')})")
+        child = tracking.ChildRun(ctx.tracking_uri, ctx.experiment_id, ctx.parent_run_id, job,
+                                  tracking.child_tags(job, sweep_name, table, setting))
     on_start(child.run_id)
     try:
         params = tracking.flatten(job.cfg)
@@ -377,14 +397,23 @@ def _run_trial(study: optuna.Study, trial_id: int, number: int, job: Job, ctx: W
                        "parent_run_id": ctx.parent_run_id}.items():
         storage.set_trial_user_attr(trial_id, key, value)
     print(f"[sweeps] run  {job.variant.label} (seed {job.seed}, {job.variant.method}, {job.config_hash})", flush=True)
+
+    def started(run_id: str, beat: Heartbeat) -> None:
+        storage.set_trial_user_attr(trial_id, "mlflow_run_id", run_id)
+        beat.run = (c, run_id)
+
     try:
-        with Heartbeat(study, trial_id):
-            value = execute(job, ctx, c, sweep_name, table, setting,
-                            on_start=lambda rid: storage.set_trial_user_attr(trial_id, "mlflow_run_id", rid),
+        with Heartbeat(study, trial_id) as beat:
+            value = execute(job, ctx, c, sweep_name, table, setting, on_start=lambda rid: started(rid, beat),
                             objective=objective)
     except KeyboardInterrupt:
         study.tell(number, state=TrialState.FAIL)
         raise
+    except Claimed as e:  # another invocation's run holds it: left to that run, not a failure
+        print(f"[sweeps] skip {job.variant.label} (seed {job.seed}): {e}", flush=True)
+        storage.set_trial_user_attr(trial_id, "skipped", str(e))
+        study.tell(number, state=TrialState.PRUNED)
+        return
     except Exception as e:
         ctx.failed.append(job.config_hash)
         print(f"[sweeps] FAILED {job.variant.label} (seed {job.seed}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)

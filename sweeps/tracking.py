@@ -268,6 +268,9 @@ def setting_runs(c, experiment_id: str, setting: str, method: Optional[str] = No
 
 
 def child_tags(job, sweep_name: str, table: str, setting: str) -> dict[str, str]:
+    """A child run's tags at its start, who runs it included (host, pid, heartbeat: `claim_alive`)."""
+    from sweeps.study import _process_start
+
     cfg = job.cfg
     return {
         "ready.kind": "variant",
@@ -284,7 +287,70 @@ def child_tags(job, sweep_name: str, table: str, setting: str) -> dict[str, str]
         "ready.git_commit": git_commit(),
         "ready.host": os.uname().nodename,
         "ready.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "ready.pid": str(os.getpid()),
+        "ready.pid_started": repr(_process_start()),
+        "ready.heartbeat": repr(time.time()),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims: the store every invocation of a sweep shares says who runs a job, whatever its run folder
+
+
+def claim_alive(run, now: Optional[float] = None) -> bool:
+    """Whether the worker of a RUNNING child run still works on it: on this host, its process is
+    there; elsewhere, its heartbeat (tag `ready.heartbeat`, else its start) is younger than STALE_AFTER_S."""
+    from sweeps.study import STALE_AFTER_S, _pid_alive
+
+    tags = run.data.tags
+    if tags.get("ready.host") == os.uname().nodename and tags.get("ready.pid", "").isdigit():
+        started = tags.get("ready.pid_started")
+        return _pid_alive(int(tags["ready.pid"]), float(started) if started not in (None, "", "None") else None)
+    beat = float(tags.get("ready.heartbeat") or run.info.start_time / 1000)
+    return (time.time() if now is None else now) - beat < STALE_AFTER_S
+
+
+def live_claims(c, experiment_id: str, setting: str, config_hash: Optional[str] = None) -> dict[str, Any]:
+    """Config hash -> the run that holds that job of `setting` (only `config_hash`'s when given): its
+    newest FINISHED run, else a RUNNING one whose worker is alive. RUNNING runs of gone workers are
+    marked KILLED on the way."""
+    filt = f"tags.`ready.setting` = '{setting}' and tags.`ready.kind` = 'variant'"
+    if config_hash:
+        filt += f" and tags.`ready.config_hash` = '{config_hash}'"
+    runs = retry(lambda: c.search_runs([experiment_id], filter_string=filt, max_results=5000,
+                                       order_by=["attributes.start_time DESC"]))
+    finished: dict[str, Any] = {}
+    running: dict[str, Any] = {}
+    for run in runs:  # newest first
+        job = run.data.tags.get("ready.config_hash")
+        if run.info.status == "FINISHED":
+            finished.setdefault(job, run)
+        elif run.info.status == "RUNNING":
+            if claim_alive(run):
+                running.setdefault(job, run)
+            else:
+                kill_run(c, run.info.run_id)
+    return {**running, **finished}
+
+
+@contextlib.contextmanager
+def claim_lock(uri: str) -> Iterator[None]:
+    """Held while a worker checks that nobody holds a job and starts the job's run, so two invocations
+    never both start it: `<db>.lock` beside a sqlite store, else a lock file per tracking URI on this
+    host (workers on several hosts share a sweep through one Optuna storage, which claims the trial)."""
+    import hashlib
+
+    prepare_store(uri)  # before the lock: it takes the sqlite lock itself
+    db = _sqlite_file(uri)
+    path = (db.with_name(db.name + ".lock") if db is not None else
+            Path(tempfile.gettempdir()) / f"ready-claims-{hashlib.sha256(uri.encode()).hexdigest()[:16]}.lock")
+    with _file_lock(path):
+        yield
+
+
+def beat(c, run_id: str) -> None:
+    """Refresh a running child run's heartbeat (claim_alive reads it on other hosts)."""
+    retry(lambda: c.set_tag(run_id, "ready.heartbeat", repr(time.time())))
 
 
 def _system_metrics_available() -> bool:

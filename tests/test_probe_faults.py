@@ -126,6 +126,88 @@ def test_generate_refuses_a_target_whose_logits_overflow(tmp_path: Path, capsys)
 
 
 # ---------------------------------------------------------------------------------------------
+# 2. Two sweeps started together on one new mlflow.db, each with its own --run-dir
+
+
+def test_two_sweeps_with_their_own_run_dirs_run_each_row_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    from collections import Counter
+
+    from fault_helpers import REPO
+    from sweeps.spec import load_sweep
+
+    log = tmp_path / "calls.jsonl"
+    log.touch()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent)]), "OMP_NUM_THREADS": "1",
+           "FAKE_RUN_LOG": str(log), "FAKE_RUN_SLEEP": "1.5"}
+    procs = [subprocess.Popen([sys.executable, "-m", "sweeps.run", "main", "profile=smoke", "--runner",
+                               "test_sweeps_fake_runner", "--tracking-uri", uri, "--run-dir", str(tmp_path / f"run-{i}"),
+                               "--workers", "1", "--threads", "1", "--no-report", "--quiet"],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    jobs = {j.config_hash for j in load_sweep("main", ["profile=smoke"]).jobs()}
+    starts = Counter(json.loads(line)["hash"] for line in log.read_text().splitlines() if '"start"' in line)
+    assert starts == Counter({h: 1 for h in jobs})  # each row ran in one of the two, once
+    runs = children(uri, "main")
+    assert sorted(r.data.tags["ready.config_hash"] for r in runs if r.info.status == "FINISHED") == sorted(jobs)
+    assert [r for r in runs if r.info.status != "FINISHED"] == []
+
+
+def test_a_killed_sweeps_row_does_not_block_a_sweep_with_another_run_dir(tmp_path: Path, capsys) -> None:
+    """The claim of a SIGKILLed worker is not a live claim: the next invocation, with its own run folder
+    (so its own queue, which never saw that trial), marks it KILLED and runs the row."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fault_helpers import REPO
+
+    log = tmp_path / "calls.jsonl"
+    log.touch()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent)]), "OMP_NUM_THREADS": "1",
+           "FAKE_RUN_LOG": str(log), "FAKE_RUN_SLEEP": "300"}
+    args = sweep_args(uri, tmp_path / "a", runner="test_sweeps_fake_runner")
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *args], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while '"start"' not in log.read_text() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert '"start"' in log.read_text(), "the sweep never started a row"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (dead,) = children(uri)
+    assert dead.info.status == "RUNNING"
+    capsys.readouterr()
+    assert main(sweep_args(uri, tmp_path / "b", runner="test_sweeps_fake_runner")) == 0
+    runs = children(uri)
+    assert {r.info.run_id: r.info.status for r in runs}[dead.info.run_id] == "KILLED"
+    assert len([r for r in runs if r.info.status == "FINISHED"]) == 6  # every row, the killed one's too
+
+
+def test_a_claim_on_another_host_lives_as_long_as_its_heartbeat() -> None:
+    from types import SimpleNamespace
+
+    from sweeps import study, tracking
+
+    def run(beat: float):
+        return SimpleNamespace(data=SimpleNamespace(tags={"ready.host": "another-host", "ready.pid": "1",
+                                                          "ready.heartbeat": repr(beat)}),
+                               info=SimpleNamespace(start_time=0))
+
+    now = 1e9
+    assert tracking.claim_alive(run(now - 30), now=now)
+    assert not tracking.claim_alive(run(now - study.STALE_AFTER_S - 1), now=now)
+
+
+# ---------------------------------------------------------------------------------------------
 # 3. A report that writes into a foreign database
 
 
