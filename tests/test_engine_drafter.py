@@ -11,7 +11,6 @@ import torch
 
 import ready.reader as reader_mod
 import ready.target.layers as layers_mod
-import ready.target.model as model_mod
 from ready.config import DrafterConfig, ReaderConfig
 from ready.drafter import save_drafter
 from ready.decode import Engine, evaluate
@@ -71,15 +70,15 @@ def test_fused_kernels_leave_the_greedy_tokens_unchanged_on_cuda(target, monkeyp
     tokens of the same engine on the torch references, and of plain autoregressive decoding."""
     tgt = copy.deepcopy(target).cuda()
     drafter = make_drafter(tgt, reader=True).cuda()
-    assert layers_mod.GDN_VERIFY_KERNEL is not None and model_mod.GDN_COMMIT_KERNEL is not None
+    assert layers_mod.GDN_VERIFY_KERNEL is not None and layers_mod.GDN_COMMIT_KERNEL is not None
     assert reader_mod.fused_state_reader() is not None
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (1, 6, 15, 40)]
     fused = [Engine(tgt, drafter).generate(p, 40).tokens for p in prompts]
     autoregressive = [Engine(tgt).generate(p, 40).tokens for p in prompts]
 
-    monkeypatch.setattr(layers_mod, "GDN_VERIFY_KERNEL", None)
-    monkeypatch.setattr(model_mod, "GDN_COMMIT_KERNEL", None)
+    for name in ("GDN_VERIFY_KERNEL", "GDN_COMMIT_KERNEL", "GDN_FUSED_KERNEL"):
+        monkeypatch.setattr(layers_mod, name, None)
     monkeypatch.setattr(reader_mod, "fused_state_reader", lambda: None)
     references = [Engine(tgt, drafter).generate(p, 40).tokens for p in prompts]
     assert fused == references == autoregressive
