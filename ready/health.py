@@ -57,7 +57,7 @@ _RANGES = {  # metric suffix -> (low, high, what it means)
 
 
 def check_metrics(metrics: Mapping[str, Optional[float]], method: str,
-                  block_size: Optional[int] = None) -> None:
+                  proposals: Optional[int] = None) -> None:
     """Raise on a metric that cannot come from a real evaluation: NaN/Inf anywhere, τ < 1 (or
     > K + 1 for a drafter with block K), TPS <= 0, no rounds or tokens, survival outside [0, 1],
     or no `overall/tau` at all."""
@@ -72,9 +72,9 @@ def check_metrics(metrics: Mapping[str, Optional[float]], method: str,
         low, high, meaning = _RANGES.get(suffix, (-math.inf, math.inf, ""))
         if suffix.startswith("survival_"):
             low, high, meaning = 0.0, 1.0, "a fraction in [0, 1]"
-        if suffix == "tau" and method != "ar" and block_size:
-            high = block_size + 1.0
-            meaning = f"committed tokens per round, 1 .. K+1 = {block_size + 1}"
+        if suffix == "tau" and method != "ar" and proposals:
+            high = proposals + 1.0
+            meaning = f"committed tokens per round, 1 .. K+1 = {proposals + 1}"
         if (suffix == "tps" and v <= 0) or not low - 1e-9 <= v <= high + 1e-9:
             raise HealthError(f"method {method!r}: metric {name} = {v:g}; expected {meaning}")
     if metrics.get("overall/tau") is None:

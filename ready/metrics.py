@@ -54,13 +54,13 @@ class SequenceLog:
         return len(self.accepted)
 
 
-def check_rounds(accepted: Sequence[int], horizons: Sequence[int], block_size: int) -> None:
+def check_rounds(accepted: Sequence[int], horizons: Sequence[int], proposals: int) -> None:
     """Raise ValueError unless 0 <= A_i <= h_i <= K for every round."""
     if len(accepted) != len(horizons):
         raise ValueError(f"accepted ({len(accepted)} rounds) and horizons ({len(horizons)} rounds) differ in length")
     for i, (a, h) in enumerate(zip(accepted, horizons)):
-        if not (0 <= a <= h <= block_size):
-            raise ValueError(f"round {i}: expected 0 <= A <= h <= K, got A={a}, h={h}, K={block_size}")
+        if not (0 <= a <= h <= proposals):
+            raise ValueError(f"round {i}: expected 0 <= A <= h <= K, got A={a}, h={h}, K={proposals}")
 
 
 def tau(accepted: Sequence[int], committed: Optional[Sequence[int]] = None) -> Optional[float]:
@@ -75,11 +75,11 @@ def tau(accepted: Sequence[int], committed: Optional[Sequence[int]] = None) -> O
     return sum(a + 1 for a in accepted) / len(accepted)
 
 
-def survival_counts(accepted: Sequence[int], horizons: Sequence[int], block_size: int) -> tuple[list[int], list[int]]:
+def survival_counts(accepted: Sequence[int], horizons: Sequence[int], proposals: int) -> tuple[list[int], list[int]]:
     """Per draft position j = 1..K: (#rounds with A_i >= j among observed, N_j observed)."""
-    check_rounds(accepted, horizons, block_size)
-    hits = [0] * block_size
-    observed = [0] * block_size
+    check_rounds(accepted, horizons, proposals)
+    hits = [0] * proposals
+    observed = [0] * proposals
     for a, h in zip(accepted, horizons):
         for j in range(1, h + 1):
             observed[j - 1] += 1
@@ -87,9 +87,9 @@ def survival_counts(accepted: Sequence[int], horizons: Sequence[int], block_size
     return hits, observed
 
 
-def survival(accepted: Sequence[int], horizons: Sequence[int], block_size: int) -> list[Optional[float]]:
+def survival(accepted: Sequence[int], horizons: Sequence[int], proposals: int) -> list[Optional[float]]:
     """Cumulative draft-prefix survival P_1..P_K with censoring past each round's horizon."""
-    hits, observed = survival_counts(accepted, horizons, block_size)
+    hits, observed = survival_counts(accepted, horizons, proposals)
     return [h / n if n else None for h, n in zip(hits, observed)]
 
 
@@ -116,7 +116,7 @@ class Metrics:
 
     benchmark: str
     method: str
-    block_size: int  # K (0 for AR)
+    proposals: int  # K (0 for AR)
     prompts: int
     rounds: int
     new_tokens: int
@@ -149,13 +149,13 @@ class Metrics:
         return out
 
 
-def summarize(logs: Sequence[SequenceLog], benchmark: str, method: str, block_size: int) -> Metrics:
+def summarize(logs: Sequence[SequenceLog], benchmark: str, method: str, proposals: int) -> Metrics:
     """Pool the rounds of every sequence of one benchmark into its metrics."""
     accepted = [a for log in logs for a in log.accepted]
     horizons = [h for log in logs for h in log.horizons]
     committed = [c for log in logs for c in (log.committed or [a + 1 for a in log.accepted])]
-    hits, observed = survival_counts(accepted, horizons, block_size)
-    hist = [0] * (block_size + 1)
+    hits, observed = survival_counts(accepted, horizons, proposals)
+    hist = [0] * (proposals + 1)
     for a in accepted:
         hist[a] += 1
     new_tokens = sum(log.new_tokens for log in logs)
@@ -163,7 +163,7 @@ def summarize(logs: Sequence[SequenceLog], benchmark: str, method: str, block_si
     return Metrics(
         benchmark=benchmark,
         method=method,
-        block_size=block_size,
+        proposals=proposals,
         prompts=len(logs),
         rounds=len(accepted),
         new_tokens=new_tokens,
@@ -193,7 +193,7 @@ def overall(per_benchmark: Sequence[Metrics], ar: Optional[Sequence[Metrics]] = 
     if not per_benchmark:
         raise ValueError("overall() needs at least one benchmark's metrics")
     methods = {m.method for m in per_benchmark}
-    sizes = {m.block_size for m in per_benchmark}
+    sizes = {m.proposals for m in per_benchmark}
     if len(methods) != 1 or len(sizes) != 1:
         raise ValueError(f"overall() mixes methods {sorted(methods)} / block sizes {sorted(sizes)}")
     k = sizes.pop()
@@ -201,7 +201,7 @@ def overall(per_benchmark: Sequence[Metrics], ar: Optional[Sequence[Metrics]] = 
     out = Metrics(
         benchmark="overall",
         method=methods.pop(),
-        block_size=k,
+        proposals=k,
         prompts=sum(m.prompts for m in per_benchmark),
         rounds=sum(m.rounds for m in per_benchmark),
         new_tokens=sum(m.new_tokens for m in per_benchmark),

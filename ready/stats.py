@@ -196,12 +196,12 @@ def _n_tokens(rec: Mapping[str, Any]) -> Optional[int]:
     return int(rec["n_tokens"]) if rec.get("n_tokens") is not None else None
 
 
-def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[int] = None,
+def prompt_tallies(prompts: Sequence[Mapping[str, Any]], proposals: Optional[int] = None,
                    where: str = "prompts") -> Tallies:
     """Per-prompt committed tokens, rounds, survival hits/observed and timing from prompt records.
 
     c_i = sum(`committed`) when the record has it, else len(`tokens`) - 1 (tokens after the
-    prefill token; `n_tokens` stands for len(`tokens`)); n_i = len(`accepted`). Survival over positions 1..K (K = `block_size`, else
+    prefill token; `n_tokens` stands for len(`tokens`)); n_i = len(`accepted`). Survival over positions 1..K (K = `proposals`, else
     the largest horizon) counts only rounds whose horizon reached j (censoring, ready.metrics).
     """
     recs = list(prompts)
@@ -211,7 +211,7 @@ def prompt_tallies(prompts: Sequence[Mapping[str, Any]], block_size: Optional[in
         if a.shape != h.shape:
             raise StatsError(f"{where} prompt {recs[i].get('index', i)}: {a.size} accepted values but "
                              f"{h.size} horizons; expected one of each per round")
-    k = int(block_size) if block_size is not None else max((int(h.max()) for h in hor if h.size), default=0)
+    k = int(proposals) if proposals is not None else max((int(h.max()) for h in hor if h.size), default=0)
     js = np.arange(1, k + 1)
     committed, hits, observed = [], np.zeros((len(recs), k)), np.zeros((len(recs), k))
     for i, r in enumerate(recs):
@@ -282,7 +282,7 @@ def tallies(evaluation: Mapping[str, Any]) -> RunTallies:
     for name, b in (evaluation.get("benchmarks") or {}).items():
         if not isinstance(b, Mapping) or not b.get("prompts"):
             continue
-        k = (b.get("metrics") or {}).get("block_size")
+        k = (b.get("metrics") or {}).get("proposals")
         benches[name] = prompt_tallies(b["prompts"], k, where=f"benchmark {name!r}")
         swap = b.get("state_swap")
         if isinstance(swap, Mapping) and swap.get("prompts"):

@@ -61,17 +61,17 @@ def evaluation(method: str, benchmarks: dict[str, list[list[int]]], *, device: s
                wall_s: float = 0.1, swapped: Optional[dict[str, list[list[int]]]] = None,
                heldout: Optional[tuple[list[int], list[int]]] = None, lossless: int = 1) -> dict:
     """An evaluation.json dict: per benchmark, one record per prompt's rounds."""
-    out = {"method": method, "config": {"drafter": {"block_size": k}}, "resolved": {"device": device},
+    out = {"method": method, "config": {"drafter": {"block_size": k + 1}}, "resolved": {"device": device},
            "overall": {"lossless": lossless}, "benchmarks": {}}
     for name, rounds in benchmarks.items():
-        b = {"metrics": {"block_size": k}, "lossless": lossless,
+        b = {"metrics": {"proposals": k}, "lossless": lossless,
              "prompts": [record(i, r, k, wall_s) for i, r in enumerate(rounds)]}
         if swapped and name in swapped:
             b["state_swap"] = {"prompts": [record(i, r, k, wall_s) for i, r in enumerate(swapped[name])]}
         out["benchmarks"][name] = b
     if heldout is not None:
         committed, blocks = heldout
-        out["heldout_tf"] = {"split": "validation", "block_size": k, "num_sequences": len(blocks),
+        out["heldout_tf"] = {"split": "validation", "proposals": k, "num_sequences": len(blocks),
                              "sequences": {"committed": list(committed), "blocks": list(blocks)},
                              "tau": sum(committed) / sum(blocks)}
     return out
@@ -81,7 +81,7 @@ def metrics_of(ev: dict) -> dict[str, float]:
     """The MLflow metrics `ready.row` would log for this evaluation (per benchmark and overall)."""
     from ready.metrics import SequenceLog, overall, summarize
 
-    k = int(ev["config"]["drafter"]["block_size"]) if ev["method"] != "ar" else 0
+    k = int(ev["config"]["drafter"]["block_size"]) - 1 if ev["method"] != "ar" else 0
     per_bench = []
     for name, b in ev["benchmarks"].items():
         logs = [SequenceLog(new_tokens=len(p["tokens"]), wall_s=p["wall_s"], accepted=p["accepted"],

@@ -283,7 +283,7 @@ def test_evaluate_reports_lossless_metrics_and_speedup(target):
 def test_evaluate_flags_a_lossless_failure_loudly(target, capsys):
     ps = prompts(3)
     ar = run_ar(target, ps, 10, warmup=0, progress=False)
-    broken = [Generation(prompt_len=g.prompt_len, tokens=list(g.tokens), block_size=0, accepted=g.accepted,
+    broken = [Generation(prompt_len=g.prompt_len, tokens=list(g.tokens), proposals=0, accepted=g.accepted,
                          horizons=g.horizons, wall_s=g.wall_s) for g in ar]
     broken[1].tokens[6] = (broken[1].tokens[6] + 1) % VOCAB
     with pytest.warns(LosslessWarning, match="prompt 1, new token 6"):

@@ -299,7 +299,7 @@ def test_evaluate_tolerates_a_planted_tie_and_fails_a_planted_wrong_token():
     ar = run_ar(model, ps, 12, warmup=0, progress=False)
 
     def planted(prompt_i: int, pos: int, tok: int) -> list[Generation]:
-        out = [Generation(prompt_len=g.prompt_len, tokens=list(g.tokens), block_size=0, accepted=g.accepted,
+        out = [Generation(prompt_len=g.prompt_len, tokens=list(g.tokens), proposals=0, accepted=g.accepted,
                           horizons=g.horizons, wall_s=g.wall_s) for g in ar]
         out[prompt_i].tokens[pos] = tok
         return out

@@ -327,7 +327,7 @@ def test_search_sweep_says_which_objective_and_split_ranked_its_trials(tmp_path,
     monkeypatch.setattr(collect, "EXPERIMENTS_DIR", tmp_path)
     runs, evaluations = _sweep(ROWS[:2])
     for ev in evaluations.values():
-        ev["heldout_tf"] = {"split": "validation", "num_sequences": 3, "block_size": 7,
+        ev["heldout_tf"] = {"split": "validation", "num_sequences": 3, "proposals": 7,
                             "sequences": {"committed": [4, 5, 6], "blocks": [2, 2, 2]}, "tau": 2.5}
     about = " ".join(build_table("search_loss", runs, evaluations).about)
     assert ("Search objective heldout_tf/tau: teacher-forced τ on the validation split of held-out regenerated "

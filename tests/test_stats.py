@@ -188,7 +188,7 @@ def test_overall_pools_every_suites_prompts_as_one_ratio_of_sums():
 
 def test_survival_is_censored_beyond_each_rounds_horizon():
     # round 2 stopped at the token budget after 2 positions: it never counts at j = 3
-    run = stats.tallies({"benchmarks": {"b": {"metrics": {"block_size": 3}, "prompts": [
+    run = stats.tallies({"benchmarks": {"b": {"metrics": {"proposals": 3}, "prompts": [
         record(0, [3, 2], k=3, horizons=[3, 2])]}}})
     band = stats.survival([run], "b")
     assert [iv.value for iv in band] == [1.0, 1.0, 1.0]
@@ -279,7 +279,7 @@ def test_speedup_pairs_each_prompt_with_ars_timing_of_the_same_prompt():
     for i in range(40):
         ar = float(rng.uniform(0.5, 2.0))  # prompts differ a lot in length/time ...
         prompts.append({**record(i, [3, 4, 2]), "wall_s": ar / float(rng.uniform(2.2, 2.8)), "ar_wall_s": ar})
-    ev = {"method": "ready", "benchmarks": {"humaneval": {"metrics": {"block_size": K}, "prompts": prompts}}}
+    ev = {"method": "ready", "benchmarks": {"humaneval": {"metrics": {"proposals": K}, "prompts": prompts}}}
     run = stats.tallies(ev)
     ours = stats.speedup([run], "humaneval")
     wall = np.array([p["wall_s"] for p in prompts])
@@ -311,7 +311,7 @@ def _sampled(seed, samples=3, prompts=6, rounds=20, gain=0.0, ref=None, sample_s
             rec["sample"], rec["seed"] = s, (sample_seeds or {}).get((i, s), 1000 * i + s)
             recs.append(rec)
     order = rng.permutation(len(recs))
-    ev = {"method": "ready", "benchmarks": {"b": {"metrics": {"block_size": K}, "prompts": [recs[j] for j in order]}}}
+    ev = {"method": "ready", "benchmarks": {"b": {"metrics": {"proposals": K}, "prompts": [recs[j] for j in order]}}}
     return drawn, ev
 
 
@@ -328,7 +328,7 @@ def test_samples_of_a_prompt_pool_into_one_unit_and_pair_by_prompt_and_sample():
     # the prompt is the resampling unit: the same interval as one record per prompt holding all its rounds
     ref_t = stats.tallies(ref).benchmarks["b"]
     merged = [record(int(i), sum((drawn[(int(i), s)] for s in range(3)), [])) for i in ref_t.index]
-    one_per_prompt = {"method": "ready", "benchmarks": {"b": {"metrics": {"block_size": K}, "prompts": merged}}}
+    one_per_prompt = {"method": "ready", "benchmarks": {"b": {"metrics": {"proposals": K}, "prompts": merged}}}
     assert stats.tau([stats.tallies(one_per_prompt)], "b") == stats.tau([stats.tallies(ref)], "b")
 
 

@@ -84,7 +84,7 @@ def run_variant(cfg, method: str = "ready", progress: bool = True) -> VariantRes
     evaluation = {"method": method, "resolved": {"device": "cpu"}, "benchmarks": records}
     if k:  # drafting rows: a teacher-forced score on held-out sequences (the search objective)
         committed = [8 * (boost + 1) + i + int(10 * float(cfg.train.loss.l1_weight)) for i in range(4)]
-        evaluation["heldout_tf"] = {"split": "validation", "block_size": k, "num_sequences": 4,
+        evaluation["heldout_tf"] = {"split": "validation", "proposals": k, "num_sequences": 4,
                                     "sequences": {"committed": committed, "blocks": [8] * 4},
                                     "tau": sum(committed) / 32}
     return VariantResult(method=method, benchmarks=per_bench, overall=total, curves=curves,

@@ -62,7 +62,7 @@ def test_loss_gradient_reaches_draft_logits_only():
 def test_anchors_lie_in_the_response_and_labels_past_the_end_are_masked():
     lengths = torch.tensor([20, 14, 20])  # row 1 ended with EOS at index 13
     g = torch.Generator().manual_seed(3)
-    anchors, mask = sample_anchors(lengths, prompt_len=8, block_size=4, num_anchors=5, generator=g)
+    anchors, mask = sample_anchors(lengths, prompt_len=8, proposals=4, num_anchors=5, generator=g)
     assert anchors.shape == (3, 5) and mask.shape == (3, 5, 4)
     lo, hi = anchor_range(8, lengths)
     assert lo == 7
@@ -80,7 +80,7 @@ def test_anchors_lie_in_the_response_and_labels_past_the_end_are_masked():
 
 def test_too_few_anchor_candidates_are_padded_and_masked():
     g = torch.Generator().manual_seed(0)
-    anchors, mask = sample_anchors(torch.tensor([10]), prompt_len=8, block_size=3, num_anchors=4, generator=g)
+    anchors, mask = sample_anchors(torch.tensor([10]), prompt_len=8, proposals=3, num_anchors=4, generator=g)
     # valid anchors: 7 and 8 (first label 8, 9 < 10)
     assert sorted(anchors[0][mask[0, :, 0]].tolist()) == [7, 8]
     assert int(mask[0, :, 0].sum()) == 2

@@ -543,7 +543,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
         if batch_only:
             return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
                     "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
-                    "prompt_len": prompt_len, "new_tokens": new_tokens, "block_size": block_size,
+                    "prompt_len": prompt_len, "new_tokens": new_tokens, "proposals": block_size,
                     "repeats": repeats, "batched": batched}
 
     ar_profile = None
@@ -579,7 +579,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
     out: dict[str, Any] = {
         "target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
         "compiled_layers": compile_layers, "params": sum(p.numel() for p in target.parameters()),
-        "weight_bytes": weight_bytes, "prompt_len": prompt_len, "new_tokens": new_tokens, "block_size": block_size,
+        "weight_bytes": weight_bytes, "prompt_len": prompt_len, "new_tokens": new_tokens, "proposals": block_size,
         "repeats": repeats, "ar": ar, "verify": verify, "forced": forced, "drafter_cost": "none (random drafts)",
     }
     kinds = [d for d in drafters if d in ("dspark", "ready")]

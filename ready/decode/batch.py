@@ -365,7 +365,7 @@ class BatchEngine:
                         draft.admit(b, p.numel())
                 _sync(dev)
                 now = time.perf_counter()
-                g = Generation(prompt_len=p.numel(), tokens=[first], block_size=K, prefill_s=now - mark,
+                g = Generation(prompt_len=p.numel(), tokens=[first], proposals=K, prefill_s=now - mark,
                                wall_s=now - mark)
                 mark = now
                 if layers:  # the donor's states at every length this generation reads, off the clock

@@ -78,7 +78,7 @@ class Generation:
 
     prompt_len: int
     tokens: list[int]  # new tokens (first one from the prefill)
-    block_size: int  # K (0 for autoregressive decoding)
+    proposals: int  # K (0 for autoregressive decoding)
     accepted: list[int] = field(default_factory=list)  # A_i per round (AR: one 0 per step)
     horizons: list[int] = field(default_factory=list)  # h_i per round
     committed: list[int] = field(default_factory=list)  # tokens appended per round (A_i + 1, less at the budget or EOS)
@@ -395,7 +395,7 @@ class Engine:
         self.tokens[0, p] = first
         _sync(self.device)
         prefill_s = time.perf_counter() - t0
-        gen = Generation(prompt_len=p, tokens=[first], block_size=self.k, prefill_s=prefill_s)
+        gen = Generation(prompt_len=p, tokens=[first], proposals=self.k, prefill_s=prefill_s)
         if first == self.eos:
             gen.stop = "eos"
         elif self.drafter is None:

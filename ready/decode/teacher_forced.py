@@ -24,14 +24,14 @@ from tqdm.auto import tqdm
 from ready.train.regen import RegenData
 
 
-def full_block_anchors(data: RegenData, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def full_block_anchors(data: RegenData, proposals: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Anchors [N, A] (every a with a >= prompt_len - 1 and a + K < length) and their validity mask."""
     lo = max(int(data.prompt_len) - 1, 1)  # the reader reads the state after token a - 1
-    hi = data.lengths.long() - block_size - 1  # inclusive: labels a+1 .. a+K are real tokens
+    hi = data.lengths.long() - proposals - 1  # inclusive: labels a+1 .. a+K are real tokens
     span = max(int(hi.max()) - lo + 1, 0) if len(data) else 0
     anchors = lo + torch.arange(span).expand(len(data), span)
     valid = anchors <= hi.unsqueeze(1)
-    return anchors.clamp(max=max(lo, int(data.tokens.shape[1]) - block_size - 1)), valid
+    return anchors.clamp(max=max(lo, int(data.tokens.shape[1]) - proposals - 1)), valid
 
 
 @torch.no_grad()
@@ -81,6 +81,6 @@ def teacher_forced_acceptance(drafter: Any, target: Any, data: RegenData, batch_
     bar.close()
     drafter.train(was_training)
     total = sum(blocks)
-    return {"split": split, "block_size": K, "num_sequences": len(data),
+    return {"split": split, "proposals": K, "num_sequences": len(data),
             "sequences": {"committed": [int(c) for c in committed], "blocks": [int(b) for b in blocks]},
             "tau": sum(committed) / total if total else None}

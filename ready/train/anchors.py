@@ -25,7 +25,7 @@ def anchor_range(prompt_len: int, lengths: torch.Tensor) -> tuple[int, torch.Ten
 def sample_anchors(
     lengths: torch.Tensor,
     prompt_len: int,
-    block_size: int,
+    proposals: int,
     num_anchors: int,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,7 +37,7 @@ def sample_anchors(
     Deterministic given the generator's state (resumed training replays the same draws).
     """
     lengths = lengths.long().cpu()
-    B, A, K = lengths.shape[0], int(num_anchors), int(block_size)
+    B, A, K = lengths.shape[0], int(num_anchors), int(proposals)
     lo, hi = anchor_range(prompt_len, lengths)
     span = int((hi.max() - lo + 1).clamp_min(0)) if B else 0
     if span <= 0:
@@ -61,15 +61,15 @@ def sample_anchors(
     return anchors, mask
 
 
-def gather_blocks(x: torch.Tensor, anchors: torch.Tensor, block_size: int, offset: int) -> torch.Tensor:
+def gather_blocks(x: torch.Tensor, anchors: torch.Tensor, proposals: int, offset: int) -> torch.Tensor:
     """x[b, a + offset + j - 1] for j = 1..K, clamped to the sequence: [B, T, ...] -> [B, A, K, ...].
 
     offset 1 gives the labels tokens[a+1 .. a+K]; offset 0 gives the target logits that
     predict them (position a+j-1). Out-of-range indices are clamped; mask them.
     """
     B, T = x.shape[:2]
-    pos = anchors.to(x.device).unsqueeze(-1) + offset + torch.arange(block_size, device=x.device)  # [B, A, K]
+    pos = anchors.to(x.device).unsqueeze(-1) + offset + torch.arange(proposals, device=x.device)  # [B, A, K]
     pos = pos.clamp(0, T - 1)
     A = anchors.shape[1]
     rows = torch.arange(B, device=x.device).unsqueeze(1)
-    return x[rows, pos.reshape(B, A * block_size)].view(B, A, block_size, *x.shape[2:])
+    return x[rows, pos.reshape(B, A * proposals)].view(B, A, proposals, *x.shape[2:])

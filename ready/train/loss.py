@@ -38,9 +38,9 @@ class LossTerms:
     tau_hat: float  # 1 + mean accepted-prefix length if the drafts were verified greedily
 
 
-def position_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
+def position_weights(proposals: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
     """w_j = exp(-j/γ) for draft positions j = 1..K, float32 [K]."""
-    j = torch.arange(1, block_size + 1, device=device, dtype=torch.float32)
+    j = torch.arange(1, proposals + 1, device=device, dtype=torch.float32)
     return torch.exp(-j / float(gamma))
 
 

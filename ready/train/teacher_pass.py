@@ -52,11 +52,11 @@ class TeacherPass:
     logits: Optional[torch.Tensor]  # [B, T - start, V]: positions start.. (None when not asked)
     start: int = 0  # position of logits[:, 0]
 
-    def teacher(self, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    def teacher(self, anchors: torch.Tensor, proposals: int) -> torch.Tensor:
         """The target logits that predict each anchor's K labels: [B, A, K, V] (positions a .. a+K-1)."""
         if self.logits is None:
             raise TeacherPassError("this teacher pass was run without logits; ask teacher_pass(..., logits=True)")
-        return gather_blocks(self.logits, anchors - self.start, block_size, offset=0)
+        return gather_blocks(self.logits, anchors - self.start, proposals, offset=0)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.hidden, self.states, self.logits) if t is not None)
