@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ready.train.anchors import anchor_range, gather_blocks, sample_anchors
+from ready.train.anchors import gather_blocks, sample_anchors
 from ready.train.loss import draft_loss, position_weights
 
 
@@ -59,13 +59,18 @@ def test_loss_gradient_reaches_draft_logits_only():
     assert t.grad is None
 
 
+def response(lengths: torch.Tensor, prompt_len: int, T: int = 20) -> torch.Tensor:
+    """The trainable tokens of prompt + response rows: the response up to each row's length."""
+    pos = torch.arange(T).unsqueeze(0)
+    return (pos >= prompt_len) & (pos < lengths.unsqueeze(1))
+
+
 def test_anchors_lie_in_the_response_and_labels_past_the_end_are_masked():
     lengths = torch.tensor([20, 14, 20])  # row 1 ended with EOS at index 13
     g = torch.Generator().manual_seed(3)
-    anchors, mask = sample_anchors(lengths, prompt_len=8, proposals=4, num_anchors=5, generator=g)
+    anchors, mask = sample_anchors(response(lengths, 8), proposals=4, num_anchors=5, generator=g)
     assert anchors.shape == (3, 5) and mask.shape == (3, 5, 4)
-    lo, hi = anchor_range(8, lengths)
-    assert lo == 7
+    lo, hi = 7, lengths - 2  # first label in the response, and a real token
     for b in range(3):
         kept = anchors[b][mask[b, :, 0]]
         assert len(set(kept.tolist())) == len(kept)  # distinct
@@ -80,17 +85,28 @@ def test_anchors_lie_in_the_response_and_labels_past_the_end_are_masked():
 
 def test_too_few_anchor_candidates_are_padded_and_masked():
     g = torch.Generator().manual_seed(0)
-    anchors, mask = sample_anchors(torch.tensor([10]), prompt_len=8, proposals=3, num_anchors=4, generator=g)
+    anchors, mask = sample_anchors(response(torch.tensor([10]), 8), proposals=3, num_anchors=4, generator=g)
     # valid anchors: 7 and 8 (first label 8, 9 < 10)
     assert sorted(anchors[0][mask[0, :, 0]].tolist()) == [7, 8]
     assert int(mask[0, :, 0].sum()) == 2
 
 
 def test_anchor_draws_repeat_with_the_same_generator_seed():
-    lengths = torch.full((4,), 30)
-    a1, _ = sample_anchors(lengths, 10, 4, 6, torch.Generator().manual_seed(11))
-    a2, _ = sample_anchors(lengths, 10, 4, 6, torch.Generator().manual_seed(11))
+    trainable = response(torch.full((4,), 30), 10, T=30)
+    a1, _ = sample_anchors(trainable, 4, 6, torch.Generator().manual_seed(11))
+    a2, _ = sample_anchors(trainable, 4, 6, torch.Generator().manual_seed(11))
     assert torch.equal(a1, a2)
+
+
+def test_in_a_conversation_anchors_start_assistant_labels_and_user_turns_are_never_labels():
+    #          system/user template  | assistant 1 | user 2     | assistant 2
+    trainable = torch.tensor([[0] * 6 + [1] * 5 + [0] * 4 + [1] * 5]).bool()  # T = 20
+    anchors, mask = sample_anchors(trainable, proposals=3, num_anchors=20, generator=torch.Generator().manual_seed(1))
+    kept = anchors[0][mask[0, :, 0]].tolist()
+    assert sorted(kept) == [5, 6, 7, 8, 9, 14, 15, 16, 17, 18]  # every a with token a+1 from the assistant
+    for i, a in enumerate(anchors[0].tolist()):
+        if mask[0, i, 0]:
+            assert mask[0, i].tolist() == [bool(trainable[0, a + j]) if a + j < 20 else False for j in (1, 2, 3)]
 
 
 def test_gather_blocks_takes_labels_and_the_teacher_positions_that_predict_them():

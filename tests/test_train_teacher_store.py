@@ -52,7 +52,7 @@ def test_the_stores_rows_are_the_teacher_pass_bit_for_bit_whatever_the_batch(tmp
     for _ in range(6):
         idx = torch.randperm(len(data), generator=g)[:batch]  # other sequences, in other slots
         for anchors_per_sample in (1, 3):
-            anchors, _ = sample_anchors(data.lengths[idx], data.prompt_len, 4, anchors_per_sample, g)
+            anchors, _ = sample_anchors(data.trainable(idx), 4, anchors_per_sample, g)
             direct = teacher_pass(target, drafter, data.tokens[idx], anchors, keep=False)
             assert _same(direct, store.teacher_pass(target, idx, anchors)), (idx.tolist(), anchors.tolist())
 

@@ -21,17 +21,25 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ready.train.anchors import valid_anchors
 from ready.train.regen import RegenData
 
 
 def full_block_anchors(data: RegenData, proposals: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Anchors [N, A] (every a with a >= prompt_len - 1 and a + K < length) and their validity mask."""
-    lo = max(int(data.prompt_len) - 1, 1)  # the reader reads the state after token a - 1
-    hi = data.lengths.long() - proposals - 1  # inclusive: labels a+1 .. a+K are real tokens
-    span = max(int(hi.max()) - lo + 1, 0) if len(data) else 0
-    anchors = lo + torch.arange(span).expand(len(data), span)
-    valid = anchors <= hi.unsqueeze(1)
-    return anchors.clamp(max=max(lo, int(data.tokens.shape[1]) - proposals - 1)), valid
+    """Anchors [N, A] (every a whose labels a+1 .. a+K are all target-generated tokens) and their
+    validity mask."""
+    trainable = data.trainable()
+    N, T = trainable.shape
+    padded = torch.cat([trainable, torch.zeros(N, proposals, dtype=torch.bool)], 1)
+    full = valid_anchors(trainable)
+    for j in range(2, proposals + 1):  # every label of the block, not only the first
+        full[:, : T] &= padded[:, j: j + T]
+    cols = full.any(0).nonzero().flatten() if N else torch.zeros(0, dtype=torch.long)
+    if cols.numel() == 0:
+        return torch.ones(N, 0, dtype=torch.long), torch.zeros(N, 0, dtype=torch.bool)
+    lo, hi = int(cols[0]), int(cols[-1])
+    anchors = lo + torch.arange(hi - lo + 1).expand(N, hi - lo + 1)
+    return anchors, full[:, lo: hi + 1]
 
 
 @torch.no_grad()

@@ -1,14 +1,14 @@
-"""Anchor sampling in the response part of target-regenerated sequences.
+"""Anchor sampling in the target-generated part of training sequences.
 
 Indexing (shared with the drafter, see docs/interfaces.md and ready/drafter): anchor `a` is
 the index of the last committed token; draft position j = 1..K predicts token a+j; the
 drafter's context is tokens[:a]; the reader reads the GDN state after token a-1.
 
-Labels must be the target's own greedy tokens, so the first label a+1 lies in the response:
-a >= prompt_len - 1 (the very first round at inference drafts right after the prompt). The
-first label must also be a real token: a+1 < length, where `length` counts the tokens up to
-and including the first EOS. Later labels a+j past `length` are masked out, so blocks near
-the end still train their early positions.
+Labels must be the target's own tokens: `trainable` marks them (the response part of a
+regenerated prompt, or the assistant turns of a rendered conversation, `RegenData.trainable`).
+An anchor is valid when its first label a+1 is trainable (and a >= 1: the reader reads the state
+after token a-1); later labels a+j that are not trainable (past the end, a user turn) are masked
+out, so blocks near a turn's end still train their early positions.
 """
 
 from __future__ import annotations
@@ -16,37 +16,46 @@ from __future__ import annotations
 import torch
 
 
-def anchor_range(prompt_len: int, lengths: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Inclusive bounds [lo, hi[i]] of valid anchors per sequence (hi < lo: no valid anchor)."""
-    lo = max(int(prompt_len) - 1, 1)  # a >= 1: the reader reads the state after token a-1
-    return lo, lengths.long() - 2
+def valid_anchors(trainable: torch.Tensor) -> torch.Tensor:
+    """BoolTensor [B, T]: positions a whose next token a+1 is trainable (a >= 1)."""
+    ok = torch.zeros_like(trainable, dtype=torch.bool)
+    ok[:, :-1] = trainable[:, 1:].bool()
+    ok[:, 0] = False
+    return ok
+
+
+def first_anchor(trainable: torch.Tensor) -> int:
+    """The lowest valid anchor of any row (1 when there is none): where teacher passes must start."""
+    cols = valid_anchors(trainable).any(0).nonzero().flatten()
+    return int(cols[0]) if cols.numel() else 1
 
 
 def sample_anchors(
-    lengths: torch.Tensor,
-    prompt_len: int,
+    trainable: torch.Tensor,
     proposals: int,
     num_anchors: int,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw `num_anchors` distinct anchors per sequence, uniformly over its valid range.
+    """Draw `num_anchors` distinct anchors per sequence, uniformly over its valid positions.
 
-    lengths: [B] valid tokens per sequence. Returns anchors LongTensor [B, A] (sorted) and a
-    label mask BoolTensor [B, A, K] (False where the label is past the sequence's end, and
-    for every position of a padding anchor when a sequence has fewer than A candidates).
-    Deterministic given the generator's state (resumed training replays the same draws).
+    trainable: BoolTensor [B, T] (`RegenData.trainable`). Returns anchors LongTensor [B, A] (sorted)
+    and a label mask BoolTensor [B, A, K] (False where label a+j is not trainable, and for every
+    position of a padding anchor when a sequence has fewer than A candidates). Deterministic given
+    the generator's state (resumed training replays the same draws).
     """
-    lengths = lengths.long().cpu()
-    B, A, K = lengths.shape[0], int(num_anchors), int(proposals)
-    lo, hi = anchor_range(prompt_len, lengths)
-    span = int((hi.max() - lo + 1).clamp_min(0)) if B else 0
-    if span <= 0:
-        return torch.full((B, A), lo, dtype=torch.long), torch.zeros(B, A, K, dtype=torch.bool)
-    cand = lo + torch.arange(span)  # [span]
-    ok = cand.unsqueeze(0) <= hi.unsqueeze(1)  # [B, span]
-    keys = torch.rand(B, span, generator=generator)
+    trainable = trainable.bool().cpu()
+    B, T = trainable.shape
+    A, K = int(num_anchors), int(proposals)
+    valid = valid_anchors(trainable)
+    cols = valid.any(0).nonzero().flatten()
+    if cols.numel() == 0:
+        return torch.ones(B, A, dtype=torch.long), torch.zeros(B, A, K, dtype=torch.bool)
+    lo, hi = int(cols[0]), int(cols[-1])
+    cand = lo + torch.arange(hi - lo + 1)  # [span]: the candidates of the whole batch
+    ok = valid[:, lo:hi + 1]  # [B, span]
+    keys = torch.rand(B, cand.numel(), generator=generator)
     keys = keys.masked_fill(~ok, 2.0)  # invalid candidates sort last
-    take = min(A, span)
+    take = min(A, cand.numel())
     order = keys.argsort(dim=1)[:, :take]
     anchors = cand[order]  # [B, take]
     kept = torch.gather(ok, 1, order)  # [B, take]
@@ -57,7 +66,8 @@ def sample_anchors(
     anchors, perm = anchors.sort(dim=1)
     kept = torch.gather(kept, 1, perm)
     label_pos = anchors.unsqueeze(-1) + torch.arange(1, K + 1)  # [B, A, K]
-    mask = (label_pos < lengths.view(B, 1, 1)) & kept.unsqueeze(-1)
+    padded = torch.cat([trainable, torch.zeros(B, K, dtype=torch.bool)], 1)
+    mask = torch.gather(padded, 1, label_pos.view(B, A * K)).view(B, A, K) & kept.unsqueeze(-1)
     return anchors, mask
 
 

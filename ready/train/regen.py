@@ -38,23 +38,37 @@ class RegenError(ValueError):
 
 @dataclass
 class RegenData:
-    """Prompt + target-greedy response token ids, one row per training sample."""
+    """Training sequences whose responses the target generated, one row per sample.
 
-    tokens: torch.Tensor  # LongTensor [N, prompt_len + response_len]
-    prompt_len: int
+    Either prompt + response of fixed lengths (the corpus prompts), or rendered conversations of
+    varying length (`loss_mask` given: True on the assistant tokens, the only ones trained on)."""
+
+    tokens: torch.Tensor  # LongTensor [N, T]
+    prompt_len: int  # tokens before the first trainable one in every row (1 for conversations)
     lengths: torch.Tensor  # LongTensor [N], valid tokens per row (<= tokens.shape[1])
+    loss_mask: Optional[torch.Tensor] = None  # BoolTensor [N, T]: trainable (target-generated) tokens
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def trainable(self, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """BoolTensor [n, T]: the tokens a draft label may be (the target's own tokens): the
+        assistant tokens of a conversation, else the response part up to the row's length."""
+        rows = torch.arange(len(self)) if rows is None else rows
+        if self.loss_mask is not None:
+            return self.loss_mask[rows]
+        pos = torch.arange(self.tokens.shape[1]).unsqueeze(0)
+        return (pos >= self.prompt_len) & (pos < self.lengths[rows].unsqueeze(1))
 
     @property
     def response_len(self) -> int:
         return int(self.tokens.shape[1]) - self.prompt_len
 
     def save(self, path: str | Path) -> None:
-        atomic_torch_save(
-            {"tokens": self.tokens.cpu(), "prompt_len": self.prompt_len, "lengths": self.lengths.cpu()}, path
-        )
+        raw = {"tokens": self.tokens.cpu(), "prompt_len": self.prompt_len, "lengths": self.lengths.cpu()}
+        if self.loss_mask is not None:
+            raw["loss_mask"] = self.loss_mask.cpu()
+        atomic_torch_save(raw, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "RegenData":
@@ -66,7 +80,9 @@ class RegenData:
         raw = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(raw, dict) or not {"tokens", "prompt_len", "lengths"} <= set(raw):
             raise RegenError(f"{str(path)!r} is not regenerated data; expected a dict with tokens, prompt_len, lengths")
-        return cls(tokens=raw["tokens"].long(), prompt_len=int(raw["prompt_len"]), lengths=raw["lengths"].long())
+        mask = raw.get("loss_mask")
+        return cls(tokens=raw["tokens"].long(), prompt_len=int(raw["prompt_len"]), lengths=raw["lengths"].long(),
+                   loss_mask=None if mask is None else mask.bool())
 
 
 def as_prompt_tensor(prompts: Any, prompt_len: Optional[int] = None) -> torch.Tensor:

@@ -256,7 +256,7 @@ def evaluate_loss(drafter: nn.Module, target: nn.Module, data: RegenData, cfg: A
     idx = torch.arange(min(num, len(data)))
     device = next(drafter.parameters()).device
     tokens = data.tokens[idx].to(device)
-    anchors, mask = sample_anchors(data.lengths[idx], data.prompt_len, K, anchors_per_sample,
+    anchors, mask = sample_anchors(data.trainable(idx), K, anchors_per_sample,
                                    torch.Generator().manual_seed(seed))
     anchors, mask = anchors.to(device), mask.to(device)
     was_training = drafter.training
@@ -341,7 +341,7 @@ def train_stage(
     for step in bar:
         idx = batch_indices(step, int(sc.batch_size), len(data), seed)
         gen = torch.Generator().manual_seed(seed * 104729 + step)
-        anchors, mask = sample_anchors(data.lengths[idx], data.prompt_len, K, int(sc.anchors_per_sample), gen)
+        anchors, mask = sample_anchors(data.trainable(idx), K, int(sc.anchors_per_sample), gen)
         idx, anchors, mask = idx[rows], anchors[rows], mask[rows]  # the whole batch for one process
         tokens = data.tokens[idx].to(device)
         anchors, mask = anchors.to(device), mask.to(device)

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from ready.artifacts import artifact_dir, atomic_torch_save, cached, intact
 from ready.train import distributed
-from ready.train.anchors import anchor_range
+from ready.train.anchors import first_anchor
 from ready.train.regen import RegenData, build_regen_data, target_fingerprint
 from ready.train.teacher_pass import TeacherPass, weights_digest
 
@@ -93,7 +93,7 @@ class TeacherStore:
               progress: bool = True) -> "TeacherStore":
         """Run the target over every sequence of `data`, `batch` at a time (no LM head)."""
         N, T = data.tokens.shape
-        first = anchor_range(data.prompt_len, data.lengths)[0]
+        first = first_anchor(data.trainable())
         D, dtype = int(target.config.hidden_size), target.dtype
         store = cls(data.tokens.clone(), torch.empty(N, T, len(capture), D, dtype=dtype),
                     torch.empty(N, T - first, D, dtype=dtype), first, tuple(int(i) for i in capture), int(batch),
@@ -126,7 +126,7 @@ class TeacherStore:
         target weights and batch size, and `exact` at this thread count."""
         return (target.device.type == "cpu" and not drafter.state_layers and int(batch_size) == self.batch
                 and tuple(int(i) for i in drafter.capture_layers) == self.capture
-                and torch.equal(data.tokens, self.tokens) and anchor_range(data.prompt_len, data.lengths)[0] == self.first
+                and torch.equal(data.tokens, self.tokens) and first_anchor(data.trainable()) == self.first
                 and target_key(target) == self.target and self.exact(target))
 
     @torch.no_grad()
@@ -186,7 +186,7 @@ def ensure_teacher_store(cfg: Any, target: nn.Module, tokenizer: Any, progress: 
     data, folder = build_regen_data(cfg, target, tokenizer, prompts=prompts, progress=progress)
     capture, batch = store_capture(cfg, target), int(cfg.train.base.batch_size)
     N, T = data.tokens.shape
-    first = anchor_range(data.prompt_len, data.lengths)[0]
+    first = first_anchor(data.trainable())
     if N * (T * len(capture) + T - first) * int(target.config.hidden_size) * target.dtype.itemsize > MAX_STORE_BYTES:
         return None
     spec = {"kind": KIND, "data": folder.name, "target": key, "capture": list(capture), "batch": batch, "first": first}
