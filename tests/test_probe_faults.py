@@ -432,7 +432,7 @@ def test_a_prompt_that_is_a_number_names_the_file_the_record_and_the_field(check
     assert main(probe_args(tmp_path, "main", "profile=smoke", f"target.source={checkpoint}", "bench.suites=[humaneval]",
                            f"bench.paths.humaneval={file}", "--no-report")) == 2
     assert errors(capsys.readouterr().err) == [
-        f"error: benchmark 'humaneval': file {str(file)!r} is malformed (record 1: field 'prompt' holds 5, a int, not a "
+        f"error: benchmark 'humaneval': file {str(file)!r} is malformed (record 1: field 'prompt' holds 5 (int), not a "
         "string); expected HumanEval JSONL(.gz) records with 'task_id' and 'prompt' fields"]
     assert variant_runs(tmp_path) == []
 

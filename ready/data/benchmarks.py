@@ -264,7 +264,7 @@ def _check_fields(rows: list[dict], name: str, path: Path, fmt: _Format) -> None
             value = r.get(field)
             if value is not None and not isinstance(value, str):
                 raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i}: field "
-                                     f"'{field}' holds {json.dumps(value)[:40]}, a {type(value).__name__}, not a "
+                                     f"'{field}' holds {json.dumps(value)[:40]} ({type(value).__name__}), not a "
                                      f"string); expected {fmt.expected}")
 
 
