@@ -74,6 +74,23 @@ class RegenConfig:
     response_len: int = 48
     batch_size: int = 64  # prompts decoded together while regenerating
     seed: int = 0
+    # sampling of regenerated conversation turns (data.path): 0 = greedy; DeepSpec samples at 0.7
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    """Training conversations: a dataset file whose assistant turns the target answers anew (issue 42)."""
+
+    # a conversation dataset (a file, a folder or a glob: JSON, JSON Lines (.gz) or parquet); null = the
+    # embedded default's prompts from the standard library corpus
+    path: Optional[str] = None
+    format: str = "auto"  # auto | sharegpt | messages | perfectblend | prompt_response (auto: from the rows)
+    on_error: str = "stop"  # stop: the first malformed row is an error | skip: skip and count it (logged)
+    # regenerate: every assistant turn answered anew by the target (the paper's recipe; sampled when
+    # regen.temperature > 0) | original: the dataset's own answers (the ablation of regeneration)
+    responses: str = "regenerate"
 
 
 @dataclass
@@ -261,6 +278,7 @@ class Config:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     regen: RegenConfig = field(default_factory=RegenConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -297,6 +315,12 @@ def validate(cfg: DictConfig | Config) -> None:
         ("reader.rank", c.reader.rank >= 1, "a positive integer (1 .. d_k)"),
         ("reader.position", c.reader.position in ("pre", "post"), "'pre' or 'post'"),
         ("drafter.head", c.drafter.head in ("vanilla", "gated", "rnn"), "'vanilla', 'gated' or 'rnn'"),
+        ("data.format", c.data.format in ("auto", "sharegpt", "messages", "perfectblend", "prompt_response"),
+         "auto, sharegpt, messages, perfectblend or prompt_response"),
+        ("data.on_error", c.data.on_error in ("stop", "skip"), "stop or skip"),
+        ("data.responses", c.data.responses in ("regenerate", "original"), "regenerate or original"),
+        ("regen.temperature", c.regen.temperature >= 0, "a number >= 0 (0 = greedy)"),
+        ("regen.top_p", 0 < c.regen.top_p <= 1, "a number in (0, 1]"),
         ("drafter.block_size", c.drafter.block_size >= 2, "an integer >= 2 (the anchor + at least one proposal)"),
         ("drafter.num_attention_heads", c.drafter.num_attention_heads >= 1
          and c.drafter.num_attention_heads % max(1, c.drafter.num_key_value_heads) == 0,

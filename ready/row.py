@@ -337,6 +337,20 @@ def _drafter(cfg: DictConfig, method: str, loaded: _Loaded, progress: bool):
 # The run
 
 
+def data_counts(cfg: DictConfig, loaded: _Loaded) -> dict[str, float]:
+    """Rows of `data.path` read, skipped (by reason), used and truncated ({} without a dataset)."""
+    from ready.train.conversations import load_counts
+    from ready.train.regen import regen_artifact, uses_conversations
+
+    if not uses_conversations(cfg):
+        return {}
+    flat: dict[str, float] = {}
+    for k, v in load_counts(regen_artifact(cfg, loaded.target, loaded.tokenizer)[0]).items():
+        for kk, vv in (v.items() if isinstance(v, dict) else [("", v)]):
+            flat[f"{k}_{kk}" if kk else k] = float(vv)
+    return flat
+
+
 def check_method(cfg: DictConfig, method: str) -> None:
     """The method a row stands for must match its reader settings (one line naming the key)."""
     if method not in METHODS:
@@ -380,6 +394,7 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
         drafter.eval()
         resolved = dict(drafter.resolved())
         resolved["drafter_dir"] = str(folder)
+        resolved["data_rows"] = data_counts(cfg, loaded)
     resolved.update({"target": loaded.target_path, "device": loaded.device, "d_k": d_k,
                      "rank_requested": requested_rank, "rank": int(cfg.reader.rank)})
 

@@ -199,8 +199,15 @@ def build_regen_data(
 ) -> tuple[RegenData, Path]:
     """The cached regenerated data for `cfg` (built on first use). Returns (data, its folder).
 
-    Prompts default to `ready.data.training_prompts(tokenizer, cfg.regen, corpus_cfg=cfg.corpus)`.
+    Prompts default to `ready.data.training_prompts(tokenizer, cfg.regen, corpus_cfg=cfg.corpus)`; with
+    `data.path` (and no explicit prompts) the data are that dataset's conversations
+    (`ready.train.conversations`).
     """
+    if prompts is None and uses_conversations(cfg):
+        from ready.train.conversations import build_conversation_data
+
+        data, folder, _ = build_conversation_data(cfg, target, tokenizer, progress)
+        return data, folder
     prompts, spec, eos_id = _regen_inputs(cfg, target, tokenizer, prompts)
     batch = max(1, int(getattr(cfg.regen, "batch_size", 64)))
     folder = artifact_dir(cfg.artifacts_dir, "regen", spec)
@@ -221,6 +228,12 @@ def build_regen_data(
 def regen_artifact(cfg: Any, target: Any, tokenizer: Any,
                    prompts: Optional[Sequence[Sequence[int]] | torch.Tensor] = None) -> tuple[Path, dict]:
     """(folder, spec) where `build_regen_data` keeps, or will keep, the data; decodes nothing."""
+    if prompts is None and uses_conversations(cfg):
+        from ready.data.conversations import dataset_files
+        from ready.train.conversations import conversation_spec
+
+        spec = conversation_spec(cfg, target, tokenizer, dataset_files(str(cfg.data.path)))
+        return artifact_dir(cfg.artifacts_dir, "regen", spec), spec
     spec = _regen_inputs(cfg, target, tokenizer, prompts)[1]
     return artifact_dir(cfg.artifacts_dir, "regen", spec), spec
 
@@ -238,6 +251,12 @@ def _regen_inputs(cfg: Any, target: Any, tokenizer: Any, prompts: Any) -> tuple[
     spec = regen_spec(cfg, target, prompts)
     spec["eos_id"] = eos_id
     return prompts, spec, eos_id
+
+
+def uses_conversations(cfg: Any) -> bool:
+    """Whether training data come from a conversation dataset (`data.path`)."""
+    data = getattr(cfg, "data", None)
+    return bool(data is not None and getattr(data, "path", None))
 
 
 def build_validation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True) -> Optional[RegenData]:

@@ -1,0 +1,154 @@
+"""Training data from a conversation dataset: every assistant turn answered anew by the target.
+
+The paper (and DeepSpec, SpecForge) trains on conversations whose responses the target itself
+regenerated, rendered with the target's own chat template, with the loss on assistant tokens only:
+
+1. `ready.data.conversations` reads `data.path` (ShareGPT, OpenAI messages, Open-PerfectBlend rows,
+   prompt/response pairs) and `regen.num_samples` conversations are drawn with `regen.seed`;
+2. with `data.responses: regenerate`, the assistant turns are answered anew turn by turn, each
+   conditioned on the turns before it as regenerated: greedy through the batched engine
+   (`regen.batch_size` slots), or sampled (`regen.temperature`, `regen.top_p`, one seed per turn)
+   through the single-sequence engine; a turn stops at the template's end-of-turn token or after
+   `regen.response_len` tokens;
+3. each conversation is rendered with the tokenizer's chat template (`bench.thinking`, as evaluation
+   renders its prompts) into token ids and an assistant-token mask (`ready.data.chat`), truncated to
+   `regen.prompt_len + regen.response_len` tokens, and the rows are padded into one `RegenData`
+   whose `loss_mask` holds the assistant tokens.
+
+The result is an artifact like the prompt-regenerated data (`<artifacts>/regen/<hash>/`), keyed by the
+files' contents, the data and regen settings, the chat template, the thinking switch and the target.
+Regenerated text is re-tokenized by the template: the trained tokens are the target's words as the
+template renders them, which may differ from the ids it sampled at a token boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ready.artifacts import cached, file_digest
+from ready.config import to_container
+from ready.train.regen import DATA_FILE, RegenData, RegenError, target_fingerprint
+
+Messages = list[dict[str, str]]
+COUNTS_FILE = "counts.json"
+
+
+def end_of_turn_id(tokenizer: Any) -> int:
+    """The token that closes an assistant turn in the chat template (`<|im_end|>`), else EOS."""
+    for token in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None) and tid >= 0:
+            return tid
+    if tokenizer.eos_token_id is None:
+        raise RegenError("the tokenizer has neither an end-of-turn token nor an EOS token; expected one to stop "
+                         "regenerated turns")
+    return int(tokenizer.eos_token_id)
+
+
+def regenerate_turns(target: Any, tokenizer: Any, conversations: list[Messages], prompt_of: Callable[[Messages], list[int]],
+                     max_new_tokens: int, batch_size: int, temperature: float = 0.0, top_p: float = 1.0,
+                     seed: int = 0, progress: bool = True) -> list[Messages]:
+    """The conversations with every assistant turn replaced by the target's answer, turn by turn."""
+    from ready.decode.batch import BatchEngine
+    from ready.decode.engine import Engine
+    from ready.decode.sampling import SamplingParams
+
+    stop = end_of_turn_id(tokenizer)
+    out = [[dict(m) for m in conv] for conv in conversations]
+    turns = [[k for k, m in enumerate(conv) if m["role"] == "assistant"] for conv in out]
+    bar = tqdm(total=sum(map(len, turns)), desc="regen: assistant turns", unit="turn", disable=not progress)
+    for t in range(max(map(len, turns), default=0)):
+        todo = [(i, ks[t]) for i, ks in enumerate(turns) if len(ks) > t]
+        prompts = [prompt_of(out[i][:k]) for i, k in todo]
+        if temperature > 0:
+            engine = Engine(target, eos_token_id=stop, sampling=SamplingParams(temperature, top_p, seed))
+            answers = [engine.generate(p, max_new_tokens, seed=seed * 1_000_003 + i * 101 + t).tokens
+                       for (i, _), p in zip(todo, prompts)]
+        else:
+            engine = BatchEngine(target, None, batch_size=max(1, min(batch_size, len(prompts))), eos_token_id=stop)
+            answers = [g.tokens for g in engine.generate(prompts, max_new_tokens).generations]
+        for (i, k), ids in zip(todo, answers):
+            out[i][k] = {"role": "assistant", "content": tokenizer.decode([x for x in ids if x != stop],
+                                                                           skip_special_tokens=True)}
+        bar.update(len(todo))
+    bar.close()
+    return out
+
+
+def conversation_spec(cfg: Any, target: Any, tokenizer: Any, files: list[Path]) -> dict:
+    """What conversation training data depends on (the artifact's key)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return {
+        "kind": "conversations",
+        "files": {p.name: file_digest(p) for p in files},
+        "data": {k: v for k, v in to_container(cfg.data).items() if k != "path"},
+        "regen": to_container(cfg.regen),
+        "thinking": bool(cfg.bench.thinking),
+        "template": hashlib.sha256(template.encode()).hexdigest()[:16],
+        "target": target_fingerprint(target) if cfg.data.responses == "regenerate" else None,
+    }
+
+
+def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True) -> tuple[RegenData, Path, dict]:
+    """The cached training data of `cfg.data.path` (built on first use): (data, its folder, load counts)."""
+    from ready.data.chat import prompt_ids, render_conversation
+    from ready.data.conversations import dataset_files, load_conversations
+
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise RegenError(f"data.path = {cfg.data.path!r}: the target's tokenizer has no chat template; expected a "
+                         "tokenizer whose apply_chat_template renders conversations")
+    files = dataset_files(str(cfg.data.path))
+    spec = conversation_spec(cfg, target, tokenizer, files)
+    thinking = bool(cfg.bench.thinking)
+    max_len = int(cfg.regen.prompt_len) + int(cfg.regen.response_len)
+
+    def build(tmp: Path) -> None:
+        convs, report = load_conversations(str(cfg.data.path), fmt=str(cfg.data.format), on_error=str(cfg.data.on_error))
+        picked = random.Random(int(cfg.regen.seed)).sample(range(len(convs)), min(int(cfg.regen.num_samples), len(convs)))
+        messages = [convs[i].messages for i in sorted(picked)]
+        if cfg.data.responses == "regenerate":
+            messages = regenerate_turns(target, tokenizer, messages, lambda m: prompt_ids(tokenizer, m, thinking),
+                                        int(cfg.regen.response_len), int(cfg.regen.batch_size),
+                                        float(cfg.regen.temperature), float(cfg.regen.top_p), int(cfg.regen.seed),
+                                        progress)
+        rows, truncated = [], 0
+        for m in messages:
+            ids, mask, cut = render_conversation(tokenizer, m, thinking, max_len=max_len)
+            truncated += int(cut)
+            if any(mask):
+                rows.append((ids, mask))
+        if not rows:
+            raise RegenError(f"data.path = {cfg.data.path!r}: no conversation keeps an assistant token within "
+                             f"{max_len} tokens; expected conversations (or raise regen.prompt_len + regen.response_len)")
+        pack(rows, pad_id=int(tokenizer.eos_token_id or 0)).save(tmp / DATA_FILE)
+        counts = {**report.counts(), "used": len(rows), "truncated": truncated}
+        (tmp / COUNTS_FILE).write_text(json.dumps(counts, indent=1))
+
+    folder = cached(cfg.artifacts_dir, "regen", spec, build)
+    return RegenData.load(folder / DATA_FILE), folder, load_counts(folder)
+
+
+def pack(rows: list[tuple[list[int], list[bool]]], pad_id: int) -> RegenData:
+    """Variable-length rows (ids, assistant mask) padded into one RegenData (pad: `pad_id`, never trained)."""
+    T = max(len(ids) for ids, _ in rows)
+    tokens = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for r, (ids, m) in enumerate(rows):
+        tokens[r, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[r, :len(m)] = torch.tensor(m, dtype=torch.bool)
+    lengths = torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long)
+    return RegenData(tokens=tokens, prompt_len=1, lengths=lengths, loss_mask=mask)
+
+
+def load_counts(folder: Path) -> dict:
+    """Rows read, skipped (by reason), used and truncated, as recorded beside conversation data ({} for
+    prompt-regenerated data)."""
+    f = folder / COUNTS_FILE
+    return json.loads(f.read_text()) if f.is_file() else {}
