@@ -520,7 +520,7 @@ def test_a_bad_value_in_a_spec_file_is_still_blamed_on_that_file(tmp_path: Path,
 
 
 # ---------------------------------------------------------------------------------------------
-# 9. Smaller
+# 9. Smaller (the closed port's message: tests/test_store_faults.py, the unreachable tracking server)
 
 
 def test_a_broken_artifact_is_reported_once_however_often_it_is_checked(tmp_path: Path, capsys) -> None:
