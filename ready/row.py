@@ -34,7 +34,7 @@ from ready.config import exact_mode, to_container
 from ready.metrics import Metrics, overall
 
 METHODS = ("ar", "dspark", "ft", "placebo", "ready")
-AR_BUILD_VERSION = 1
+AR_BUILD_VERSION = 2  # 2: generations name K "proposals" (was "block_size")
 
 
 class PipelineConfigError(ValueError):
@@ -460,7 +460,7 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
     return record
 
 
-EVALUATION_BUILD_VERSION = 2  # 2: the state swap decodes through the batched engine
+EVALUATION_BUILD_VERSION = 3  # 2: the state swap decodes through the batched engine; 3: records name K "proposals"
 
 
 def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, folder: Path, suites: dict,

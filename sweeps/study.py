@@ -292,10 +292,13 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.storage.set_trial_user_attr(self.trial_id, "heartbeat", time.time())
-                if self.run is not None:
-                    tracking.beat(*self.run)
             except Exception:
                 return  # the trial finished (or was reaped): nothing left to keep alive
+            if self.run is not None:
+                try:
+                    tracking.beat(*self.run)
+                except Exception:
+                    pass  # a busy store: the next beat tries again
 
     def __enter__(self) -> "Heartbeat":
         self._thread.start()

@@ -185,9 +185,9 @@ def _content(path: Path) -> object:
 
 @pytest.mark.parametrize("kind, folder, name, fault", [
     ("target", "target/*", "model.safetensors", "garbage"),
-    ("stage", "stages/stage1-*", "drafter/weights.safetensors", "truncate"),
-    ("drafter_base", "drafter_base/*", "drafter/weights.safetensors", "delete"),
-    ("stage", "stages/stage2-*", "drafter/weights.safetensors", "garbage"),
+    ("stage", "stages/stage1-*", "drafter/model.safetensors", "truncate"),
+    ("drafter_base", "drafter_base/*", "drafter/model.safetensors", "delete"),
+    ("stage", "stages/stage2-*", "drafter/model.safetensors", "garbage"),
     ("ar", "ar/*", "generations.json", "truncate"),
     ("regen", "regen/*", "data.pt", "garbage"),
 ])
@@ -219,15 +219,15 @@ def test_user_checkpoints_with_bad_files_are_one_error_naming_the_file(smoke: Sm
         load_target(t)
 
     d = shutil.copytree(drafter_dir, tmp_path / "d")
-    garbage(d / "weights.safetensors")
-    with pytest.raises(DrafterError, match=r"d: weights.safetensors: content differs from the sha256"):
+    garbage(d / "model.safetensors")
+    with pytest.raises(DrafterError, match=r"d: model.safetensors: content differs from the sha256"):
         load_drafter(d, target)
     (d / DONE).unlink()
-    truncate(d / "weights.safetensors")
-    with pytest.raises(DrafterError, match=r"d/weights.safetensors: not a readable safetensors file"):
+    truncate(d / "model.safetensors")
+    with pytest.raises(DrafterError, match=r"d/model.safetensors: not a readable safetensors file"):
         load_drafter(d, target)
-    (d / "drafter.json").write_text("[1, 2")
-    with pytest.raises(DrafterError, match=r"d/drafter.json: not readable JSON"):
+    (d / "config.json").write_text("[1, 2")
+    with pytest.raises(DrafterError, match=r"d/config.json: not readable JSON"):
         load_drafter(d, target)
 
 
@@ -271,7 +271,7 @@ def test_a_target_with_nan_weights_stops_the_sweep_with_one_line_and_no_run(smok
 
 def test_a_drafter_checkpoint_with_nan_weights_fails_every_drafting_row_never_finished(smoke: Smoke, base: Path,
                                                                                       tmp_path: Path, capsys) -> None:
-    bad = _nan_copy(_one("drafter_base/*", smoke.artifacts) / "drafter", tmp_path / "nan-drafter", "weights.safetensors")
+    bad = _nan_copy(_one("drafter_base/*", smoke.artifacts) / "drafter", tmp_path / "nan-drafter", "model.safetensors")
     code, uri = _sweep(smoke, base, tmp_path, f"drafter.checkpoint={bad}")
     out = capsys.readouterr()
     runs = _children(uri)

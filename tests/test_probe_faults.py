@@ -207,6 +207,29 @@ def test_a_claim_on_another_host_lives_as_long_as_its_heartbeat() -> None:
     assert not tracking.claim_alive(run(now - study.STALE_AFTER_S - 1), now=now)
 
 
+def test_the_heartbeat_also_refreshes_the_claim_in_the_store() -> None:
+    import time
+
+    import optuna
+
+    from sweeps import study as st
+
+    class Store:
+        def __init__(self) -> None:
+            self.tags: list[tuple[str, str, str]] = []
+
+        def set_tag(self, run_id: str, key: str, value: str) -> None:
+            self.tags.append((run_id, key, value))
+
+    trial = optuna.create_study(storage=optuna.storages.InMemoryStorage()).ask()
+    store = Store()
+    with st.Heartbeat(trial.study, trial._trial_id, interval=0.05) as beat:  # noqa: SLF001
+        beat.run = (store, "run-1")
+        time.sleep(0.3)
+    assert len(store.tags) >= 2 and {(r, k) for r, k, _ in store.tags} == {("run-1", "ready.heartbeat")}
+    assert float(store.tags[-1][2]) > float(store.tags[0][2])
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. A report that writes into a foreign database
 
@@ -497,7 +520,7 @@ def test_a_bad_value_in_a_spec_file_is_still_blamed_on_that_file(tmp_path: Path,
 
 
 # ---------------------------------------------------------------------------------------------
-# 9. Smaller
+# 9. Smaller (the closed port's message: tests/test_store_faults.py, the unreachable tracking server)
 
 
 def test_a_broken_artifact_is_reported_once_however_often_it_is_checked(tmp_path: Path, capsys) -> None:
