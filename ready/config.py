@@ -370,6 +370,13 @@ def exact_mode(cfg: DictConfig | Config) -> bool:
     return cfg.target.dtype in ("bfloat16", "float16") if value is None else value
 
 
+def uses_conversations(cfg: DictConfig | Config) -> bool:
+    """Whether training data come from a conversation dataset (`data.path`): then the embedded
+    tokenizer carries a chat template, and training and evaluation render through it."""
+    data = getattr(cfg, "data", None)
+    return bool(data is not None and getattr(data, "path", None))
+
+
 def length_mismatch(cfg: DictConfig | Config) -> Optional[str]:
     """Why the drafter's training positions miss the positions evaluation drafts at, or None.
 

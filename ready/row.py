@@ -340,15 +340,12 @@ def _drafter(cfg: DictConfig, method: str, loaded: _Loaded, progress: bool):
 def data_counts(cfg: DictConfig, loaded: _Loaded) -> dict[str, float]:
     """Rows of `data.path` read, skipped (by reason), used and truncated ({} without a dataset)."""
     from ready.train.conversations import load_counts
-    from ready.train.regen import regen_artifact, uses_conversations
+    from ready.config import uses_conversations
+    from ready.train.regen import regen_artifact
 
     if not uses_conversations(cfg):
         return {}
-    flat: dict[str, float] = {}
-    for k, v in load_counts(regen_artifact(cfg, loaded.target, loaded.tokenizer)[0]).items():
-        for kk, vv in (v.items() if isinstance(v, dict) else [("", v)]):
-            flat[f"{k}_{kk}" if kk else k] = float(vv)
-    return flat
+    return {k: float(v) for k, v in load_counts(regen_artifact(cfg, loaded.target, loaded.tokenizer)[0]).items()}
 
 
 def check_method(cfg: DictConfig, method: str) -> None:

@@ -363,7 +363,7 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
 
         metrics.update(run_metrics(result.evaluation))
         resolved = result.resolved
-        metrics.update({f"data/{k}": float(v) for k, v in resolved.get("data_rows", {}).items()})  # rows read, ...
+        metrics.update(resolved.get("data_rows", {}))  # data/rows_read, data/skipped, ... of data.path
         tags = {"ready.resolved_layers": str(resolved.get("state_layers", [])),
                 "ready.resolved_context_layers": str(resolved.get("context_layers", [])),
                 "ready.resolved_inject_layers": str(resolved.get("inject_layers", [])),

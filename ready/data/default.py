@@ -32,7 +32,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import artifact_dir, cached
-from ready.config import CorpusConfig
+from ready.config import CorpusConfig, uses_conversations
 from ready.data.corpus import Corpus, load_corpus
 from ready.data.tokenizer import build_tokenizer, load_tokenizer, special_token_ids
 
@@ -57,8 +57,11 @@ def _plain(section: Any) -> dict:
 
 def tokenizer_spec(cfg: Any, corpus: Optional[Corpus] = None) -> dict:
     corpus = corpus or load_corpus(cfg.corpus)
-    return {"kind": "bpe-bytelevel", "version": TOKENIZER_BUILD_VERSION, "corpus": _plain(cfg.corpus),
+    spec = {"kind": "bpe-bytelevel", "version": TOKENIZER_BUILD_VERSION, "corpus": _plain(cfg.corpus),
             "corpus_fingerprint": corpus.fingerprint}
+    if uses_conversations(cfg):  # ChatML tokens + template; absent otherwise, so the plain build keeps its key
+        spec["chat"] = True
+    return spec
 
 
 def ensure_tokenizer(cfg: Any, progress: bool = True) -> Path:
@@ -71,7 +74,7 @@ def ensure_tokenizer(cfg: Any, progress: bool = True) -> Path:
         if progress:
             print(f"[ready] training the byte-level BPE ({cfg.corpus.vocab_size} tokens) on "
                   f"{len(corpus.train)} stdlib files ({corpus.train_bytes() / 1e6:.1f} MB)", file=sys.stderr, flush=True)
-        ids = build_tokenizer(corpus.train, int(cfg.corpus.vocab_size), tmp)
+        ids = build_tokenizer(corpus.train, int(cfg.corpus.vocab_size), tmp, chat=uses_conversations(cfg))
         ids["build_time_s"] = time.perf_counter() - t0
         (tmp / "special_tokens.json").write_text(json.dumps(ids, indent=2) + "\n")
 

@@ -87,7 +87,7 @@ def conversation_spec(cfg: Any, target: Any, tokenizer: Any, files: list[Path]) 
     template = getattr(tokenizer, "chat_template", None) or ""
     return {
         "kind": "conversations",
-        "files": {p.name: file_digest(p) for p in files},
+        "files": [[p.name, file_digest(p)] for p in files],
         "data": {k: v for k, v in to_container(cfg.data).items() if k != "path"},
         "regen": to_container(cfg.regen),
         "thinking": bool(cfg.bench.thinking),
@@ -98,19 +98,20 @@ def conversation_spec(cfg: Any, target: Any, tokenizer: Any, files: list[Path]) 
 
 def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True) -> tuple[RegenData, Path, dict]:
     """The cached training data of `cfg.data.path` (built on first use): (data, its folder, load counts)."""
-    from ready.data.chat import prompt_ids, render_conversation
-    from ready.data.conversations import dataset_files, load_conversations
+    from ready.data.chat import prompt_ids, render
+    from ready.data.conversation_files import find_files
+    from ready.data.conversations import load_conversations
 
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise RegenError(f"data.path = {cfg.data.path!r}: the target's tokenizer has no chat template; expected a "
                          "tokenizer whose apply_chat_template renders conversations")
-    files = dataset_files(str(cfg.data.path))
+    files = find_files(str(cfg.data.path))
     spec = conversation_spec(cfg, target, tokenizer, files)
     thinking = bool(cfg.bench.thinking)
     max_len = int(cfg.regen.prompt_len) + int(cfg.regen.response_len)
 
     def build(tmp: Path) -> None:
-        convs, report = load_conversations(str(cfg.data.path), fmt=str(cfg.data.format), on_error=str(cfg.data.on_error))
+        convs, report = load_conversations(str(cfg.data.path), format=str(cfg.data.format), on_error=str(cfg.data.on_error))
         picked = random.Random(int(cfg.regen.seed)).sample(range(len(convs)), min(int(cfg.regen.num_samples), len(convs)))
         messages = [convs[i].messages for i in sorted(picked)]
         if cfg.data.responses == "regenerate":
@@ -120,15 +121,15 @@ def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: boo
                                         progress)
         rows, truncated = [], 0
         for m in messages:
-            ids, mask, cut = render_conversation(tokenizer, m, thinking, max_len=max_len)
-            truncated += int(cut)
-            if any(mask):
-                rows.append((ids, mask))
+            sample = render(tokenizer, m, thinking, max_len=max_len, truncate="right")
+            truncated += int(sample.truncated)
+            if sample.n_assistant:
+                rows.append((sample.ids, sample.mask))
         if not rows:
             raise RegenError(f"data.path = {cfg.data.path!r}: no conversation keeps an assistant token within "
                              f"{max_len} tokens; expected conversations (or raise regen.prompt_len + regen.response_len)")
         pack(rows, pad_id=int(tokenizer.eos_token_id or 0)).save(tmp / DATA_FILE)
-        counts = {**report.counts(), "used": len(rows), "truncated": truncated}
+        counts = {**report.metrics(prefix="data"), "data/used": len(rows), "data/truncated": truncated}
         (tmp / COUNTS_FILE).write_text(json.dumps(counts, indent=1))
 
     folder = cached(cfg.artifacts_dir, "regen", spec, build)

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from ready.artifacts import artifact_dir, atomic_torch_save, cached, intact
-from ready.config import to_container
+from ready.config import to_container, uses_conversations
 from ready.train import distributed
 
 DATA_FILE = "data.pt"
@@ -229,10 +229,10 @@ def regen_artifact(cfg: Any, target: Any, tokenizer: Any,
                    prompts: Optional[Sequence[Sequence[int]] | torch.Tensor] = None) -> tuple[Path, dict]:
     """(folder, spec) where `build_regen_data` keeps, or will keep, the data; decodes nothing."""
     if prompts is None and uses_conversations(cfg):
-        from ready.data.conversations import dataset_files
+        from ready.data.conversation_files import find_files
         from ready.train.conversations import conversation_spec
 
-        spec = conversation_spec(cfg, target, tokenizer, dataset_files(str(cfg.data.path)))
+        spec = conversation_spec(cfg, target, tokenizer, find_files(str(cfg.data.path)))
         return artifact_dir(cfg.artifacts_dir, "regen", spec), spec
     spec = _regen_inputs(cfg, target, tokenizer, prompts)[1]
     return artifact_dir(cfg.artifacts_dir, "regen", spec), spec
@@ -251,12 +251,6 @@ def _regen_inputs(cfg: Any, target: Any, tokenizer: Any, prompts: Any) -> tuple[
     spec = regen_spec(cfg, target, prompts)
     spec["eos_id"] = eos_id
     return prompts, spec, eos_id
-
-
-def uses_conversations(cfg: Any) -> bool:
-    """Whether training data come from a conversation dataset (`data.path`)."""
-    data = getattr(cfg, "data", None)
-    return bool(data is not None and getattr(data, "path", None))
 
 
 def build_validation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True) -> Optional[RegenData]:
