@@ -218,18 +218,18 @@ def test_rows_that_reach_the_end_of_the_context(target):
     check_equal(target, make_drafter(target, "ready"), 2, ps, budgets, accept_fn=content_accept)
 
 
-@pytest.mark.parametrize("kind", ["ar", "ready"])
+@pytest.mark.parametrize("kind", ["ar", "ngram"])
 def test_exact_mode_batched_equals_batch_one_in_bfloat16(target, kind):
     """Exact mode, bfloat16: the ragged verify runs the row-invariant ops (exact linears and norms,
     fixed-order attention with per-row key counts, token-by-token GDN), so a row's bits do not depend on
-    the batch: the tokens (and, through forced acceptance, the drafts) equal batch 1 exactly."""
+    the batch: the tokens equal batch 1 exactly, under forced acceptance too. The drafts come from a
+    drafter whose output depends on the tokens only: a DSpark/ReaDy drafter's 16-bit ops are not
+    row-invariant (its batched draft step equals batch 1 in float32: the tests above), and near-ties
+    of an untrained one flip between the two paths."""
     bf = copy.deepcopy(target).to(torch.bfloat16)
     bf.exact = True
-    drafter = make_drafter(bf, kind)
-    if drafter is not None:
-        drafter = drafter.to(torch.bfloat16)
     kw = {"accept_fn": content_accept} if kind != "ar" else {}
-    check_equal(bf, drafter, 4, prompts(5)[:5], [9, 4, 12, 1, 7], **kw)
+    check_equal(bf, make_drafter(bf, kind), 4, prompts(5)[:5], [9, 4, 12, 1, 7], **kw)
 
 
 def _verify_logits(model: HybridLM, device: str) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -160,11 +160,8 @@ class DSparkDrafter(nn.Module):
                     D, len(self.state_layers), int(c.linear_num_value_heads), int(c.linear_key_head_dim),
                     int(c.linear_value_head_dim), int(r["rank"]), int(r["mlp_hidden"]), float(r["eps"]))
         self._gdn_indices = [target.gdn_index(i) for i in self.state_layers]
-        # DSpark's target layer id n-1 is the Hugging Face hidden state of the last layer, which is the
-        # final-normed output; the target captures un-normed layer outputs, so that slice is normed here
-        self.norm_last_feature = self.capture_layers[-1] == self.target_num_layers - 1
         # shared, frozen and unregistered: not moved, saved or trained with the drafter
-        object.__setattr__(self, "_shared", (target.embed_tokens, target.lm_head, target.final_norm))
+        object.__setattr__(self, "_shared", (target.embed_tokens, target.lm_head))
         object.__setattr__(self, "_fingerprint", target_fingerprint(target))
         self._ctx: Optional[dict] = None
         self._graphs: list = []
@@ -200,8 +197,6 @@ class DSparkDrafter(nn.Module):
         if feats.dim() != 4 or feats.shape[2] != C or feats.shape[3] != self.hidden_size:
             raise DrafterError(f"target features have shape {tuple(feats.shape)}; expected [B, T, {C}, "
                                f"{self.hidden_size}] (one slice per capture layer {self.capture_layers})")
-        if self.norm_last_feature:
-            feats = torch.cat([feats[:, :, :-1], self._shared[2](feats[:, :, -1:])], dim=2)
         return self.hidden_norm(self.fc(feats.flatten(2).to(self.fc.weight.dtype)))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -214,7 +214,9 @@ class HybridLM(nn.Module):
         if logits_from is not None:
             hl = h if not logits_from else h[:, int(logits_from):]
             logits = self.head(hl, exact)
-        hid = torch.stack([h for _, h in sorted(hidden, key=lambda p: capture.index(p[0]))], dim=2) if capture else None
+        last = len(self.model.layers) - 1  # Hugging Face's hidden_states[n]: the last layer's output, final-normed
+        feats = [h if lid == last else t for lid, t in sorted(hidden, key=lambda p: capture.index(p[0]))]
+        hid = torch.stack(feats, dim=2) if capture else None
         st = torch.stack(states, dim=2) if state_set else None
         return TargetOutput(logits=logits, hidden=hid, states=st, normed=h if normed else None)
 

@@ -163,6 +163,8 @@ def _run_ragged(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layer
             hidden[lid] = x
     h = model.model.norm(x, exact)
     logits = model.head(h, exact)
+    if len(model.model.layers) - 1 in hidden:  # as the model pass: the last layer's feature is final-normed
+        hidden[len(model.model.layers) - 1] = h
     hid = torch.stack([hidden[i] for i in capture], dim=2) if capture else None
     return TargetOutput(logits=logits, hidden=hid)
 
