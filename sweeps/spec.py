@@ -197,7 +197,9 @@ class Sweep:
 _NEVER_HASHED = ("name", "artifacts_dir", "train.devices")  # train.devices: same result, other speed
 # knobs added after rows were run: at these values every earlier row ran the same, so they are left
 # out and earlier rows keep their hashes
-_DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pretrain.repeat_fraction": 0.0}
+_DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pretrain.repeat_fraction": 0.0,
+                       "regen.temperature": 0.0, "regen.top_p": 1.0, "data.path": None, "data.format": "auto",
+                       "data.on_error": "stop", "data.responses": "regenerate"}
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed
@@ -223,6 +225,8 @@ def canonical(cfg: DictConfig, method: str) -> dict:
     for key, default in _DEFAULT_NOT_HASHED.items():
         if OmegaConf.select(cfg, key) == default:
             _drop(tree, key)
+    if tree.get("data") == {}:  # training on the corpus prompts, as every row before data.path
+        tree.pop("data")
     if "eval" in tree:  # auto / on / true name the same decoding (a float32 auto row hashes as before: false)
         tree["eval"]["exact"] = exact_mode(cfg)
     drafter = tree.get("drafter")

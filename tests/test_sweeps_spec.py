@@ -247,7 +247,10 @@ def test_exact_mode_auto_is_on_for_16_bit_targets_and_keeps_float32_hashes():
         validate(merge(cfg, {"eval": {"exact": "sometimes"}}))
 
 
-@pytest.mark.parametrize("key, value", [("target.attention_window", 16), ("pretrain.repeat_fraction", 0.5)])
+@pytest.mark.parametrize("key, value", [("target.attention_window", 16), ("pretrain.repeat_fraction", 0.5),
+                                        ("regen.temperature", 0.7), ("regen.top_p", 0.9), ("data.path", "/d.jsonl"),
+                                        ("data.format", "sharegpt"), ("data.on_error", "skip"),
+                                        ("data.responses", "original")])
 def test_a_knob_added_later_hashes_rows_as_before_it_at_its_default(key, value):
     from sweeps.spec import _DEFAULT_NOT_HASHED, job_hash
 
@@ -257,6 +260,8 @@ def test_a_knob_added_later_hashes_rows_as_before_it_at_its_default(key, value):
     tree = OmegaConf.to_container(cfg)
     section, name = key.split(".")
     del tree[section][name]  # a row resolved before the knob existed
+    if section == "data":  # a section added later: rows before it had none
+        del tree["data"]
     assert job_hash(OmegaConf.create(tree), "ready") == job_hash(cfg, "ready")
 
 
