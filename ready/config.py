@@ -230,8 +230,8 @@ class EvalConfig:
     """Speculative decoding measurement (greedy, or sampled at temperature > 0), and the cheaper
     teacher-forced measure beside it."""
 
-    # 2 suites x 64 prompts x 16 new tokens: as many decoded tokens per row as the earlier
-    # 2 x 16 x 64, spread over 4x the prompts (the unit every interval resamples)
+    # 2 suites x 64 prompts x 40 new tokens: ~17 rounds a prompt, 6 % of them cut by the budget
+    # (docs/sweeps.md "How much data a comparison needs"); regen.response_len 48 still covers them
     max_new_tokens: int = 40  # issue 44: 16 -> 40 (~17 rounds a prompt, 6 % budget-cut; MDE: docs/sweeps.md)
     warmup_rounds: int = 1
     use_kernels: bool = True  # fused Triton kernels on CUDA; torch references elsewhere
