@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf  # noqa: F401  (DictConfig: types)
+from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import ArtifactError, atomic_dir, check_folder
 from ready.config import DrafterConfig, ReaderConfig

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
