@@ -181,9 +181,12 @@ def target_fingerprint(target: Any) -> str:
 def regen_spec(cfg: Any, target: Any, prompts: torch.Tensor) -> dict:
     """What the regenerated data depends on: regen knobs, the exact prompts, the target."""
     prompt_hash = hashlib.sha256(prompts.cpu().numpy().tobytes()).hexdigest()[:16]
+    regen = to_container(cfg.regen) if OmegaConf.is_config(cfg.regen) else dict(vars(cfg.regen))
+    for key in ("temperature", "top_p"):  # conversations' sampling: prompt continuations are greedy
+        regen.pop(key, None)
     return {
         "kind": "regen",
-        "regen": to_container(cfg.regen) if OmegaConf.is_config(cfg.regen) else dict(vars(cfg.regen)),
+        "regen": regen,
         "prompts": prompt_hash,
         "num_prompts": int(prompts.shape[0]),
         "target": target_fingerprint(target),
