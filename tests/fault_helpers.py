@@ -102,6 +102,21 @@ def sweep_args(uri: str, tmp_path: Path, *extra: str, runner: str = "fault_helpe
             "--run-dir", str(tmp_path / "run"), "--no-report", "--quiet", "--workers", "1"]
 
 
+def fake_runner_env(log: Path, sleep: float) -> dict[str, str]:
+    """Environment of a sweep subprocess whose rows run tests/test_sweeps_fake_runner (logging to `log`,
+    each row taking `sleep` seconds)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
+            "FAKE_RUN_LOG": str(log), "FAKE_RUN_SLEEP": str(sleep)}
+
+
+def wait_for_a_started_row(proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    """Block until the fake runner logged a started row (or the sweep ended / timed out); assert it did."""
+    deadline = time.time() + timeout
+    while '"start"' not in log.read_text() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert '"start"' in log.read_text(), "the sweep never started a row"
+
+
 def nan_run_variant(cfg: Any, method: str = "ready", progress: bool = True):
     """A runner (--runner fault_helpers:nan_run_variant) whose drafting rows come back with NaN τ,
     as a broken model's would: the run must end FAILED, never FINISHED."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fault_helpers import errors, sweep_args
+from fault_helpers import errors, fake_runner_env, sweep_args, wait_for_a_started_row
 from sweeps.run import main
 from sweeps.spec import EXPERIMENTS_DIR
 
@@ -134,14 +134,12 @@ def test_two_sweeps_with_their_own_run_dirs_run_each_row_once(tmp_path: Path) ->
     import sys
     from collections import Counter
 
-    from fault_helpers import REPO
     from sweeps.spec import load_sweep
 
     log = tmp_path / "calls.jsonl"
     log.touch()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent)]), "OMP_NUM_THREADS": "1",
-           "FAKE_RUN_LOG": str(log), "FAKE_RUN_SLEEP": "1.5"}
+    env = fake_runner_env(log, 1.5)
     procs = [subprocess.Popen([sys.executable, "-m", "sweeps.run", "main", "profile=smoke", "--runner",
                                "test_sweeps_fake_runner", "--tracking-uri", uri, "--run-dir", str(tmp_path / f"run-{i}"),
                                "--workers", "1", "--threads", "1", "--no-report", "--quiet"],
@@ -163,23 +161,16 @@ def test_a_killed_sweeps_row_does_not_block_a_sweep_with_another_run_dir(tmp_pat
     import signal
     import subprocess
     import sys
-    import time
-
-    from fault_helpers import REPO
 
     log = tmp_path / "calls.jsonl"
     log.touch()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent)]), "OMP_NUM_THREADS": "1",
-           "FAKE_RUN_LOG": str(log), "FAKE_RUN_SLEEP": "300"}
+    env = fake_runner_env(log, 300)
     args = sweep_args(uri, tmp_path / "a", runner="test_sweeps_fake_runner")
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *args], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while '"start"' not in log.read_text() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert '"start"' in log.read_text(), "the sweep never started a row"
+        wait_for_a_started_row(proc, log)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -334,13 +325,11 @@ def test_sigint_to_the_coordinator_of_two_workers_stops_the_sweep(tmp_path: Path
     import sys
     import time
 
-    from fault_helpers import REPO
 
     log = tmp_path / "calls.jsonl"
     log.touch()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent)]), "OMP_NUM_THREADS": "1",
-           "FAKE_RUN_LOG": str(log), "FAKE_RUN_SLEEP": "300"}
+    env = fake_runner_env(log, 300)
     args = sweep_args(uri, tmp_path, runner="test_sweeps_fake_runner")
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", *args[:-2], "--workers", "2"], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,

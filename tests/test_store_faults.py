@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from fault_helpers import REPO, SWEEP, errors, raced_store, store_copy, sweep_args
+from fault_helpers import SWEEP, errors, fake_runner_env, raced_store, store_copy, sweep_args, wait_for_a_started_row
 from reports.build import main as reports_main
 from sweeps import tracking
 from sweeps.run import main
 from sweeps.spec import EXPERIMENTS_DIR, SpecError, load_sweep
 
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
@@ -130,15 +129,11 @@ def test_a_sigkilled_sweep_leaves_nothing_running_after_the_next_invocation(base
     uri = store_copy(base, tmp_path / "store")
     log = tmp_path / "calls.jsonl"
     log.touch()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1",
-           "FAKE_RUN_LOG": str(log), "FAKE_RUN_SLEEP": "300"}
+    env = fake_runner_env(log, 300)
     cmd = [sys.executable, "-m", "sweeps.run", *sweep_args(uri, tmp_path, runner="test_sweeps_fake_runner")]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while '"start"' not in log.read_text() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert '"start"' in log.read_text(), "the sweep never started a row"
+        wait_for_a_started_row(proc, log)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
