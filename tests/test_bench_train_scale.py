@@ -1,0 +1,115 @@
+"""The paper-scale training benchmark runs end to end on the tiny preset on CPU and prints one
+consistent JSON object (keys, finite positive rates, the recipe arithmetic); bad flags end in one message.
+No timing is asserted (DESIGN: speed is measured by benchmark scripts, not by tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+
+import pytest
+
+from ready.bench.train_scale import TRAIN_STAGES, main, no_checkpoint_writes
+
+ARGS = ["--target", "tiny", "--device", "cpu", "--quick", "--threads", "1", "--no-progress", "--json", "--gpus", "1,4"]
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[dict, str]:
+    """One benchmark run for every test of this module (a few seconds): (returned dict, printed text)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        res = main(ARGS)
+    return res, out.getvalue()
+
+
+def _numbers(obj, path=""):
+    """(path, value) of every number in a JSON tree."""
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, (int, float)):
+        return [(path, obj)]
+    if isinstance(obj, dict):
+        return [x for k, v in obj.items() for x in _numbers(v, f"{path}.{k}")]
+    if isinstance(obj, list):
+        return [x for i, v in enumerate(obj) for x in _numbers(v, f"{path}[{i}]")]
+    return []
+
+
+def test_prints_one_json_object_with_every_section(run):
+    res, text = run
+    assert json.loads(text) == json.loads(json.dumps(res))  # one object, the one main returns
+    assert res["errors"] == []
+    assert {"regen", "prefill", "train", "recipe", "target_params", "target_weight_bytes"} <= set(res)
+    regen = res["regen"]
+    assert regen["new_tokens"] == regen["batch"] * regen["response_len"]  # no row stops early
+    assert regen["rows_full_budget"] == regen["batch"]
+    assert set(res["prefill"]["lengths"]) == {"32", "64"}
+    for stage in TRAIN_STAGES:
+        st = res["train"][stage]
+        assert {"samples_per_s", "tokens_per_s", "s_per_step", "trainable_params", "precision"} <= set(st)
+        assert len(st["losses"]) == st["warmup_steps"] + st["steps"]
+        assert st["checkpoint_writes_skipped"] is True
+    assert res["train"]["precision"]["drafter_parameters"] == "float32"
+    assert set(res["recipe"]["gpus"]) == {"1", "4"} and res["recipe"]["assumptions"]
+
+
+def test_numbers_are_finite_and_rates_positive(run):
+    res, _ = run
+    for path, value in _numbers(res):
+        assert math.isfinite(value), path
+        assert value >= 0, path
+    rates = [res["regen"]["tokens_per_s"], res["regen"]["wall_s"]]
+    rates += [r["tokens_per_s"] for r in res["prefill"]["lengths"].values()]
+    rates += [res["train"][s][k] for s in TRAIN_STAGES for k in ("samples_per_s", "tokens_per_s", "s_per_step",
+                                                                  "trainable_params")]
+    assert all(r > 0 for r in rates)
+
+
+def test_stages_train_what_they_should(run):
+    res, _ = run
+    base, s1, s2 = (res["train"][s] for s in TRAIN_STAGES)
+    assert base["reader_params"] == 0 and base["trainable_params"] == base["drafter_params"]  # all of it
+    assert s1["trainable_params"] == s1["reader_params"] > 0  # the reader only
+    assert s2["trainable_params"] > s2["reader_params"]  # reader + LoRA adapters
+
+
+def test_recipe_is_the_measured_rates_extrapolated(run):
+    res, _ = run
+    rec, train = res["recipe"], res["train"]
+    one, four = rec["gpus"]["1"], rec["gpus"]["4"]
+    assert one["stage1_s"] == pytest.approx(rec["inputs"]["stage1_samples"] / train["stage1"]["samples_per_s"])
+    assert one["stage2_s"] == pytest.approx(rec["inputs"]["stage2_samples"] / train["stage2"]["samples_per_s"])
+    tokens = rec["inputs"]["conversations"] * rec["inputs"]["regen_tokens_per_conversation"]
+    assert one["regen_s"] == pytest.approx(tokens / res["regen"]["tokens_per_s"])
+    assert one["total_s"] == pytest.approx(one["regen_s"] + one["stage1_s"] + one["stage2_s"])
+    assert four["total_s"] == pytest.approx(one["total_s"] / 4)
+    assert rec["inputs"]["conversations"] == 70000  # experiments/profiles/paper_recipe.yaml
+    assert rec["base_from_scratch_s_per_10k_samples"]["1"] == pytest.approx(1e4 / train["base"]["samples_per_s"])
+
+
+def test_checkpoint_writes_are_restored_after_the_benchmark():
+    from ready.train import stages
+
+    real = stages.save_checkpoint
+    with no_checkpoint_writes() as skipped:
+        assert skipped and stages.save_checkpoint is not real
+    assert stages.save_checkpoint is real
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--target", "nope"], "--target 'nope'"),
+    (["--sections", "regen,nope"], "--sections"),
+    (["--warmup-steps", "0"], "--warmup-steps 0"),
+    (["--prefill-lengths", "1024,x"], "--prefill-lengths"),
+    (["--train-seq-len", "4096"], "exceed the tiny target's context"),
+    (["reader.rank=0"], "reader.rank"),
+])
+def test_bad_input_ends_in_one_message(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--target", "tiny", "--device", "cpu", "--quick", *flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
