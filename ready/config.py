@@ -208,6 +208,10 @@ class TrainConfig:
     checkpoint_every: int = 50  # optimizer steps between resumable checkpoints
     # seed of the base DSpark drafter, which every variant and seed of a sweep shares
     base_seed: int = 0
+    # rows of similar length batched together: 0 = off (random batches as wide as the longest row of the
+    # data) | N > 0 = rows sorted by length within shuffled chunks of N batches, each batch cut to its
+    # longest row (conversations vary in length; docs/sweeps.md "Training data")
+    length_buckets: int = 0
     # data-parallel processes (GPUs; gloo processes on CPU); N > 1 trains under torchrun, not hashed
     # (same global batch, same result up to rounding; docs/sweeps.md "GPUs for rows and within a row")
     devices: int = 1
@@ -334,6 +338,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("reader.inject_layers", len(c.reader.inject_layers) >= 1, "a non-empty list of draft layer ids"),
         ("train.loss.decay_gamma", c.train.loss.decay_gamma > 0, "a positive number"),
         ("train.loss.l1_weight", c.train.loss.l1_weight >= 0, "a number >= 0"),
+        ("train.length_buckets", c.train.length_buckets >= 0, "an integer >= 0 (0 = random full-width batches)"),
         ("train.devices", c.train.devices >= 1, "an integer >= 1 (data-parallel training processes)"),
         ("eval.max_new_tokens", c.eval.max_new_tokens >= 1, "an integer >= 1"),
         ("eval.heldout_tf_samples", c.eval.heldout_tf_samples >= 0, "an integer >= 0 (0 = no teacher-forced metric)"),

@@ -17,6 +17,15 @@ regenerated, rendered with the target's own chat template, with the loss on assi
 
 The result is an artifact like the prompt-regenerated data (`<artifacts>/regen/<hash>/`), keyed by the
 files' contents, the data and regen settings, the chat template, the thinking switch and the target.
+
+Regeneration is cut into chunks of `regen.batch_size` conversations (ready.train.regen_chunks). Under
+data-parallel training (ready.train.distributed) rank r regenerates chunks r, r+N, ... of those not yet
+done, and the chunks are gathered to every rank; a chunk holds the same conversations whatever N is, and
+a sampled turn's seed depends on its conversation's place in the whole set, so the data equal one
+process's. Each finished chunk is written at once (temp file + rename, with the spec hash it belongs to)
+to `<artifacts>/regen/<hash>.work/`, so a killed build continues from its finished chunks; a chunk that
+is unreadable, of another spec or of another shape is regenerated. Rank 0 writes the artifact and then
+removes the work folder.
 Regenerated text is re-tokenized by the template: the trained tokens are the target's words as the
 template renders them, which may differ from the ids it sampled at a token boundary.
 """
@@ -26,15 +35,18 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
 
-from ready.artifacts import cached, file_digest
-from ready.config import to_container
+from ready.artifacts import artifact_dir, cached, file_digest, intact
+from ready.config import config_hash, to_container
+from ready.train import distributed
 from ready.train.regen import DATA_FILE, RegenData, RegenError, target_fingerprint
+from ready.train.regen_chunks import regenerate_in_chunks, work_folder
 
 Messages = list[dict[str, str]]
 COUNTS_FILE = "counts.json"
@@ -54,8 +66,11 @@ def end_of_turn_id(tokenizer: Any) -> int:
 
 def regenerate_turns(target: Any, tokenizer: Any, conversations: list[Messages], prompt_of: Callable[[Messages], list[int]],
                      max_new_tokens: int, batch_size: int, temperature: float = 0.0, top_p: float = 1.0,
-                     seed: int = 0, progress: bool = True) -> list[Messages]:
-    """The conversations with every assistant turn replaced by the target's answer, turn by turn."""
+                     seed: int = 0, progress: bool = True, first: int = 0) -> list[Messages]:
+    """The conversations with every assistant turn replaced by the target's answer, turn by turn.
+
+    `first`: the place of `conversations[0]` in the whole set; a sampled turn's seed is a function of
+    the conversation's place in the whole set and the turn, so a chunk regenerates as the whole would."""
     from ready.decode.batch import BatchEngine
     from ready.decode.engine import Engine
     from ready.decode.sampling import SamplingParams
@@ -69,7 +84,7 @@ def regenerate_turns(target: Any, tokenizer: Any, conversations: list[Messages],
         prompts = [prompt_of(out[i][:k]) for i, k in todo]
         if temperature > 0:
             engine = Engine(target, eos_token_id=stop, sampling=SamplingParams(temperature, top_p, seed))
-            answers = [engine.generate(p, max_new_tokens, seed=seed * 1_000_003 + i * 101 + t).tokens
+            answers = [engine.generate(p, max_new_tokens, seed=seed * 1_000_003 + (first + i) * 101 + t).tokens
                        for (i, _), p in zip(todo, prompts)]
         else:
             engine = BatchEngine(target, None, batch_size=max(1, min(batch_size, len(prompts))), eos_token_id=stop)
@@ -97,7 +112,10 @@ def conversation_spec(cfg: Any, target: Any, tokenizer: Any, files: list[Path]) 
 
 
 def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True) -> tuple[RegenData, Path, dict]:
-    """The cached training data of `cfg.data.path` (built on first use): (data, its folder, load counts)."""
+    """The cached training data of `cfg.data.path` (built on first use): (data, its folder, load counts).
+
+    Data-parallel: every rank regenerates its share of the conversations (`regenerate_in_chunks`), rank 0
+    writes the artifact, the others wait and read it."""
     from ready.data.chat import prompt_ids, render
     from ready.data.conversation_files import find_files
     from ready.data.conversations import load_conversations
@@ -109,16 +127,17 @@ def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: boo
     spec = conversation_spec(cfg, target, tokenizer, files)
     thinking = bool(cfg.bench.thinking)
     max_len = int(cfg.regen.prompt_len) + int(cfg.regen.response_len)
-
-    def build(tmp: Path) -> None:
+    folder = artifact_dir(cfg.artifacts_dir, "regen", spec)
+    if not distributed.main_decides(lambda: intact(folder, spec, label=f"regen/{folder.name}")):
         convs, report = load_conversations(str(cfg.data.path), format=str(cfg.data.format), on_error=str(cfg.data.on_error))
         picked = random.Random(int(cfg.regen.seed)).sample(range(len(convs)), min(int(cfg.regen.num_samples), len(convs)))
         messages = [convs[i].messages for i in sorted(picked)]
+        work = work_folder(folder)
         if cfg.data.responses == "regenerate":
-            messages = regenerate_turns(target, tokenizer, messages, lambda m: prompt_ids(tokenizer, m, thinking),
-                                        int(cfg.regen.response_len), int(cfg.regen.batch_size),
-                                        float(cfg.regen.temperature), float(cfg.regen.top_p), int(cfg.regen.seed),
-                                        progress)
+            messages = regenerate_in_chunks(target, tokenizer, messages, lambda m: prompt_ids(tokenizer, m, thinking),
+                                            int(cfg.regen.response_len), int(cfg.regen.batch_size), work,
+                                            config_hash(spec), float(cfg.regen.temperature), float(cfg.regen.top_p),
+                                            int(cfg.regen.seed), progress)
         rows, truncated = [], 0
         for m in messages:
             sample = render(tokenizer, m, thinking, max_len=max_len, truncate="right")
@@ -128,11 +147,16 @@ def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: boo
         if not rows:
             raise RegenError(f"data.path = {cfg.data.path!r}: no conversation keeps an assistant token within "
                              f"{max_len} tokens; expected conversations (or raise regen.prompt_len + regen.response_len)")
-        pack(rows, pad_id=int(tokenizer.eos_token_id or 0)).save(tmp / DATA_FILE)
         counts = {**report.metrics(prefix="data"), "data/used": len(rows), "data/truncated": truncated}
-        (tmp / COUNTS_FILE).write_text(json.dumps(counts, indent=1))
 
-    folder = cached(cfg.artifacts_dir, "regen", spec, build)
+        def build(tmp: Path) -> None:
+            pack(rows, pad_id=int(tokenizer.eos_token_id or 0)).save(tmp / DATA_FILE)
+            (tmp / COUNTS_FILE).write_text(json.dumps(counts, indent=1))
+
+        if distributed.world().main:
+            cached(cfg.artifacts_dir, "regen", spec, build)
+            shutil.rmtree(work, ignore_errors=True)  # the chunks are in the artifact now
+        distributed.barrier()  # the others read what rank 0 wrote
     return RegenData.load(folder / DATA_FILE), folder, load_counts(folder)
 
 

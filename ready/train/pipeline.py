@@ -44,7 +44,7 @@ from ready.config import config_hash, to_container
 from ready.train import distributed
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.regen import RegenData, build_regen_data, regen_artifact
-from ready.train.stages import MetricsCallback, TrainResult, stage_seed, train_stage
+from ready.train.stages import MetricsCallback, TrainResult, length_buckets, stage_seed, train_stage
 from ready.train.teacher_store import TeacherStore, ensure_teacher_store
 
 DRAFTER_SUBDIR = "drafter"
@@ -128,7 +128,7 @@ def base_spec(cfg: Any, data_id: str) -> dict:
     """What the base DSpark drafter depends on (no reader, no adaptation stages, no variant seed)."""
     drafter = dict(_plain(cfg.drafter))
     drafter.pop("checkpoint", None)
-    return {
+    spec = {
         "kind": "drafter_base",
         "drafter": drafter,
         "train": _plain(cfg.train.base),
@@ -136,6 +136,14 @@ def base_spec(cfg: Any, data_id: str) -> dict:
         "seed": int(cfg.train.base_seed),
         "data": data_id,
     }
+    return _with_buckets(spec, cfg)
+
+
+def _with_buckets(spec: dict, cfg: Any) -> dict:
+    """`spec` with `train.length_buckets` when it is on (absent at 0: earlier artifacts keep their hashes)."""
+    if length_buckets(cfg):
+        spec["length_buckets"] = length_buckets(cfg)
+    return spec
 
 
 def ensure_base_drafter(
@@ -178,7 +186,7 @@ def _ensure_base(cfg: Any, target: Any, tokenizer: Any, callback: Optional[Metri
 
 def stage_spec(cfg: Any, stage: str, start_id: str, data_id: str) -> dict:
     """What a stage's output depends on: its starting drafter, the variant's reader and budgets."""
-    return {
+    return _with_buckets({
         "kind": stage,
         "start": start_id,
         "drafter": _plain(cfg.drafter),
@@ -188,7 +196,7 @@ def stage_spec(cfg: Any, stage: str, start_id: str, data_id: str) -> dict:
         "loss": _plain(cfg.train.loss),
         "seed": int(cfg.seed),
         "data": data_id,
-    }
+    }, cfg)
 
 
 def train_variant(

@@ -12,13 +12,15 @@ adapters with stage 2's budget. So the control sees exactly as many samples and 
 steps as ReaDy; the only difference is state access (and that its stage-1 updates land in
 the backbone rather than in a reader).
 
-Each step: sample a batch (a deterministic function of seed, stage and step), sample anchors
-in the response part, ask the frozen target for context features, teacher logits (and the
-committed GDN states at anchors-1 when the drafter reads state; ready.train.teacher_pass, shared
-by the rows of a worker that train on the same batches; for a drafter that reads no state, the rows
-of a teacher store when one is given and serves it, ready.train.teacher_store), run the drafter's training
-forward, and minimise L_CE + λ L_L1 (ready.train.loss). AdamW on fp32 master weights, linear
-warmup then cosine decay, gradient clipping, bf16 autocast on CUDA. Every
+Each step: sample a batch (a deterministic function of seed, stage and step; with
+`train.length_buckets` > 0 rows of similar length go together and the batch is cut to its longest
+row, ready.train.batches), sample anchors in the response part, ask the frozen target for context
+features, teacher logits (and the committed GDN states at anchors-1 when the drafter reads state;
+ready.train.teacher_pass, shared by the rows of a worker that train on the same batches; for a
+drafter that reads no state, the rows of a teacher store when one is given and serves it,
+ready.train.teacher_store), run the drafter's training forward, and minimise L_CE + λ L_L1
+(ready.train.loss). AdamW on fp32 master weights, linear warmup then cosine decay, gradient
+clipping, bf16 autocast on CUDA. Every
 `train.checkpoint_every` steps (and at the end) the trainable weights, optimizer, scheduler,
 RNG and step are saved atomically in `out_dir/checkpoint.pt`; calling the stage again with
 the same inputs resumes from there and ends with the same weights as an uninterrupted run.
@@ -50,6 +52,7 @@ from ready.artifacts import atomic_torch_save
 from ready.config import config_hash, to_container
 from ready.train import distributed
 from ready.train.anchors import gather_blocks, sample_anchors
+from ready.train.batches import BatchSampler, batch_width
 from ready.train.lora import has_lora, inject_lora, lora_parameters
 from ready.train.loss import draft_loss
 from ready.train.regen import RegenData
@@ -92,6 +95,12 @@ def _window_mean(xs: list[float]) -> float:
 
 
 # --- what a stage trains -----------------------------------------------------------------------
+
+def length_buckets(cfg: Any) -> int:
+    """`train.length_buckets` (0 when the config predates it): 0 = random full-width batches, N > 0 =
+    length-bucketed batches cut to their longest row (ready.train.batches)."""
+    return int(cfg.train.get("length_buckets", 0) or 0)
+
 
 def stage_seed(seed: int, stage: str) -> int:
     return int(seed) * 1000 + STAGES.index(stage) + 1
@@ -149,17 +158,6 @@ def make_optimizer(params: list[tuple[str, nn.Parameter]], sc: Any) -> torch.opt
     return torch.optim.AdamW(groups, lr=float(sc.lr), betas=(0.9, 0.95), eps=1e-8)
 
 
-def batch_indices(step: int, batch_size: int, n: int, seed: int) -> torch.Tensor:
-    """Sequence ids of batch `step`: consecutive slices of per-epoch shuffles (deterministic)."""
-    pos = torch.arange(step * batch_size, (step + 1) * batch_size)
-    epochs = (pos // n).unique().tolist()
-    perms = {}
-    for e in epochs:
-        g = torch.Generator().manual_seed(seed * 7919 + int(e))
-        perms[e] = torch.randperm(n, generator=g)
-    return torch.stack([perms[int(p // n)][int(p % n)] for p in pos])
-
-
 # --- checkpoints ------------------------------------------------------------------------------
 
 def _rng_state() -> dict:
@@ -177,17 +175,18 @@ def _set_rng_state(state: dict) -> None:
 
 def _fingerprint(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter]], data: RegenData, seed: int) -> str:
     sc = getattr(cfg.train, stage)
-    return config_hash(
-        {
-            "stage": stage,
-            "stage_cfg": to_container(sc) if OmegaConf.is_config(sc) else dict(vars(sc)),
-            "loss": [float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)],
-            "lora": [int(cfg.train.lora.rank), int(cfg.train.lora.alpha), float(cfg.train.lora.dropout)],
-            "params": [(n, list(p.shape)) for n, p in params],
-            "data": [len(data), int(data.tokens.shape[1]), int(data.tokens.sum())],
-            "seed": seed,
-        }
-    )
+    key = {
+        "stage": stage,
+        "stage_cfg": to_container(sc) if OmegaConf.is_config(sc) else dict(vars(sc)),
+        "loss": [float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)],
+        "lora": [int(cfg.train.lora.rank), int(cfg.train.lora.alpha), float(cfg.train.lora.dropout)],
+        "params": [(n, list(p.shape)) for n, p in params],
+        "data": [len(data), int(data.tokens.shape[1]), int(data.tokens.sum())],
+        "seed": seed,
+    }
+    if length_buckets(cfg):  # absent at 0, so checkpoints written before the knob still resume
+        key["length_buckets"] = length_buckets(cfg)
+    return config_hash(key)
 
 
 def save_checkpoint(path: Path, step: int, params, opt, sched, losses: list[float], fingerprint: str) -> None:
@@ -333,17 +332,22 @@ def train_stage(
     trainable = [p for _, p in params]
     every = max(1, int(cfg.train.checkpoint_every))
     l1_weight, gamma = float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)
-    if store is not None and not store.serves(target, drafter, data, int(sc.batch_size)):
-        store = None
+    buckets = length_buckets(cfg)
+    sampler = BatchSampler(len(data), int(sc.batch_size), seed, data.lengths, buckets)
+    if store is not None and (buckets or not store.serves(target, drafter, data, int(sc.batch_size))):
+        store = None  # a batch cut to its longest row is not a stored full-width row bit for bit
     t0 = time.perf_counter()
     bar = tqdm(range(start, steps), desc=f"train {stage}", unit="step", initial=start, total=steps,
                disable=not (progress and dp.main))
     for step in bar:
-        idx = batch_indices(step, int(sc.batch_size), len(data), seed)
+        idx = sampler(step)
         gen = torch.Generator().manual_seed(seed * 104729 + step)
         anchors, mask = sample_anchors(data.trainable(idx), K, int(sc.anchors_per_sample), gen)
         idx, anchors, mask = idx[rows], anchors[rows], mask[rows]  # the whole batch for one process
-        tokens = data.tokens[idx].to(device)
+        tokens = data.tokens[idx]
+        if buckets:  # cut to this process's longest row: right padding, causal models (ready.train.batches)
+            tokens = tokens[:, :batch_width(data, idx, anchors)]
+        tokens = tokens.to(device)
         anchors, mask = anchors.to(device), mask.to(device)
         tp = store.teacher_pass(target, idx, anchors) if store is not None else None
         if tp is None:

@@ -28,8 +28,10 @@ One artifact per (target weights, regenerated data, capture layers, batch size):
 (ready.artifacts.cached), built by the process that builds a sweep's shared artifacts and read by
 the base processes with torch.load(mmap=True), so they share one copy in the page cache. Embedded
 default: 1,000 × 176 × 5 × 256 fp32 features + 1,000 × 49 × 256 h ≈ 0.95 GB. No store (so every pass
-as before) for targets off the CPU or above 1 GB of weights, under data-parallel training, or above
-MAX_STORE_BYTES.
+as before) for targets off the CPU or above 1 GB of weights, under data-parallel training, above
+MAX_STORE_BYTES, or with `train.length_buckets` > 0: a bucketed batch is cut to its longest row, and a
+pass over fewer columns rounds differently from the stored full-width row (equal up to rounding, by
+causality, but not bit for bit), so `train_stage` never lets a store serve it.
 """
 
 from __future__ import annotations
@@ -176,9 +178,12 @@ def ensure_teacher_store(cfg: Any, target: nn.Module, tokenizer: Any, progress: 
     """The teacher store of `cfg`'s regenerated training data, target and drafter capture layers, in
     passes of `train.base.batch_size` (cached; built on first use unless `build=False`, which only
     reads one already built). None where no store applies: a target off the CPU or above 1 GB of
-    weights, data-parallel training, a store above MAX_STORE_BYTES, or (when building) a given
+    weights, data-parallel training, a store above MAX_STORE_BYTES, length-bucketed batches
+    (`train.length_buckets` > 0, which are cut to their longest row), or (when building) a given
     `drafter.checkpoint`, which trains no base drafter."""
     if target.device.type != "cpu" or distributed.world().active or (build and cfg.drafter.checkpoint):
+        return None
+    if int(cfg.train.get("length_buckets", 0) or 0):
         return None
     key = target_key(target)
     if key is None:
