@@ -49,6 +49,9 @@ class PretrainConfig:
     sample_tokens: int = 48  # greedy continuation of a held-out prompt stored with the metrics
     seed: int = 0
     repeat_fraction: float = 0.0  # share of windows with a span of their own text repeated (towards copying)
+    # share of windows cut from the standard library's conversations (ready.data.stdlib_chats) rendered
+    # with the chat template, so the target answers chat prompts as evaluation and training pose them
+    chat_fraction: float = 0.5
 
 
 @dataclass
@@ -84,7 +87,7 @@ class DataConfig:
     """Training conversations: a dataset file whose assistant turns the target answers anew (issue 42)."""
 
     # a conversation dataset (a file, a folder or a glob: JSON, JSON Lines (.gz) or parquet); null = the
-    # embedded default's prompts from the standard library corpus
+    # embedded default's conversations made from the standard library (ready.data.stdlib_chats)
     path: Optional[str] = None
     format: str = "auto"  # auto | sharegpt | messages | perfectblend | prompt_response (auto: from the rows)
     on_error: str = "stop"  # stop: the first malformed row is an error | skip: skip and count it (logged)
@@ -215,6 +218,10 @@ class TrainConfig:
     # data-parallel processes (GPUs; gloo processes on CPU); N > 1 trains under torchrun, not hashed
     # (same global batch, same result up to rounding; docs/sweeps.md "GPUs for rows and within a row")
     devices: int = 1
+    # gradient accumulation: 0 = each process's share of a batch in one forward/backward | M > 0 = in
+    # micro-batches of at most M sequences, gradients summed, one optimizer step; not hashed (same loss
+    # and update up to rounding; the state placebo pairs rows within a micro-batch, so it needs M != 1)
+    micro_batch_size: int = 0
 
 
 @dataclass
@@ -340,6 +347,11 @@ def validate(cfg: DictConfig | Config) -> None:
         ("train.loss.l1_weight", c.train.loss.l1_weight >= 0, "a number >= 0"),
         ("train.length_buckets", c.train.length_buckets >= 0, "an integer >= 0 (0 = random full-width batches)"),
         ("train.devices", c.train.devices >= 1, "an integer >= 1 (data-parallel training processes)"),
+        ("train.micro_batch_size", c.train.micro_batch_size >= 0,
+         "an integer >= 0 (0 = each process's share of a batch in one pass; M > 0 = micro-batches of at most M)"),
+        ("train.micro_batch_size",
+         c.train.micro_batch_size != 1 or not c.reader.enabled or c.reader.states != "shuffled",
+         "0 or >= 2 with reader.states=shuffled (the state placebo reads another sequence of the same pass)"),
         ("eval.max_new_tokens", c.eval.max_new_tokens >= 1, "an integer >= 1"),
         ("eval.heldout_tf_samples", c.eval.heldout_tf_samples >= 0, "an integer >= 0 (0 = no teacher-forced metric)"),
         ("eval.interleave_ar", c.eval.interleave_ar in ("auto", "on", "off"), "auto, on or off"),
@@ -373,13 +385,6 @@ def exact_mode(cfg: DictConfig | Config) -> bool:
     only (never on the machine), so a row hashes the same everywhere."""
     value = EXACT_VALUES[str(cfg.eval.exact).lower()]
     return cfg.target.dtype in ("bfloat16", "float16") if value is None else value
-
-
-def uses_conversations(cfg: DictConfig | Config) -> bool:
-    """Whether training data come from a conversation dataset (`data.path`): then the embedded
-    tokenizer carries a chat template, and training and evaluation render through it."""
-    data = getattr(cfg, "data", None)
-    return bool(data is not None and getattr(data, "path", None))
 
 
 def length_mismatch(cfg: DictConfig | Config) -> Optional[str]:

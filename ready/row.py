@@ -338,13 +338,10 @@ def _drafter(cfg: DictConfig, method: str, loaded: _Loaded, progress: bool):
 
 
 def data_counts(cfg: DictConfig, loaded: _Loaded) -> dict[str, float]:
-    """Rows of `data.path` read, skipped (by reason), used and truncated ({} without a dataset)."""
+    """Training conversations used and truncated, and for `data.path` its rows read and skipped (by reason)."""
     from ready.train.conversations import load_counts
-    from ready.config import uses_conversations
     from ready.train.regen import regen_artifact
 
-    if not uses_conversations(cfg):
-        return {}
     return {k: float(v) for k, v in load_counts(regen_artifact(cfg, loaded.target, loaded.tokenizer)[0]).items()}
 
 

@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-import ready.data
 from ready.drafter import load_drafter
 from ready.train import RegenData, build_regen_data, greedy_responses, read_train_log, train_variant
 from ready.train.pipeline import PipelineError, ensure_base_drafter
@@ -16,23 +15,17 @@ from test_train_helpers import micro_cfg, micro_prompts, micro_target
 
 
 
+P = micro_prompts(16, 12)  # the training prompts (micro_cfg: 16 of 12 tokens), continued by the target
+
+
 @pytest.fixture()
-def target(monkeypatch):
-    calls = []
-
-    def fake_prompts(tokenizer, regen, split="train", corpus_cfg=None):
-        calls.append(regen.num_samples)
-        return micro_prompts(regen.num_samples, regen.prompt_len).tolist()
-
-    monkeypatch.setattr(ready.data, "training_prompts", fake_prompts)
-    t = micro_target()
-    t.prompt_calls = calls
-    return t
+def target():
+    return micro_target()
 
 
 def test_regenerated_data_is_the_targets_greedy_continuation_and_is_cached(tmp_path, target):
     cfg = micro_cfg(tmp_path)
-    data, folder = build_regen_data(cfg, target, None, progress=False)
+    data, folder = build_regen_data(cfg, target, None, prompts=P, progress=False)
     assert data.tokens.shape == (16, 24) and data.prompt_len == 12
     assert torch.equal(data.tokens[:, :12], micro_prompts(16, 12))
     ids = data.tokens[:3, :12]
@@ -40,11 +33,11 @@ def test_regenerated_data_is_the_targets_greedy_continuation_and_is_cached(tmp_p
         for _ in range(12):
             ids = torch.cat([ids, target(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(ids, data.tokens[:3])
-    again, folder2 = build_regen_data(cfg, target, None, progress=False)
+    again, folder2 = build_regen_data(cfg, target, None, prompts=P, progress=False)
     assert folder2 == folder and torch.equal(again.tokens, data.tokens)
     assert len(list((tmp_path / "artifacts" / "regen").iterdir())) == 1
     cfg.regen.response_len = 8  # another config: another artifact
-    _, folder3 = build_regen_data(cfg, target, None, progress=False)
+    _, folder3 = build_regen_data(cfg, target, None, prompts=P, progress=False)
     assert folder3 != folder
 
 
@@ -68,13 +61,13 @@ def test_bad_prompts_and_missing_data_say_what_was_expected(tmp_path, target):
         RegenData.load(tmp_path / "nowhere.pt")
     cfg.drafter.checkpoint = str(tmp_path / "no_drafter")
     with pytest.raises(PipelineError, match="drafter.checkpoint"):
-        ensure_base_drafter(cfg, target, None, progress=False)
+        ensure_base_drafter(cfg, target, None, prompts=P, progress=False)
 
 
 def test_variant_trains_base_then_both_stages_and_reuses_everything_on_a_rerun(tmp_path, target):
     cfg = micro_cfg(tmp_path)
     seen = []
-    final = train_variant(cfg, target, None, None, tmp_path / "v_ready", callback=lambda n, v, s: seen.append(n))
+    final = train_variant(cfg, target, None, None, tmp_path / "v_ready", callback=lambda n, v, s: seen.append(n), prompts=P)
     assert {n.split("/")[1] for n in seen} == {"base", "stage1", "stage2"}
     drafter = load_drafter(final, target)
     assert drafter.state_layers and drafter.reader_parameters()
@@ -85,11 +78,11 @@ def test_variant_trains_base_then_both_stages_and_reuses_everything_on_a_rerun(t
     assert not list((tmp_path / "v_ready").glob("*.work"))  # checkpoints cleaned up once finished
 
     again = []
-    assert train_variant(cfg, target, None, None, tmp_path / "v_ready", callback=lambda *a: again.append(a)) == final
+    assert train_variant(cfg, target, None, None, tmp_path / "v_ready", callback=lambda *a: again.append(a), prompts=P) == final
     assert again == []  # nothing retrained
 
     cfg.reader.enabled = False  # the no-state control shares the base drafter
-    control = train_variant(cfg, target, None, None, tmp_path / "v_ctrl", callback=lambda n, v, s: seen.append(n))
+    control = train_variant(cfg, target, None, None, tmp_path / "v_ctrl", callback=lambda n, v, s: seen.append(n), prompts=P)
     bases = [p for p in (tmp_path / "artifacts" / "drafter_base").iterdir() if not p.name.endswith(".work")]
     assert len(bases) == 1
     assert load_drafter(control, target).state_layers == []
@@ -97,25 +90,24 @@ def test_variant_trains_base_then_both_stages_and_reuses_everything_on_a_rerun(t
         log = read_train_log(next((tmp_path / "v_ctrl").glob(f"{stage}-*")) / "drafter")
         assert log["trainable"] and all(".lora_" in n for n in log["trainable"])
         assert log["steps"] == read_train_log(next((tmp_path / "v_ready").glob(f"{stage}-*")) / "drafter")["steps"]
-    assert target.prompt_calls  # prompts came from ready.data.training_prompts
 
 
 def test_a_killed_variant_resumes_its_stage_from_the_checkpoint(tmp_path, target):
     cfg = micro_cfg(tmp_path)
-    base = ensure_base_drafter(cfg, target, None, progress=False)
+    base = ensure_base_drafter(cfg, target, None, prompts=P, progress=False)
 
     def kill(name, value, step):
         if name == "train/stage2/loss" and step == 5:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train_variant(cfg, target, None, base, tmp_path / "v", callback=kill, progress=False)
+        train_variant(cfg, target, None, base, tmp_path / "v", callback=kill, progress=False, prompts=P)
     assert list((tmp_path / "v").glob("stage1-*/DONE")) and not list((tmp_path / "v").glob("stage2-*/DONE"))
     assert list((tmp_path / "v").glob("stage2-*.work/checkpoint.pt"))
-    final = train_variant(cfg, target, None, base, tmp_path / "v", progress=False)
+    final = train_variant(cfg, target, None, base, tmp_path / "v", progress=False, prompts=P)
     log = read_train_log(final)
     assert log["resumed_from"] == 4 and len(log["losses"]) == log["steps"] == 6
-    uninterrupted = train_variant(cfg, target, None, base, tmp_path / "w", progress=False)
+    uninterrupted = train_variant(cfg, target, None, base, tmp_path / "w", progress=False, prompts=P)
     a = load_drafter(final, target).state_dict()
     b = load_drafter(uninterrupted, target).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

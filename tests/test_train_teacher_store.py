@@ -6,7 +6,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import ready.data
 import ready.train.stages as stages
 from ready.drafter import DSparkDrafter
 from ready.train import greedy_responses, train_stage
@@ -25,6 +24,8 @@ def target():
 @pytest.fixture(scope="module")
 def data(target):  # 13 sequences: the store's last batch is a short one
     return greedy_responses(target, micro_prompts(13, 12), 12, eos_id=None, batch_size=8, progress=False)
+
+P = micro_prompts(16, 12)  # the training prompts (micro_cfg: 16 of 12 tokens), continued by the target
 
 
 def _drafter(cfg, target, reader: bool = False) -> DSparkDrafter:
@@ -123,28 +124,25 @@ def test_the_store_serves_only_what_it_equals(tmp_path, target, data):
 
 
 def test_the_store_is_cached_verified_and_read_by_the_base_drafter(tmp_path, monkeypatch):
-    monkeypatch.setattr(ready.data, "training_prompts",
-                        lambda tokenizer, regen, split="train", corpus_cfg=None:
-                        micro_prompts(regen.num_samples, regen.prompt_len).tolist())
     target = micro_target()
     cfg = micro_cfg(tmp_path)
-    assert ensure_teacher_store(cfg, target, None, progress=False, build=False) is None  # none built yet
-    store = ensure_teacher_store(cfg, target, None, progress=False)
+    assert ensure_teacher_store(cfg, target, None, prompts=P, progress=False, build=False) is None  # none built yet
+    store = ensure_teacher_store(cfg, target, None, prompts=P, progress=False)
     features, normed = store.features.clone(), store.normed.clone()  # (the store maps its file)
     folders = list((tmp_path / "artifacts" / KIND).iterdir())
     assert len(folders) == 1 and (folders[0] / "DONE").is_file()
-    assert ensure_teacher_store(cfg, target, None, progress=False, build=False) is not None
+    assert ensure_teacher_store(cfg, target, None, prompts=P, progress=False, build=False) is not None
 
     path = folders[0] / STORE_FILE
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # a flipped byte: the store is never trusted, but built again
     path.write_bytes(bytes(raw))
-    rebuilt = ensure_teacher_store(cfg, target, None, progress=False)
+    rebuilt = ensure_teacher_store(cfg, target, None, prompts=P, progress=False)
     assert torch.equal(rebuilt.features, features) and torch.equal(rebuilt.normed, normed)
 
     passes = []
     monkeypatch.setattr(stages, "teacher_pass", lambda *a, **k: passes.append(1) or teacher_pass(*a, **k))
-    ensure_base_drafter(cfg, target, None, progress=False)
+    ensure_base_drafter(cfg, target, None, prompts=P, progress=False)
     assert passes == []  # the base drafter's passes all came from the store
     assert len(list((tmp_path / "artifacts" / KIND).iterdir())) == 1
 

@@ -307,7 +307,7 @@ def load_suite(name: str, bench: Any, tokenizer: Any, corpus_cfg: Any = None) ->
     if name == "heldout":
         if corpus_cfg is None:
             raise BenchmarkError("benchmark 'heldout' needs the corpus config (corpus_cfg); got None")
-        return heldout_suite(tokenizer, corpus_cfg, limit, int(bench.max_prompt_tokens))
+        return heldout_chat_suite(tokenizer, corpus_cfg, limit, int(bench.max_prompt_tokens), bool(bench.thinking))
     if name not in FORMATS:
         raise BenchmarkError(f"unknown benchmark {name!r}; expected one of {', '.join(SUITES)}")
     fmt = FORMATS[name]
@@ -336,6 +336,26 @@ def load_suite(name: str, bench: Any, tokenizer: Any, corpus_cfg: Any = None) ->
         prompt, ids = encode_prompt(tokenizer, format_prompt(tokenizer, text, bool(bench.thinking)),
                                     int(bench.max_prompt_tokens))
         out.append(BenchPrompt(id=f"{name}/{rid}", text=prompt, ids=ids))
+    return out
+
+
+def heldout_chat_suite(tokenizer: Any, corpus_cfg: Any, limit: int, max_tokens: int, thinking: bool) -> list[BenchPrompt]:
+    """The `heldout` suite as evaluation decodes it: with a chat template, each stretch of held-out text
+    is the user turn of a prompt (as the embedded default's "continue" conversations pose it,
+    ready.data.stdlib_chats), cut so that the rendered prompt stays within `max_tokens`; without one,
+    the plain stretches."""
+    if not getattr(tokenizer, "chat_template", None):
+        return heldout_suite(tokenizer, corpus_cfg, limit, max_tokens)
+    from ready.data.chat import prompt_ids
+
+    room = len(prompt_ids(tokenizer, [{"role": "user", "content": ""}], thinking))
+    if max_tokens > 0 and max_tokens <= room + 8:
+        raise BenchmarkError(f"bench.max_prompt_tokens={max_tokens} leaves no held-out text inside the chat "
+                             f"template's {room} tokens; expected more than {room + 8}")
+    out = []
+    for p in heldout_suite(tokenizer, corpus_cfg, limit, max_tokens - room if max_tokens > 0 else max_tokens):
+        ids = prompt_ids(tokenizer, [{"role": "user", "content": p.text}], thinking)
+        out.append(BenchPrompt(id=p.id, text=tokenizer.decode(ids), ids=ids))
     return out
 
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 TRUNCATE = ("right", "left", "drop")
-__all__ = ["ChatSample", "ChatTemplateError", "TRUNCATE", "prompt_ids", "render", "render_text", "render_turns"]
+__all__ = ["ChatSample", "ChatTemplateError", "TRUNCATE", "prompt_ids", "render", "render_text", "render_turns",
+           "template_overhead"]
 Messages = Sequence[dict[str, str]]
 
 
@@ -83,6 +84,13 @@ def prompt_ids(tokenizer: Any, messages: Messages, thinking: bool) -> list[int]:
         raise ChatTemplateError("prompt_ids got a conversation ending with an assistant turn; expected the "
                                 "messages before the turn to generate (ending with a user turn)")
     return _encode(tokenizer, render_text(tokenizer, messages, thinking, add_generation_prompt=True))
+
+
+def template_overhead(tokenizer: Any, thinking: bool) -> int:
+    """Tokens the template adds around one user turn and one assistant answer (their render with empty
+    contents): what a length budget for a single-turn conversation must leave to the template."""
+    return len(_encode(tokenizer, render_text(tokenizer, [{"role": "user", "content": ""},
+                                                          {"role": "assistant", "content": ""}], thinking)))
 
 
 def render(tokenizer: Any, messages: Messages, thinking: bool, max_len: Optional[int] = None,

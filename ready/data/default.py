@@ -27,18 +27,21 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import artifact_dir, cached
-from ready.config import CorpusConfig, uses_conversations
-from ready.data.corpus import Corpus, load_corpus
+from ready.config import CorpusConfig
+from ready.data.corpus import Corpus, Doc, load_corpus
 from ready.data.tokenizer import build_tokenizer, load_tokenizer, special_token_ids
 
+if TYPE_CHECKING:
+    import torch
+
 # Bump when the build code changes what it produces, so old caches are not reused.
-TOKENIZER_BUILD_VERSION = 1
-TARGET_BUILD_VERSION = 1
+TOKENIZER_BUILD_VERSION = 2  # 2: always the chat variant (ChatML tokens + template)
+TARGET_BUILD_VERSION = 2  # 2: pretrained on the standard library's conversations too (pretrain.chat_fraction)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "special_tokens.json")
 
 
@@ -57,11 +60,8 @@ def _plain(section: Any) -> dict:
 
 def tokenizer_spec(cfg: Any, corpus: Optional[Corpus] = None) -> dict:
     corpus = corpus or load_corpus(cfg.corpus)
-    spec = {"kind": "bpe-bytelevel", "version": TOKENIZER_BUILD_VERSION, "corpus": _plain(cfg.corpus),
+    return {"kind": "bpe-bytelevel", "version": TOKENIZER_BUILD_VERSION, "corpus": _plain(cfg.corpus),
             "corpus_fingerprint": corpus.fingerprint}
-    if uses_conversations(cfg):  # ChatML tokens + template; absent otherwise, so the plain build keeps its key
-        spec["chat"] = True
-    return spec
 
 
 def ensure_tokenizer(cfg: Any, progress: bool = True) -> Path:
@@ -74,7 +74,7 @@ def ensure_tokenizer(cfg: Any, progress: bool = True) -> Path:
         if progress:
             print(f"[ready] training the byte-level BPE ({cfg.corpus.vocab_size} tokens) on "
                   f"{len(corpus.train)} stdlib files ({corpus.train_bytes() / 1e6:.1f} MB)", file=sys.stderr, flush=True)
-        ids = build_tokenizer(corpus.train, int(cfg.corpus.vocab_size), tmp, chat=uses_conversations(cfg))
+        ids = build_tokenizer(corpus.train, int(cfg.corpus.vocab_size), tmp, chat=True)
         ids["build_time_s"] = time.perf_counter() - t0
         (tmp / "special_tokens.json").write_text(json.dumps(ids, indent=2) + "\n")
 
@@ -131,7 +131,7 @@ def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
     """Folder of the pretrained default target (HF format, with tokenizer); built on first use."""
     import torch
 
-    from ready.data.benchmarks import heldout_suite
+    from ready.data.benchmarks import heldout_chat_suite
     from ready.data.pretrain import greedy_continue, pretrain, token_stream
     from ready.target import load_target, save_target
 
@@ -145,6 +145,7 @@ def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
         eos = special_token_ids(tokenizer)["eos_token_id"]
         train = token_stream(corpus.train, tokenizer, eos)
         held = token_stream(corpus.heldout, tokenizer, eos)
+        chats = chat_stream(list(corpus.train), tokenizer, int(cfg.pretrain.seq_len), int(cfg.pretrain.seed), eos)
         torch.manual_seed(int(cfg.pretrain.seed))
         model = load_target(spec["preset"], overrides=_arch_overrides(cfg, tok_dir), device="cpu", dtype=torch.float32)
         if progress:
@@ -152,8 +153,8 @@ def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
             print(f"[ready] pretraining the '{spec['preset']}' target ({n / 1e6:.1f}M params) on "
                   f"{train.numel() / 1e6:.2f}M train tokens: {cfg.pretrain.steps} steps x "
                   f"{cfg.pretrain.batch_size} x {cfg.pretrain.seq_len}", file=sys.stderr, flush=True)
-        metrics = pretrain(model, train, held, cfg.pretrain, progress=progress)
-        sample = heldout_suite(tokenizer, cfg.corpus, limit=1, max_tokens=64)[0]
+        metrics = pretrain(model, train, held, cfg.pretrain, progress=progress, chats=chats)
+        sample = heldout_chat_suite(tokenizer, cfg.corpus, 1, 64, thinking=False)[0]
         cont = greedy_continue(model, sample.ids, int(cfg.pretrain.sample_tokens))
         metrics["sample"] = {"id": sample.id, "prompt_ids": sample.ids, "continuation_ids": cont,
                              "prompt": sample.text, "continuation": tokenizer.decode(cont)}
@@ -170,6 +171,21 @@ def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
                   f"in {metrics['build_time_s']:.0f}s", file=sys.stderr, flush=True)
 
     return cached(cfg.artifacts_dir, "target", spec, build)
+
+
+def chat_stream(docs: list[Doc], tokenizer: Any, seq_len: int, seed: int, eos_id: int) -> "torch.Tensor":
+    """The standard library's conversations of `docs` with their own answers (ready.data.stdlib_chats),
+    rendered with the chat template (thinking off, as evaluation renders by default) and concatenated,
+    EOS after each: the stream `pretrain.chat_fraction` of the target's windows come from. A user turn
+    holds up to half a window, an answer the rest."""
+    from ready.data.chat import render_text, template_overhead
+    from ready.data.pretrain import token_stream
+    from ready.data.stdlib_chats import stdlib_conversations
+
+    half = max(1, (seq_len - template_overhead(tokenizer, False)) // 2)
+    convs = stdlib_conversations(docs, tokenizer, half, half, seed)
+    texts = [render_text(tokenizer, m, thinking=False) for m in convs]
+    return token_stream([Doc(path=f"chat/{i}", text=t) for i, t in enumerate(texts)], tokenizer, eos_id)
 
 
 def default_metrics(target_dir: str | Path) -> dict:

@@ -5,6 +5,10 @@ by EOS), AdamW (weight decay on matrices only), linear warmup then cosine decay 
 `min_lr_ratio * lr`, gradient clipping; a tqdm bar shows the loss. Held-out loss is measured on
 fixed, non-overlapping windows of the held-out split.
 
+`chat_fraction` of the windows are cut from a second stream instead: the standard library's
+conversations (ready.data.stdlib_chats) rendered with the chat template, so the target learns to
+answer a chat prompt, which is how evaluation and the drafter's training data pose their prompts.
+
 `repeat_fraction` > 0 gives that share of the training windows a span of their own text repeated
 further on (`insert_repeats`), to push the target towards in-context copying, which large models do
 and the tiny target does not (it continues a repeated segment ~5 % of the time: `python -m
@@ -116,9 +120,23 @@ def heldout_loss(model: torch.nn.Module, stream: torch.Tensor, seq_len: int, max
     return total / count
 
 
+def mix_windows(windows: torch.Tensor, chats: torch.Tensor, share: float, gen: torch.Generator) -> torch.Tensor:
+    """A copy of `windows` [B, T] where each row, with probability `share`, is replaced by a window of
+    the same length from the `chats` stream (rendered conversations)."""
+    out = windows.clone()
+    picked = torch.rand(out.shape[0], generator=gen) < share
+    n = int(picked.sum())
+    if n:
+        out[picked] = random_windows(chats, n, out.shape[1], gen)
+    return out
+
+
 def pretrain(model: torch.nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: Any,
-             progress: bool = True) -> dict[str, Any]:
-    """Train `model` in place on `train` tokens; return metrics (losses, time, tokens seen)."""
+             progress: bool = True, chats: Optional[torch.Tensor] = None) -> dict[str, Any]:
+    """Train `model` in place on `train` tokens; return metrics (losses, time, tokens seen).
+
+    `chats`: the stream of rendered conversations (ready.data.stdlib_chats) that `cfg.chat_fraction`
+    of the training windows are cut from instead."""
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.seq_len < 2:
         raise ValueError(f"bad pretrain config: steps={cfg.steps}, batch_size={cfg.batch_size}, "
                          f"seq_len={cfg.seq_len}; expected steps >= 1, batch_size >= 1, seq_len >= 2")
@@ -126,6 +144,10 @@ def pretrain(model: torch.nn.Module, train: torch.Tensor, heldout: torch.Tensor,
     if not 0.0 <= repeat <= 1.0:
         raise ValueError(f"pretrain.repeat_fraction = {repeat}; expected a share in [0, 1]")
     copy_gen = torch.Generator().manual_seed(int(cfg.seed) + 1)  # its own stream: windows stay as at 0
+    chat_share = float(cfg.chat_fraction)
+    if not 0.0 <= chat_share <= 1.0:
+        raise ValueError(f"pretrain.chat_fraction = {chat_share}; expected a share in [0, 1]")
+    chat_gen = torch.Generator().manual_seed(int(cfg.seed) + 2)
     gen = torch.Generator().manual_seed(int(cfg.seed))
     torch.manual_seed(int(cfg.seed))
     opt = _optimizer(model, cfg)
@@ -139,6 +161,8 @@ def pretrain(model: torch.nn.Module, train: torch.Tensor, heldout: torch.Tensor,
         window = random_windows(train, cfg.batch_size, cfg.seq_len + 1, gen)
         if repeat > 0:
             window = insert_repeats(window, repeat, copy_gen)
+        if chats is not None and chat_share > 0:
+            window = mix_windows(window, chats, chat_share, chat_gen)
         loss = _lm_loss(model, window)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"pretraining diverged at step {step} (loss {loss.item()}); lower pretrain.lr")
@@ -162,6 +186,7 @@ def pretrain(model: torch.nn.Module, train: torch.Tensor, heldout: torch.Tensor,
         "tokens_per_s": cfg.steps * cfg.batch_size * cfg.seq_len / max(train_time, 1e-9),
         "train_tokens": int(train.numel()),
         "heldout_tokens": int(heldout.numel()),
+        "chat_tokens": int(chats.numel()) if chats is not None else 0,
         "params": int(sum(p.numel() for p in model.parameters())),
     }
 

@@ -3,14 +3,14 @@
 Saved as a Hugging Face tokenizer folder (`tokenizer.json`, `tokenizer_config.json`,
 `special_tokens_map.json`) that `transformers.AutoTokenizer.from_pretrained(dir)` loads. Special
 tokens: `<|endoftext|>` (EOS, also used as padding and between documents) and `<|mask|>` (the
-drafter's mask token). By default it has no chat template: prompts of the embedded default are plain text.
+drafter's mask token). `chat=False` builds this plain variant, without a chat template.
 
 `build_tokenizer(..., chat=True)` builds the chat variant: two more special tokens, `<|im_start|>` and
 `<|im_end|>`, at ids 2 and 3 (after EOS and mask, which keep ids 0 and 1; the byte alphabet and the
 merges follow, so the vocabulary keeps its size and every other id moves up by two), and
-`CHAT_TEMPLATE` (ChatML with Qwen3.5's thinking switch) in the saved `tokenizer_config.json`. The chat
-variant is a different tokenizer, so a target pretrained on it is a different target: it is opt-in, and
-the default build (and every cache key built on it) is unchanged.
+`CHAT_TEMPLATE` (ChatML with Qwen3.5's thinking switch) in the saved `tokenizer_config.json`. The
+embedded default builds the chat variant (ready.data.default): its target pretrains on conversations
+rendered with this template, its drafters train on them, and its evaluation prompts are rendered with it.
 """
 
 from __future__ import annotations

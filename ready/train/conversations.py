@@ -26,6 +26,7 @@ process's. Each finished chunk is written at once (temp file + rename, with the 
 to `<artifacts>/regen/<hash>.work/`, so a killed build continues from its finished chunks; a chunk that
 is unreadable, of another spec or of another shape is regenerated. Rank 0 writes the artifact and then
 removes the work folder.
+
 Regenerated text is re-tokenized by the template: the trained tokens are the target's words as the
 template renders them, which may differ from the ids it sampled at a token boundary.
 """
@@ -34,15 +35,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
 
-from ready.artifacts import artifact_dir, cached, file_digest, intact
+from ready.artifacts import artifact_dir, cached, intact
 from ready.config import config_hash, to_container
 from ready.train import distributed
 from ready.train.regen import DATA_FILE, RegenData, RegenError, target_fingerprint
@@ -97,41 +97,45 @@ def regenerate_turns(target: Any, tokenizer: Any, conversations: list[Messages],
     return out
 
 
-def conversation_spec(cfg: Any, target: Any, tokenizer: Any, files: list[Path]) -> dict:
-    """What conversation training data depends on (the artifact's key)."""
+def conversation_spec(cfg: Any, target: Any, tokenizer: Any, split: str = "train", n: Optional[int] = None) -> dict:
+    """What the training (or validation) conversation data depend on (the artifact's key)."""
+    from ready.data.training_chats import source_key
+
     template = getattr(tokenizer, "chat_template", None) or ""
+    regen = to_container(cfg.regen)
+    if n is not None:
+        regen["num_samples"] = int(n)
     return {
         "kind": "conversations",
-        "files": [[p.name, file_digest(p)] for p in files],
+        "source": source_key(cfg, tokenizer, split),
         "data": {k: v for k, v in to_container(cfg.data).items() if k != "path"},
-        "regen": to_container(cfg.regen),
+        "regen": regen,
         "thinking": bool(cfg.bench.thinking),
         "template": hashlib.sha256(template.encode()).hexdigest()[:16],
         "target": target_fingerprint(target) if cfg.data.responses == "regenerate" else None,
     }
 
 
-def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True) -> tuple[RegenData, Path, dict]:
-    """The cached training data of `cfg.data.path` (built on first use): (data, its folder, load counts).
+def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: bool = True, split: str = "train",
+                            n: Optional[int] = None) -> tuple[RegenData, Path, dict]:
+    """The cached data of `split` (ready.data.training_chats: `data.path`'s conversations or the standard
+    library's; `n` of them, default `regen.num_samples`), built on first use: (data, its folder, load counts).
 
     Data-parallel: every rank regenerates its share of the conversations (`regenerate_in_chunks`), rank 0
     writes the artifact, the others wait and read it."""
     from ready.data.chat import prompt_ids, render
-    from ready.data.conversation_files import find_files
-    from ready.data.conversations import load_conversations
+    from ready.data.training_chats import conversations_for
 
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise RegenError(f"data.path = {cfg.data.path!r}: the target's tokenizer has no chat template; expected a "
-                         "tokenizer whose apply_chat_template renders conversations")
-    files = find_files(str(cfg.data.path))
-    spec = conversation_spec(cfg, target, tokenizer, files)
+        raise RegenError(f"{type(tokenizer).__name__} has no chat template; expected the target's tokenizer to render "
+                         "the training conversations with apply_chat_template")
+    n = int(cfg.regen.num_samples) if n is None else int(n)
+    spec = conversation_spec(cfg, target, tokenizer, split, n)
     thinking = bool(cfg.bench.thinking)
     max_len = int(cfg.regen.prompt_len) + int(cfg.regen.response_len)
     folder = artifact_dir(cfg.artifacts_dir, "regen", spec)
     if not distributed.main_decides(lambda: intact(folder, spec, label=f"regen/{folder.name}")):
-        convs, report = load_conversations(str(cfg.data.path), format=str(cfg.data.format), on_error=str(cfg.data.on_error))
-        picked = random.Random(int(cfg.regen.seed)).sample(range(len(convs)), min(int(cfg.regen.num_samples), len(convs)))
-        messages = [convs[i].messages for i in sorted(picked)]
+        messages, loaded = conversations_for(cfg, tokenizer, split, n)
         work = work_folder(folder)
         if cfg.data.responses == "regenerate":
             messages = regenerate_in_chunks(target, tokenizer, messages, lambda m: prompt_ids(tokenizer, m, thinking),
@@ -145,9 +149,9 @@ def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: boo
             if sample.n_assistant:
                 rows.append((sample.ids, sample.mask))
         if not rows:
-            raise RegenError(f"data.path = {cfg.data.path!r}: no conversation keeps an assistant token within "
+            raise RegenError(f"data.path = {cfg.data.path!r} ({split}): no conversation keeps an assistant token within "
                              f"{max_len} tokens; expected conversations (or raise regen.prompt_len + regen.response_len)")
-        counts = {**report.metrics(prefix="data"), "data/used": len(rows), "data/truncated": truncated}
+        counts = {**loaded, "data/used": len(rows), "data/truncated": truncated}
 
         def build(tmp: Path) -> None:
             pack(rows, pad_id=int(tokenizer.eos_token_id or 0)).save(tmp / DATA_FILE)
