@@ -25,7 +25,8 @@ KEY = collect.PARAM_PREFIX + "eval.concurrency"
 METRIC = "overall/tps"
 # params that may differ between the settings of one figure: the concurrency itself, and what never
 # changes a result (sweeps.spec._NEVER_HASHED) or differs per row and seed anyway
-IGNORED = {KEY, *(collect.PARAM_PREFIX + k for k in ("seed", "name", "artifacts_dir", "train.devices"))}
+IGNORED = {KEY, *(collect.PARAM_PREFIX + k
+                  for k in ("seed", "name", "artifacts_dir", "train.devices", "train.micro_batch_size"))}
 CPU_NOTE = "CPU timing, indicative only"
 UNKNOWN_DEVICE_NOTE = "device not recorded: timing indicative only"
 

@@ -194,7 +194,8 @@ class Sweep:
 # Hashing: a variant is a pure function of its config; knobs that cannot change a result are
 # left out, and a baseline ignores the sections it never uses.
 
-_NEVER_HASHED = ("name", "artifacts_dir", "train.devices")  # train.devices: same result, other speed
+# train.devices, train.micro_batch_size: the same result up to rounding, at another speed or memory
+_NEVER_HASHED = ("name", "artifacts_dir", "train.devices", "train.micro_batch_size")
 # knobs added after rows were run: at these values every earlier row ran the same, so they are left
 # out and earlier rows keep their hashes
 _DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pretrain.repeat_fraction": 0.0,

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from ready.bench.train_scale import TRAIN_STAGES, main, no_checkpoint_writes
+from ready.bench.train_scale import TRAIN_STAGES, main
 
 ARGS = ["--target", "tiny", "--device", "cpu", "--quick", "--threads", "1", "--no-progress", "--json", "--gpus", "1,4"]
 
@@ -52,6 +52,7 @@ def test_prints_one_json_object_with_every_section(run):
         assert {"samples_per_s", "tokens_per_s", "s_per_step", "trainable_params", "precision"} <= set(st)
         assert len(st["losses"]) == st["warmup_steps"] + st["steps"]
         assert st["checkpoint_writes_skipped"] is True
+        assert st["micro_batch_size"] == 4  # experiments/profiles/paper_recipe.yaml
     assert res["train"]["precision"]["drafter_parameters"] == "float32"
     assert set(res["recipe"]["gpus"]) == {"1", "4"} and res["recipe"]["assumptions"]
 
@@ -90,13 +91,17 @@ def test_recipe_is_the_measured_rates_extrapolated(run):
     assert rec["base_from_scratch_s_per_10k_samples"]["1"] == pytest.approx(1e4 / train["base"]["samples_per_s"])
 
 
-def test_checkpoint_writes_are_restored_after_the_benchmark():
+def test_micro_batch_flag_runs_the_step_in_micro_batches_and_is_recorded(monkeypatch):
     from ready.train import stages
 
-    real = stages.save_checkpoint
-    with no_checkpoint_writes() as skipped:
-        assert skipped and stages.save_checkpoint is not real
-    assert stages.save_checkpoint is real
+    passes = []
+    real = stages.teacher_pass
+    monkeypatch.setattr(stages, "teacher_pass", lambda *a, **kw: passes.append(a[2].shape[0]) or real(*a, **kw))
+    with contextlib.redirect_stdout(io.StringIO()):
+        res = main([*ARGS, "--sections", "train", "--stages", "stage1", "--micro-batch", "1"])
+    st = res["train"]["stage1"]
+    assert res["errors"] == [] and st["micro_batch_size"] == res["train"]["micro_batch_size"] == 1
+    assert passes == [1] * (st["batch"] * (st["warmup_steps"] + st["steps"]))  # one teacher pass per row
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -106,6 +111,7 @@ def test_checkpoint_writes_are_restored_after_the_benchmark():
     (["--prefill-lengths", "1024,x"], "--prefill-lengths"),
     (["--train-seq-len", "4096"], "exceed the tiny target's context"),
     (["reader.rank=0"], "reader.rank"),
+    (["--micro-batch", "-1"], "--micro-batch -1"),
 ])
 def test_bad_input_ends_in_one_message(flags, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -20,10 +20,12 @@ public 27B DSpark layout), also random. Sections (`--sections`, default all):
 - `train`: for `base` (DSpark from scratch, every drafter parameter), `stage1` (the reader only) and
   `stage2` (reader + LoRA on the drafter): `--warmup-steps` untimed then `--train-steps` timed optimizer
   steps of ready.train.stages.train_stage itself (teacher pass on the frozen target, drafter forward_train
-  under its autocast, draft_loss, AdamW, clipping, schedule; its checkpoint writes off) on random rows of
-  `--train-seq-len` tokens, `--train-batch` rows per step. Reports samples/s, tokens/s, s/step, peak GPU
-  memory per stage (reset before each; the target's weights are part of it), trainable parameters and
-  the precision setup.
+  under its autocast, draft_loss, AdamW, clipping, schedule; `checkpoints=False`: no checkpoint writes)
+  on random rows of `--train-seq-len` tokens, `--train-batch` rows per step, run in micro-batches of at
+  most `--micro-batch` rows (gradient accumulation, `train.micro_batch_size`; default the config's: 4 in
+  the paper_recipe profile, 0 = the whole batch in one pass). Reports samples/s, tokens/s, s/step, peak
+  GPU memory per stage (reset before each; the target's weights are part of it), trainable parameters,
+  the micro-batch size and the precision setup.
 
 A section or stage that fails (e.g. out of GPU memory) is reported with an `error` (also listed in
 `errors`, traceback on stderr), the others still run, and the command exits with status 1.
@@ -39,7 +41,6 @@ e.g. `train.stage1.anchors_per_sample=64` or `reader.rank=16`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import statistics
@@ -49,7 +50,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -229,24 +230,6 @@ def bench_prefill(target: Any, lengths: Sequence[int], peak_flops: Optional[floa
 
 # --- training ---------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def no_checkpoint_writes() -> Iterator[bool]:
-    """While it is open, ready.train.stages writes no checkpoint: `train_stage` saves its trainable weights
-    and AdamW states at the end (about 23 GB for a base stage at paper scale), which a benchmark keeps
-    nowhere. Yields whether the writes are off (False if stages no longer has `save_checkpoint`: they
-    then go to a temporary folder that is removed)."""
-    from ready.train import stages
-
-    real = getattr(stages, "save_checkpoint", None)
-    if real is not None:
-        stages.save_checkpoint = lambda *args, **kwargs: None
-    try:
-        yield real is not None
-    finally:
-        if real is not None:
-            stages.save_checkpoint = real
-
-
 @dataclass
 class StageRun:
     """One timed `train_stage` call: per-step losses and wall seconds, what it trained, in which dtypes."""
@@ -255,7 +238,7 @@ class StageRun:
     step_s: list[float] = field(default_factory=list)  # step k: from the end of step k-1 (the call for k=1)
     trainable: int = 0  # trainable parameters (LoRA adapters included)
     trainable_tensors: int = 0
-    checkpoint_writes_skipped: bool = False
+    checkpoint_writes_skipped: bool = True  # train_stage(checkpoints=False)
     precision: dict = field(default_factory=dict)
 
 
@@ -267,8 +250,9 @@ def run_stage(stage: str, drafter: torch.nn.Module, target: Any, data: Any, cfg:
               progress: bool = True) -> StageRun:
     """ready.train.stages.train_stage itself (the project's training step, unchanged) for the stage's
     budget in `cfg`, each optimizer step timed to a device synchronisation through its metrics callback
-    (which runs after the step's update), without checkpoint writes; a hook on the drafter's first
-    projection records the dtype its forward computes in."""
+    (which runs after the step's update), without checkpoint writes (`checkpoints=False`: at paper scale a
+    base stage's weights and AdamW states are about 23 GB that a benchmark keeps nowhere); a hook on the
+    drafter's first projection records the dtype its forward computes in."""
     from ready.train.stages import train_stage
 
     dev = target.embed_tokens.weight.device
@@ -287,13 +271,12 @@ def run_stage(stage: str, drafter: torch.nn.Module, target: Any, data: Any, cfg:
         seen.setdefault("compute", output.dtype)
 
     hook = drafter.fc.register_forward_hook(on_fc)
-    cfg = OmegaConf.merge(cfg, {"train": {"checkpoint_every": 10**9}})
     try:
-        with tempfile.TemporaryDirectory(prefix="ready-train-scale-") as tmp, no_checkpoint_writes() as skipped:
+        with tempfile.TemporaryDirectory(prefix="ready-train-scale-") as tmp:
             _sync(dev)
             t0 = time.perf_counter()
             result = train_stage(stage, drafter, target, data, cfg, Path(tmp) / stage, callback=on_metric,
-                                 progress=progress)
+                                 progress=progress, checkpoints=False)
     finally:
         hook.remove()
     if len(times) != result.steps:
@@ -303,8 +286,7 @@ def run_stage(stage: str, drafter: torch.nn.Module, target: Any, data: Any, cfg:
     params = [p for n, p in drafter.named_parameters() if n in names]
     master = params[0].dtype if params else None
     run = StageRun(losses=list(result.losses), step_s=[b - a for a, b in zip([t0] + times, times)],
-                   trainable=sum(p.numel() for p in params), trainable_tensors=len(params),
-                   checkpoint_writes_skipped=skipped)
+                   trainable=sum(p.numel() for p in params), trainable_tensors=len(params))
     run.precision = {
         "target": _dtype(next(target.parameters()).dtype),
         "drafter_parameters": _dtype(drafter.fc.weight.dtype),
@@ -327,8 +309,8 @@ def bench_stage(stage: str, cfg: DictConfig, target: Any, data: Any, warmup: int
         torch.cuda.reset_peak_memory_stats(dev)
     sc = getattr(cfg.train, stage)
     B, T = int(sc.batch_size), int(data.tokens.shape[1])
-    out: dict[str, Any] = {"batch": B, "seq_len": T, "anchors_per_sample": int(sc.anchors_per_sample),
-                           "warmup_steps": warmup, "steps": steps}
+    out: dict[str, Any] = {"batch": B, "micro_batch_size": int(cfg.train.micro_batch_size), "seq_len": T,
+                           "anchors_per_sample": int(sc.anchors_per_sample), "warmup_steps": warmup, "steps": steps}
     drafter = None
     try:
         drafter = make_drafter(stage, cfg, target)
@@ -355,18 +337,24 @@ def bench_stage(stage: str, cfg: DictConfig, target: Any, data: Any, warmup: int
 
 
 def bench_train(cfg: DictConfig, target: Any, seq_len: int, batch: int, prompt_len: int, warmup: int, steps: int,
-                stages: Sequence[str] = TRAIN_STAGES, progress: bool = True) -> dict:
+                stages: Sequence[str] = TRAIN_STAGES, progress: bool = True, micro_batch: Optional[int] = None) -> dict:
     """Every stage in `stages` on the same random rows, with the stage's batch and budget set to what runs:
-    `batch` rows a step, (warmup + steps) * batch samples (on a copy of `cfg`)."""
+    `batch` rows a step, (warmup + steps) * batch samples, in micro-batches of `micro_batch` rows (None = the
+    config's train.micro_batch_size; 0 = one pass) (on a copy of `cfg`)."""
     rows = batch * (warmup + steps)
     data = random_rows(int(target.config.vocab_size), rows, seq_len, prompt_len)
-    cfg = OmegaConf.merge(cfg, {"train": {s: {"batch_size": batch, "samples": rows} for s in stages}})
+    layer: dict[str, Any] = {s: {"batch_size": batch, "samples": rows} for s in stages}
+    if micro_batch is not None:
+        layer["micro_batch_size"] = int(micro_batch)
+    cfg = OmegaConf.merge(cfg, {"train": layer})
     out: dict[str, Any] = {
-        "seq_len": seq_len, "batch": batch, "trainable_from": prompt_len,
+        "seq_len": seq_len, "batch": batch, "micro_batch_size": int(cfg.train.micro_batch_size),
+        "trainable_from": prompt_len,
         "data": "random token rows; tokens from trainable_from on may be labels (1 = every token after the "
                 "first, as conversation rows: the teacher's LM head runs over nearly the whole row)",
         "step": "ready.train.stages.train_stage, one process: teacher pass on the frozen target (no_grad), drafter "
-                "forward_train, draft_loss, backward, clipping, AdamW, schedule; checkpoint writes off",
+                "forward_train, draft_loss, backward (per micro-batch of at most micro_batch_size rows, gradients "
+                "accumulated; 0 = the whole batch at once), clipping, AdamW, schedule; checkpoint writes off",
     }
     for stage in stages:
         out[stage] = bench_stage(stage, cfg, target, data, warmup, steps, progress)
@@ -422,8 +410,8 @@ def recipe_estimate(cfg: DictConfig, regen: Optional[dict], train: Optional[dict
             "assistant turn at its cap; turns that stop earlier, or several turns, scale this linearly) at the "
             f"measured throughput ({measured}; longer contexts decode somewhat slower)",
             f"training: samples/s measured at {(train or {}).get('batch')} rows x {seq} tokens a step holds at the "
-            "config's stage batch size (train.<stage>.batch_size; a larger batch is usually no slower per sample, "
-            "but must fit in one GPU: train_stage has no gradient accumulation)",
+            "config's stage batch size (train.<stage>.batch_size; a larger batch is usually no slower per sample; "
+            "what must fit in one GPU is a micro-batch, train.micro_batch_size rows, gradients accumulated)",
             "N GPUs: linear data-parallel scaling of regeneration and training (every GPU holds the whole target "
             "and drafter; gradient all-reduce and the per-step sync not counted); regeneration split evenly "
             "over the N GPUs (ready.train.regen shards prompts over torchrun ranks; conversation data, data.path, "
@@ -468,6 +456,8 @@ def _check(a: argparse.Namespace, z: dict) -> tuple[list[str], list[str], list[i
               "train_batch", "train_prompt_len", "train_steps"):
         if int(z[k]) < 1:
             raise TrainScaleError(f"--{k.replace('_', '-')} {z[k]}: expected an integer >= 1")
+    if a.micro_batch is not None and a.micro_batch < 0:
+        raise TrainScaleError(f"--micro-batch {a.micro_batch}: expected an integer >= 0 (0 = the whole step at once)")
     if int(z["warmup_steps"]) < 1:
         raise TrainScaleError(f"--warmup-steps {z['warmup_steps']}: expected an integer >= 1 (the first step "
                               "carries the stage's setup and is never timed)")
@@ -512,8 +502,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                     help=f"tokens per training row (default {FULL['train_seq_len']} = the preset's regen "
                          "prompt_len + response_len)")
     ap.add_argument("--train-batch", type=int, default=None,
-                    help=f"rows per optimizer step (default {FULL['train_batch']}; the preset's stages use 32 — "
-                         "try it to see whether that fits one GPU)")
+                    help=f"rows per optimizer step (default {FULL['train_batch']}; the preset's stages use 32, "
+                         "which fit one GPU in micro-batches: --micro-batch)")
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="rows per forward/backward, gradients accumulated over the step (default: the config's "
+                         "train.micro_batch_size, 4 in the paper_recipe profile; 0 = the whole step at once)")
     ap.add_argument("--train-prompt-len", type=int, default=None,
                     help="tokens before the first trainable one (default 1: conversation rows, LM head over the row)")
     ap.add_argument("--warmup-steps", type=int, default=None, help="untimed optimizer steps per stage (default 2)")
@@ -556,7 +549,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                      progress=progress),
         "prefill": lambda: bench_prefill(target, lengths, peak, z["prefill_repeats"], progress),
         "train": lambda: bench_train(cfg, target, z["train_seq_len"], z["train_batch"], z["train_prompt_len"],
-                                     z["warmup_steps"], z["train_steps"], stages, progress),
+                                     z["warmup_steps"], z["train_steps"], stages, progress, a.micro_batch),
     }
     for name in SECTIONS:
         if name in sections:

@@ -15,6 +15,12 @@ Given `all_reduce` (a sum over the ranks), the weight sum in the denominator is 
 batch's, so each rank's `loss` is its share of the global batch's loss: the ranks' shares add up
 to the one-process loss, and so do their gradients. The logged numbers (`value`, `ce`, `l1`,
 `accuracy`, `tau_hat`) are the global batch's on every rank.
+
+Gradient accumulation (`train.micro_batch_size`, ready.train.stages): a process's share runs in
+micro-batches. `position_weight_sum` gives the whole batch's weight sum before any forward (it
+depends on the mask alone), `loss_share` normalises each micro-batch's weighted sums by it, so the
+micro-batches' losses (and gradients) add up to the one-pass loss, and `terms_from_stats` reads the
+logged numbers from the micro-batches' summed statistics.
 """
 
 from __future__ import annotations
@@ -44,6 +50,14 @@ def position_weights(proposals: int, gamma: float, device: torch.device | str = 
     return torch.exp(-j / float(gamma))
 
 
+def position_weight_sum(mask: torch.Tensor, gamma: float = 4.0) -> torch.Tensor:
+    """The loss's denominator for draft blocks with validity `mask` [..., K]: the sum of w_j over
+    valid positions (scalar float32). It needs no forward, so a batch run in micro-batches knows its
+    whole normaliser first."""
+    w, _ = _weights(mask.shape, mask, gamma, mask.device)
+    return w.sum()
+
+
 def draft_loss(
     draft_logits: torch.Tensor,
     labels: torch.Tensor,
@@ -59,15 +73,65 @@ def draft_loss(
     all valid). target_logits is detached here: the target is a fixed teacher. all_reduce: sums
     a 1-D tensor over data-parallel ranks (module doc); None = this batch is the whole batch.
     """
+    ce_sum, l1_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma)
+    if all_reduce is not None:
+        with torch.no_grad():
+            stats = all_reduce(stats)
+    den = stats[0].clamp_min(1e-12)
+    loss = ce_sum / den + float(l1_weight) * (l1_sum / den)
+    return terms_from_stats(loss, stats, l1_weight)
+
+
+def loss_share(
+    draft_logits: torch.Tensor,
+    labels: torch.Tensor,
+    target_logits: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    weight_sum: torch.Tensor,
+    l1_weight: float = 0.1,
+    gamma: float = 4.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch's share of a larger batch's loss, and its statistics.
+
+    Returns (loss, stats): `loss` (carries the graph) is this micro-batch's weighted CE and L1 sums
+    over `weight_sum`, the whole batch's `position_weight_sum` (all ranks' when data-parallel), so
+    the shares' losses and gradients add up to `draft_loss` of the whole batch; `stats` [7] are
+    detached sums to add over micro-batches (and ranks) and read with `terms_from_stats`.
+    """
+    ce_sum, l1_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma)
+    den = weight_sum.clamp_min(1e-12)
+    return ce_sum / den + float(l1_weight) * (l1_sum / den), stats
+
+
+def terms_from_stats(loss: torch.Tensor, stats: torch.Tensor, l1_weight: float = 0.1) -> LossTerms:
+    """The logged numbers of a batch from its summed statistics (`_sums`: weight sum, CE and L1
+    numerators, hits, valid positions, accepted-prefix sum, blocks), with `loss` to back-propagate."""
+    den = stats[0].clamp_min(1e-12)
+    ce_mean, l1_mean = float(stats[1] / den), float(stats[2] / den)
+    accuracy = float(stats[3] / stats[4].clamp_min(1))
+    tau_hat = float(1 + stats[5] / stats[6]) if float(stats[6]) > 0 else float("nan")
+    return LossTerms(loss=loss, value=ce_mean + float(l1_weight) * l1_mean, ce=ce_mean, l1=l1_mean,
+                     accuracy=accuracy, tau_hat=tau_hat)
+
+
+def _weights(shape: torch.Size, mask: Optional[torch.Tensor], gamma: float,
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position weights w_j zeroed at invalid positions, and the validity mask, both of `shape` [..., K]."""
+    w = position_weights(shape[-1], gamma, device).expand(shape)
+    valid = torch.ones(shape, dtype=torch.bool, device=device) if mask is None else mask.bool()
+    return w * valid.float(), valid
+
+
+def _sums(draft_logits: torch.Tensor, labels: torch.Tensor, target_logits: torch.Tensor,
+          mask: Optional[torch.Tensor], gamma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weighted CE and L1 sums (with the graph) and the detached statistics [7] of one batch."""
     if draft_logits.shape != target_logits.shape or draft_logits.shape[:-1] != labels.shape:
         raise ValueError(
             f"draft_loss: shapes disagree: draft logits {tuple(draft_logits.shape)}, target logits "
             f"{tuple(target_logits.shape)}, labels {tuple(labels.shape)}; expected [..., K, V], [..., K, V], [..., K]"
         )
-    K, V = draft_logits.shape[-2:]
-    w = position_weights(K, gamma, draft_logits.device).expand(labels.shape)
-    valid = torch.ones_like(labels, dtype=torch.bool) if mask is None else mask.bool()
-    w = w * valid.float()
+    V = draft_logits.shape[-1]
+    w, valid = _weights(labels.shape, mask, gamma, draft_logits.device)
 
     logits = draft_logits.float()
     ce = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1).clamp_min(0), reduction="none").view(labels.shape)
@@ -85,12 +149,4 @@ def draft_loss(
         # weight sum, CE and L1 numerators, hits, valid positions, accepted-prefix sum, blocks
         stats = torch.stack([w.sum(), ce_sum.detach(), l1_sum.detach(), hit.sum().float(), valid.sum().float(),
                              prefix[blocks].sum().float(), blocks.sum().float()])
-        if all_reduce is not None:
-            stats = all_reduce(stats)
-    den = stats[0].clamp_min(1e-12)
-    loss = ce_sum / den + float(l1_weight) * (l1_sum / den)
-    ce_mean, l1_mean = float(stats[1] / den), float(stats[2] / den)
-    accuracy = float(stats[3] / stats[4].clamp_min(1))
-    tau_hat = float(1 + stats[5] / stats[6]) if float(stats[6]) > 0 else float("nan")
-    return LossTerms(loss=loss, value=ce_mean + float(l1_weight) * l1_mean, ce=ce_mean, l1=l1_mean,
-                     accuracy=accuracy, tau_hat=tau_hat)
+    return ce_sum, l1_sum, stats

@@ -32,6 +32,16 @@ and weights up to floating-point rounding. Rank 0 alone shows progress, calls th
 writes checkpoints; a checkpoint holds no trace of N, so a stage resumes with any number of
 ranks. The state placebo rolls states within each rank's slice (row b reads row b+1 of the same
 slice, its last row the slice's first), so its batches pair rows differently for different N.
+
+Gradient accumulation (`train.micro_batch_size` = M > 0; 0 = each process's slice in one pass):
+a process's slice runs in micro-batches of at most M sequences (teacher pass, forward, backward
+each; with length buckets each is cut to its own longest row), their gradients accumulate, then
+one clip and one optimizer step. The loss is normalised by the whole global batch's weight sum,
+known from the anchors' mask before any forward (ready.train.loss.loss_share), so the accumulated
+gradient is the one-pass gradient up to rounding, and the logged numbers are the whole batch's.
+Under DDP every micro-batch but the last runs in `no_sync()`. Like N, M is in no artifact key or
+checkpoint fingerprint; the state placebo rolls states within each micro-batch (so it pairs rows
+differently for different M, and M = 1 is refused: a micro-batch needs a second row).
 """
 
 from __future__ import annotations
@@ -54,9 +64,9 @@ from ready.train import distributed
 from ready.train.anchors import gather_blocks, sample_anchors
 from ready.train.batches import BatchSampler, batch_width
 from ready.train.lora import has_lora, inject_lora, lora_parameters
-from ready.train.loss import draft_loss
+from ready.train.loss import draft_loss, loss_share, position_weight_sum, terms_from_stats
 from ready.train.regen import RegenData
-from ready.train.teacher_pass import teacher_pass
+from ready.train.teacher_pass import reads_shuffled_states, teacher_pass
 from ready.train.teacher_store import TeacherStore
 
 STAGES = ("base", "stage1", "stage2")
@@ -100,6 +110,24 @@ def length_buckets(cfg: Any) -> int:
     """`train.length_buckets` (0 when the config predates it): 0 = random full-width batches, N > 0 =
     length-bucketed batches cut to their longest row (ready.train.batches)."""
     return int(cfg.train.get("length_buckets", 0) or 0)
+
+
+def micro_batch_size(cfg: Any) -> int:
+    """`train.micro_batch_size` (0 when the config predates it): 0 = each process's share of a batch in
+    one forward/backward, M > 0 = in micro-batches of at most M sequences, gradients accumulated."""
+    return int(cfg.train.get("micro_batch_size", 0) or 0)
+
+
+def micro_batches(n: int, size: int, pairs: bool = False) -> list[slice]:
+    """Row slices of a share of `n` rows: one slice of all of them when `size` is 0 or >= n, else
+    consecutive slices of at most `size` rows. `pairs` (the state placebo, which needs a second row
+    in every pass): a lone last row joins the slice before it (size + 1 rows)."""
+    if size <= 0 or size >= n:
+        return [slice(0, n)]
+    cuts = list(range(0, n, size)) + [n]
+    if pairs and cuts[-1] - cuts[-2] == 1:
+        del cuts[-2]
+    return [slice(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def stage_seed(seed: int, stage: str) -> int:
@@ -280,6 +308,7 @@ def train_stage(
     callback: Optional[MetricsCallback] = None,
     progress: bool = True,
     store: Optional[TeacherStore] = None,
+    checkpoints: bool = True,
 ) -> TrainResult:
     """Train `drafter` in place for one stage (see module doc); checkpoints go to `out_dir`.
 
@@ -287,7 +316,8 @@ def train_stage(
     `ready.train.lora.merge_lora_` before saving). The callback receives
     (`train/<stage>/<metric>`, value, step) after every optimizer step. `store`: a teacher store
     whose rows give the teacher passes where they equal them bit for bit (`TeacherStore.serves`);
-    ignored elsewhere.
+    ignored elsewhere. `checkpoints=False`: no resumable checkpoint is read or written (benchmarks:
+    at paper scale one is tens of GB that nothing keeps).
     """
     if stage not in STAGES:
         raise TrainStageError(f"unknown training stage {stage!r}; expected one of {list(STAGES)}")
@@ -307,6 +337,19 @@ def train_stage(
         raise TrainStageError(f"train.{stage}.batch_size={sc.batch_size} is smaller than the {dp.size} data-parallel "
                               f"processes; expected at least one sequence per process (batch_size >= {dp.size})")
     rows = distributed.shard(int(sc.batch_size), dp)  # this rank's slice of every global batch
+    micro = micro_batch_size(cfg)
+    shuffled = reads_shuffled_states(drafter)
+    if micro < 0:
+        raise TrainStageError(f"train.micro_batch_size={micro}; expected an integer >= 0 (0 = each process's share of "
+                              "the batch in one pass)")
+    if micro == 1 and shuffled:
+        raise TrainStageError("train.micro_batch_size=1 with reader.states=shuffled: the state placebo reads another "
+                              "sequence's states from the same pass, so a micro-batch needs at least 2 sequences; "
+                              "expected train.micro_batch_size >= 2 (or 0)")
+    # accumulate when any rank's slice splits; then every rank takes that path (the same collectives)
+    B = int(sc.batch_size)
+    shares = [(r + 1) * B // dp.size - r * B // dp.size for r in range(dp.size)]  # every rank's slice size
+    accumulate = any(len(micro_batches(n, micro, pairs=shuffled)) > 1 for n in shares)
 
     device = next(drafter.parameters()).device
     for p in target.parameters():
@@ -319,13 +362,15 @@ def train_stage(
     opt = make_optimizer(params, sc)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, float(sc.warmup)))
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if checkpoints:
+        out_dir.mkdir(parents=True, exist_ok=True)
     ck_path = out_dir / CHECKPOINT
     fingerprint = _fingerprint(stage, cfg, params, data, seed)
-    ck = resume(ck_path, params, opt, sched, fingerprint)
+    ck = resume(ck_path, params, opt, sched, fingerprint) if checkpoints else None
     start = int(ck["step"]) if ck else 0
     losses: list[float] = list(ck["losses"]) if ck else []
-    forward = _ddp(drafter, device) if dp.active else drafter.forward_train
+    ddp = _ddp(drafter, device, accumulate) if dp.active else None
+    forward = ddp if ddp is not None else drafter.forward_train
     reduce = distributed.all_reduce_sum if dp.active else None
 
     K = int(drafter.proposals)
@@ -336,16 +381,12 @@ def train_stage(
     sampler = BatchSampler(len(data), int(sc.batch_size), seed, data.lengths, buckets)
     if store is not None and (buckets or not store.serves(target, drafter, data, int(sc.batch_size))):
         store = None  # a batch cut to its longest row is not a stored full-width row bit for bit
-    t0 = time.perf_counter()
-    bar = tqdm(range(start, steps), desc=f"train {stage}", unit="step", initial=start, total=steps,
-               disable=not (progress and dp.main))
-    for step in bar:
-        idx = sampler(step)
-        gen = torch.Generator().manual_seed(seed * 104729 + step)
-        anchors, mask = sample_anchors(data.trainable(idx), K, int(sc.anchors_per_sample), gen)
-        idx, anchors, mask = idx[rows], anchors[rows], mask[rows]  # the whole batch for one process
+
+    def pass_(idx: torch.Tensor, anchors: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Teacher pass and drafter forward on rows `idx` (the share, or one micro-batch of it):
+        (draft logits, labels, teacher logits, mask), on the device."""
         tokens = data.tokens[idx]
-        if buckets:  # cut to this process's longest row: right padding, causal models (ready.train.batches)
+        if buckets:  # cut to these rows' longest row: right padding, causal models (ready.train.batches)
             tokens = tokens[:, :batch_width(data, idx, anchors)]
         tokens = tokens.to(device)
         anchors, mask = anchors.to(device), mask.to(device)
@@ -356,10 +397,40 @@ def train_stage(
         teacher = tp.teacher(anchors, K)
         with autocast:
             logits = forward(tokens, tp.hidden, anchors, tp.states)
-        terms = draft_loss(logits, labels, teacher, mask, l1_weight, gamma, all_reduce=reduce)
+        return logits, labels, teacher, mask
+
+    t0 = time.perf_counter()
+    bar = tqdm(range(start, steps), desc=f"train {stage}", unit="step", initial=start, total=steps,
+               disable=not (progress and dp.main))
+    for step in bar:
+        idx = sampler(step)
+        gen = torch.Generator().manual_seed(seed * 104729 + step)
+        anchors, mask = sample_anchors(data.trainable(idx), K, int(sc.anchors_per_sample), gen)
+        idx, anchors, mask = idx[rows], anchors[rows], mask[rows]  # the whole batch for one process
         opt.zero_grad(set_to_none=True)
-        # DDP averages the ranks' gradients; the shares' gradients must be summed: scale by N
-        (terms.loss * dp.size if dp.active else terms.loss).backward()
+        if not accumulate:  # the whole share in one pass
+            logits, labels, teacher, mask_ = pass_(idx, anchors, mask)
+            terms = draft_loss(logits, labels, teacher, mask_, l1_weight, gamma, all_reduce=reduce)
+            # DDP averages the ranks' gradients; the shares' gradients must be summed: scale by N
+            (terms.loss * dp.size if dp.active else terms.loss).backward()
+        else:  # micro-batches: each normalised by the whole batch's weight sum, gradients accumulated
+            weight_sum = position_weight_sum(mask.to(device), gamma)
+            if reduce is not None:
+                weight_sum = reduce(weight_sum.reshape(1))[0]
+            total, stats = torch.zeros((), device=device), torch.zeros(7, device=device)
+            parts = micro_batches(len(idx), micro, pairs=shuffled)
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1  # DDP: the ranks' gradients are summed in the last backward only
+                with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
+                    logits, labels, teacher, mask_ = pass_(idx[part], anchors[part], mask[part])
+                    share, part_stats = loss_share(logits, labels, teacher, mask_, weight_sum, l1_weight, gamma)
+                    (share * dp.size if dp.active else share).backward()
+                total = total + share.detach()
+                stats = stats + part_stats
+                del logits, labels, teacher, share  # this micro-batch's activations go before the next one's
+            if reduce is not None:
+                stats = reduce(stats)
+            terms = terms_from_stats(total, stats, l1_weight)
         gnorm = torch.nn.utils.clip_grad_norm_(trainable, float(sc.grad_clip))
         opt.step()
         lr = opt.param_groups[0]["lr"]
@@ -367,7 +438,7 @@ def train_stage(
         loss = terms.value
         losses.append(loss)
         done = step + 1
-        if dp.main and (done % every == 0 or done == steps):
+        if checkpoints and dp.main and (done % every == 0 or done == steps):
             save_checkpoint(ck_path, done, params, opt, sched, losses, fingerprint)
         bar.set_postfix(loss=f"{loss:.3f}", acc=f"{terms.accuracy:.2f}")
         if callback is not None and dp.main:
@@ -405,12 +476,16 @@ class _TrainForward(nn.Module):
         return self.drafter.forward_train(tokens, hidden, anchors, states)
 
 
-def _ddp(drafter: nn.Module, device: torch.device) -> nn.Module:
+def _ddp(drafter: nn.Module, device: torch.device, accumulate: bool = False) -> nn.Module:
     """The drafter's training forward under DistributedDataParallel (gradients summed over ranks
     in buckets while the backward runs). Building it copies rank 0's weights to every rank.
     static_graph: every step reaches the same parameters, and a trainable tensor that a
-    configuration never reaches (e.g. a part used only while drafting) must not stall the reduction."""
+    configuration never reaches (e.g. a part used only while drafting) must not stall the reduction.
+    `accumulate` (micro-batches under `no_sync`): find_unused_parameters instead, which does the same
+    for the unreached tensor; static_graph with no_sync fails in torch (pytorch/pytorch#143580)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(_TrainForward(drafter), device_ids=[device.index] if device.type == "cuda" else None,
-                                   static_graph=True)
+    ids = [device.index] if device.type == "cuda" else None
+    if accumulate:
+        return DistributedDataParallel(_TrainForward(drafter), device_ids=ids, find_unused_parameters=True)
+    return DistributedDataParallel(_TrainForward(drafter), device_ids=ids, static_graph=True)
