@@ -11,9 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
+
+# the YAML layers (base.yaml, presets/, profiles/, one spec per sweep) beside the package
+EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 
 
 @dataclass

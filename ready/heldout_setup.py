@@ -15,7 +15,7 @@ def heldout_setup(overrides: Sequence[str], threads: int, min_sequences: int,
     """(config, loaded target and tokenizer, validation data); bad input exits with one line
     (`measured` says what the sequences are for, in that line)."""
     from ready.config import merge, schema, validate
-    from ready.row import _load
+    from ready.loading import load_configured_target
     from ready.train.regen import build_validation_data
 
     if threads < 1:
@@ -25,5 +25,5 @@ def heldout_setup(overrides: Sequence[str], threads: int, min_sequences: int,
     validate(cfg)
     if int(cfg.eval.heldout_tf_samples) < min_sequences:
         raise SystemExit(f"error: eval.heldout_tf_samples must be >= {min_sequences}: {measured} on those sequences")
-    loaded = _load(cfg, progress=True)
+    loaded = load_configured_target(cfg, progress=True)
     return cfg, loaded, build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=True)

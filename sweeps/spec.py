@@ -22,9 +22,8 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ready.config import ConfigError, config_hash, exact_mode, merge, schema, to_container, validate
+from ready.config import EXPERIMENTS_DIR, ConfigError, config_hash, exact_mode, merge, schema, to_container, validate
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 METHODS = ("ar", "dspark", "ft", "placebo", "ready")
 # rows a sweep evaluates once per setting (and seed) beside its own rows: the references its
 # gains are measured against, and the controls that separate their causes

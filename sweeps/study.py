@@ -43,7 +43,7 @@ from sweeps.spec import Job, Sweep, Variant, search_config
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0
-DEFAULT_RUNNER = "ready.row"
+DEFAULT_RUNNER = "sweeps.row"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

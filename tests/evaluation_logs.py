@@ -1,4 +1,4 @@
-"""Hand-built evaluation.json logs (the shape `ready.row` writes) for the statistics and report
+"""Hand-built evaluation.json logs (the shape `sweeps.row` writes) for the statistics and report
 tests. Prompts have a fixed difficulty; each row draws its own rounds independently, so two rows
 differ by round-level noise the way two drafters on the same prompts do. This file holds no tests."""
 
@@ -78,7 +78,7 @@ def evaluation(method: str, benchmarks: dict[str, list[list[int]]], *, device: s
 
 
 def metrics_of(ev: dict) -> dict[str, float]:
-    """The MLflow metrics `ready.row` would log for this evaluation (per benchmark and overall)."""
+    """The MLflow metrics `sweeps.row` would log for this evaluation (per benchmark and overall)."""
     from ready.metrics import SequenceLog, overall, summarize
 
     k = int(ev["config"]["drafter"]["block_size"]) - 1 if ev["method"] != "ar" else 0

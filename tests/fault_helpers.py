@@ -34,7 +34,7 @@ class Smoke:
 def smoke_cache(base: Path) -> Smoke:
     """Tokenizer, pretrained target, AR generations, regenerated data, base drafter and both
     stages of one ReaDy row of the smoke profile, built once per session into `base/smoke`."""
-    from ready.row import prepare_shared
+    from sweeps.row import prepare_shared
     from ready.train import train_variant
     from ready.train.regen import build_regen_data
     from sweeps.spec import load_sweep
@@ -53,9 +53,9 @@ def smoke_cache(base: Path) -> Smoke:
 
 def load(cfg: Any) -> tuple[Any, Any]:
     """(target, tokenizer) of a smoke config, as the pipeline loads them."""
-    from ready.row import _load
+    from ready.loading import load_configured_target
 
-    loaded = _load(cfg, progress=False)
+    loaded = load_configured_target(cfg, progress=False)
     return loaded.target, loaded.tokenizer
 
 
@@ -121,7 +121,7 @@ def nan_run_variant(cfg: Any, method: str = "ready", progress: bool = True):
     """A runner (--runner fault_helpers:nan_run_variant) whose drafting rows come back with NaN τ,
     as a broken model's would: the run must end FAILED, never FINISHED."""
     from ready.metrics import SequenceLog, overall, summarize
-    from ready.row import VariantResult
+    from sweeps.row import VariantResult
 
     k = 0 if method == "ar" else int(cfg.drafter.block_size)
     per = []

@@ -157,7 +157,8 @@ def _one(pattern: str, root: Path) -> Path:
 def _rebuild(kind: str, smoke: Smoke) -> None:
     """Ask for the artifact the way the pipeline does (which rebuilds it when needed)."""
     from ready.data import ensure_default_target
-    from ready.row import _load, _suites, ar_generations
+    from ready.loading import load_configured_target
+    from sweeps.row import _suites, ar_generations
     from ready.train import ensure_base_drafter, train_variant
     from ready.train.regen import build_regen_data
 
@@ -165,7 +166,7 @@ def _rebuild(kind: str, smoke: Smoke) -> None:
     if kind == "target":
         ensure_default_target(cfg, progress=False)
         return
-    loaded = _load(cfg, progress=False)
+    loaded = load_configured_target(cfg, progress=False)
     if kind == "ar":
         ar_generations(cfg, loaded, _suites(cfg, loaded.tokenizer), progress=False)
     elif kind == "regen":

@@ -10,7 +10,8 @@ import torch
 from ready.config import ConfigError, DrafterConfig, ReaderConfig
 from ready.decode import DecodeError, evaluate, run_ar
 from ready.decode.sampling import SamplingParams
-from ready.row import _evaluate, _Loaded
+from ready.loading import LoadedTarget
+from sweeps.row import _evaluate
 from ready.target import HybridLM
 from sweeps.spec import SpecError, load_sweep
 
@@ -41,13 +42,13 @@ def prompts() -> list[list[int]]:
 
 
 def test_a_sweep_row_evaluated_at_concurrency_4(target):
-    """A ReaDy row of the rank sweep (smoke profile, eval.concurrency=4) through ready.row's evaluation:
+    """A ReaDy row of the rank sweep (smoke profile, eval.concurrency=4) through sweeps.row's evaluation:
     the AR generations and the drafting pass are batched 4 at a time, the record says so, every prompt has
     its own rounds, and they equal those of the same row at concurrency 1."""
     over = ["profile=smoke", "eval.heldout_tf_samples=0", f"eval.max_new_tokens={BUDGET}", "eval.warmup_rounds=0"]
     rows = {c: load_sweep("rank", over + [f"eval.concurrency={c}"]).common for c in (1, 4)}
     assert rows[4].eval.concurrency == 4 and rows[1].eval.concurrency == 1
-    loaded = _Loaded(target=target, tokenizer=None, eos=None, target_path="tiny (test)", device="cpu")
+    loaded = LoadedTarget(target=target, tokenizer=None, eos=None, target_path="tiny (test)", device="cpu")
     suites = {"toy": prompts()}
     d = drafter(target, reader=True)
     records = {}

@@ -543,12 +543,13 @@ def test_ar_generations_are_found_again_after_artifacts_dir_moves(tmp_path: Path
     import shutil
 
     from ready.config import schema
-    from ready.row import _Loaded, ar_generations
+    from ready.loading import LoadedTarget
+    from sweeps.row import ar_generations
     from ready.target import load_target
 
-    def loaded(root: Path) -> _Loaded:
+    def loaded(root: Path) -> LoadedTarget:
         path = root / "target" / "tiny"
-        return _Loaded(load_target(path), word_tokenizer(), 0, str(path), "cpu")
+        return LoadedTarget(load_target(path), word_tokenizer(), 0, str(path), "cpu")
 
     cfg = schema()
     cfg.eval.max_new_tokens, cfg.eval.warmup_rounds = 4, 0

@@ -1,10 +1,10 @@
-"""ready.row: rank clamping, method / config agreement, metric names, and where the AR row's timing comes from."""
+"""sweeps.row: rank clamping, method / config agreement, metric names, and where the AR row's timing comes from."""
 
 from __future__ import annotations
 
 import pytest
 
-from ready.row import PipelineConfigError, VariantResult, resolve_rank, run_variant
+from sweeps.row import PipelineConfigError, VariantResult, resolve_rank, run_variant
 from ready.metrics import SequenceLog, overall, summarize
 from sweeps.spec import load_sweep
 
@@ -79,7 +79,7 @@ def test_rows_that_end_with_the_same_drafter_are_evaluated_once(tmp_path):
 
 
 def test_sampling_settings_reach_the_decode_and_its_cache_keys_only_when_sampling():
-    from ready.row import SAMPLING_VERSION, sampling_params, sampling_spec
+    from sweeps.row import SAMPLING_VERSION, sampling_params, sampling_spec
 
     greedy = load_sweep("ft_control", ["profile=smoke"]).common
     sampled = load_sweep("ft_control", ["profile=smoke", "eval.temperature=1.0", "eval.top_p=0.9"]).common

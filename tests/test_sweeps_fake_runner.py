@@ -1,4 +1,4 @@
-"""A cheap stand-in for `ready.row` that the sweep tests inject with `--runner`.
+"""A cheap stand-in for `sweeps.row` that the sweep tests inject with `--runner`.
 
 It returns real `ready.metrics.Metrics` computed from made-up acceptance logs (numbers depend on
 the config so rows differ), with the per-prompt records of an evaluation.json so the paired
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ready.metrics import SequenceLog, overall, summarize
-from ready.row import VariantResult
+from sweeps.row import VariantResult
 
 _started = False
 

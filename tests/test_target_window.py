@@ -124,7 +124,7 @@ def test_config_round_trip_and_the_default_leaves_config_json_as_before(tmp_path
 
 
 def test_the_knob_is_validated(tmp_path):  # left out of row hashes at 0: tests/test_sweeps_spec.py
-    from ready.row import PipelineConfigError, target_dir
+    from ready.loading import PipelineConfigError, target_dir
 
     cfg = merge(schema(), {})
     assert cfg.target.attention_window == 0

@@ -138,10 +138,10 @@ def test_a_killed_two_process_stage_resumes_in_one_process(tmp_path):
 def test_a_stage_torchrun_did_not_build_is_an_error_not_a_second_training(tmp_path, monkeypatch):
     """After the hand-over to torchrun the stage must be built (e.g. the row's in-memory target is
     the one the config names); otherwise one clear error, never a silent one-process training."""
-    import ready.train.launch
+    import ready.train.torchrun
 
     calls = []
-    monkeypatch.setattr(ready.train.launch, "run_under_torchrun", lambda *a, **k: calls.append(a[1]))
+    monkeypatch.setattr(ready.train.torchrun, "run_under_torchrun", lambda *a, **k: calls.append(a[1]))
     target, cfg = _setup(tmp_path, "cpu", 2)
     with pytest.raises(PipelineError, match="did not build this stage"):
         ensure_base_drafter(cfg, target, None, progress=False, prompts=PROMPTS)

@@ -173,8 +173,9 @@ def drafter_configs(preset: str, block_size: int) -> tuple[Any, Any]:
     """(drafter, reader) configs: schema <- experiments/base.yaml <- experiments/presets/<preset>.yaml."""
     from omegaconf import OmegaConf
 
+    from ready.config import EXPERIMENTS_DIR as root
     from ready.config import merge, schema
-    from sweeps.spec import EXPERIMENTS_DIR as root
+
     layers = []
     for f in (root / "base.yaml", root / "presets" / f"{preset}.yaml"):
         if f.is_file():

@@ -139,10 +139,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     hi = min(symbols + 3, vocab)
     rand_segments = torch.randint(3, hi, (args.prompts, 128), generator=torch.Generator().manual_seed(5))
     if args.built:
-        from ready.row import _load
+        from ready.loading import load_configured_target
         from ready.target.config import PRESETS
 
-        model = _load(cfg, progress=True).target.eval()
+        model = load_configured_target(cfg, progress=True).target.eval()
         pretrained = bool(cfg.target.pretrain) and str(cfg.target.source) in PRESETS
         row: dict[str, Any] = {"data": "built", "source": str(cfg.target.source),
                                "step": int(cfg.pretrain.steps) if pretrained else None,
@@ -199,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
 
 def _built_tokenizer(cfg: Any) -> Path:
     """The tokenizer the built target was trained with: the checkpoint's own for a local source."""
-    from ready.row import target_dir
+    from ready.loading import target_dir
     from ready.target.config import PRESETS
 
     if str(cfg.target.source) in PRESETS and not cfg.target.pretrain:

@@ -2,103 +2,47 @@
 
     torchrun --standalone --nproc-per-node 2 -m ready.train.launch [a.b=v ...]     # this host's GPUs 0 and 1
     torchrun --standalone --nproc-per-node 2 -m ready.train.launch --what base     # data + base drafter only
-    torchrun ... -m ready.train.launch --sweep rank --row "r=8" --seed 0 [a.b=v]   # one sweep row's config
+    torchrun ... -m sweeps.launch --sweep rank --row "r=8" --seed 0 [a.b=v]        # one sweep row's config
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29500 \\
         --rdzv-id r8 -m ready.train.launch ...                                     # two hosts (docs/sweeps.md)
     python -m ready.train.launch ... --json out.json                               # one process; a summary
     python -m ready.train.launch --compare one.json two.json                       # speed-up, loss agreement
 
-Config: schema <- experiments/base.yaml <- --preset <- --config FILE <- a.b=v (or a sweep row's
-resolved config with --sweep/--row/--seed, overrides going to the sweep as on `sweeps.run`).
+Config: schema <- experiments/base.yaml <- --preset <- --config FILE <- a.b=v (a sweep row's
+resolved config: `sweeps.launch --sweep/--row/--seed`, the same options above the library).
 Every rank loads the target, joins the group (NCCL on CUDA, gloo on CPU) and calls
 ready.train.pipeline, which writes cached artifacts (rank 0): a sweep row with the same config
 later finds them built. `--out-dir` defaults to `<artifacts_dir>/stages`, where sweep rows look.
 
-`run_under_torchrun` is how a process with `train.devices = N > 1` hands its training to N
-processes on this host (ready.train.pipeline calls it): the config goes to a file, torchrun
-runs this module on it, the caller waits and then reads the artifacts.
+`run_under_torchrun` (ready.train.torchrun) is how a process with `train.devices = N > 1` hands its
+training to N processes on this host (ready.train.pipeline calls it): the config goes to a file,
+torchrun runs this module on it, the caller waits and then reads the artifacts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ready.config import EXPERIMENTS_DIR as EXPERIMENTS
 from ready.config import merge, schema, validate
+from ready.data.tokenizer import load_tokenizer
+from ready.loading import pick_device, target_dir
+from ready.target import load_target
 from ready.train import distributed
-from ready.train.distributed import DistributedError
+from ready.train.pipeline import STAGES_SUBDIR, ensure_base_drafter, train_variant
+from ready.train.torchrun import LaunchError, run_under_torchrun, torchrun_command
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+__all__ = ["LaunchError", "compare", "load_config", "load_for_training", "main", "parser", "run", "run_under_torchrun",
+           "stage_logs", "torchrun_command", "train"]
 
-
-class LaunchError(ValueError):
-    """A launch argument the user gave is unusable; the message says what was expected."""
-
-
-# --- the parent side: hand a training call to torchrun ------------------------------------------
-
-def torchrun_command(nproc: int, args: Sequence[str]) -> list[str]:
-    """`torchrun --standalone --nproc-per-node N -m ready.train.launch ARGS` with this interpreter
-    (a free rendezvous port on this host, so several rows can launch at once)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
-            "-m", "ready.train.launch", *args]
-
-
-def run_under_torchrun(cfg: DictConfig, what: str, base_drafter_dir: Optional[str | Path] = None,
-                       out_dir: Optional[str | Path] = None, prompts: Optional[torch.Tensor] = None) -> None:
-    """Run `what` ("base" or "variant") of `cfg` on `train.devices` processes of this host and wait.
-
-    The children inherit stdout/stderr (progress shows in the caller's log). Interrupting the
-    caller stops them; a failed child raises DistributedError."""
-    n = int(cfg.train.devices)
-    from ready.row import pick_device
-
-    if pick_device(cfg) == "cuda" and n > torch.cuda.device_count():
-        raise LaunchError(f"bad value at key 'train.devices': {n} GPUs asked, {torch.cuda.device_count()} visible "
-                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); expected at most "
-                          f"{torch.cuda.device_count()}")
-    Path(cfg.artifacts_dir).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".launch-", dir=cfg.artifacts_dir) as tmp:
-        cfg_file = Path(tmp) / "config.yaml"
-        OmegaConf.save(cfg, cfg_file, resolve=True)
-        args = ["--config", str(cfg_file), "--what", what]
-        if base_drafter_dir is not None:
-            args += ["--base-drafter", str(base_drafter_dir)]
-        if out_dir is not None:
-            args += ["--out-dir", str(out_dir)]
-        if prompts is not None:
-            torch.save(torch.as_tensor(prompts).long(), Path(tmp) / "prompts.pt")
-            args += ["--prompts", str(Path(tmp) / "prompts.pt")]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
-        print(f"[ready] training on {n} data-parallel processes: torchrun --nproc-per-node {n} -m ready.train.launch",
-              file=sys.stderr, flush=True)
-        proc = subprocess.Popen(torchrun_command(n, args), env=env)
-        try:
-            code = proc.wait()
-        except BaseException:  # Ctrl-C / SIGTERM of the row: torchrun stops its workers
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-    if code != 0:
-        raise DistributedError(f"data-parallel training (train.devices={n}) failed: torchrun exited with code {code}; "
-                               "its output is above")
-
-
-# --- the child side: one rank ---------------------------------------------------------------------
 
 def load_config(preset: Optional[str], config: Optional[str], overrides: Sequence[str]) -> DictConfig:
     """schema <- experiments/base.yaml <- preset <- config file <- a.b=v overrides."""
@@ -114,25 +58,8 @@ def load_config(preset: Optional[str], config: Optional[str], overrides: Sequenc
     return cfg
 
 
-def sweep_row_config(sweep: str, row: str, seed: Optional[int], overrides: Sequence[str]) -> DictConfig:
-    """The resolved config of one row (label) and seed of a sweep, as `python -m sweeps.run` runs it."""
-    from sweeps.spec import load_sweep
-
-    jobs = load_sweep(sweep, list(overrides)).jobs()
-    match = [j for j in jobs if j.variant.label == row and (seed is None or j.seed == seed)]
-    if not match:
-        labels = ", ".join(repr(x) for x in dict.fromkeys(j.variant.label for j in jobs))
-        seeds = sorted({j.seed for j in jobs})
-        raise LaunchError(f"--row {row!r} --seed {seed}: no such row in sweep {sweep!r}; expected a label of "
-                          f"{labels} and a seed in {seeds}")
-    return match[0].cfg
-
-
 def load_for_training(cfg: DictConfig, prompts_arg: Optional[str]) -> tuple[Any, Any, Optional[torch.Tensor]]:
     """(target, tokenizer or None, explicit prompts or None) on this rank's device."""
-    from ready.row import pick_device, target_dir
-    from ready.target import load_target
-
     with distributed.main_first():  # rank 0 builds the embedded default target (if asked) first
         path = target_dir(cfg, progress=distributed.world().main)
     torch.manual_seed(int(cfg.seed))  # an architecture-only preset gets the same random weights on every rank
@@ -142,8 +69,6 @@ def load_for_training(cfg: DictConfig, prompts_arg: Optional[str]) -> tuple[Any,
         p.requires_grad_(False)
     tokenizer = None
     if Path(path).is_dir() and any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        from ready.data.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(path)
     prompts = None
     if prompts_arg == "random":  # speed runs on an architecture-only target: token ids, no text
@@ -163,9 +88,6 @@ def load_for_training(cfg: DictConfig, prompts_arg: Optional[str]) -> tuple[Any,
 def train(cfg: DictConfig, what: str, base_drafter_dir: Optional[str], out_dir: Optional[str],
           prompts_arg: Optional[str]) -> dict:
     """One rank's share of `what`; returns the summary (stage -> steps, seconds, losses) on rank 0."""
-    from ready.row import pick_device
-    from ready.train.pipeline import STAGES_SUBDIR, ensure_base_drafter, train_variant
-
     w = distributed.init_from_env(pick_device(cfg))
     target, tokenizer, prompts = load_for_training(cfg, prompts_arg)
     out = Path(out_dir) if out_dir else Path(cfg.artifacts_dir) / STAGES_SUBDIR
@@ -208,15 +130,12 @@ def compare(a: dict, b: dict) -> dict:
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ready.train.launch", description=__doc__.split("\n")[0],
+def parser(prog: str = "python -m ready.train.launch", description: Optional[str] = None) -> argparse.ArgumentParser:
+    """The launcher's own options (`--what`, `--out-dir`, `--json`, `--compare`, ...) and `a.b=v` overrides;
+    `main` adds where the config comes from (`--preset`, `--config`), `sweeps.launch` a sweep row."""
+    p = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("overrides", nargs="*", help="config overrides a.b=v (with --sweep: the sweep's overrides)")
-    p.add_argument("--preset", default=None, help="experiments/presets/<name>.yaml")
-    p.add_argument("--config", default=None, help="a YAML config merged over base.yaml and the preset")
-    p.add_argument("--sweep", default=None, help="take the config of one sweep row (with --row, --seed)")
-    p.add_argument("--row", default=None, help="the row's label, as in `python -m sweeps.run NAME --dry-run`")
-    p.add_argument("--seed", type=int, default=None, help="the row's seed (default: its first)")
+    p.add_argument("overrides", nargs="*", help="config overrides a.b=v")
     p.add_argument("--what", choices=("variant", "base"), default="variant",
                    help="variant: base drafter (unless drafter.checkpoint) + stage 1 + stage 2; base: the base drafter")
     p.add_argument("--base-drafter", default=None, help="start the stages from this base drafter folder")
@@ -224,18 +143,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--prompts", default=None, help="'random' (token ids; architecture-only targets) or a .pt of ids")
     p.add_argument("--json", default=None, help="rank 0 writes the summary (steps, seconds, losses per stage) here")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="compare two --json summaries and exit")
-    args = p.parse_args(argv)
+    return p
+
+
+def run(args: argparse.Namespace, make_config: Callable[[], DictConfig]) -> int:
+    """Train `make_config()` as `args` ask (or `--compare` two summaries); the exit status. A user's
+    mistake (a ValueError) is one line on stderr and status 2."""
     try:
         if args.compare:
             a, b = (json.loads(Path(f).read_text()) for f in args.compare)
             print(json.dumps(compare(a, b), indent=1))
             return 0
-        if args.sweep:
-            if not args.row:
-                raise LaunchError("--sweep needs --row LABEL (python -m sweeps.run NAME --dry-run lists the labels)")
-            cfg = sweep_row_config(args.sweep, args.row, args.seed, args.overrides)
-        else:
-            cfg = load_config(args.preset, args.config, args.overrides)
+        cfg = make_config()
         summary = train(cfg, args.what, args.base_drafter, args.out_dir, args.prompts)
         if distributed.world().main:
             text = json.dumps(summary, indent=1)
@@ -248,6 +167,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     finally:
         distributed.shutdown()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python -m ready.train.launch`: the config from `--preset`, `--config` and `a.b=v` (a sweep row: `sweeps.launch`)."""
+    p = parser()
+    p.add_argument("--preset", default=None, help="experiments/presets/<name>.yaml")
+    p.add_argument("--config", default=None, help="a YAML config merged over base.yaml and the preset")
+    args = p.parse_args(argv)
+    return run(args, lambda: load_config(args.preset, args.config, args.overrides))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 
 from ready.artifacts import artifact_dir, atomic_dir, intact
 from ready.config import config_hash, to_container
-from ready.train import distributed
+from ready.train import distributed, torchrun
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.regen import RegenData, build_regen_data, regen_artifact
 from ready.train.stages import MetricsCallback, TrainResult, length_buckets, stage_seed, train_stage
@@ -283,9 +283,7 @@ def _launch_if_asked(cfg: Any, target: Any, tokenizer: Any, what: str, base_draf
         return False
     if built(cfg, target, tokenizer, what, base_drafter_dir, out_dir, prompts):
         return False
-    from ready.train.launch import run_under_torchrun
-
-    run_under_torchrun(cfg, what, base_drafter_dir, out_dir, prompts)
+    torchrun.run_under_torchrun(cfg, what, base_drafter_dir, out_dir, prompts)
     return True
 
 

@@ -1,4 +1,4 @@
-"""One sweep row's run (`ready.row`): shared artifacts -> train -> evaluate -> metrics.
+"""One sweep row's run (`sweeps.row`): shared artifacts -> train -> evaluate -> metrics.
 
 `run_variant(cfg, method)` is what a sweep worker calls for every row, baselines included:
 
@@ -23,22 +23,33 @@ AR row itself decodes afresh, so the TPS it reports was measured in its own run.
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ready.artifacts import cached
+from ready.artifacts import cached, content_id
 from ready.config import exact_mode, to_container
+from ready.data import load_suite
+from ready.decode.engine import Generation
+from ready.decode.evaluate import evaluate, next_prompt_donors, run_ar
+from ready.decode.sampling import params_from
+from ready.decode.teacher_forced import teacher_forced_acceptance
+from ready.drafter import load_drafter
+from ready.health import HealthError, check_target, generations_problem
+from ready.loading import LoadedTarget, PipelineConfigError, load_configured_target
 from ready.metrics import Metrics, overall
+from ready.train import ensure_base_drafter, train_variant
+from ready.train.conversations import load_counts
+from ready.train.regen import build_regen_data, build_validation_data, regen_artifact
+from ready.train.teacher_store import ensure_teacher_store
 
 METHODS = ("ar", "dspark", "ft", "placebo", "ready")
 AR_BUILD_VERSION = 2  # 2: generations name K "proposals" (was "block_size")
-
-
-class PipelineConfigError(ValueError):
-    """A run asks for something the pipeline cannot do; the message names the key."""
 
 
 @dataclass
@@ -79,53 +90,15 @@ class VariantResult:
 # Shared artifacts
 
 
-def pick_device(cfg: DictConfig) -> str:
-    import torch
-
-    want = str(cfg.target.device)
-    if want == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if want == "cuda" and not torch.cuda.is_available():
-        raise PipelineConfigError("bad value at key 'target.device': 'cuda' but no CUDA device is visible; "
-                                  "expected 'cpu' or 'auto' on this machine")
-    return want
-
-
-def target_dir(cfg: DictConfig, progress: bool = True) -> str:
-    """The target to load: the pretrained embedded default, a local checkpoint, or a bare preset."""
-    from ready.target.config import PRESETS
-
-    source = str(cfg.target.source)
-    window = int(cfg.target.attention_window)
-    if window and not (source in PRESETS and cfg.target.pretrain):
-        raise PipelineConfigError(
-            f"bad value at key 'target.attention_window': {window}; a window is pretrained into the embedded "
-            f"target (a preset with target.pretrain true), but target.source is {source!r} with "
-            f"target.pretrain {bool(cfg.target.pretrain)}: expected 0 (a checkpoint's attention is as it was trained)")
-    if source in PRESETS:
-        if cfg.target.pretrain:
-            from ready.data import ensure_default_target
-
-            return str(ensure_default_target(cfg, progress=progress))
-        return source  # architecture only (random weights): for shape checks, not measurements
-    path = Path(source).expanduser()
-    if not path.is_dir():
-        raise PipelineConfigError(f"bad value at key 'target.source': {source!r} is neither a preset "
-                                  f"({', '.join(sorted(PRESETS))}) nor a local checkpoint directory")
-    return str(path)
-
-
-def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> _Loaded:
+def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> LoadedTarget:
     """Build what every base seed of a sweep setting shares: the target, the AR generations of every
     benchmark and, when a row drafts, the regenerated training and validation data and the teacher
     store of the base drafters (`ready.train.teacher_store`)."""
-    loaded = _load(cfg, progress)
+    loaded = load_configured_target(cfg, progress)
     suites = _suites(cfg, loaded.tokenizer)
     check_donor_prompts(cfg, methods, suites)
     ar_generations(cfg, loaded, suites, progress)
     if any(m != "ar" for m in methods):
-        from ready.train.regen import build_regen_data, build_validation_data
-        from ready.train.teacher_store import ensure_teacher_store
 
         build_regen_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
         ensure_teacher_store(cfg, loaded.target, loaded.tokenizer, progress)  # the base drafters' teacher passes
@@ -139,44 +112,11 @@ def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: 
     the base DSpark drafter of `cfg.train.base_seed`."""
     loaded = prepare_common(cfg, methods, progress)
     if any(m != "ar" for m in methods):
-        from ready.train import ensure_base_drafter
 
         ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress)
 
 
-@dataclass
-class _Loaded:
-    target: Any
-    tokenizer: Any
-    eos: Optional[int]
-    target_path: str
-    device: str
-
-
-def _load(cfg: DictConfig, progress: bool) -> _Loaded:
-    import torch
-
-    from ready.target import load_target
-
-    device = pick_device(cfg)
-    path = target_dir(cfg, progress=progress)
-    if not Path(path).is_dir():
-        raise PipelineConfigError(f"bad value at key 'target.source': preset {path!r} with target.pretrain=false "
-                                  "has no tokenizer or weights; expected target.pretrain=true or a checkpoint directory")
-    dtype = getattr(torch, str(cfg.target.dtype))
-    target = load_target(path, device=device, dtype=dtype)
-    target.exact = exact_mode(cfg)  # AR reference and drafting rows decode in the same mode
-    for p in target.parameters():
-        p.requires_grad_(False)
-    from ready.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(path)
-    eos = target.config.eos_token_id if target.config.eos_token_id is not None else tokenizer.eos_token_id
-    return _Loaded(target, tokenizer, None if eos is None else int(eos), path, device)
-
-
 def _suites(cfg: DictConfig, tokenizer: Any) -> dict[str, list[list[int]]]:
-    from ready.data import load_suite
 
     return {name: [p.ids for p in load_suite(name, cfg.bench, tokenizer, cfg.corpus)] for name in cfg.bench.suites}
 
@@ -202,7 +142,6 @@ def check_donor_prompts(cfg: DictConfig, methods: Sequence[str], suites: dict[st
 
 def sampling_params(cfg: DictConfig) -> Any:
     """`ready.decode.sampling.SamplingParams` of `eval.temperature` > 0, None for greedy decoding."""
-    from ready.decode.sampling import params_from
 
     return params_from(float(cfg.eval.temperature), float(cfg.eval.top_p), int(cfg.eval.sample_seed))
 
@@ -236,7 +175,7 @@ def sampling_spec(cfg: DictConfig) -> dict:
             "version": SAMPLING_VERSION}
 
 
-def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list[int]]], progress: bool) -> dict[str, list]:
+def ar_generations(cfg: DictConfig, loaded: LoadedTarget, suites: dict[str, list[list[int]]], progress: bool) -> dict[str, list]:
     """AR generations per benchmark (greedy, or `eval.samples_per_prompt` samples per prompt at
     eval.temperature > 0), decoded once per (target contents, prompts, budget, sampling) and cached.
 
@@ -244,13 +183,7 @@ def ar_generations(cfg: DictConfig, loaded: _Loaded, suites: dict[str, list[list
     fails the run here rather than leaving generations, or a run, that later rows would trust.
     Cached generations that do not look like a clean, finished decode are decoded again.
     """
-    import shutil
-    import sys
 
-    from ready.artifacts import content_id
-    from ready.decode.engine import Generation
-    from ready.decode.evaluate import run_ar
-    from ready.health import HealthError, check_target, generations_problem
 
     probe = next((p for prompts in suites.values() for p in prompts), [])
     check_target(loaded.target, probe, what=f"target {loaded.target_path}")
@@ -313,9 +246,8 @@ def _curve(path: Path) -> list[tuple[int, float]]:
     return [(i + 1, float(v)) for i, v in enumerate(log.get("losses", []))]
 
 
-def _drafter(cfg: DictConfig, method: str, loaded: _Loaded, progress: bool):
+def _drafter(cfg: DictConfig, method: str, loaded: LoadedTarget, progress: bool):
     """(drafter dir, training curves) for a method that drafts."""
-    from ready.train import ensure_base_drafter, train_variant
 
     base = Path(ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress))
     curves: dict[str, list[tuple[int, float]]] = {}
@@ -337,10 +269,8 @@ def _drafter(cfg: DictConfig, method: str, loaded: _Loaded, progress: bool):
 # The run
 
 
-def data_counts(cfg: DictConfig, loaded: _Loaded) -> dict[str, float]:
+def data_counts(cfg: DictConfig, loaded: LoadedTarget) -> dict[str, float]:
     """Training conversations used and truncated, and for `data.path` its rows read and skipped (by reason)."""
-    from ready.train.conversations import load_counts
-    from ready.train.regen import regen_artifact
 
     return {k: float(v) for k, v in load_counts(regen_artifact(cfg, loaded.target, loaded.tokenizer)[0]).items()}
 
@@ -367,13 +297,11 @@ def _prompt_records(result: Any) -> list[dict]:
 
 def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -> VariantResult:
     """Train (if the method drafts) and evaluate one row on every suite of `cfg.bench.suites`."""
-    import torch
 
-    from ready.drafter import load_drafter
 
     check_method(cfg, method)
     torch.manual_seed(int(cfg.seed))
-    loaded = _load(cfg, progress)
+    loaded = load_configured_target(cfg, progress)
     d_k = int(loaded.target.config.linear_key_head_dim)
     requested_rank = int(cfg.reader.rank)
     cfg = resolve_rank(cfg, d_k)
@@ -409,13 +337,11 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
                          evaluation=evaluation)
 
 
-def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suites: dict, ar: dict,
+def _evaluate(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, suites: dict, ar: dict,
               progress: bool) -> dict:
     """Decode every suite (and, for ready rows, again on another prompt's states) and score the
     drafter teacher-forced: the evaluation record without the run's config (docs/interfaces.md)."""
-    import torch
 
-    from ready.decode.evaluate import evaluate, next_prompt_donors
 
     mode = str(cfg.eval.interleave_ar)
     interleave = method != "ar" and (mode == "on" or (mode == "auto" and loaded.device == "cuda"))
@@ -457,14 +383,13 @@ def _evaluate(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, suite
 EVALUATION_BUILD_VERSION = 3  # 2: the state swap decodes through the batched engine; 3: records name K "proposals"
 
 
-def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: Any, folder: Path, suites: dict,
+def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, folder: Path, suites: dict,
                        ar: dict, progress: bool) -> tuple[dict, bool]:
     """A drafting row's evaluation record, cached by what decides it: the trained drafter (its folder
     is named by the hash of everything it was trained from), the target, the prompts, the budget,
     the evaluation settings and the method (the placebo reads other prompts' states). Rows that end
     with the same drafter (r=64 and r=128 on a d_k=64 target; one configuration in several sweeps)
     are evaluated once. Returns (record, reused)."""
-    from ready.artifacts import cached, content_id
 
     weights = ("config.json", "*.safetensors", "*.safetensors.index.json")  # not metrics.json's timings
     drafter_id = content_id(folder, weights)  # the weights: a rebuild that differs is evaluated anew
@@ -496,10 +421,8 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: _Loaded, drafter: A
                                   "to evaluate again") from None
 
 
-def _heldout_tf(cfg: DictConfig, loaded: _Loaded, drafter: Any, progress: bool) -> Optional[dict]:
+def _heldout_tf(cfg: DictConfig, loaded: LoadedTarget, drafter: Any, progress: bool) -> Optional[dict]:
     """Teacher-forced acceptance on the validation split's regenerated sequences (None when off)."""
-    from ready.decode.teacher_forced import teacher_forced_acceptance
-    from ready.train.regen import build_validation_data
 
     data = build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
     if data is None:

@@ -1,0 +1,87 @@
+"""From a config to a loaded target: the one way the sweeps and the diagnostics get theirs.
+
+`load_configured_target(cfg)` resolves `target.device` (`pick_device`) and `target.source`
+(`target_dir`: the pretrained embedded default, a local checkpoint, or a bare preset), loads the
+target frozen in `target.dtype` and the exact mode the config asks for, and its tokenizer and
+EOS id. A sweep row (`sweeps.row`) and every held-out diagnostic (`ready.diagnostics`) start here,
+so they measure the same target the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig
+
+from ready.config import exact_mode
+from ready.data import ensure_default_target
+from ready.data.tokenizer import load_tokenizer
+from ready.target import load_target
+from ready.target.config import PRESETS
+
+
+class PipelineConfigError(ValueError):
+    """A run asks for something the pipeline cannot do; the message names the key."""
+
+
+@dataclass
+class LoadedTarget:
+    """A config's target, frozen, with its tokenizer, EOS id, the folder (or preset) it came from and its device."""
+
+    target: Any
+    tokenizer: Any
+    eos: Optional[int]
+    target_path: str
+    device: str
+
+
+def pick_device(cfg: DictConfig) -> str:
+    """`target.device` resolved: `auto` is CUDA when visible; `cuda` without a GPU is a PipelineConfigError."""
+    want = str(cfg.target.device)
+    if want == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda" and not torch.cuda.is_available():
+        raise PipelineConfigError("bad value at key 'target.device': 'cuda' but no CUDA device is visible; "
+                                  "expected 'cpu' or 'auto' on this machine")
+    return want
+
+
+def target_dir(cfg: DictConfig, progress: bool = True) -> str:
+    """The target to load: the pretrained embedded default, a local checkpoint, or a bare preset."""
+    source = str(cfg.target.source)
+    window = int(cfg.target.attention_window)
+    if window and not (source in PRESETS and cfg.target.pretrain):
+        raise PipelineConfigError(
+            f"bad value at key 'target.attention_window': {window}; a window is pretrained into the embedded "
+            f"target (a preset with target.pretrain true), but target.source is {source!r} with "
+            f"target.pretrain {bool(cfg.target.pretrain)}: expected 0 (a checkpoint's attention is as it was trained)")
+    if source in PRESETS:
+        if cfg.target.pretrain:
+            return str(ensure_default_target(cfg, progress=progress))
+        return source  # architecture only (random weights): for shape checks, not measurements
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        raise PipelineConfigError(f"bad value at key 'target.source': {source!r} is neither a preset "
+                                  f"({', '.join(sorted(PRESETS))}) nor a local checkpoint directory")
+    return str(path)
+
+
+def load_configured_target(cfg: DictConfig, progress: bool = True) -> LoadedTarget:
+    """The config's target (built first when it is the embedded default), frozen, in the config's
+    dtype, device and exact mode, with its tokenizer and EOS id (the checkpoint's, else the tokenizer's)."""
+    device = pick_device(cfg)
+    path = target_dir(cfg, progress=progress)
+    if not Path(path).is_dir():
+        raise PipelineConfigError(f"bad value at key 'target.source': preset {path!r} with target.pretrain=false "
+                                  "has no tokenizer or weights; expected target.pretrain=true or a checkpoint directory")
+    dtype = getattr(torch, str(cfg.target.dtype))
+    target = load_target(path, device=device, dtype=dtype)
+    target.exact = exact_mode(cfg)  # AR reference and drafting rows decode in the same mode
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tokenizer = load_tokenizer(path)
+    eos = target.config.eos_token_id if target.config.eos_token_id is not None else tokenizer.eos_token_id
+    return LoadedTarget(target, tokenizer, None if eos is None else int(eos), path, device)
