@@ -21,171 +21,34 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+from ready.mlflow_store import ensure_experiment as _ensure_experiment
+from ready.mlflow_store import (  # noqa: F401  (TrackingError, check_server, experiment_name, resolve_tracking_uri: re-exported)
+    TrackingError,
+    _file_lock,
+    _sqlite_file,
+    check_server,
+    client,
+    experiment_name,
+    flatten,
+    prepare_store,
+    resolve_tracking_uri,
+    retry,
+)
+
 TABLES = {f"table{i}" for i in range(1, 7)}
-T = TypeVar("T")
-
-
-def experiment_name(sweep: str) -> str:
-    return f"ready-{sweep}"
-
-
-def resolve_tracking_uri(uri: Optional[str] = None) -> str:
-    """`--tracking-uri`, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory.
-
-    A relative sqlite path is made absolute so worker processes started elsewhere use the same file.
-    """
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        uri = prefix + str(Path(uri[len(prefix):]).resolve())
-    return uri
-
-
-def retry(fn: Callable[[], T], attempts: int = 8) -> T:
-    """Retry an MLflow call that failed on a busy sqlite file (several workers write to one file)."""
-    for i in range(attempts):
-        try:
-            return fn()
-        except Exception as e:  # mlflow wraps sqlite's OperationalError in MlflowException
-            if "locked" not in str(e).lower() or i == attempts - 1:
-                raise
-            time.sleep(0.2 * (2 ** i))
-    raise AssertionError("unreachable")
-
-
-class TrackingError(ValueError):
-    """The tracking URI cannot be used (server unreachable, file not an MLflow store); one line says why."""
-
-
-PROBE_TIMEOUT_S = 5.0  # how long an http(s) tracking server gets to answer before the sweep gives up
-_prepared: set[str] = set()  # tracking URIs this process has checked (and created, for sqlite)
-
-
-def _sqlite_file(uri: str) -> Optional[Path]:
-    prefix = "sqlite:///"
-    return Path(uri[len(prefix):]) if uri.startswith(prefix) and uri != "sqlite:///:memory:" else None
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (fcntl.flock) on `path`, held for the block; waits for other holders."""
-    import fcntl
-
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _unreachable(reason: Any, timeout: float) -> str:
-    """Why a server did not answer, as it happened: refused at once, silent for `timeout` s, or else."""
-    if isinstance(reason, ConnectionRefusedError):
-        return f"the connection was refused ({reason.strerror or reason}: nothing listens at that address)"
-    if isinstance(reason, TimeoutError) or str(reason) == "timed out":
-        return f"no answer within {timeout:g} s ({reason})"
-    return f"cannot reach it ({reason})"
-
-
-def check_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Raise TrackingError unless an MLflow server answers at an http(s) URI within `timeout`
-    seconds (MLflow itself would retry for minutes without a word): `/health` says OK, or the
-    REST API answers (or asks for credentials). A gateway's 404 or 502 is not a tracking server."""
-    import urllib.error
-    import urllib.request
-
-    root = uri.rstrip("/")
-    status = None
-    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
-        try:
-            with urllib.request.urlopen(root + path, timeout=timeout) as r:
-                status = r.status
-        except urllib.error.HTTPError as e:
-            status = e.code
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise TrackingError(f"tracking URI {uri!r}: {_unreachable(getattr(e, 'reason', None) or e, timeout)}; "
-                                "expected a reachable MLflow server (`mlflow server ...`) or a sqlite:/// path") from None
-        if status in (200, 401, 403):
-            return
-    raise TrackingError(f"tracking URI {uri!r}: the server there answers HTTP {status} to MLflow's API; "
-                        "expected an MLflow tracking server (`mlflow server ...`)")
-
-
-def prepare_store(uri: str) -> None:
-    """Make the store at `uri` usable before anything writes to it, once per process.
-
-    sqlite: the first process creates and migrates the database while holding `<db>.lock`; others
-    started at the same moment wait for it instead of migrating the same file at once (which
-    breaks it). A file that is not an MLflow store is one TrackingError. http(s): the server
-    must answer within PROBE_TIMEOUT_S.
-    """
-    if uri in _prepared:
-        return
-    db = _sqlite_file(uri)
-    if db is not None:
-        from mlflow.tracking import MlflowClient
-
-        if db.exists() and not db.is_file():
-            raise TrackingError(f"tracking URI {uri!r}: {db} is a folder; expected an MLflow sqlite file")
-        lock = db.with_name(db.name + ".lock")
-        try:
-            db.parent.mkdir(parents=True, exist_ok=True)
-            lock.touch()
-        except OSError as e:  # sqlite writes its journal beside the file: the folder must be writable too
-            raise TrackingError(f"tracking URI {uri!r}: cannot write in {db.parent} ({e.strerror or e}); expected a "
-                                "writable folder for the MLflow store") from None
-        with _file_lock(lock):
-            try:
-                retry(lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1))  # creates / migrates
-            except Exception as e:
-                first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
-                raise TrackingError(f"tracking URI {uri!r}: {db} is not a usable MLflow store ({first[:200]}); "
-                                    "expected a file written by MLflow, or a new path") from None
-    elif uri.startswith(("http://", "https://")):
-        check_server(uri)
-    _prepared.add(uri)
-
-
-def client(uri: str):
-    """An MlflowClient for `uri`, after `prepare_store` (safe creation, reachable server)."""
-    from mlflow.tracking import MlflowClient
-
-    prepare_store(uri)
-    return MlflowClient(tracking_uri=uri)
-
-
-# `mlflow ui` (3.x) opens an experiment of this kind on its runs table ("Model training"), not on the
-# GenAI traces view; the note is the text the UI shows as the experiment's description.
-EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
-NOTE_TAG = "mlflow.note.content"
 
 
 def ensure_experiment(c, sweep: str, description: str = "") -> str:
     """The experiment id of `ready-<sweep>`, created on first use (safe when two processes race).
 
-    Tagged as a model-training experiment with the sweep's description as its note; an experiment
-    made before these tags gets those it lacks (a note edited in the UI is kept)."""
-    name = experiment_name(sweep)
+    Tagged as a model-training experiment with the sweep's description and the command that runs it
+    as its note; an experiment made before these tags gets those it lacks (a note edited in the UI is kept)."""
     note = f"{description.strip()}\n\nRun: `python -m sweeps.run {sweep}`" if description.strip() else ""
-    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, **({NOTE_TAG: note} if note else {})}
-    exp = retry(lambda: c.get_experiment_by_name(name))
-    if exp is None:
-        try:
-            return retry(lambda: c.create_experiment(name, tags=tags))
-        except Exception:
-            exp = c.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    for key, value in tags.items():
-        if key not in exp.tags:
-            retry(lambda k=key, v=value: c.set_experiment_tag(exp.experiment_id, k, v))
-    return exp.experiment_id
+    return _ensure_experiment(c, sweep, note)
 
 
 @functools.lru_cache(maxsize=1)
@@ -199,20 +62,6 @@ def git_commit() -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
-    """{"reader": {"rank": 8}} -> {"reader.rank": "8"}; lists stay one value, `[30, 62]`."""
-    if isinstance(tree, DictConfig):
-        tree = OmegaConf.to_container(tree, resolve=True)
-    out: dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    return out
 
 
 def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) -> str:

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from ready.data.copy_probe import copy_fidelity, copy_prompts, fidelity, main
 from ready.data.pretrain import insert_repeats
+from ready.diagnostics.copy_probe import copy_fidelity, copy_prompts, fidelity, main
 
 
 class Copier(torch.nn.Module):
@@ -40,6 +40,7 @@ def test_fill_puts_random_ids_in_the_source_and_repeats_them():
 
 
 def test_fidelity_is_one_for_a_perfect_copier(monkeypatch):
+    import ready.diagnostics.copy_probe as copy_probe
     import ready.train as train
 
     def greedy(model, prompts, n, eos_id=None, batch_size=1, progress=False):  # uncached greedy
@@ -48,7 +49,7 @@ def test_fidelity_is_one_for_a_perfect_copier(monkeypatch):
             ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
         return train.RegenData(tokens=ids, prompt_len=prompts.shape[1], lengths=torch.full((len(ids),), ids.shape[1]))
 
-    monkeypatch.setattr(train, "greedy_responses", greedy)
+    monkeypatch.setattr(copy_probe, "greedy_responses", greedy)
     segments = torch.stack([torch.randperm(60)[:40] + 3 for _ in range(2)])  # no repeated id within a row
     assert fidelity(Copier(64), segments, 24, 8, new_tokens=8) == 1.0
 

@@ -1,6 +1,6 @@
 """Where training stops paying: held-out loss and teacher-forced tau against each stage's budget.
 
-    python -m ready.train.plateau [--base 25,50,100,200,400] [--stage1 4,8,16,32,64] [key=value ...]
+    python -m ready.diagnostics.plateau [--base 25,50,100,200,400] [--stage1 4,8,16,32,64] [key=value ...]
 
 Every budget is its own training run with its own warmup + cosine schedule (a point on the curve
 is what a run of that many steps ends at, not the middle of a longer run). Stage 2 always gets
@@ -25,7 +25,15 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
+from ready import mlflow_store
 from ready.config import merge
+from ready.decode.teacher_forced import teacher_forced_acceptance
+from ready.diagnostics.heldout_setup import heldout_setup
+from ready.drafter import DSparkDrafter, load_drafter
+from ready.train.lora import has_lora, merge_lora_
+from ready.train.pipeline import ensure_base_drafter
+from ready.train.regen import build_regen_data
+from ready.train.stages import evaluate_loss, stage_seed, train_stage
 
 STAGE2_RATIO = 2.5  # stage 2 : stage 1 steps (paper: 50k : 20k samples)
 
@@ -41,9 +49,6 @@ def _ints(text: str) -> list[int]:
 
 
 def _measure(drafter: Any, target: Any, val: Any, cfg: Any) -> dict[str, float]:
-    from ready.decode.teacher_forced import teacher_forced_acceptance
-    from ready.train.stages import evaluate_loss
-
     loss = evaluate_loss(drafter, target, val, cfg, num=len(val), anchors_per_sample=8)
     tf = teacher_forced_acceptance(drafter, target, val, progress=False)
     return {"heldout_loss": float(loss), "heldout_tf_tau": float(tf["tau"])}
@@ -56,9 +61,6 @@ def _with_steps(cfg: Any, stage: str, steps: int) -> Any:
 
 def base_curve(cfg: Any, target: Any, data: Any, val: Any, budgets: list[int], log: Callable) -> list[dict]:
     """Final held-out metrics of a base DSpark drafter trained from scratch for each budget."""
-    from ready.drafter import DSparkDrafter
-    from ready.train.stages import stage_seed, train_stage
-
     points = []
     for steps in budgets:
         c = _with_steps(cfg, "base", steps)
@@ -77,10 +79,6 @@ def base_curve(cfg: Any, target: Any, data: Any, val: Any, budgets: list[int], l
 def adaptation_curve(cfg: Any, target: Any, data: Any, val: Any, base_dir: Path, budgets: list[int],
                      method: str, log: Callable) -> list[dict]:
     """Final held-out metrics after stage 1 (s steps) + stage 2 (2.5 s steps) from one base drafter."""
-    from ready.drafter import load_drafter
-    from ready.train.lora import has_lora, merge_lora_
-    from ready.train.stages import stage_seed, train_stage
-
     reader = OmegaConf.merge(cfg.reader, {"enabled": method == "ready"})
     points = []
     for s1 in budgets:
@@ -106,17 +104,15 @@ def _mlflow_logger(uri: Optional[str], cfg: Any) -> tuple[Callable, Callable]:
     """(log(curve, point), close()) writing one MLflow run per curve, the budget as the step."""
     if not uri:
         return (lambda curve, point: None), (lambda: None)
-    from sweeps import tracking
-
-    c = tracking.client(tracking.resolve_tracking_uri(uri))
-    exp = tracking.ensure_experiment(c, "plateau")
+    c = mlflow_store.client(mlflow_store.resolve_tracking_uri(uri))
+    exp = mlflow_store.ensure_experiment(c, "plateau")
     runs: dict[str, str] = {}
 
     def log(curve: str, point: dict) -> None:
         if curve not in runs:
             run = c.create_run(exp, run_name=curve, tags={"ready.kind": "plateau", "ready.curve": curve})
             runs[curve] = run.info.run_id
-            for k, v in tracking.flatten(cfg).items():
+            for k, v in mlflow_store.flatten(cfg).items():
                 c.log_param(run.info.run_id, k, v[:6000])
         step = int(point.get("steps", point.get("stage1_steps")))
         for k in ("heldout_loss", "heldout_tf_tau", "train_s"):
@@ -130,7 +126,7 @@ def _mlflow_logger(uri: Optional[str], cfg: Any) -> tuple[Callable, Callable]:
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m ready.train.plateau", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.plateau", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", default="25,50,100,200,400", help="base drafter budgets in optimizer steps")
     p.add_argument("--stage1", default="4,8,16,32,64", help="stage 1 budgets in steps (stage 2 gets 2.5x)")
@@ -140,9 +136,6 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value")
     args = p.parse_args(argv)
-    from ready.heldout_setup import heldout_setup
-    from ready.train.pipeline import ensure_base_drafter
-    from ready.train.regen import build_regen_data
 
     cfg, loaded, val = heldout_setup(args.overrides, args.threads, 2, "the curves are measured")
     data, _ = build_regen_data(cfg, loaded.target, loaded.tokenizer, progress=True)

@@ -1,8 +1,8 @@
 """Does the tiny target learn in-context copying, and after how much pretraining?
 
-    python -m ready.data.copy_probe --device cuda --batch 16 --checks 640,1280,2560,5120 target.attention_window=16
-    python -m ready.data.copy_probe --device cuda --data random --symbols 64 --batch 32 --checks 250,500,1000
-    python -m ready.data.copy_probe --built target.attention_window=16   # the config's target, as built
+    python -m ready.diagnostics.copy_probe --device cuda --batch 16 --checks 640,1280,2560,5120 target.attention_window=16
+    python -m ready.diagnostics.copy_probe --device cuda --data random --symbols 64 --batch 32 --checks 250,500,1000
+    python -m ready.diagnostics.copy_probe --built target.attention_window=16   # the config's target, as built
 
 ReaDy reads what the target's GDN states hold about older text; a positive control needs a target
 that retrieves specific older text (copies it), not only its gist. This trains a fresh target of the
@@ -38,6 +38,19 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ready.artifacts import atomic_dir
+from ready.config import merge, schema, validate
+from ready.data import training_prompts
+from ready.data.corpus import load_corpus
+from ready.data.default import TOKENIZER_FILES, _arch_overrides, _preset, ensure_tokenizer
+from ready.data.pretrain import _lm_loss, _optimizer, heldout_loss, insert_repeats, token_stream
+from ready.data.tokenizer import load_tokenizer, special_token_ids
+from ready.loading import load_configured_target, target_dir
+from ready.target import load_target, save_target
+from ready.target.config import PRESETS
+from ready.train import greedy_responses
+from ready.train.regen import as_prompt_tensor
+
 COPIES = ((24, 8), (48, 8), (96, 32))
 HELDOUT_WINDOWS = 16  # held-out loss over this many seq_len windows (a trend, cheap at every check)
 
@@ -61,8 +74,6 @@ def copy_fidelity(data: Any, source: int, lead: int) -> float:
 
 def fidelity(model: Any, segments: torch.Tensor, source: int, lead: int, new_tokens: int = 16) -> float:
     """Copy fidelity of `model`'s greedy continuation of each segment's first `source` tokens + first `lead`."""
-    from ready.train import greedy_responses
-
     data = greedy_responses(model, copy_prompts(segments, source, lead), new_tokens, eos_id=None,
                             batch_size=segments.shape[0], progress=False)
     return round(copy_fidelity(data, source, lead), 4)
@@ -77,7 +88,7 @@ def _fidelities(model: Any, segments: torch.Tensor, rand_segments: torch.Tensor)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m ready.data.copy_probe", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.copy_probe", description=__doc__.split("\n")[0])
     p.add_argument("--built", action="store_true", help="measure the config's built target; train nothing")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--data", choices=("text", "repeats", "random"), default="text")
@@ -96,15 +107,6 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value (target.attention_window=16, ...)")
     args = p.parse_args(argv)
     from omegaconf import OmegaConf
-
-    from ready.config import merge, schema, validate
-    from ready.data import training_prompts
-    from ready.data.corpus import load_corpus
-    from ready.data.default import _arch_overrides, _preset, ensure_tokenizer
-    from ready.data.pretrain import _lm_loss, _optimizer, heldout_loss, insert_repeats, token_stream
-    from ready.data.tokenizer import load_tokenizer, special_token_ids
-    from ready.target import load_target
-    from ready.train.regen import as_prompt_tensor
 
     try:
         span = tuple(int(x) for x in args.span.split(","))
@@ -139,9 +141,6 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     hi = min(symbols + 3, vocab)
     rand_segments = torch.randint(3, hi, (args.prompts, 128), generator=torch.Generator().manual_seed(5))
     if args.built:
-        from ready.loading import load_configured_target
-        from ready.target.config import PRESETS
-
         model = load_configured_target(cfg, progress=True).target.eval()
         pretrained = bool(cfg.target.pretrain) and str(cfg.target.source) in PRESETS
         row: dict[str, Any] = {"data": "built", "source": str(cfg.target.source),
@@ -199,9 +198,6 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
 
 def _built_tokenizer(cfg: Any) -> Path:
     """The tokenizer the built target was trained with: the checkpoint's own for a local source."""
-    from ready.loading import target_dir
-    from ready.target.config import PRESETS
-
     if str(cfg.target.source) in PRESETS and not cfg.target.pretrain:
         raise SystemExit(f"error: --built with target.source={cfg.target.source} target.pretrain=false: a randomly "
                          "initialised preset copies nothing; expected a pretrained preset or a checkpoint folder")
@@ -222,10 +218,6 @@ def _save(model: Any, tok_dir: Path, out: Path, meta: dict) -> None:
     """`model` + the tokenizer files as a checkpoint folder, atomically (nothing half-written stays)."""
     import os
     import shutil
-
-    from ready.artifacts import atomic_dir
-    from ready.data.default import TOKENIZER_FILES
-    from ready.target import save_target
 
     with atomic_dir(out) as tmp:
         saved = save_target(model.eval(), tmp / "model", tokenizer=None)

@@ -1,8 +1,8 @@
 """Does the reader learn anything from the states? A one-seed pilot, in minutes instead of a sweep.
 
-    python -m ready.train.reader_pilot [--drafter DIR] [a.b=value ...]
+    python -m ready.diagnostics.reader_pilot [--drafter DIR] [a.b=value ...]
     # in the positive control's setting (experiments/profiles/state_context.yaml):
-    python -m ready.train.reader_pilot 'drafter.context_layers=[-1]' drafter.context_window=1 \
+    python -m ready.diagnostics.reader_pilot 'drafter.context_layers=[-1]' drafter.context_window=1 \
         train.base.samples=3200 train.stage1.samples=384 train.stage1.lr=0.003
 
 From the base DSpark drafter of the config (built if missing, cached like a sweep's), it trains
@@ -20,7 +20,7 @@ state-independent shift (docs/findings.md, positive control v3). Prints JSON; on
 differences with the standard error of τ (≈ 0.02 on 128 sequences), not as a finding.
 
 `--task copy` asks the capacity question on text where the states are all that matters: every
-prompt is a corpus segment followed by its own first `--copy-lead` tokens (`ready.data.copy_probe.copy_prompts`), so a
+prompt is a corpus segment followed by its own first `--copy-lead` tokens (`ready.diagnostics.copy_probe.copy_prompts`), so a
 target that copies continues the segment from `--copy-source` tokens back, beyond a windowed
 target's attention and the drafter's context window; only the GDN states carry it. Training and
 held-out sequences are both built that way (train and validation splits), and `copy_fidelity` says
@@ -40,14 +40,23 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from ready.config import merge
+from ready.data import training_prompts
+from ready.decode.teacher_forced import teacher_forced_acceptance
+from ready.diagnostics.copy_probe import copy_fidelity, copy_prompts
+from ready.diagnostics.heldout_setup import heldout_setup
+from ready.drafter import load_drafter
+from ready.reader import StateSource
+from ready.train.pipeline import ensure_base_drafter
+from ready.train.regen import as_prompt_tensor, build_regen_data
+from ready.train.stages import stage_seed, train_stage
+
 
 @contextlib.contextmanager
 def reader_ablation(drafter: Any, mode: str, record: Optional[list] = None) -> Iterator[None]:
     """Inside: every reader of `drafter` runs as `mode` says. "own": as trained (with `record`, each
     call appends (|Δh|, |h|) means); "none": Δh = 0; "other": it reads the states of another block
     (the slots rolled by half the batch, so another sequence's)."""
-    from ready.reader import StateSource
-
     if mode not in ("own", "none", "other"):
         raise ValueError(f"reader ablation {mode!r}: expected own, none or other")
     readers = list(drafter.readers.values())
@@ -77,8 +86,6 @@ def reader_ablation(drafter: Any, mode: str, record: Optional[list] = None) -> I
 
 def probe(drafter: Any, target: Any, val: Any) -> dict[str, float]:
     """Teacher-forced τ of a ReaDy drafter as trained, with Δh = 0 and with another block's states."""
-    from ready.decode.teacher_forced import teacher_forced_acceptance
-
     def tau() -> float:
         return float(teacher_forced_acceptance(drafter, target, val, progress=False)["tau"])
 
@@ -97,10 +104,6 @@ def _copy_data(cfg: Any, loaded: Any, split: str, n: int, source: int, lead: int
     """Target-regenerated copy sequences from `n` prompts of `split` (cached like any regen data)."""
     from omegaconf import OmegaConf
 
-    from ready.data import training_prompts
-    from ready.data.copy_probe import copy_prompts
-    from ready.train.regen import as_prompt_tensor, build_regen_data
-
     rcfg = OmegaConf.merge(cfg, {"regen": {"num_samples": n, "prompt_len": source + lead}})
     base = as_prompt_tensor(training_prompts(loaded.tokenizer, OmegaConf.merge(rcfg.regen, {"prompt_len": source}),
                                              split=split, corpus_cfg=cfg.corpus))
@@ -115,7 +118,7 @@ def _loss_ends(losses: Sequence[float]) -> list[float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m ready.train.reader_pilot", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.reader_pilot", description=__doc__.split("\n")[0])
     p.add_argument("--drafter", default=None, help="probe this trained ReaDy drafter instead of training stage 1")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--task", choices=("text", "copy"), default="text",
@@ -124,14 +127,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--copy-lead", type=int, default=32, help="copy task: tokens repeated in the prompt (default 32)")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value")
     args = p.parse_args(argv)
-    from ready.config import merge
-    from ready.data.copy_probe import copy_fidelity
-    from ready.decode.teacher_forced import teacher_forced_acceptance
-    from ready.drafter import load_drafter
-    from ready.heldout_setup import heldout_setup
-    from ready.train.pipeline import ensure_base_drafter
-    from ready.train.regen import build_regen_data
-    from ready.train.stages import stage_seed, train_stage
 
     cfg, loaded, val = heldout_setup(args.overrides, args.threads, 2, "τ is measured")
     if args.drafter:

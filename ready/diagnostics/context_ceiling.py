@@ -1,6 +1,6 @@
 """How much could reading states add at all? The target's dependence on text beyond a window.
 
-    python -m ready.decode.context_ceiling --windows 4,8,16,32,64 [a.b=value ...]
+    python -m ready.diagnostics.context_ceiling --windows 4,8,16,32,64 [a.b=value ...]
 
 On held-out target-regenerated sequences (the validation split of the teacher-forced metric), each
 response token is the target's greedy choice given the whole prefix. For a window W, the same
@@ -25,6 +25,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from ready.decode.teacher_forced import _batches, block_acceptance, full_block_anchors
+from ready.diagnostics.heldout_setup import heldout_setup
+from ready.drafter import load_drafter
+from ready.target.layers import Attention
 from ready.train.regen import RegenData
 
 
@@ -50,8 +54,6 @@ def attention_window(target: Any, window: int) -> Iterator[None]:
     run over the whole prefix. Comparing the target so cut with the target whole says how much of
     what it knows of older text travels through attention rather than through the GDN states (all a
     reader sees)."""
-    from ready.target.layers import Attention
-
     mods = [m for m in target.modules() if isinstance(m, Attention)]
     before = [m.window for m in mods]
     for m in mods:
@@ -98,8 +100,6 @@ def rejection_share(drafter: Any, target: Any, data: RegenData, window: int, bat
     share of anchor positions whose target token needs text beyond `window`, and the same share
     among the positions of the drafter's first rejected draft. A rejection share well above the
     anchor share says the drafter fails where older text matters: what reading states could fix."""
-    from ready.decode.teacher_forced import _batches, block_acceptance, full_block_anchors
-
     K = int(drafter.proposals)
     device = next(drafter.parameters()).device
     anchors, valid = full_block_anchors(data, K)
@@ -121,7 +121,7 @@ def rejection_share(drafter: Any, target: Any, data: RegenData, window: int, bat
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m ready.decode.context_ceiling", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.context_ceiling", description=__doc__.split("\n")[0])
     p.add_argument("--windows", default="4,8,16,32,64", help="comma list of context windows W (tokens)")
     p.add_argument("--drafter", default=None, help="a trained drafter's folder: where its rejections fall")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
@@ -133,7 +133,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         raise SystemExit(f"error: --windows {args.windows!r}: expected a comma list of integers >= 1") from None
     if not windows or min(windows) < 1:
         raise SystemExit(f"error: --windows {args.windows!r}: expected a comma list of integers >= 1")
-    from ready.heldout_setup import heldout_setup
 
     _, loaded, val = heldout_setup(args.overrides, args.threads, 1, "the rates are measured")
     out: dict[str, Any] = {"sequences": len(val), "prompt_len": int(val.prompt_len), "rates": {}}
@@ -148,8 +147,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         print(f"[context_ceiling] W={w}: {att:.1%} when only the attention layers are cut (GDN states whole)",
               file=sys.stderr, flush=True)
     if args.drafter:
-        from ready.drafter import load_drafter
-
         drafter = load_drafter(args.drafter, loaded.target).eval()
         out["drafter"] = {"path": args.drafter, "by_window": {}}
         for w in windows:

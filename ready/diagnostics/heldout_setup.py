@@ -1,5 +1,5 @@
-"""The set-up the held-out diagnostics share (`ready.train.plateau`, `ready.decode.context_ceiling`,
-`ready.train.reader_pilot`): a config from command-line overrides, the loaded target, and the
+"""The set-up the held-out diagnostics share (`ready.diagnostics.plateau`, `ready.diagnostics.context_ceiling`,
+`ready.diagnostics.reader_pilot`): a config from command-line overrides, the loaded target, and the
 held-out regenerated sequences (`eval.heldout_tf_samples`) they measure on."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from typing import Any, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ready.config import merge, schema, validate
+from ready.loading import load_configured_target
+from ready.train.regen import build_validation_data
+
 
 def heldout_setup(overrides: Sequence[str], threads: int, min_sequences: int,
                   measured: str) -> tuple[DictConfig, Any, Any]:
     """(config, loaded target and tokenizer, validation data); bad input exits with one line
     (`measured` says what the sequences are for, in that line)."""
-    from ready.config import merge, schema, validate
-    from ready.loading import load_configured_target
-    from ready.train.regen import build_validation_data
-
     if threads < 1:
         raise SystemExit(f"error: --threads {threads}: expected an integer >= 1")
     torch.set_num_threads(threads)
