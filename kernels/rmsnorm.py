@@ -4,7 +4,7 @@
 classic RMSNorm. The result has x's dtype.
 
 The Triton kernel (one program per row, the whole row in registers) is used by `rms_norm` only
-where the benchmark showed it beats torch (see `PREFER_TRITON` and kernels/bench.py), and only
+where the benchmark showed it beats torch (see `PREFER_TRITON` and ready/bench/kernels.py), and only
 without autograd (the drafter trains through the torch op).
 """
 

@@ -158,8 +158,8 @@ def _rebuild(kind: str, smoke: Smoke) -> None:
     """Ask for the artifact the way the pipeline does (which rebuilds it when needed)."""
     from ready.data import ensure_default_target
     from ready.loading import load_configured_target
-    from sweeps.row import _suites, ar_generations
     from ready.train import ensure_base_drafter, train_variant
+    from sweeps.row import _suites, ar_generations
     from ready.train.regen import build_regen_data
 
     cfg = smoke.cfg

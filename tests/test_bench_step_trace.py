@@ -86,11 +86,10 @@ def test_bad_token_sizes_are_refused(tokens, capsys, monkeypatch):
 
 
 def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
-    import ready.target
     from ready.bench import step_trace
 
     loads = []
-    monkeypatch.setattr(ready.target, "load_target", lambda *a, **k: loads.append(a) or "target")
+    monkeypatch.setattr(step_trace, "load_target", lambda *a, **k: loads.append(a) or "target")
     monkeypatch.setattr(step_trace, "step_replayer", lambda target, tokens, prompt_len: tokens)
     rows = lambda n: [{"kernel": f"k{i}", "us": float(n * i), "calls": 1.0} for i in range(30)]  # noqa: E731
     monkeypatch.setattr(step_trace, "trace_replay", lambda replay, replays, by_grid: {"replay_ms": replay, "by_kernel": rows(replay)})

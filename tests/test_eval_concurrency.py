@@ -11,8 +11,8 @@ from ready.config import ConfigError, DrafterConfig, ReaderConfig
 from ready.decode import DecodeError, evaluate, run_ar
 from ready.decode.sampling import SamplingParams
 from ready.loading import LoadedTarget
-from sweeps.row import _evaluate
 from ready.target import HybridLM
+from sweeps.row import _evaluate
 from sweeps.spec import SpecError, load_sweep
 
 from tiny_models import VOCAB, small_target

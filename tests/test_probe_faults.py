@@ -539,13 +539,13 @@ def test_a_broken_artifact_is_reported_once_however_often_it_is_checked(tmp_path
 
 def test_ar_generations_are_found_again_after_artifacts_dir_moves(tmp_path: Path, monkeypatch) -> None:
     """The AR cache is keyed by the target's contents, not its path: artifacts_dir enters no hash."""
-    import importlib
     import shutil
 
+    import sweeps.row
     from ready.config import schema
     from ready.loading import LoadedTarget
-    from sweeps.row import ar_generations
     from ready.target import load_target
+    from sweeps.row import ar_generations
 
     def loaded(root: Path) -> LoadedTarget:
         path = root / "target" / "tiny"
@@ -565,7 +565,7 @@ def test_ar_generations_are_found_again_after_artifacts_dir_moves(tmp_path: Path
     def no_decoding(*args, **kwargs):
         raise AssertionError("AR generations decoded again")
 
-    monkeypatch.setattr(importlib.import_module("ready.decode.evaluate"), "run_ar", no_decoding)
+    monkeypatch.setattr(sweeps.row, "run_ar", no_decoding)
     cfg.artifacts_dir = str(moved)
     after = ar_generations(cfg, loaded(moved), suites, progress=False)
     assert [g.tokens for g in after["humaneval"]] == [g.tokens for g in before["humaneval"]]

@@ -1,11 +1,17 @@
-"""Benchmark scripts: each prints JSON and is the source of a figure in docs/benchmarks.md.
+"""Benchmarks: each prints JSON and is the source of a figure in docs/benchmarks.md or kernels/NOTES.md.
 
-    python -m ready.bench.engine   # decoding engine: AR, verify cost, paper-size rounds (forced acceptance)
-    python -m ready.bench.target   # the target's decode step against its memory-bandwidth bound
-    python -m ready.bench.train    # taus of trained drafters on the embedded default (CPU)
-    python -m ready.bench.train_scale  # regeneration, prefill and training rates at paper size; the recipe's wall time
-    python -m ready.diagnostics.plateau  # held-out loss / teacher-forced tau against each stage's budget
+    python -m ready.bench.engine         # decoding engine: AR, verify cost, paper-size rounds (forced acceptance)
+    python -m ready.bench.target         # the target's decode step against its memory-bandwidth bound
+    python -m ready.bench.step_trace     # one graphed AR step: kernel time vs gaps, per kernel
+    python -m ready.bench.ab             # env switches A/B over fresh engine-benchmark processes
+    python -m ready.bench.train          # taus of trained drafters on the embedded default (CPU)
+    python -m ready.bench.train_scale    # regeneration, prefill and training rates at paper size; the recipe's wall time
+    python -m ready.bench.kernels        # the fused kernels (ready_kernels) vs their torch references vs the bound
+    python -m ready.bench.kernel_stages  # where the reader's / verify's microseconds go
+    python -m ready.bench.small_m        # the small-M linear against cuBLAS at the 27B projection shapes
+    python -m ready.bench.exact          # exact mode on the GPU: row invariance, its cost, tie flips
+    python -m ready.bench.kernel_probe   # one call of each kernel variant, for `ncu --profile-from-start off`
 
-The kernels' own benchmarks stay beside the kernels: `python kernels/bench.py`,
-`kernels/bench_stages.py`, `kernels/bench_small_m.py`, `kernels/bench_exact.py`.
+They sit above the library (they import `ready` and `ready_kernels`; nothing in either imports them)
+beside the diagnostics (`ready.diagnostics`); the import contract in pyproject.toml keeps it so.
 """

@@ -59,10 +59,18 @@ import time
 from typing import Any, Callable, Optional
 
 import torch
+from omegaconf import OmegaConf
 
+import ready.decode.batch as batch_mod
+from ready.config import EXPERIMENTS_DIR, merge, schema
+from ready.decode.batch import BatchEngine
 from ready.decode.engine import Engine, Generation
 from ready.decode.errors import DecodeError
+from ready.decode.evaluate import _warm_up
 from ready.decode.graphs import GraphRunner
+from ready.drafter import DSparkDrafter
+from ready.reader import StateSource, read_states
+from ready.target import PRESETS, load_target
 
 DRAFTERS = ("random", "dspark", "ready")
 
@@ -171,13 +179,8 @@ def time_verify(target: Any, prompt: torch.Tensor, block_sizes: list[int], iters
 
 def drafter_configs(preset: str, block_size: int) -> tuple[Any, Any]:
     """(drafter, reader) configs: schema <- experiments/base.yaml <- experiments/presets/<preset>.yaml."""
-    from omegaconf import OmegaConf
-
-    from ready.config import EXPERIMENTS_DIR as root
-    from ready.config import merge, schema
-
     layers = []
-    for f in (root / "base.yaml", root / "presets" / f"{preset}.yaml"):
+    for f in (EXPERIMENTS_DIR / "base.yaml", EXPERIMENTS_DIR / "presets" / f"{preset}.yaml"):
         if f.is_file():
             raw = OmegaConf.load(f)
             layers.append({k: raw[k] for k in ("drafter", "reader") if k in raw})
@@ -192,8 +195,6 @@ def build_drafter(target: Any, kind: str, preset: str, block_size: int, seed: in
     """A DSpark drafter (`dspark`) or one with ReaDy readers (`ready`) in the target's dtype, random
     weights: the same seed gives both the same backbone; the parts that start at zero (sequence head
     output, reader output) get random values too, so nothing is timed on zeros."""
-    from ready.drafter import DSparkDrafter
-
     dcfg, rcfg = drafter_configs(preset, block_size)
     rcfg.enabled = kind == "ready"
     torch.manual_seed(seed)
@@ -258,8 +259,6 @@ def time_readers(drafter: Any, cache: Any, iters: int = 20, batch: int = 1) -> d
     """µs per draft step of the readers' own work (norm, query, fused read, MLP, residual) and of the
     fused read alone, for `batch` rows of the cache, each as `iters` calls inside one CUDA graph (the
     draft graph runs them so)."""
-    from ready.reader import StateSource, read_states
-
     if not drafter.reader_enabled or cache.ssm.device.type != "cuda":
         return {}
     K, D = drafter.block_size, drafter.hidden_size  # the reader reads every row of the block
@@ -394,8 +393,6 @@ class _BatchTimed(_Timed):
     round_start = "verify"
 
     def __enter__(self) -> "_BatchTimed":
-        import ready.decode.batch as batch_mod
-
         e = self.engine
         e._propose = self._wrap("draft", e._propose)
         e._verify = self._wrap("verify", e._verify)
@@ -404,8 +401,6 @@ class _BatchTimed(_Timed):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        import ready.decode.batch as batch_mod
-
         del self.engine._propose, self.engine._verify
         batch_mod.ragged_commit = self._commit
 
@@ -433,8 +428,6 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
     all new tokens / wall time. The drafters decode under forced acceptance (`dist`, reseeded per call, so
     DSpark and ReaDy run identical rounds); `reader_share` = (ReaDy's draft µs - DSpark's) / ReaDy's round µs
     (per-round medians, CUDA events), `ready_over_dspark` = ReaDy TPS / DSpark TPS."""
-    from ready.decode.batch import BatchEngine
-
     drafters = {k: build_drafter(target, k, preset, block_size, seed) for k in kinds}
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = target.config.vocab_size
@@ -489,8 +482,6 @@ def first_vs_later(target: Any, preset: str, block_size: int, dist: dict, prompt
                    repeats: int, graphs: bool, seed: int) -> dict[str, Any]:
     """Decode TPS of the first and of a second engine of the process (each with its own ReaDy drafter),
     each warmed up exactly as `ready.decode.evaluate` does before its clock starts."""
-    from ready.decode.evaluate import _warm_up
-
     out: dict[str, Any] = {}
     for name in ("first", "later"):
         e = Engine(target, build_drafter(target, "ready", preset, block_size, seed), eos_token_id=-1,
@@ -514,8 +505,6 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
           drafter_preset: Optional[str] = None, verify_tokens: Optional[list[int]] = None,
           breakdown: bool = False, profile: bool = False, first_later: bool = False,
           batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False) -> dict[str, Any]:
-    from ready.target import PRESETS, load_target
-
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
     if bad:

@@ -31,6 +31,7 @@ from typing import Any, Optional
 import torch
 
 from ready.decode.graphs import GraphRunner
+from ready.target import load_target
 
 # gaps longer than this lie between replays (host launches the next graph), not inside one
 REPLAY_BREAK_US = 50.0
@@ -160,8 +161,6 @@ def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, 
                by_grid: bool = False) -> dict[str, Any]:
     """The trace of each verify size on one loaded target; one size: its trace alone, several:
     `steps` (one each) and `difference` (last minus first)."""
-    from ready.target import load_target
-
     torch.manual_seed(seed)
     target = load_target(target_spec, device="cuda", dtype=dtype)
     top = 40 if by_grid else 25

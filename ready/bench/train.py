@@ -22,6 +22,13 @@ import torch
 from omegaconf import OmegaConf
 
 from ready.config import merge, schema, validate
+from ready.data import ensure_default_target, load_suite
+from ready.data.tokenizer import load_tokenizer
+from ready.decode import NgramDrafter, evaluate, run_ar
+from ready.drafter import load_drafter
+from ready.target import load_target
+from ready.train.pipeline import ensure_base_drafter, read_train_log, train_variant
+from ready.train.regen import build_regen_data
 
 
 def _timed(times: dict, key: str, fn, *args, **kw):
@@ -32,8 +39,6 @@ def _timed(times: dict, key: str, fn, *args, **kw):
 
 
 def _evaluate(target: Any, drafter: Any, suites: dict, cfg: Any, ar: dict, name: str) -> dict:
-    from ready.decode import evaluate
-
     out = {}
     for suite, prompts in suites.items():
         res = evaluate(target, drafter, [p.ids for p in prompts], int(cfg.eval.max_new_tokens), benchmark=suite,
@@ -54,14 +59,6 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     cfg = merge(schema(), OmegaConf.from_dotlist(args.overrides), source="command line")
     validate(cfg)
-
-    from ready.data import ensure_default_target, load_suite
-    from ready.data.tokenizer import load_tokenizer
-    from ready.decode import NgramDrafter, run_ar
-    from ready.drafter import load_drafter
-    from ready.target import load_target
-    from ready.train.pipeline import ensure_base_drafter, read_train_log, train_variant
-    from ready.train.regen import build_regen_data
 
     times: dict[str, float] = {}
     t_all = time.perf_counter()

@@ -56,6 +56,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from ready.config import EXPERIMENTS_DIR, merge, validate
+from ready.decode.batch import BatchEngine
+from ready.drafter import DSparkDrafter
+from ready.target import PRESETS, load_target, preset_config
+from ready.train.launch import load_config
+from ready.train.regen import RegenData
+from ready.train.stages import stage_seed, train_stage
+
 H200_BF16_DENSE_FLOPS = 989e12  # H200 SXM dense bf16 tensor-core peak (no sparsity)
 SECTIONS = ("regen", "prefill", "train")
 TRAIN_STAGES = ("base", "stage1", "stage2")
@@ -101,15 +109,12 @@ def _failure(e: BaseException, what: str) -> str:
 def bench_config(preset: str, profile: Optional[str] = DEFAULT_PROFILE, overrides: Sequence[str] = ()) -> DictConfig:
     """schema <- experiments/base.yaml <- presets/<preset>.yaml (ready.train.launch.load_config) <- the
     profile's `config:` layer <- `a.b=v` overrides, validated."""
-    from ready.config import merge, validate
-    from ready.train.launch import EXPERIMENTS, load_config
-
-    if not (EXPERIMENTS / "presets" / f"{preset}.yaml").is_file():
-        names = sorted(p.stem for p in (EXPERIMENTS / "presets").glob("*.yaml"))
+    if not (EXPERIMENTS_DIR / "presets" / f"{preset}.yaml").is_file():
+        names = sorted(p.stem for p in (EXPERIMENTS_DIR / "presets").glob("*.yaml"))
         raise TrainScaleError(f"--target {preset!r}: no experiments/presets/{preset}.yaml; expected one of {names}")
     cfg = load_config(preset, None, [])
     if profile:
-        path = EXPERIMENTS / "profiles" / f"{profile}.yaml"
+        path = EXPERIMENTS_DIR / "profiles" / f"{profile}.yaml"
         if not path.is_file():
             raise TrainScaleError(f"--profile {profile!r}: no {path}; expected a profile in experiments/profiles/")
         layer = OmegaConf.load(path).get("config") or {}
@@ -121,8 +126,6 @@ def bench_config(preset: str, profile: Optional[str] = DEFAULT_PROFILE, override
 
 def random_target(preset: str, device: str, dtype: str) -> Any:
     """The preset's target architecture with random weights (seed 0), frozen."""
-    from ready.target import PRESETS, load_target
-
     if preset not in PRESETS:
         raise TrainScaleError(f"--target {preset!r}: not a target architecture preset; expected one of {sorted(PRESETS)}")
     torch.manual_seed(0)
@@ -143,9 +146,6 @@ def matmul_params(target: Any) -> int:
 def make_drafter(stage: str, cfg: DictConfig, target: Any) -> torch.nn.Module:
     """A random drafter of the config's DSpark shape as ready.train.pipeline builds it for `stage`:
     reader off for `base`, on (cfg.reader) for stage 1 and 2; fp32 parameters on the target's device."""
-    from ready.drafter import DSparkDrafter
-    from ready.train.stages import stage_seed
-
     reader = OmegaConf.merge(cfg.reader, {"enabled": False}) if stage == "base" else cfg.reader
     seed = stage_seed(int(cfg.train.base_seed), "base") if stage == "base" else stage_seed(int(cfg.seed), "stage1")
     torch.manual_seed(seed)
@@ -155,8 +155,6 @@ def make_drafter(stage: str, cfg: DictConfig, target: Any) -> torch.nn.Module:
 def random_rows(vocab: int, rows: int, seq_len: int, prompt_len: int, seed: int = 0) -> Any:
     """`rows` random training sequences of `seq_len` tokens whose tokens from `prompt_len` on are trainable
     (prompt_len 1 = conversation rows whose every token may be an anchor's label)."""
-    from ready.train.regen import RegenData
-
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (rows, seq_len), generator=g)
     return RegenData(tokens=tokens, prompt_len=prompt_len, lengths=torch.full((rows,), seq_len, dtype=torch.long))
@@ -167,8 +165,6 @@ def random_rows(vocab: int, rows: int, seq_len: int, prompt_len: int, seed: int 
 def bench_regen(target: Any, batch: int, prompt_len: int, response_len: int, seed: int = 0,
                 progress: bool = True) -> dict:
     """Greedy regeneration throughput of `batch` random prompts through BatchEngine (one timed call)."""
-    from ready.decode.batch import BatchEngine
-
     g = torch.Generator().manual_seed(seed)
     prompts = list(torch.randint(0, int(target.config.vocab_size), (batch, prompt_len), generator=g))
     engine = BatchEngine(target, None, batch_size=batch, eos_token_id=NO_STOP)
@@ -253,8 +249,6 @@ def run_stage(stage: str, drafter: torch.nn.Module, target: Any, data: Any, cfg:
     (which runs after the step's update), without checkpoint writes (`checkpoints=False`: at paper scale a
     base stage's weights and AdamW states are about 23 GB that a benchmark keeps nowhere); a hook on the
     drafter's first projection records the dtype its forward computes in."""
-    from ready.train.stages import train_stage
-
     dev = target.embed_tokens.weight.device
     times: list[float] = []
     steps_seen: list[int] = []
@@ -440,8 +434,6 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def _check(a: argparse.Namespace, z: dict) -> tuple[list[str], list[str], list[int], list[int]]:
     """The sections, stages, prefill lengths and GPU counts asked for; TrainScaleError on any unusable flag."""
-    from ready.target import PRESETS, preset_config
-
     if a.target not in PRESETS:
         raise TrainScaleError(f"--target {a.target!r}: expected a preset with a target architecture, one of "
                               f"{sorted(PRESETS)} (random weights; no checkpoint is loaded)")

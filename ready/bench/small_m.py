@@ -2,7 +2,7 @@
 
 Run from the repository root on a CUDA machine:
 
-    python kernels/bench_small_m.py --json [--out results/small_m_h200.json]
+    python -m ready.bench.small_m --json [--out kernels/results/small_m_h200.json]
 
 For each weight shape (N, K) of the fused target (GDN in_proj, attention qkv, MLP gate_up, down,
 out/o projection, LM head) and each row count M, it times F.linear and every Triton configuration
@@ -25,7 +25,6 @@ from pathlib import Path
 if __name__ == "__main__" and "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import ready.fastops  # noqa: E402,F401
@@ -67,7 +66,7 @@ def main() -> None:
     if a.shapes and not smoke:
         unknown = sorted(set(a.shapes.split(",")) - set(SHAPES_27B))
         if unknown:
-            raise SystemExit(f"bench_small_m: unknown --shapes {unknown}; expected names from {sorted(SHAPES_27B)}")
+            raise SystemExit(f"ready.bench.small_m: unknown --shapes {unknown}; expected names from {sorted(SHAPES_27B)}")
         shapes = {n: SHAPES_27B[n] for n in a.shapes.split(",")}
     timer = (lambda fn: (fn(), 1.0)[1]) if smoke else None
     configs = grid_configs() if a.grid else sm.CONFIGS

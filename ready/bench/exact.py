@@ -1,16 +1,16 @@
 """Exact mode on the GPU: are the row-invariant ops invariant, what does exact mode cost, how often
 does the fast path flip ties. Prints one JSON object.
 
-    python kernels/bench_exact.py --probe --json
+    python -m ready.bench.exact --probe --json
         op level, no model: exact_linear (27B projection shapes), row_norm, the GDN verify kernel, and
         (for contrast) the fast tuned linear and cuBLAS: is row i of an M-row call the same bits as
         the 1-row call of row i? Then the tiny target in bf16: verify(8) vs 8 steps, eager and in
         CUDA graphs with compiled layers, fast and exact.
-    python kernels/bench_exact.py --probe-attention --json
+    python -m ready.bench.exact --probe-attention --json
         exact mode's attention at the 27B shapes: bits across static-buffer capacities (279 .. 4096) and
         row counts (8 rows vs 1), for the fixed-order kernel (kernels/exact_attention.py) and the per-row
         SDPA it replaced; error against the float32 reference; µs per call.
-    python kernels/bench_exact.py --target qwen3_5_27b --cost --flips PROMPTS.jsonl --new-tokens 200 --json
+    python -m ready.bench.exact --target qwen3_5_27b --cost --flips PROMPTS.jsonl --new-tokens 200 --json
         --cost: per mode, the step and verify(K+1) graph replays (µs, CUDA events), AR decode tok/s
         (Engine.generate), and verify(K+1) vs K+1 steps bit for bit on the target itself;
         --flips: `evaluate` with the n-gram drafter in fast and in exact mode (lossless_exact,
@@ -30,9 +30,11 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from ready.decode.engine import Engine
+from ready.decode.evaluate import evaluate, first_mismatch, run_ar
+from ready.decode.ngram import NgramDrafter
+from ready.target import GraphedVerify, load_target
+from ready.target.layers import commit_gdn
 
 # fused 27B projections (N, K) and the LM head
 SHAPES_27B = {"gdn_in_proj": (16480, 5120), "attn_qkv": (14336, 5120), "mlp_gate_up": (34816, 5120),
@@ -98,8 +100,6 @@ def probe_ops(max_m: int = 8) -> dict[str, Any]:
 def _replayed(model, c, T: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The GDN states and windows [L, T, ...] (row 0) that commit(n) would install for n = 1..T after a
     verify, read on copies of the live cache (nothing committed)."""
-    from ready.target.layers import commit_gdn
-
     states, conv = [], []
     for n in range(1, T + 1):
         s, w = c.ssm.clone(), c.conv.clone()
@@ -114,8 +114,6 @@ def verify_vs_steps(model, block: torch.Tensor, prompt: torch.Tensor, graphs: bo
     """verify(block) once vs one step per token from the same prefix: logits, GDN states and conv
     windows bit for bit (graphs: replayed CUDA graphs with the compiled layers, as the engine runs).
     `caches`: ((cache, graph) for the block, (cache, graph) for the steps), e.g. two engines' own."""
-    from ready.target import GraphedVerify
-
     T = block.shape[1]
 
     def fresh(c=None):
@@ -154,8 +152,6 @@ def verify_vs_steps(model, block: torch.Tensor, prompt: torch.Tensor, graphs: bo
 
 @torch.inference_mode()
 def probe_target(name: str = "tiny", T: int = 8) -> dict[str, Any]:
-    from ready.target import load_target
-
     torch.manual_seed(0)
     model = load_target(name, device="cuda", dtype=torch.bfloat16)
     vocab = model.config.vocab_size
@@ -187,9 +183,6 @@ def _time_replays(fn, n: int) -> float:
 
 @torch.inference_mode()
 def cost(model, k: int, prompt_len: int, new_tokens: int, iters: int) -> dict[str, Any]:
-    from ready.decode.engine import Engine
-    from ready.decode.ngram import NgramDrafter
-
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, vocab, (prompt_len,), generator=g).cuda()
@@ -300,9 +293,6 @@ def attention_vs_buffer_length(capacities=(279, 286, 294, 512, 1024, 4096), posi
 
 
 def flips(model, prompts: list[list[int]], new_tokens: int, k: int, modes=("fast", "exact")) -> dict[str, Any]:
-    from ready.decode.evaluate import evaluate, first_mismatch, run_ar
-    from ready.decode.ngram import NgramDrafter
-
     out = {}
     for mode in modes:
         exact = mode == "exact"
@@ -324,7 +314,7 @@ def flips(model, prompts: list[list[int]], new_tokens: int, k: int, modes=("fast
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python kernels/bench_exact.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ready.bench.exact", description=__doc__.split("\n\n")[0])
     p.add_argument("--probe", action="store_true", help="op-level and tiny-target invariance probes")
     p.add_argument("--target", help="preset for --cost / --flips (e.g. qwen3_5_27b)")
     p.add_argument("--cost", action="store_true")
@@ -340,7 +330,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_exact needs CUDA", file=sys.stderr)
+        print("ready.bench.exact needs CUDA", file=sys.stderr)
         return 2
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.probe_attention:
@@ -353,8 +343,6 @@ def main(argv=None) -> int:
         report["probe_s"] = time.perf_counter() - t0
         print(json.dumps(report), flush=True)
     if args.target:
-        from ready.target import load_target
-
         t0 = time.perf_counter()
         torch.manual_seed(0)
         model = load_target(args.target, device="cuda", dtype=torch.bfloat16)

@@ -1,9 +1,9 @@
 """Where the fused kernels' microseconds go, on a CUDA GPU; prints JSON.
 
-    python kernels/bench_stages.py            # paper sizes, both state dtypes
+    python -m ready.bench.kernel_stages            # paper sizes, both state dtypes
 
 Times variants that stop early, and plain memory floors, under the same CUDA-graph timing as
-kernels/bench.py (`graph_us`, 16 calls on rotating inputs):
+ready/bench/kernels.py (`graph_us`, 16 calls on rotating inputs):
 
 - reader stages (one program per state, as `state_reader`): `load` reads the state and its
   sum of squares only; `us` adds W = U S; `wv` adds G = W V; `full` is the whole op;
@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import torch
+import triton
+import triton.language as tl
 
-from ready_kernels import state_reader as sr  # noqa: E402
-from ready_kernels.bench import Timer  # noqa: E402
+from ready.bench.kernels import Timer
+from ready_kernels import state_reader as sr
 
 STAGES = {"load": 1, "us": 2, "wv": 3, "full": 4}
 
@@ -112,7 +110,7 @@ def verify_floor(timer: Timer, calls: int = 16) -> dict[str, float]:
 
 def main() -> None:
     if not torch.cuda.is_available():
-        sys.exit("kernels/bench_stages.py: needs a CUDA device")
+        sys.exit("ready.bench.kernel_stages: needs a CUDA device")
     timer = Timer(reps=50, smoke=False)
     result = {"device": torch.cuda.get_device_name(), "unit": "us per call, CUDA graph of 16 calls",
               "reader_fp32_states": reader_stages(timer, torch.float32),

@@ -1,20 +1,16 @@
 """One call of each kernel variant between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \
-        python kernels/probe.py
+        python -m ready.bench.kernel_probe
 
 Kernel durations without launch overhead and the stall reasons behind them (paper sizes, batch 1).
 """
 
-import sys
-from pathlib import Path
+import torch
+import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from ready_kernels import gdn_verify as gv  # noqa: E402
-from ready_kernels import state_reader as sr  # noqa: E402
+from ready_kernels import gdn_verify as gv
+from ready_kernels import state_reader as sr
 
 
 def main() -> None:

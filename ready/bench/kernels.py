@@ -1,13 +1,11 @@
 """Benchmark the fused kernels against their torch references on a CUDA GPU; prints JSON.
 
-Run from the repository root:
+    python -m ready.bench.kernels --json                 # paper and tiny sizes, JSON on stdout
+    python -m ready.bench.kernels --json --out b.json    # also write it to a file
+    python -m ready.bench.kernels --smoke                # CPU: run every case once (Triton interpreter), no timing
 
-    python kernels/bench.py --json                 # paper and tiny sizes, JSON on stdout
-    python kernels/bench.py --json --out b.json    # also write it to a file
-    python kernels/bench.py --smoke                # CPU: run every case once (Triton interpreter), no timing
-
-`kernels/` is the import package `ready_kernels` of the installed project (pyproject.toml maps it;
-`pip install -e .` first). This file also puts the repository root on sys.path, for `ready`.
+It times the kernels of `kernels/`, the import package `ready_kernels` of the installed project
+(pyproject.toml maps it; `pip install -e .` first).
 
 For each op and size it reports, in µs per call: our Triton kernel and the torch reference,
 each eager and under a CUDA graph, and the bound = bytes the op must touch / 4.8e12 B/s (H200
@@ -34,7 +32,6 @@ from typing import Callable
 if __name__ == "__main__" and "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -305,16 +302,16 @@ def main(argv=None) -> None:
         timer = Timer(1, smoke=True)
     else:
         if not torch.cuda.is_available():
-            sys.exit("kernels/bench.py: needs a CUDA device (use --smoke for a CPU check of the code paths)")
+            sys.exit("ready.bench.kernels: needs a CUDA device (use --smoke for a CPU check of the code paths)")
         dev, sizes, calls = "cuda", args.sizes.split(","), args.calls
         timer = Timer(args.reps, smoke=False)
     for name in sizes:
         if name not in SIZES:
-            sys.exit(f"kernels/bench.py: unknown size {name!r}; expected one of {sorted(SIZES)}")
+            sys.exit(f"ready.bench.kernels: unknown size {name!r}; expected one of {sorted(SIZES)}")
     wanted = args.ops.split(",")
     for op in wanted:
         if op not in OPS:
-            sys.exit(f"kernels/bench.py: unknown op {op!r} in --ops; expected some of {','.join(OPS)}")
+            sys.exit(f"ready.bench.kernels: unknown op {op!r} in --ops; expected some of {','.join(OPS)}")
     import triton
 
     result = {
