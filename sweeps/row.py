@@ -10,7 +10,7 @@
 - `ready`: DSpark + the reader, stage 1 (reader) then stage 2 (reader + LoRA).
 
 Every drafting row also measures its teacher-forced acceptance on held-out regenerated
-sequences (`heldout_tf`, `ready.decode.teacher_forced`), and every `ready` row decodes its
+sequences (`heldout_tf`, `ready.train.teacher_forced`), and every `ready` row decodes its
 prompts a second time reading another prompt's states (`state_swap`, for `state_reliance`).
 
 Every product is a content-hashed artifact (ready/artifacts.py), so rows that share a target, a
@@ -38,7 +38,7 @@ from ready.data import load_suite
 from ready.decode.engine import Generation
 from ready.decode.evaluate import evaluate, next_prompt_donors, run_ar
 from ready.decode.sampling import params_from
-from ready.decode.teacher_forced import teacher_forced_acceptance
+from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.drafter import load_drafter
 from ready.health import HealthError, check_target, generations_problem
 from ready.loading import LoadedTarget, PipelineConfigError, load_configured_target

@@ -39,10 +39,10 @@ from optuna.trial import TrialState
 from ready.config import schema
 from ready.health import check_metrics
 from sweeps import tracking
+from sweeps.liveness import STALE_AFTER_S, pid_alive, process_start
 from sweeps.spec import Job, Sweep, Variant, search_config
 
 HEARTBEAT_S = 30.0
-STALE_AFTER_S = 600.0
 DEFAULT_RUNNER = "sweeps.row"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -149,32 +149,6 @@ def job_from_attrs(attrs: dict[str, Any]) -> Job:
     return Job(variant=variant, seed=int(attrs["seed"]), cfg=cfg, config_hash=attrs["job"])
 
 
-def _pid_alive(pid: int, started: Optional[float]) -> bool:
-    try:
-        import psutil
-
-        if not psutil.pid_exists(pid):
-            return False
-        return started is None or abs(psutil.Process(pid).create_time() - started) < 1.0
-    except ImportError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-    except Exception:  # the process ended between the two calls
-        return False
-
-
-def _process_start() -> Optional[float]:
-    try:
-        import psutil
-
-        return psutil.Process(os.getpid()).create_time()
-    except ImportError:
-        return None
-
-
 def is_stale(trial: optuna.trial.FrozenTrial, now: Optional[float] = None) -> bool:
     """A RUNNING trial whose worker is gone: dead pid on this host, or no heartbeat for a while."""
     if trial.state != TrialState.RUNNING:
@@ -182,7 +156,7 @@ def is_stale(trial: optuna.trial.FrozenTrial, now: Optional[float] = None) -> bo
     ua = trial.user_attrs
     now = time.time() if now is None else now
     if ua.get("worker_host") == socket.gethostname() and "worker_pid" in ua:
-        if not _pid_alive(int(ua["worker_pid"]), ua.get("worker_started")):
+        if not pid_alive(int(ua["worker_pid"]), ua.get("worker_started")):
             return True
     beat = ua.get("heartbeat")
     if beat is None and trial.datetime_start is not None:
@@ -396,7 +370,7 @@ def _run_trial(study: optuna.Study, trial_id: int, number: int, job: Job, ctx: W
                sweep_name: str, table: str, setting: str, objective: str) -> None:
     storage = study._storage  # noqa: SLF001
     for key, value in {"worker_host": socket.gethostname(), "worker_pid": os.getpid(),
-                       "worker_started": _process_start(), "heartbeat": time.time(),
+                       "worker_started": process_start(), "heartbeat": time.time(),
                        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                        "parent_run_id": ctx.parent_run_id}.items():
         storage.set_trial_user_attr(trial_id, key, value)

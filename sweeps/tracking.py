@@ -38,6 +38,7 @@ from ready.mlflow_store import (  # noqa: F401  (TrackingError, check_server, ex
     resolve_tracking_uri,
     retry,
 )
+from sweeps.liveness import STALE_AFTER_S, pid_alive, process_start
 
 TABLES = {f"table{i}" for i in range(1, 7)}
 
@@ -68,8 +69,6 @@ def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) 
     """A parent run for this invocation; its children are the runs this invocation executes."""
     from mlflow.entities import Param
 
-    from sweeps.study import _process_start
-
     tags = {
         "ready.kind": "sweep",
         "ready.sweep": sweep.name,
@@ -85,7 +84,7 @@ def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) 
         # who runs it: the next invocation marks this run KILLED when that process is gone (reap_parents)
         "ready.host": socket.gethostname(),
         "ready.pid": str(os.getpid()),
-        "ready.pid_started": repr(_process_start()),
+        "ready.pid_started": repr(process_start()),
     }
     run = retry(lambda: c.create_run(experiment_id, run_name=f"{sweep.name} sweep", tags=tags))
     params = [Param(k, v[:6000]) for k, v in flatten(sweep.common).items()]
@@ -118,8 +117,6 @@ def setting_runs(c, experiment_id: str, setting: str, method: Optional[str] = No
 
 def child_tags(job, sweep_name: str, table: str, setting: str) -> dict[str, str]:
     """A child run's tags at its start, who runs it included (host, pid, heartbeat: `claim_alive`)."""
-    from sweeps.study import _process_start
-
     cfg = job.cfg
     return {
         "ready.kind": "variant",
@@ -137,7 +134,7 @@ def child_tags(job, sweep_name: str, table: str, setting: str) -> dict[str, str]
         "ready.host": os.uname().nodename,
         "ready.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "ready.pid": str(os.getpid()),
-        "ready.pid_started": repr(_process_start()),
+        "ready.pid_started": repr(process_start()),
         "ready.heartbeat": repr(time.time()),
     }
 
@@ -149,12 +146,10 @@ def child_tags(job, sweep_name: str, table: str, setting: str) -> dict[str, str]
 def claim_alive(run, now: Optional[float] = None) -> bool:
     """Whether the worker of a RUNNING child run still works on it: on this host, its process is
     there; elsewhere, its heartbeat (tag `ready.heartbeat`, else its start) is younger than STALE_AFTER_S."""
-    from sweeps.study import STALE_AFTER_S, _pid_alive
-
     tags = run.data.tags
     if tags.get("ready.host") == os.uname().nodename and tags.get("ready.pid", "").isdigit():
         started = tags.get("ready.pid_started")
-        return _pid_alive(int(tags["ready.pid"]), float(started) if started not in (None, "", "None") else None)
+        return pid_alive(int(tags["ready.pid"]), float(started) if started not in (None, "", "None") else None)
     beat = float(tags.get("ready.heartbeat") or run.info.start_time / 1000)
     return (time.time() if now is None else now) - beat < STALE_AFTER_S
 
@@ -308,8 +303,6 @@ def kill_run(c, run_id: str) -> None:
 def reap_parents(c, experiment_id: str) -> int:
     """Mark KILLED every RUNNING parent (sweep) run started on this host by a process that is gone
     (e.g. SIGKILLed); its children are reaped with their trials. Returns how many were marked."""
-    from sweeps.study import _pid_alive
-
     runs = retry(lambda: c.search_runs(
         [experiment_id], filter_string="tags.`ready.kind` = 'sweep' and attributes.status = 'RUNNING'",
         max_results=1000))
@@ -320,7 +313,7 @@ def reap_parents(c, experiment_id: str) -> int:
             continue  # another host, or a run from before pids were recorded: cannot tell
         started = tags.get("ready.pid_started")
         started_f = float(started) if started not in (None, "", "None") else None
-        if _pid_alive(int(tags["ready.pid"]), started_f):
+        if pid_alive(int(tags["ready.pid"]), started_f):
             continue
         kill_run(c, run.info.run_id)
         n += 1

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from ready.decode.engine import greedy_accept
 from ready.decode.protocol import DraftStep
-from ready.decode.teacher_forced import block_acceptance, full_block_anchors, teacher_forced_acceptance
+from ready.train.teacher_forced import block_acceptance, full_block_anchors, teacher_forced_acceptance
 from ready.drafter import DSparkDrafter
 from ready.train import greedy_responses, train_stage
 from test_train_helpers import micro_cfg, micro_prompts, micro_target

@@ -90,12 +90,9 @@ def _greedy_count(drafted: list[int], argmax: list[int]) -> int:
 
 
 def is_block_drafter(drafter: Any) -> bool:
-    """A DSpark / ReaDy drafter (batched draft step); anything else is asked row by row."""
-    try:
-        from ready.drafter.model import DSparkDrafter
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(drafter, DSparkDrafter)
+    """A DSpark / ReaDy drafter (its class says `batch_draft = True`: `BatchDraft` drives its draft step);
+    anything else is asked row by row."""
+    return getattr(type(drafter), "batch_draft", False) is True
 
 
 class BatchDraft:

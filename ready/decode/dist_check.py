@@ -45,6 +45,17 @@ class DistValidity:
     failure: Optional[dict] = None  # the first check that failed
 
 
+def teacher_forced_logits(target: Any, prompt: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+    """The target's float32 logits [N, V] that predicted each of the N new `tokens` (one forward over
+    prompt + tokens[:-1], no cache)."""
+    device = next(target.parameters()).device
+    ids = torch.cat([prompt.to(device).long(), torch.tensor(list(tokens[:-1]), dtype=torch.long, device=device)])
+    with torch.inference_mode():
+        logits = target(ids[None]).logits[0]
+    p = prompt.numel()
+    return logits[p - 1:p - 1 + len(tokens)].float()
+
+
 def rule_error(p: torch.Tensor, q: torch.Tensor) -> float:
     """Largest |position_law(p_j, q_j) - p_j| over rows j (p normalised in float64)."""
     if q.shape[0] == 0:
@@ -60,8 +71,6 @@ def check_distribution(target: Any, prompt: torch.Tensor, tokens: Sequence[int],
     generation's new tokens, `traces` its `RoundTrace`s, `tie_rel` the margin's relative size."""
     if not traces:
         return DistValidity(dist_valid=1, rounds=0)
-    from ready.decode.evaluate import teacher_forced_logits
-
     full = prompt.tolist() + list(tokens)
     p_len = prompt.numel()
     tf = teacher_forced_logits(target, prompt, tokens).float().cpu()  # row i predicts tokens[i]; on the host beside the traces

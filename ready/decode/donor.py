@@ -11,14 +11,23 @@ teacher-pass memo; CPU targets the memo can digest only).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from ready.train.teacher_pass import MEMO, BytesLRU, tensor_digest, weights_digest
+from ready.memo import BytesLRU, memo_budget, tensor_digest, weights_digest
 
 DONOR_MEMO_BYTES = 1 << 30
 _KEPT = BytesLRU(DONOR_MEMO_BYTES)
+_budget: Optional[int] = None  # READY_TEACHER_MEMO_GB, read when first needed (as the teacher-pass memo does)
+
+
+def _memo_on() -> bool:
+    """Whether passes are kept at all (READY_TEACHER_MEMO_GB > 0, read once per process)."""
+    global _budget
+    if _budget is None:
+        _budget = memo_budget()
+    return _budget > 0
 
 
 def read_lengths(prompt_len: int, max_new_tokens: int, donor_len: int) -> list[int]:
@@ -32,7 +41,7 @@ def donor_states(target, donor: torch.Tensor, lengths: Sequence[int], layers: Se
     ids = donor.reshape(-1)[: max(lengths)]
     pos = torch.tensor([[n - 1 for n in lengths]], dtype=torch.long)
     key = None
-    if MEMO.budget and ids.device.type == "cpu":
+    if _memo_on() and ids.device.type == "cpu":
         weights = weights_digest(target)
         if weights is not None:
             key = (weights, tensor_digest(ids), tensor_digest(pos), tuple(int(i) for i in layers))

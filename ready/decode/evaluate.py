@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from ready.decode.engine import Engine, Generation, as_prompt, check_prompt
 from ready.decode.errors import DecodeError
-from ready.decode.dist_check import DistValidity, check_distribution
+from ready.decode.dist_check import DistValidity, check_distribution, teacher_forced_logits
 from ready.decode.protocol import Drafter
 from ready.decode.sampling import SamplingParams, sample_seed
 from ready.metrics import Metrics, summarize, with_ar
@@ -76,17 +76,6 @@ class Validity:
     min_margin: Optional[float] = None  # smallest signed margin over the scored tokens (None: none scored)
     failure: Optional[dict] = None  # the first token beyond the margin: position, token, top1, deficit, margin
     noise_floor: Optional[float] = None  # largest shortfall of a common-prefix token in the teacher pass
-
-
-def teacher_forced_logits(target: Any, prompt: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
-    """The target's float32 logits [N, V] that predicted each of the N new `tokens` (one forward over
-    prompt + tokens[:-1], no cache)."""
-    device = next(target.parameters()).device
-    ids = torch.cat([prompt.to(device).long(), torch.tensor(list(tokens[:-1]), dtype=torch.long, device=device)])
-    with torch.inference_mode():
-        logits = target(ids[None]).logits[0]
-    p = prompt.numel()
-    return logits[p - 1:p - 1 + len(tokens)].float()
 
 
 def check_greedy(target: Any, prompt: torch.Tensor, ar_tokens: Sequence[int], spec_tokens: Sequence[int],

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ready.decode.teacher_forced import _batches, block_acceptance, full_block_anchors
+from ready.train.teacher_forced import _batches, block_acceptance, full_block_anchors
 from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import load_drafter
 from ready.target.layers import Attention

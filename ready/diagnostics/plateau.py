@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from ready import mlflow_store
 from ready.config import merge
-from ready.decode.teacher_forced import teacher_forced_acceptance
+from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import DSparkDrafter, load_drafter
 from ready.train.lora import has_lora, merge_lora_

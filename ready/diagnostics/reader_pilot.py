@@ -42,7 +42,7 @@ import torch
 
 from ready.config import merge
 from ready.data import training_prompts
-from ready.decode.teacher_forced import teacher_forced_acceptance
+from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.diagnostics.copy_probe import copy_fidelity, copy_prompts
 from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import load_drafter

@@ -45,8 +45,8 @@ from tqdm.auto import tqdm
 from ready.artifacts import artifact_dir, cached, intact
 from ready.config import config_hash, to_container
 from ready.train import distributed
-from ready.train.regen import DATA_FILE, RegenData, RegenError, target_fingerprint
-from ready.train.regen_chunks import regenerate_in_chunks, work_folder
+from ready.train.regen_chunks import map_chunks, work_folder
+from ready.train.regen_data import DATA_FILE, RegenData, RegenError, target_fingerprint
 
 Messages = list[dict[str, str]]
 COUNTS_FILE = "counts.json"
@@ -95,6 +95,21 @@ def regenerate_turns(target: Any, tokenizer: Any, conversations: list[Messages],
         bar.update(len(todo))
     bar.close()
     return out
+
+
+def regenerate_in_chunks(target: Any, tokenizer: Any, conversations: list[Messages],
+                         prompt_of: Callable[[Messages], list[int]], max_new_tokens: int, batch_size: int,
+                         work: Path, spec_hash: str, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                         progress: bool = True) -> list[Messages]:
+    """`regenerate_turns` over chunks of `batch_size` conversations, sharded over the data-parallel ranks
+    and resumable (module doc): every rank returns the whole regenerated set, in the input's order."""
+    size = max(1, int(batch_size))
+
+    def answer(chunk: list[Messages], first: int) -> list[Messages]:
+        return regenerate_turns(target, tokenizer, chunk, prompt_of, max_new_tokens, size, temperature, top_p, seed,
+                                progress=False, first=first)
+
+    return map_chunks(conversations, size, answer, Path(work), spec_hash, progress)
 
 
 def conversation_spec(cfg: Any, target: Any, tokenizer: Any, split: str = "train", n: Optional[int] = None) -> dict:

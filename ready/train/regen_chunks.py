@@ -15,19 +15,21 @@ answered anew by the target) takes hours, so it is cut into chunks of `regen.bat
   are done, so every rank takes the same branch. Nothing half-written is ever read: a chunk file is
   complete or absent, and one that fails any check is regenerated. The artifact's builder removes the
   work folder once the data are in place (ready.train.conversations).
+
+`map_chunks` does the chunking; `ready.train.conversations.regenerate_in_chunks` runs `regenerate_turns` through it.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from tqdm.auto import tqdm
 
 from ready.artifacts import atomic_write_text
 from ready.train import distributed
-from ready.train.regen import RegenError
+from ready.train.regen_data import RegenError
 
 Messages = list[dict[str, str]]
 CHUNK_FILE = "chunk-{:09d}.json"  # the regenerated conversations from this index of the whole set on
@@ -37,23 +39,6 @@ def work_folder(folder: Path) -> Path:
     """Where the chunks of the artifact `folder` are kept while it is built: `<folder>.work` beside it."""
     folder = Path(folder)
     return folder.parent / f"{folder.name}.work"
-
-
-def regenerate_in_chunks(target: Any, tokenizer: Any, conversations: list[Messages],
-                         prompt_of: Callable[[Messages], list[int]], max_new_tokens: int, batch_size: int,
-                         work: Path, spec_hash: str, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                         progress: bool = True) -> list[Messages]:
-    """`regenerate_turns` over chunks of `batch_size` conversations, sharded over the data-parallel ranks
-    and resumable (module doc): every rank returns the whole regenerated set, in the input's order."""
-    from ready.train.conversations import regenerate_turns
-
-    size = max(1, int(batch_size))
-
-    def answer(chunk: list[Messages], first: int) -> list[Messages]:
-        return regenerate_turns(target, tokenizer, chunk, prompt_of, max_new_tokens, size, temperature, top_p, seed,
-                                progress=False, first=first)
-
-    return map_chunks(conversations, size, answer, Path(work), spec_hash, progress)
 
 
 def map_chunks(conversations: list[Messages], size: int, fn: Callable[[list[Messages], int], list[Messages]],
@@ -116,4 +101,4 @@ def _read_chunk(work: Path, start: int, sources: list[Messages], spec_hash: str)
     return convs
 
 
-__all__ = ["CHUNK_FILE", "map_chunks", "regenerate_in_chunks", "work_folder"]
+__all__ = ["CHUNK_FILE", "map_chunks", "work_folder"]

@@ -23,20 +23,14 @@ features and final-norm outputs for every regenerated sequence, computed once fo
 
 from __future__ import annotations
 
-import hashlib
-import os
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
+from ready.memo import BytesLRU, MemoError, memo_budget, tensor_digest, weights_digest
 from ready.train.anchors import gather_blocks
-
-MEMO_ENV = "READY_TEACHER_MEMO_GB"
-DEFAULT_MEMO_GB = 4.0
-MAX_MEMO_TARGET_BYTES = 1 << 30  # weights hashed once per target object: cheap only for small targets
 
 
 class TeacherPassError(ValueError):
@@ -105,38 +99,6 @@ def teacher_pass(target: nn.Module, drafter: nn.Module, tokens: torch.Tensor, an
     return result
 
 
-class BytesLRU:
-    """Values by key, the least recently used dropped once their bytes pass `budget` (a value larger
-    than the whole budget is not kept)."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.entries: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()  # key -> (value, bytes)
-        self.nbytes = 0
-
-    def get(self, key: tuple) -> Any:
-        if key not in self.entries:
-            return None
-        self.entries.move_to_end(key)
-        return self.entries[key][0]
-
-    def put(self, key: tuple, value: Any, size: int) -> None:
-        if size > self.budget:
-            return
-        old = self.entries.pop(key, None)
-        if old is not None:
-            self.nbytes -= old[1]
-        self.entries[key] = (value, size)
-        self.nbytes += size
-        while self.nbytes > self.budget:
-            _, (_, dropped) = self.entries.popitem(last=False)
-            self.nbytes -= dropped
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.nbytes = 0
-
-
 class TeacherMemo:
     """Teacher passes by (weights, tokens, anchors, layers), least recently used evicted past the budget."""
 
@@ -149,12 +111,10 @@ class TeacherMemo:
     def budget(self) -> int:
         """Bytes the memo may hold (READY_TEACHER_MEMO_GB, read when first needed)."""
         if self._budget is None:
-            raw = os.environ.get(MEMO_ENV, str(DEFAULT_MEMO_GB))
             try:
-                gb = float(raw)
-            except ValueError:
-                raise TeacherPassError(f"{MEMO_ENV}={raw!r}; expected a number of gigabytes (0 = no memo)") from None
-            self._budget = max(0, int(gb * (1 << 30)))
+                self._budget = memo_budget()
+            except MemoError as e:
+                raise TeacherPassError(str(e)) from None
         return self._budget
 
     @property
@@ -211,39 +171,3 @@ class TeacherMemo:
 
 
 MEMO = TeacherMemo()
-
-
-def weights_digest(target: nn.Module) -> Optional[str]:
-    """A digest of the target's parameters and buffers (None above MAX_MEMO_TARGET_BYTES). It is kept on
-    the target object with the tensors' version counters and computed again after any in-place change, so
-    two loads of the same checkpoint share passes and changed weights never meet an old pass."""
-    tensors = list(target.state_dict(keep_vars=True).items())
-    try:
-        versions = tuple(t._version for _, t in tensors)
-    except RuntimeError:  # inference tensors keep no version counter: no memo for this target
-        return None
-    cached = getattr(target, "_teacher_digest", None)
-    if cached is not None and cached[0] == versions:
-        return cached[1]
-    total = sum(t.numel() * t.element_size() for _, t in tensors)
-    digest = None
-    if total <= MAX_MEMO_TARGET_BYTES:
-        h = hashlib.blake2b(digest_size=16)
-        seen: set[int] = set()
-        for name, t in tensors:
-            if t.data_ptr() in seen:  # tied weights (embeddings = LM head) hash once
-                continue
-            seen.add(t.data_ptr())
-            h.update(name.encode())
-            h.update(str((tuple(t.shape), t.dtype)).encode())
-            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        digest = h.hexdigest()
-    object.__setattr__(target, "_teacher_digest", (versions, digest))
-    return digest
-
-
-def tensor_digest(t: torch.Tensor) -> str:
-    """A digest of a tensor's shape, dtype and bytes (memo keys)."""
-    t = t.detach().cpu().contiguous().reshape(-1)
-    return hashlib.blake2b(str((tuple(t.shape), t.dtype)).encode() + t.view(torch.uint8).numpy().tobytes(),
-                           digest_size=16).hexdigest()

@@ -47,10 +47,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ready.artifacts import artifact_dir, atomic_torch_save, cached, intact
+from ready.memo import weights_digest
 from ready.train import distributed
 from ready.train.anchors import first_anchor
 from ready.train.regen import RegenData, build_regen_data, target_fingerprint
-from ready.train.teacher_pass import TeacherPass, weights_digest
+from ready.train.teacher_pass import TeacherPass
 
 KIND = "teacher_store"
 STORE_FILE = "store.pt"
