@@ -29,7 +29,16 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ready.config import merge, schema
+from ready.data.default import ensure_default_target
+from ready.data.tokenizer import load_tokenizer
+from ready.decode.engine import Engine, as_prompt, check_prompt
 from ready.decode.errors import DecodeError
+from ready.decode.evaluate import evaluate, run_ar
+from ready.decode.ngram import NgramDrafter
+from ready.health import check_target
+from ready.metrics import summarize, tau as tau_of, tps as tps_of
+from ready.target import load_target
 
 METHODS = ("ar", "ngram", "dspark", "ready")
 DEFAULT_EXACT = None  # as eval.exact's auto: exact mode for a 16-bit target, the fast path in float32
@@ -104,14 +113,9 @@ def read_prompts_file(path: str) -> list[Any]:
 
 def load_target_and_tokenizer(spec: str, device: str, dtype: str) -> tuple[Any, Any, str]:
     """(target, tokenizer or None, resolved directory or preset name)."""
-    from ready.target import load_target
-
     source = spec
     if spec == "default":
         from omegaconf import OmegaConf
-
-        from ready.config import merge, schema
-        from ready.data.default import ensure_default_target
 
         base = Path(__file__).resolve().parent.parent / "experiments" / "base.yaml"
         cfg = merge(schema(), OmegaConf.load(base), source=str(base)) if base.is_file() else schema()
@@ -120,8 +124,6 @@ def load_target_and_tokenizer(spec: str, device: str, dtype: str) -> tuple[Any, 
     tokenizer = None
     path = Path(source)
     if path.is_dir() and ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
-        from ready.data.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(path)
     return target, tokenizer, source
 
@@ -143,8 +145,6 @@ def build_drafter(method: str, args: argparse.Namespace, target: Any) -> Any:
     if method == "ar":
         return None
     if method == "ngram":
-        from ready.decode.ngram import NgramDrafter
-
         return NgramDrafter(target.config.vocab_size, args.proposals, max_ngram=args.ngram_max)
     if not args.drafter:
         raise DecodeError(f"--method {method} needs a drafter checkpoint (--drafter PATH), e.g. one written by the "
@@ -165,11 +165,6 @@ def build_drafter(method: str, args: argparse.Namespace, target: Any) -> Any:
 
 # --- run ----------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ready.decode.engine import Engine, as_prompt, check_prompt
-    from ready.decode.evaluate import evaluate, run_ar
-    from ready.health import check_target
-    from ready.metrics import summarize, tau as tau_of, tps as tps_of
-
     if args.proposals < 1:
         raise DecodeError(f"-k/--proposals {args.proposals}; expected an integer >= 1")
     if args.max_new_tokens < 1:

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ready import fastops
+
 
 class ReaderError(ValueError):
     """A reader setting that does not fit the target; the message says what was expected."""
@@ -58,9 +60,7 @@ def fused_state_reader() -> Optional[Callable[..., torch.Tensor]]:
     imported (`ready.fastops` says so on stderr when the fused op was wanted)."""
     global _FUSED
     if _FUSED is None:
-        from ready.fastops import load_kernel
-
-        mod = load_kernel("state_reader")
+        mod = fastops.load_kernel("state_reader")
         _FUSED = mod.state_reader if mod is not None else False
     return _FUSED or None
 
@@ -83,9 +83,7 @@ def _drafting_ops() -> Optional[tuple[Callable[..., torch.Tensor], Callable[...,
     norm and query with 2 in the draft step's graph (issue 17)."""
     global _DRAFTING
     if _DRAFTING is None:
-        from ready.fastops import load_kernel
-
-        rn, sm = load_kernel("rmsnorm"), load_kernel("small_m_gemm")
+        rn, sm = fastops.load_kernel("rmsnorm"), fastops.load_kernel("small_m_gemm")
         _DRAFTING = (rn.rms_norm, sm.small_m_linear) if rn is not None and sm is not None else False
     return _DRAFTING or None
 

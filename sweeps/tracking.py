@@ -25,18 +25,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ready.mlflow_store import ensure_experiment as _ensure_experiment
-from ready.mlflow_store import (  # noqa: F401  (TrackingError, check_server, experiment_name, resolve_tracking_uri: re-exported)
-    TrackingError,
-    _file_lock,
-    _sqlite_file,
-    check_server,
-    client,
-    experiment_name,
-    flatten,
-    prepare_store,
-    resolve_tracking_uri,
-    retry,
+from ready.metrics import gain_pct, speedup
+from ready.mlflow_store import (
+    TrackingError, _file_lock, _sqlite_file, check_server, client, ensure_experiment as _ensure_experiment,
+    experiment_name, flatten, prepare_store, resolve_tracking_uri, retry
 )
 from sweeps.liveness import STALE_AFTER_S, pid_alive, process_start
 
@@ -340,7 +332,6 @@ def relative_metrics(metrics: dict[str, float], ar: Optional[dict[str, float]],
     estimates with 95 % intervals: `tau_gain_pct[_lo|_hi]` vs dspark, `tau_gain_vs_ft_pct[...]`,
     `tau_gain_vs_placebo_pct[...]` for each benchmark, `overall` and `heldout_tf` (ready.stats).
     """
-    from ready.metrics import gain_pct, speedup
     from ready.stats import relative_metrics as paired
 
     out: dict[str, float] = {}

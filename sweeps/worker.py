@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from sweeps import study as st
+from sweeps.run import _signals_as_interrupt
 from sweeps.spec import load_sweep
 
 
@@ -29,7 +30,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ctx = st.WorkerContext(tracking_uri=args.tracking_uri, experiment_id=args.experiment_id,
                            parent_run_id=args.parent_run_id or None, runner=args.runner, progress=True,
                            index=args.index)
-    from sweeps.run import _signals_as_interrupt
 
     _signals_as_interrupt()
     try:

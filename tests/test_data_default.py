@@ -9,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import ready.data.default as default_mod
 import ready.data.pretrain as pretrain_mod
 from ready.artifacts import DONE
 from ready.config import Config, CorpusConfig, PretrainConfig, RegenConfig
@@ -47,7 +48,7 @@ def test_second_call_is_a_cache_hit(built: Path, monkeypatch: pytest.MonkeyPatch
     def must_not_train(*a, **k):
         raise AssertionError("the cached target was rebuilt")
 
-    monkeypatch.setattr(pretrain_mod, "pretrain", must_not_train)
+    monkeypatch.setattr(default_mod, "pretrain", must_not_train)
     assert ensure_default_target(small_cfg(built.parent.parent), progress=False) == built
 
 
@@ -61,7 +62,7 @@ def test_a_build_killed_midway_leaves_nothing_trusted_and_a_rerun_completes(tmp_
     def killed(*a, **k):
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(pretrain_mod, "pretrain", killed)
+    monkeypatch.setattr(default_mod, "pretrain", killed)
     with pytest.raises(KeyboardInterrupt):
         ensure_default_target(cfg, progress=False)
     final = default_target_dir(cfg)
@@ -71,7 +72,7 @@ def test_a_build_killed_midway_leaves_nothing_trusted_and_a_rerun_completes(tmp_
     (final.parent / f".{final.name}.tmp-dead").mkdir()
     final.mkdir()
     (final / "config.json").write_text("{}")
-    monkeypatch.setattr(pretrain_mod, "pretrain", real)
+    monkeypatch.setattr(default_mod, "pretrain", real)
     out = ensure_default_target(cfg, progress=False)
     assert out == final and (out / DONE).is_file()
     assert (out / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ready.data.chat import prompt_ids
 from ready.data.corpus import load_corpus
 
 
@@ -346,7 +347,6 @@ def heldout_chat_suite(tokenizer: Any, corpus_cfg: Any, limit: int, max_tokens: 
     the plain stretches."""
     if not getattr(tokenizer, "chat_template", None):
         return heldout_suite(tokenizer, corpus_cfg, limit, max_tokens)
-    from ready.data.chat import prompt_ids
 
     room = len(prompt_ids(tokenizer, [{"role": "user", "content": ""}], thinking))
     if max_tokens > 0 and max_tokens <= room + 8:

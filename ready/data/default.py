@@ -33,8 +33,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import artifact_dir, cached
 from ready.config import CorpusConfig
-from ready.data.corpus import Corpus, Doc, load_corpus
+from ready.data.benchmarks import heldout_chat_suite
+from ready.data.chat import render_text, template_overhead
+from ready.data.corpus import Corpus, Doc, is_heldout, load_corpus
+from ready.data.pretrain import greedy_continue, pretrain, token_stream
+from ready.data.stdlib_chats import stdlib_conversations
 from ready.data.tokenizer import build_tokenizer, load_tokenizer, special_token_ids
+from ready.target import load_target, save_target
+from ready.target.config import PRESETS, preset_config
 
 if TYPE_CHECKING:
     import torch
@@ -82,8 +88,6 @@ def ensure_tokenizer(cfg: Any, progress: bool = True) -> Path:
 
 
 def _preset(cfg: Any) -> str:
-    from ready.target.config import PRESETS
-
     source = str(cfg.target.source)
     if source not in PRESETS:
         raise DefaultTargetError(
@@ -105,8 +109,6 @@ def _arch_overrides(cfg: Any, tokenizer_dir: Path) -> dict[str, int]:
 
 def target_spec(cfg: Any, tokenizer_dir: Optional[Path] = None) -> dict:
     """What the pretrained target is built from (its cache key)."""
-    from ready.target.config import preset_config
-
     preset = _preset(cfg)
     tok_dir = tokenizer_dir or ensure_tokenizer(cfg, progress=False)
     arch = preset_config(preset, _arch_overrides(cfg, tok_dir)).to_hf_dict()
@@ -130,10 +132,6 @@ def default_target_dir(cfg: Any) -> Path:
 def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
     """Folder of the pretrained default target (HF format, with tokenizer); built on first use."""
     import torch
-
-    from ready.data.benchmarks import heldout_chat_suite
-    from ready.data.pretrain import greedy_continue, pretrain, token_stream
-    from ready.target import load_target, save_target
 
     tok_dir = ensure_tokenizer(cfg, progress=progress)
     spec = target_spec(cfg, tok_dir)
@@ -178,10 +176,6 @@ def chat_stream(docs: list[Doc], tokenizer: Any, seq_len: int, seed: int, eos_id
     rendered with the chat template (thinking off, as evaluation renders by default) and concatenated,
     EOS after each: the stream `pretrain.chat_fraction` of the target's windows come from. A user turn
     holds up to half a window, an answer the rest."""
-    from ready.data.chat import render_text, template_overhead
-    from ready.data.pretrain import token_stream
-    from ready.data.stdlib_chats import stdlib_conversations
-
     half = max(1, (seq_len - template_overhead(tokenizer, False)) // 2)
     convs = stdlib_conversations(docs, tokenizer, half, half, seed)
     texts = [render_text(tokenizer, m, thinking=False) for m in convs]
@@ -204,8 +198,6 @@ def prompt_docs(corpus: Corpus, split: str, seed: int) -> list:
 
     `train` (the drafter's training prompts) and `validation` divide the target's pretraining
     files between them, file by file; `heldout` is the held-out split (the `heldout` suite)."""
-    from ready.data.corpus import is_heldout
-
     if split in ("train", "validation"):
         docs = [d for d in corpus.train if is_heldout(d.path, VALIDATION_FRACTION, seed + 1) == (split == "validation")]
     else:

@@ -20,6 +20,12 @@ from typing import Any
 
 from ready.artifacts import file_digest
 from ready.config import to_container
+from ready.data.chat import template_overhead
+from ready.data.conversation_files import find_files
+from ready.data.conversations import load_conversations
+from ready.data.corpus import load_corpus
+from ready.data.default import prompt_docs
+from ready.data.stdlib_chats import stdlib_conversations
 
 Messages = list[dict[str, str]]
 SPLITS = ("train", "validation")
@@ -31,8 +37,6 @@ class TrainingChatsError(ValueError):
 
 
 def _user_tokens(cfg: Any, tokenizer: Any) -> int:
-    from ready.data.chat import template_overhead
-
     n = int(cfg.regen.prompt_len) - template_overhead(tokenizer, bool(cfg.bench.thinking))
     if n < 8:
         raise TrainingChatsError(f"regen.prompt_len={cfg.regen.prompt_len} leaves {n} tokens for a user turn inside "
@@ -44,10 +48,7 @@ def source_key(cfg: Any, tokenizer: Any, split: str) -> dict:
     """What the conversations of `split` are made from, for the data artifact's key."""
     _check_split(split)
     if cfg.data.path:
-        from ready.data.conversation_files import find_files
-
         return {"files": [[p.name, file_digest(p)] for p in find_files(str(cfg.data.path))], "split": split}
-    from ready.data.corpus import load_corpus
 
     return {"stdlib_chats": STDLIB_CHATS_VERSION, "corpus": to_container(cfg.corpus),
             "corpus_fingerprint": load_corpus(cfg.corpus).fingerprint, "split": split,
@@ -60,8 +61,6 @@ def conversations_for(cfg: Any, tokenizer: Any, split: str, n: int) -> tuple[lis
     _check_split(split)
     rng = random.Random(int(cfg.regen.seed))
     if cfg.data.path:
-        from ready.data.conversations import load_conversations
-
         convs, report = load_conversations(str(cfg.data.path), format=str(cfg.data.format),
                                            on_error=str(cfg.data.on_error))
         order = rng.sample(range(len(convs)), len(convs))
@@ -72,9 +71,6 @@ def conversations_for(cfg: Any, tokenizer: Any, split: str, n: int) -> tuple[lis
                                      f"(regen.num_samples={cfg.regen.num_samples}), none is left to validate on; "
                                      "expected fewer training samples or eval.heldout_tf_samples=0")
         return [convs[i].messages for i in sorted(picked[:n])], report.metrics(prefix="data")
-    from ready.data.corpus import load_corpus
-    from ready.data.default import prompt_docs
-    from ready.data.stdlib_chats import stdlib_conversations
 
     corpus = load_corpus(cfg.corpus)
     docs = prompt_docs(corpus, split, int(cfg.corpus.seed))

@@ -53,13 +53,16 @@ from typing import Any, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ready.decode.donor import donor_states, read_lengths
 from ready.decode.engine import (
-    AcceptFn, Generation, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, settle_round,
-    target_device,
+    AcceptFn, Generation, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, settle_round, target_device
 )
 from ready.decode.errors import DecodeError
 from ready.decode.protocol import DraftStep, Drafter
-from ready.target.ragged import RaggedCache, RaggedGraphedVerify, new_ragged_cache, prefill_row, ragged_commit
+from ready.reader import StateSource
+from ready.target.ragged import (
+    RaggedCache, RaggedGraphedVerify, new_ragged_cache, prefill_row, ragged_commit, ragged_verify
+)
 
 
 @dataclass
@@ -110,8 +113,6 @@ class BatchDraft:
                  states: Optional[torch.Tensor] = None) -> None:
         """`states`: what the reader reads, shaped like `cache.ssm` (default the cache itself; a donor
         state buffer for the state placebo)."""
-        from ready.reader import StateSource
-
         self.d = drafter
         self.cache, self.features = cache, features
         B, cap = cache.batch_size, features.shape[1]
@@ -256,8 +257,6 @@ class BatchEngine:
             v = self.verifiers[t] = RaggedGraphedVerify(self.target, self.cache, t, self.capture) if self.graphs \
                 else None
         if v is None:
-            from ready.target.ragged import ragged_verify
-
             return ragged_verify(self.target, block, self.cache, self.capture)
         return v(block)
 
@@ -366,7 +365,6 @@ class BatchEngine:
                                wall_s=now - mark)
                 mark = now
                 if layers:  # the donor's states at every length this generation reads, off the clock
-                    from ready.decode.donor import donor_states, read_lengths
 
                     lengths = read_lengths(p.numel(), budgets[i], donor_ids[i].numel())
                     held[b], held_at[b] = donor_states(self.target, donor_ids[i], lengths, layers), -1

@@ -62,6 +62,7 @@ import torch
 
 from ready.decode.donor import donor_states, read_lengths
 from ready.decode.errors import DecodeError
+from ready.decode.graphs import GraphRunner
 from ready.decode.protocol import DraftStep, Drafter, describe
 from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
 from ready.metrics import SequenceLog
@@ -250,7 +251,6 @@ class Engine:
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.graphs = None
         if use_graphs:  # on CPU this runs the same static-cache path eagerly (tests)
-            from ready.decode.graphs import GraphRunner
 
             self.graphs = GraphRunner(target, self.capture)
 

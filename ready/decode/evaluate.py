@@ -39,9 +39,10 @@ from typing import Any, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ready.decode.batch import BatchEngine
+from ready.decode.dist_check import DistValidity, check_distribution, teacher_forced_logits
 from ready.decode.engine import Engine, Generation, as_prompt, check_prompt
 from ready.decode.errors import DecodeError
-from ready.decode.dist_check import DistValidity, check_distribution, teacher_forced_logits
 from ready.decode.protocol import Drafter
 from ready.decode.sampling import SamplingParams, sample_seed
 from ready.metrics import Metrics, summarize, with_ar
@@ -251,8 +252,6 @@ def run_batched(target: Any, drafter: Optional[Drafter], prompts: Sequence[torch
     longest prompt, captures the graphs). Each generation's wall_s is its share of the timed pass, so a
     benchmark's TPS is its throughput at that concurrency (`ready.decode.batch`). `donors`: prompt i's
     drafter reads the committed states of donors[i] instead of its own (the state placebo)."""
-    from ready.decode.batch import BatchEngine
-
     engine = BatchEngine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
     engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
     for _ in range(warmup):

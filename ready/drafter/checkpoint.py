@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ready.artifacts import ArtifactError, atomic_dir, check_folder
+from ready.artifacts import ArtifactError, atomic_dir, check_folder, file_digest
 from ready.config import DrafterConfig, ReaderConfig
 from ready.drafter.heads import HEAD_TYPES
 from ready.drafter.layers import rope_type
-from ready.drafter.model import DrafterError, DSparkDrafter, fingerprint_mismatch, target_fingerprint
+from ready.drafter.model import DSparkDrafter, DrafterError, fingerprint_mismatch, target_fingerprint
 
 FORMAT = "ready-dspark-drafter/2"
 CONFIG_FILE = "config.json"
@@ -315,8 +315,6 @@ def content_digest(path: str | Path) -> str:
     """sha256 over a drafter folder's config and weights (names and contents): what a sweep row that
     starts from it depends on, the same on every host (each file is hashed once per process)."""
     import hashlib
-
-    from ready.artifacts import file_digest
 
     path = Path(path)
     if not (path / CONFIG_FILE).is_file():

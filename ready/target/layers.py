@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ready import fastops
 from ready.target.cache import GDNSlot, KVSlot
 from ready.target.config import HybridConfig
 from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
@@ -19,9 +20,7 @@ from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated
 def _small_m_linear():
     """The tuned small-M linear of kernels/small_m_gemm.py (F.linear off CUDA or with autograd), and
     its residual form r + x W^T."""
-    from ready.fastops import load_kernel  # stderr note when the fused op is wanted but missing
-
-    mod = load_kernel("small_m_gemm")
+    mod = fastops.load_kernel("small_m_gemm")
     if mod is None:
         return F.linear, lambda x, weight, residual: residual + F.linear(x, weight)
     return mod.small_m_linear, mod.small_m_linear_add
@@ -51,9 +50,7 @@ def _load_exact_ops():
     """(exact_linear, row_norm, tree_sum, exact_attention) from ready_kernels, loaded once at import
     (traced code must not import); None when the kernel modules are missing (exact mode then says how
     to fix it)."""
-    from ready.fastops import load_kernel
-
-    gemm, norm, attn = load_kernel("small_m_gemm"), load_kernel("row_norm"), load_kernel("exact_attention")
+    gemm, norm, attn = fastops.load_kernel("small_m_gemm"), fastops.load_kernel("row_norm"), fastops.load_kernel("exact_attention")
     if gemm is None or norm is None or attn is None:
         return None
     return gemm.exact_linear, norm.row_norm, norm.tree_sum, attn.exact_attention
@@ -337,11 +334,10 @@ def _optional_kernels():
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk  # type: ignore
     except Exception:
         fla_chunk = None
-    from ready.fastops import load_kernel  # stderr note when the fused op is wanted but missing
 
-    gv = load_kernel("gdn_verify")
+    gv = fastops.load_kernel("gdn_verify")
     gdn_verify, gdn_commit = (gv.gdn_verify, gv.gdn_commit) if gv is not None else (None, None)
-    gf = load_kernel("gdn_fused") if os.environ.get("READY_GDN_FUSED", "1") != "0" else None
+    gf = fastops.load_kernel("gdn_fused") if os.environ.get("READY_GDN_FUSED", "1") != "0" else None
     return fla_chunk, gdn_verify, gdn_commit, (gf.gdn_fused_verify if gf is not None else None)
 
 
@@ -352,11 +348,9 @@ FLA_CHUNK, GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL, GDN_FUSED_KERNEL = _optional_ke
 def _decode_attention_kernel():
     """kernels/decode_attention.py where CUDA and Triton are present (16-bit fast-path decode and verify
     attention); env READY_DECODE_ATTN=0 keeps SDPA (A/B switch)."""
-    from ready.fastops import fused_wanted, load_kernel
-
-    if os.environ.get("READY_DECODE_ATTN", "1") == "0" or not fused_wanted():
+    if os.environ.get("READY_DECODE_ATTN", "1") == "0" or not fastops.fused_wanted():
         return None
-    return load_kernel("decode_attention")
+    return fastops.load_kernel("decode_attention")
 
 
 DECODE_ATTENTION = _decode_attention_kernel()
@@ -593,11 +587,9 @@ def _fused_gemv_kernel():
     """kernels/fused_gemv.py where CUDA and Triton are present (the AR step's projections with the
     post-attention norm and the residual adds folded in); env READY_FUSED_GEMV=0 keeps the separate
     ops (A/B switch)."""
-    from ready.fastops import fused_wanted, load_kernel
-
-    if os.environ.get("READY_FUSED_GEMV", "1") == "0" or not fused_wanted():
+    if os.environ.get("READY_FUSED_GEMV", "1") == "0" or not fastops.fused_wanted():
         return None
-    return load_kernel("fused_gemv")
+    return fastops.load_kernel("fused_gemv")
 
 
 FUSED_GEMV = _fused_gemv_kernel()

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from ready import fastops
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, HybridConfig, TargetError
 from ready.target.layers import (DecoderLayer, RMSNorm, Rope, commit_gdn, decoder_layer_forward, init_weights, lin,
@@ -26,9 +27,7 @@ def _inductor_pdl(device: torch.device) -> dict:
     PDL is off or this torch has no such option."""
     import torch._inductor.config as inductor
 
-    from ready.fastops import load_kernel
-
-    common = load_kernel("_common")
+    common = fastops.load_kernel("_common")
     on = common is not None and common.pdl_enabled(device) and hasattr(inductor.triton, "enable_pdl")
     return {"triton.enable_pdl": True} if on else {}
 

@@ -36,10 +36,11 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+import ready.target.layers as _layers
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, TargetError
 from ready.target.layers import apply_rotary, rotary
-import ready.target.layers as _layers
+from ready.target.model import TargetOutput
 
 
 @dataclass
@@ -139,8 +140,6 @@ def _compiled_layer(exact: bool) -> Any:
 
 def _run_ragged(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_layers: Sequence[int] = (),
                 compiled: bool = False) -> Any:
-    from ready.target.model import TargetOutput
-
     B, T = ids.shape
     if B != cache.batch_size:
         raise TargetError(f"ragged verify of {B} rows on a cache of {cache.batch_size}; expected one row per cache row")

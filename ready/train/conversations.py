@@ -44,6 +44,11 @@ from tqdm.auto import tqdm
 
 from ready.artifacts import artifact_dir, cached, intact
 from ready.config import config_hash, to_container
+from ready.data.chat import prompt_ids, render
+from ready.data.training_chats import conversations_for, source_key
+from ready.decode.batch import BatchEngine
+from ready.decode.engine import Engine
+from ready.decode.sampling import SamplingParams
 from ready.train import distributed
 from ready.train.regen_chunks import map_chunks, work_folder
 from ready.train.regen_data import DATA_FILE, RegenData, RegenError, target_fingerprint
@@ -71,10 +76,6 @@ def regenerate_turns(target: Any, tokenizer: Any, conversations: list[Messages],
 
     `first`: the place of `conversations[0]` in the whole set; a sampled turn's seed is a function of
     the conversation's place in the whole set and the turn, so a chunk regenerates as the whole would."""
-    from ready.decode.batch import BatchEngine
-    from ready.decode.engine import Engine
-    from ready.decode.sampling import SamplingParams
-
     stop = end_of_turn_id(tokenizer)
     out = [[dict(m) for m in conv] for conv in conversations]
     turns = [[k for k, m in enumerate(conv) if m["role"] == "assistant"] for conv in out]
@@ -114,8 +115,6 @@ def regenerate_in_chunks(target: Any, tokenizer: Any, conversations: list[Messag
 
 def conversation_spec(cfg: Any, target: Any, tokenizer: Any, split: str = "train", n: Optional[int] = None) -> dict:
     """What the training (or validation) conversation data depend on (the artifact's key)."""
-    from ready.data.training_chats import source_key
-
     template = getattr(tokenizer, "chat_template", None) or ""
     regen = to_container(cfg.regen)
     if n is not None:
@@ -138,9 +137,6 @@ def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: boo
 
     Data-parallel: every rank regenerates its share of the conversations (`regenerate_in_chunks`), rank 0
     writes the artifact, the others wait and read it."""
-    from ready.data.chat import prompt_ids, render
-    from ready.data.training_chats import conversations_for
-
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise RegenError(f"{type(tokenizer).__name__} has no chat template; expected the target's tokenizer to render "
                          "the training conversations with apply_chat_template")

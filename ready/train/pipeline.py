@@ -41,6 +41,7 @@ from omegaconf import OmegaConf
 
 from ready.artifacts import artifact_dir, atomic_dir, intact
 from ready.config import config_hash, to_container
+from ready.drafter import DSparkDrafter, load_drafter, save_drafter
 from ready.train import distributed, torchrun
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.regen import RegenData, build_regen_data, regen_artifact
@@ -111,7 +112,6 @@ def _run_cached_stage(
             log = {**asdict(result), "first_loss": result.first_loss, "last_loss": result.last_loss,
                    "world_size": distributed.world().size}
             (tmp / LOG_FILE).write_text(json.dumps(log, indent=1))
-            from ready.drafter import save_drafter
 
             save_drafter(drafter, tmp / DRAFTER_SUBDIR)
         shutil.rmtree(work, ignore_errors=True)
@@ -167,8 +167,6 @@ def ensure_base_drafter(
 
 def _ensure_base(cfg: Any, target: Any, tokenizer: Any, callback: Optional[MetricsCallback], progress: bool,
                  prompts: Prompts, launched: bool) -> Path:
-    from ready.drafter import DSparkDrafter
-
     data, data_id = _data_and_spec(cfg, target, tokenizer, progress, prompts)
     spec = base_spec(cfg, data_id)
     final = artifact_dir(cfg.artifacts_dir, "drafter_base", spec)
@@ -215,8 +213,6 @@ def train_variant(
     With the reader on: stage 1 trains the reader, stage 2 the reader + LoRA. With the reader
     off (the no-state control): both stages train LoRA only, with the same budgets.
     """
-    from ready.drafter import load_drafter
-
     launched = _launch_if_asked(cfg, target, tokenizer, "variant", base_drafter_dir, out_dir, prompts)
     data, data_id = _data_and_spec(cfg, target, tokenizer, progress, prompts)
     if base_drafter_dir is None:
@@ -241,8 +237,6 @@ def train_variant(
 def stage_chain(cfg: Any, target: Any, base_drafter_dir: Path, data_id: str, out_dir: Path) -> list[tuple[str, Path, dict]]:
     """(stage, final folder, spec) of stage 1 and stage 2 from this base drafter (validated against
     the target); builds nothing."""
-    from ready.drafter import load_drafter
-
     base = load_drafter(base_drafter_dir, target)  # validates the folder and the target
     start_id = _state_fingerprint(base)
     del base

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ready.train.anchors import valid_anchors
 from ready.train.regen import RegenData
+from ready.train.teacher_pass import teacher_pass
 
 
 def full_block_anchors(data: RegenData, proposals: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,8 +46,6 @@ def full_block_anchors(data: RegenData, proposals: int) -> tuple[torch.Tensor, t
 @torch.no_grad()
 def block_acceptance(drafter: Any, target: Any, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
     """Accepted draft length A [B, A] at each anchor of `tokens` [B, T] (target-greedy after the prompt)."""
-    from ready.train.teacher_pass import teacher_pass
-
     K = int(drafter.proposals)
     tp = teacher_pass(target, drafter, tokens, anchors, logits=False)  # every drafting row asks the same
     logits = drafter.forward_train(tokens, tp.hidden, anchors, tp.states)  # [B, A, K, V]

@@ -47,6 +47,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ready.artifacts import artifact_dir, atomic_torch_save, cached, intact
+from ready.drafter.layer_map import map_context_layers
 from ready.memo import weights_digest
 from ready.train import distributed
 from ready.train.anchors import first_anchor
@@ -67,8 +68,6 @@ def target_key(target: nn.Module) -> Optional[str]:
 
 def store_capture(cfg: Any, target: nn.Module) -> tuple[int, ...]:
     """The capture layers of the drafter `cfg.drafter` builds on `target` (as DSparkDrafter maps them)."""
-    from ready.drafter.layer_map import map_context_layers
-
     return tuple(map_context_layers(cfg.drafter.context_layers, int(target.config.num_hidden_layers),
                                     space=cfg.drafter.get("layer_space", "paper")))
 
