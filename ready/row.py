@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import cached
-from ready.config import exact_mode, to_container
+from ready.config import compile_in_graphs, exact_mode, to_container
 from ready.metrics import Metrics, overall
 
 METHODS = ("ar", "dspark", "ft", "placebo", "ready")
@@ -166,6 +166,10 @@ def _load(cfg: DictConfig, progress: bool) -> _Loaded:
     dtype = getattr(torch, str(cfg.target.dtype))
     target = load_target(path, device=device, dtype=dtype)
     target.exact = exact_mode(cfg)  # AR reference and drafting rows decode in the same mode
+    target.compile_in_graphs = compile_in_graphs(cfg)
+    from ready.train.teacher_pass import MEMO
+
+    MEMO.configure(float(cfg.train.teacher_memo_gb))
     for p in target.parameters():
         p.requires_grad_(False)
     from ready.data.tokenizer import load_tokenizer

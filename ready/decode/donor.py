@@ -5,7 +5,7 @@ rows) reads, in the round after `c` committed tokens, the donor's states after m
 tokens. Those are fixed before the generation starts: a generation of prompt length p and budget n
 reads them after p .. p+n-1 tokens. One forward pass of the donor with state positions gives them
 all (the chunked GDN form, as in training), and every row of a setting reads the same donors, so the
-passes are kept per process (LRU, up to DONOR_MEMO_BYTES; off with READY_TEACHER_MEMO_GB=0, like the
+passes are kept per process (LRU, up to DONOR_MEMO_BYTES; off with train.teacher_memo_gb=0, like the
 teacher-pass memo; CPU targets the memo can digest only).
 """
 

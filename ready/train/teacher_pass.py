@@ -10,8 +10,8 @@ pass asks for no logits at all.
 The answer depends on nothing but the target's weights, the tokens, the anchors and the layer lists,
 and a sweep worker asks it again and again: every drafting row of a setting scores the same held-out
 sequences teacher-forced, and the rows of one seed (reader ranks, the no-state control) train on the
-same batches at the same anchors. So passes are kept in a per-process memo (LRU, bounded in bytes;
-`READY_TEACHER_MEMO_GB`, default 4, 0 = off), keyed by the weights' digest and the inputs' bytes.
+same batches at the same anchors. So passes are kept in a per-process memo (LRU, bounded in bytes by
+`train.teacher_memo_gb`, default 4, 0 = off; `MEMO.configure`), keyed by the weights' digest and the inputs' bytes.
 A hit returns the very tensors the first pass computed, so a row's numbers do not depend on what the
 worker ran before it. Read them, never write into them. The memo holds CPU passes of targets up to
 1 GB of weights (the embedded default); larger targets and CUDA run every pass afresh. The state
@@ -24,7 +24,6 @@ features and final-norm outputs for every regenerated sequence, computed once fo
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -34,8 +33,7 @@ from torch import nn
 
 from ready.train.anchors import gather_blocks
 
-MEMO_ENV = "READY_TEACHER_MEMO_GB"
-DEFAULT_MEMO_GB = 4.0
+DEFAULT_MEMO_GB = 4.0  # train.teacher_memo_gb's default, for a process that never configures the memo
 MAX_MEMO_TARGET_BYTES = 1 << 30  # weights hashed once per target object: cheap only for small targets
 
 
@@ -140,22 +138,20 @@ class BytesLRU:
 class TeacherMemo:
     """Teacher passes by (weights, tokens, anchors, layers), least recently used evicted past the budget."""
 
-    def __init__(self, budget_bytes: Optional[int] = None) -> None:
-        self._budget = budget_bytes
+    def __init__(self, gb: float = DEFAULT_MEMO_GB) -> None:
+        self.budget = 0
         self._lru: Optional[BytesLRU] = None
-        self.hits = self.misses = 0
+        self.configure(gb)
 
-    @property
-    def budget(self) -> int:
-        """Bytes the memo may hold (READY_TEACHER_MEMO_GB, read when first needed)."""
-        if self._budget is None:
-            raw = os.environ.get(MEMO_ENV, str(DEFAULT_MEMO_GB))
-            try:
-                gb = float(raw)
-            except ValueError:
-                raise TeacherPassError(f"{MEMO_ENV}={raw!r}; expected a number of gigabytes (0 = no memo)") from None
-            self._budget = max(0, int(gb * (1 << 30)))
-        return self._budget
+    def configure(self, gb: float) -> None:
+        """Keep up to `gb` gigabytes of passes (`train.teacher_memo_gb`; 0 = off); forgets what it held
+        when the budget changes."""
+        if gb < 0:
+            raise TeacherPassError(f"train.teacher_memo_gb={gb}; expected a number of gigabytes >= 0 (0 = no memo)")
+        budget = int(gb * (1 << 30))
+        if budget != self.budget or self._lru is None:
+            self.budget, self._lru = budget, None
+            self.hits = self.misses = 0
 
     @property
     def lru(self) -> BytesLRU:
