@@ -3,7 +3,7 @@
 At batch 1 every target projection multiplies 1..8 token rows by a weight that is hundreds of MB:
 the op is a stream of W through the GPU, and its speed is the rate at which W is read. cuBLAS
 picks GEMV kernels near that rate for M = 1, but for M = 2..8 its small-M GEMMs read W markedly
-slower (verify of 2 tokens cost 1.4x an AR step on the H200, docs/benchmarks.md).
+slower (verify of 2 tokens cost 1.4x an AR step on the H200, kernels/NOTES.md).
 
 The Triton kernel here reads every W element once: one program per (BN rows of W, K slice),
 the x rows padded to 16 for `tl.dot`, fp32 accumulation. With SPLIT > 1 the K range is split

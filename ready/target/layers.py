@@ -613,8 +613,8 @@ def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KV
     (kernels/fused_gemv.py): the residual add after the token mixer goes into o_proj / out_proj's
     epilogue and the post-attention RMSNorm into gate_up's prologue (one kernel before), the residual
     add after the MLP into down_proj's epilogue. Same arithmetic as the unfused block, except that
-    the MLP's normed input is not rounded to 16 bits. The H200 A/B: docs/benchmarks.md "Norm and
-    residual adds inside the AR step's GEMVs"."""
+    the MLP's normed input is not rounded to 16 bits. The H200 A/B: docs/benchmarks.md "What is each
+    default kernel path worth in the engine?"; per call: kernels/NOTES.md "Fused GEMV"."""
     gemv = FUSED_GEMV.fused_gemv
     h = layer.input_layernorm(x)
     if layer.layer_type == "linear_attention":
