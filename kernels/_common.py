@@ -53,8 +53,7 @@ _PDL: dict[int, bool] = {}
 
 def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with programmatic dependent launch (PDL): a Hopper or newer
-    GPU, compiled Triton (not the CPU interpreter), and not switched off with env READY_PDL=0 (read
-    once per process and device).
+    GPU and compiled Triton (not the CPU interpreter); decided once per process and device.
 
     A PDL launch may start while the kernel before it in the stream is still running; such a kernel
     must call `gdc_wait()` before it reads or writes anything an earlier kernel touches (it may
@@ -63,7 +62,7 @@ def pdl_enabled(device: torch.device) -> bool:
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _PDL:  # decided once per device: this runs before every small-M launch
-        _PDL[idx] = (HAS_TRITON and os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("READY_PDL", "1") != "0"
+        _PDL[idx] = (HAS_TRITON and os.environ.get("TRITON_INTERPRET") != "1"
                      and torch.cuda.get_device_capability(idx)[0] >= 9)
     return _PDL[idx]
 
@@ -73,16 +72,12 @@ def pdl_launch(device: torch.device, early: bool = False) -> dict:
     also take an `EARLY` constexpr, the GEMVs): such a kernel signals `gdc_launch_dependents` right
     after its own wait, so the next kernel's programs can take the SMs its last wave frees (and start
     their weight loads) instead of launching when it has exited. The next kernel's `gdc_wait` still
-    waits for this one to finish. On by default (H200, 27B preset: -0.09 ms a graphed AR step, paired
-    over fresh processes; kernels/NOTES.md); env READY_PDL_EARLY=0 switches it off (A/B)."""
+    waits for this one to finish. Always on (H200, 27B preset: -0.09 ms a graphed AR step, paired
+    over fresh processes; kernels/NOTES.md)."""
     if not pdl_enabled(device):
         return {}
     args = {"launch_pdl": True, "PDL": True}
     if early:
-        args["EARLY"] = _PDL_EARLY
+        args["EARLY"] = True
     return args
 
-
-_PDL_EARLY_ENV = os.environ.get("READY_PDL_EARLY", "1")
-require(_PDL_EARLY_ENV in ("0", "1"), f"env READY_PDL_EARLY must be 1 (default) or 0, got {_PDL_EARLY_ENV!r}")
-_PDL_EARLY = _PDL_EARLY_ENV == "1"

@@ -18,7 +18,7 @@ exit at once, so a long static buffer costs only empty programs. `_combine_kerne
 (b, KV head), rescales each row's chunks to a common max and adds them. A buffer of one chunk is
 written directly, one kernel. On the H200 (27B, 256-token context) the pair takes 5.4 + 5.0 µs per
 layer against cuDNN SDPA's 14 µs; one program walking the whole buffer took 14.2 µs (serial load
-latency). Env READY_DECODE_ATTN_CHUNK=<keys> sets another chunk size (benchmarks; read at import).
+latency).
 
 Inference only (no autograd), fast mode only: the result matches SDPA to rounding but its bits
 follow the block split; exact mode has `exact_attention` (fixed key-block order, row-invariant).
@@ -36,9 +36,7 @@ from ._common import HAS_TRITON, next_pow2, require, require_triton, use_triton
 from .exact_attention import check_attention_inputs, exact_attention_reference
 
 BLOCK_N = 64  # keys per step of a program's loop
-# keys per program (H200 A/B: 64 > 128 > the whole buffer in one program, kernels/NOTES.md); env
-# READY_DECODE_ATTN_CHUNK sets another for benchmarks (read once, at import)
-CHUNK = int(os.environ.get("READY_DECODE_ATTN_CHUNK", "0")) or 64
+CHUNK = 64  # keys per program (H200 A/B: 64 > 128 > the whole buffer in one program, kernels/NOTES.md)
 MAX_ROWS = 64  # G * T query rows of one KV head in one tile (the 27B verify block: 6 heads x 8 tokens = 48)
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (no bf16 dot): interpreted runs upcast first
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

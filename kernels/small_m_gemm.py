@@ -3,7 +3,7 @@
 At batch 1 every target projection multiplies 1..8 token rows by a weight that is hundreds of MB:
 the op is a stream of W through the GPU, and its speed is the rate at which W is read. cuBLAS
 picks GEMV kernels near that rate for M = 1, but for M = 2..8 its small-M GEMMs read W markedly
-slower (verify of 2 tokens cost 1.4x an AR step on the H200, docs/benchmarks.md).
+slower (verify of 2 tokens cost 1.4x an AR step on the H200, kernels/NOTES.md).
 
 The Triton kernel here reads every W element once: one program per (BN rows of W, K slice),
 the x rows padded to 16 for `tl.dot`, fp32 accumulation. With SPLIT > 1 the K range is split
@@ -23,14 +23,11 @@ or while a CUDA graph is being captured before the shape was tuned, it is `F.lin
 `small_m_linear_add` (op `ready_kernels::small_m_linear_add`) is residual + x W^T with the add in
 the Triton store (or the split-K sum): the layer's last residual add, one kernel less per layer.
 
-Modes (`set_mode` or env `READY_SMALL_M`): `auto` (default: tuned choice), `torch` (always
-`F.linear`), `triton` (always the Triton kernel with the default configuration; tests).
-On Hopper every launch is a programmatic dependent one (`_common.pdl_enabled`; env READY_PDL=0
-switches it off): inside a CUDA graph the GEMV starts streaming W while the kernel before it
-finishes, and reads x only after `gdc_wait`.
-Env `READY_SMALL_M_GEMV=0` keeps the one-row GEMV configurations out of the tuner (an A/B switch for
-benchmarks: the same process otherwise). The tuners time candidates from a CUDA graph
-(`device_timer`; env `READY_TUNE_TIMER=bench` restores do_bench's per-call timing).
+Modes (`set_mode`): `auto` (default: tuned choice), `torch` (always `F.linear`), `triton` (always
+the Triton kernel with the default configuration; tests).
+On Hopper every launch is a programmatic dependent one (`_common.pdl_enabled`): inside a CUDA graph
+the GEMV starts streaming W while the kernel before it finishes, and reads x only after `gdc_wait`.
+The tuners time candidates from a CUDA graph (`device_timer`).
 """
 
 from __future__ import annotations
@@ -196,8 +193,8 @@ class Config:
         return m == 1 or not self.gemv
 
     def offered(self, m: int) -> bool:
-        """Whether the tuner times it for m rows: it runs them, and a GEMV is not switched off."""
-        return self.runs(m) and not (self.gemv and os.environ.get("READY_SMALL_M_GEMV", "1") == "0")
+        """Whether the tuner times it for m rows (the ones it runs)."""
+        return self.runs(m)
 
 
 DEFAULT = Config()
@@ -301,21 +298,13 @@ def small_m_linear_triton(x: torch.Tensor, weight: torch.Tensor, config: Optiona
 Timer = Callable[[Callable[[], object]], float]
 
 
-TUNE_TIMER = os.environ.get("READY_TUNE_TIMER", "graph")
-require(TUNE_TIMER in ("graph", "bench"), f"env READY_TUNE_TIMER must be graph (default) or bench, got {TUNE_TIMER!r}")
-
-
 def device_timer(fn: Callable[[], object]) -> float:
-    """Median ms of fn on the device. Default (env READY_TUNE_TIMER=graph): do_bench_cudagraph, the
-    calls replayed from one CUDA graph, as the engine runs them, so a busy host (e.g. compile workers
-    during a warm-up) cannot stretch a short kernel's time to its Python launch time; L2 is not
-    flushed (`SmallMTuner` rotates copies of a large weight instead, `cold_weights`).
-    READY_TUNE_TIMER=bench: triton.testing.do_bench, L2 flushed, each call launched from Python (the
-    timer before 2 Dec; its choices changed from process to process: kernels/NOTES.md "Tuning from a
-    CUDA graph")."""
-    if TUNE_TIMER == "graph":
-        return float(triton.testing.do_bench_cudagraph(fn, rep=12, return_mode="median"))
-    return float(triton.testing.do_bench(fn, warmup=2, rep=12, return_mode="median"))
+    """Median ms of fn on the device: do_bench_cudagraph, the calls replayed from one CUDA graph, as
+    the engine runs them, so a busy host (e.g. compile workers during a warm-up) cannot stretch a short
+    kernel's time to its Python launch time; L2 is not flushed (`SmallMTuner` rotates copies of a large
+    weight instead, `cold_weights`). Timing each call launched from Python (triton's do_bench) made the
+    tuner's choices change from process to process (kernels/NOTES.md "Tuning from a CUDA graph")."""
+    return float(triton.testing.do_bench_cudagraph(fn, rep=12, return_mode="median"))
 
 
 TIMING_ROUNDS = 2
@@ -430,7 +419,7 @@ class SmallMTuner:
 
 
 TUNER = SmallMTuner()
-_MODE = os.environ.get("READY_SMALL_M", "auto")
+_MODE = "auto"
 
 
 def set_mode(mode: str) -> str:

@@ -33,6 +33,9 @@ class TargetConfig:
     # the target's full-attention layers see only the last W tokens (pretrained so); 0 = all (Qwen3.5).
     # A small W puts what the target knows of older text into its GDN states: the positive control
     attention_window: int = 0
+    # torch.compile of the target's layers inside its CUDA graphs (fuses a decode step's many small
+    # kernels; compiles once per block length during warm-up): auto = on CUDA | on | off
+    compile: str = "auto"
 
 
 @dataclass
@@ -226,6 +229,10 @@ class TrainConfig:
     # micro-batches of at most M sequences, gradients summed, one optimizer step; not hashed (same loss
     # and update up to rounding; the state placebo pairs rows within a micro-batch, so it needs M != 1)
     micro_batch_size: int = 0
+    # GB of the frozen target's teacher passes a sweep worker keeps for the next row that asks the same
+    # (ready.train.teacher_pass; CPU targets up to 1 GB of weights); 0 = off; not hashed (a kept pass is
+    # the very tensors a fresh one would compute)
+    teacher_memo_gb: float = 4.0
 
 
 @dataclass
@@ -369,6 +376,8 @@ def validate(cfg: DictConfig | Config) -> None:
          "1 when eval.temperature > 0 (batched decoding is greedy)"),
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
+        ("target.compile", str(c.target.compile).lower() in COMPILE_VALUES, "auto, on or off"),
+        ("train.teacher_memo_gb", c.train.teacher_memo_gb >= 0, "a number of GB >= 0 (0 = no memo)"),
         ("target.attention_window", c.target.attention_window >= 0, "an integer >= 0 (0 = every earlier token)"),
         ("pretrain.repeat_fraction", 0.0 <= c.pretrain.repeat_fraction <= 1.0, "a share in [0, 1]"),
         ("bench.suites", len(c.bench.suites) >= 1, "a non-empty list of benchmark names (e.g. [humaneval, heldout])"),
@@ -382,6 +391,12 @@ def validate(cfg: DictConfig | Config) -> None:
 
 
 EXACT_VALUES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
+COMPILE_VALUES = EXACT_VALUES
+
+
+def compile_in_graphs(cfg: DictConfig | Config) -> Optional[bool]:
+    """`target.compile` as the target's `compile_in_graphs`: None = auto (on CUDA), True / False forced."""
+    return COMPILE_VALUES[str(cfg.target.compile).lower()]
 
 
 def exact_mode(cfg: DictConfig | Config) -> bool:

@@ -16,9 +16,10 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig
 
-from ready.config import exact_mode
+from ready.config import compile_in_graphs, exact_mode
 from ready.data import ensure_default_target
 from ready.data.tokenizer import load_tokenizer
+from ready.memo import MEMO
 from ready.target import load_target
 from ready.target.config import PRESETS
 
@@ -71,7 +72,8 @@ def target_dir(cfg: DictConfig, progress: bool = True) -> str:
 
 def load_configured_target(cfg: DictConfig, progress: bool = True) -> LoadedTarget:
     """The config's target (built first when it is the embedded default), frozen, in the config's
-    dtype, device and exact mode, with its tokenizer and EOS id (the checkpoint's, else the tokenizer's)."""
+    dtype, device, exact mode and compile setting, with its tokenizer and EOS id (the checkpoint's, else
+    the tokenizer's). The process's memo of target passes takes `train.teacher_memo_gb` (ready.memo)."""
     device = pick_device(cfg)
     path = target_dir(cfg, progress=progress)
     if not Path(path).is_dir():
@@ -80,6 +82,8 @@ def load_configured_target(cfg: DictConfig, progress: bool = True) -> LoadedTarg
     dtype = getattr(torch, str(cfg.target.dtype))
     target = load_target(path, device=device, dtype=dtype)
     target.exact = exact_mode(cfg)  # AR reference and drafting rows decode in the same mode
+    target.compile_in_graphs = compile_in_graphs(cfg)
+    MEMO.configure(float(cfg.train.teacher_memo_gb))
     for p in target.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(path)

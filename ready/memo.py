@@ -1,38 +1,29 @@
-"""Per-process memos of a sweep worker: a byte-bounded LRU and the digests that key it.
+"""Per-process memos of the frozen target's passes: a byte-bounded LRU, the digests that key it, the teacher memo.
 
-A sweep worker asks the frozen target the same questions again and again (ready.train.teacher_pass,
-the state placebo's donor states in ready.decode.donor), so answers are kept per process, up to
-`READY_TEACHER_MEMO_GB` (default 4; 0 = off), keyed by a digest of the target's weights and of the
-inputs' bytes. `memo_budget()` reads that budget; the keys come from `weights_digest` and `tensor_digest`.
+A sweep worker asks the frozen target the same questions again and again: the teacher passes of
+training and of the teacher-forced metric (ready.train.teacher_pass) and the state placebo's donor
+passes (ready.decode.donor). Both keep answers per process, keyed by a digest of the target's weights
+and of the inputs' bytes, while `train.teacher_memo_gb` > 0 (`MEMO.configure`, where a run loads its
+target: ready.loading). The memo lives below both, so the decoding engine and training share it
+without importing each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import os
 from collections import OrderedDict
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
-MEMO_ENV = "READY_TEACHER_MEMO_GB"
-DEFAULT_MEMO_GB = 4.0
+DEFAULT_MEMO_GB = 4.0  # train.teacher_memo_gb's default, for a process that never configures the memo
 MAX_MEMO_TARGET_BYTES = 1 << 30  # weights hashed once per target object: cheap only for small targets
 
 
 class MemoError(ValueError):
-    """The memo's budget variable is not a number; the message names it."""
-
-
-def memo_budget() -> int:
-    """Bytes a memo may hold: READY_TEACHER_MEMO_GB (default 4; 0 = off), read now."""
-    raw = os.environ.get(MEMO_ENV, str(DEFAULT_MEMO_GB))
-    try:
-        gb = float(raw)
-    except ValueError:
-        raise MemoError(f"{MEMO_ENV}={raw!r}; expected a number of gigabytes (0 = no memo)") from None
-    return max(0, int(gb * (1 << 30)))
+    """The memo's budget is unusable; the message names the key."""
 
 
 class BytesLRU:
@@ -65,6 +56,81 @@ class BytesLRU:
     def clear(self) -> None:
         self.entries.clear()
         self.nbytes = 0
+
+
+class TeacherMemo:
+    """Teacher passes (ready.train.teacher_pass.TeacherPass) by (weights, tokens, anchors, layers), least
+    recently used evicted past the budget."""
+
+    def __init__(self, gb: float = DEFAULT_MEMO_GB) -> None:
+        self.budget = 0
+        self._lru: Optional[BytesLRU] = None
+        self.configure(gb)
+
+    def configure(self, gb: float) -> None:
+        """Keep up to `gb` gigabytes of passes (`train.teacher_memo_gb`; 0 = off); forgets what it held
+        when the budget changes."""
+        if gb < 0:
+            raise MemoError(f"train.teacher_memo_gb={gb}; expected a number of gigabytes >= 0 (0 = no memo)")
+        budget = int(gb * (1 << 30))
+        if budget != self.budget or self._lru is None:
+            self.budget, self._lru = budget, None
+            self.hits = self.misses = 0
+
+    @property
+    def lru(self) -> BytesLRU:
+        if self._lru is None:
+            self._lru = BytesLRU(self.budget)
+        return self._lru
+
+    def clear(self) -> None:
+        self.lru.clear()
+        self.hits = self.misses = 0
+
+    def key(self, target: nn.Module, tokens: torch.Tensor, anchors: torch.Tensor, capture: tuple,
+            layers: tuple) -> Optional[tuple]:
+        """The pass's key, or None when it is not kept (memo off, CUDA, a large target)."""
+        if self.budget == 0 or tokens.device.type != "cpu":
+            return None
+        weights = weights_digest(target)
+        if weights is None:
+            return None
+        where = tensor_digest(anchors) if layers else tensor_digest(anchors.min())  # states: every anchor
+        return (weights, tensor_digest(tokens), where, capture, layers)
+
+    def get(self, key: tuple, logits: bool, start: int) -> Any:
+        """A kept pass that answers `key`: the same one, or, when no states are asked, any pass of the
+        same weights, tokens and capture layers (its states unused) with logits from `start` if asked."""
+        def serves(p: Any) -> bool:
+            return not logits or (p.logits is not None and p.start == start)
+
+        entries = self.lru.entries
+        found = key if key in entries and serves(entries[key][0]) else None
+        if found is None and not key[4]:
+            found = next((k for k, (p, _) in entries.items()
+                          if k[0] == key[0] and k[1] == key[1] and k[3] == key[3] and serves(p)), None)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        hit = self.lru.get(found)
+        if found != key:  # another row's pass: hand over what this one asked for
+            hit = dataclasses.replace(hit, states=None, logits=hit.logits if logits else None,
+                                      start=hit.start if logits else 0)
+        return hit
+
+    def put(self, key: tuple, value: Any) -> None:
+        self.lru.put(key, value, value.nbytes())
+
+    @property
+    def nbytes(self) -> int:
+        return self.lru.nbytes
+
+    def __len__(self) -> int:
+        return len(self.lru.entries)
+
+
+MEMO = TeacherMemo()
 
 
 def weights_digest(target: nn.Module) -> Optional[str]:

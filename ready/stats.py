@@ -1,5 +1,5 @@
 """Paired resampling statistics of decoding logs: τ, gains, state reliance, survival, with intervals,
-p-values and minimum detectable effects (docs: /work/shared/DESIGN.md, "How a table earns its numbers").
+p-values and minimum detectable effects (docs/design.md, "How a table earns its numbers").
 
 - **Units.** The unit of evidence is a (seed, prompt) pair. Every seed of a row decodes the same prompts,
   so seeds × prompts is a *crossed* design, and a comparison of row A with row B pairs A's (s, i) with
@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 from scipy import stats as sps
 
-N_RESAMPLES = 4000  # >= 2,000 (DESIGN.md)
+N_RESAMPLES = 4000  # >= 2,000 (docs/design.md)
 SEED = 0  # resampling seed: the same runs always give the same interval
 LEVEL = 0.95
 ALPHA = 0.05  # 1 - LEVEL: the two-sided level of every test and mark

@@ -38,7 +38,6 @@ from ready.data import load_suite
 from ready.decode.engine import Generation
 from ready.decode.evaluate import evaluate, next_prompt_donors, run_ar
 from ready.decode.sampling import params_from
-from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.drafter import load_drafter
 from ready.health import HealthError, check_target, generations_problem
 from ready.loading import LoadedTarget, PipelineConfigError, load_configured_target
@@ -46,6 +45,7 @@ from ready.metrics import Metrics, overall
 from ready.train import ensure_base_drafter, train_variant
 from ready.train.conversations import load_counts
 from ready.train.regen import build_regen_data, build_validation_data, regen_artifact
+from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.train.teacher_store import ensure_teacher_store
 
 METHODS = ("ar", "dspark", "ft", "placebo", "ready")

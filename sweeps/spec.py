@@ -193,13 +193,15 @@ class Sweep:
 # Hashing: a variant is a pure function of its config; knobs that cannot change a result are
 # left out, and a baseline ignores the sections it never uses.
 
-# train.devices, train.micro_batch_size: the same result up to rounding, at another speed or memory
-_NEVER_HASHED = ("name", "artifacts_dir", "train.devices", "train.micro_batch_size")
+# train.devices, train.micro_batch_size: the same result up to rounding, at another speed or memory;
+# train.teacher_memo_gb: a kept teacher pass is the very tensors a fresh one computes
+_NEVER_HASHED = ("name", "artifacts_dir", "train.devices", "train.micro_batch_size", "train.teacher_memo_gb")
 # knobs added after rows were run: at these values every earlier row ran the same, so they are left
 # out and earlier rows keep their hashes
 _DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pretrain.repeat_fraction": 0.0,
                        "regen.temperature": 0.0, "regen.top_p": 1.0, "data.path": None, "data.format": "auto",
-                       "data.on_error": "stop", "data.responses": "regenerate", "train.length_buckets": 0}
+                       "data.on_error": "stop", "data.responses": "regenerate", "train.length_buckets": 0,
+                       "target.compile": "auto"}
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed

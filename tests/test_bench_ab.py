@@ -4,6 +4,8 @@ reports each difference with a t interval; bad requests get one clear message.""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,14 +14,17 @@ from ready.bench import ab
 from ready.target import save_target
 from tiny_models import small_target
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_a_variant_is_a_name_and_assignments():
-    assert ab.parse_variant(["early", "READY_PDL_EARLY=1", "X=a=b"]) == ("early", {"READY_PDL_EARLY": "1", "X": "a=b"})
+    assert ab.parse_variant(["serial", "CUDA_LAUNCH_BLOCKING=1", "X=a=b"]) == (
+        "serial", {"CUDA_LAUNCH_BLOCKING": "1", "X": "a=b"})
     assert ab.parse_variant(["plain"]) == ("plain", {})
     with pytest.raises(ab.ABError, match="not a VAR=value"):
-        ab.parse_variant(["early", "READY_PDL_EARLY"])
+        ab.parse_variant(["serial", "CUDA_LAUNCH_BLOCKING"])
     with pytest.raises(ab.ABError, match="expected a name"):
-        ab.parse_variant(["READY_PDL_EARLY=1"])
+        ab.parse_variant(["CUDA_LAUNCH_BLOCKING=1"])
 
 
 def test_rounds_alternate_the_order():
@@ -83,29 +88,38 @@ def test_bad_requests_are_refused_with_one_message(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_variants_run_in_fresh_processes_on_cpu(tmp_path, capsys):
+def test_two_trees_run_in_fresh_processes_on_cpu(tmp_path, capsys):
     torch.manual_seed(0)
     target = save_target(small_target(num_layers=4), tmp_path / "t")
+    copy, broken = tmp_path / "copy", tmp_path / "broken"
+    for name in ("ready", "kernels"):  # another source tree: this one's code, elsewhere
+        shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    (broken / "ready" / "bench").mkdir(parents=True)
+    (broken / "kernels").mkdir()
+    for f in ("ready/__init__.py", "ready/bench/__init__.py"):
+        (broken / f).write_text("")
+    (broken / "ready/bench/engine.py").write_text("raise SystemExit('error: this tree is broken')\n")
     out = tmp_path / "ab"
-    code = ab.main(["--variant", "graph", "READY_TUNE_TIMER=graph", "--variant", "bench", "READY_TUNE_TIMER=bench",
-                    "--variant", "broken", "READY_TUNE_TIMER=nonsense", "--rounds", "2", "--out", str(out),
+    code = ab.main(["--variant", "here", "--variant", "copy", "--variant", "broken",
+                    "--tree", f"copy={copy}", "--tree", f"broken={broken}", "--rounds", "2", "--out", str(out),
                     "--metric", "tau=ar.tau", "--",
                     "--target", str(target), "--device", "cpu", "--prompt-len", "8", "--new-tokens", "12", "-k", "3",
                     "--accept-dist", "3:1", "--repeats", "1", "--verify-iters", "2", "--threads", "1"])
     res = json.loads(capsys.readouterr().out)
     assert json.loads((out / "ab.json").read_text()) == res
-    assert res["order"] == [["graph", "bench", "broken"], ["broken", "bench", "graph"]]
-    # each process ran with its own environment: the engine JSON records the tuners' timer
-    assert [p["tune_timer"] for p in res["per_process"]["graph"]] == ["graph", "graph"]
-    assert [p["tune_timer"] for p in res["per_process"]["bench"]] == ["bench", "bench"]
-    assert all(p["tau"] == 1.0 and p["ar_tok_s"] > 0 for p in res["per_process"]["graph"])
+    assert res["order"] == [["here", "copy", "broken"], ["broken", "copy", "here"]]
+    # each process ran its own tree: the engine JSON names the source tree it imported
+    sources = {n: {json.loads((out / f"{n}_{r}.json").read_text())["source"]["ready"] for r in (0, 1)}
+               for n in ("here", "copy")}
+    assert sources == {"here": {str(ROOT)}, "copy": {str(copy.resolve())}}
+    assert all(p["tau"] == 1.0 and p["ar_tok_s"] > 0 for p in res["per_process"]["here"])
     assert sorted(f.name for f in out.glob("*.json")) == sorted(
-        ["ab.json"] + [f"{n}_{r}.json" for n in ("graph", "bench", "broken") for r in (0, 1)])
-    # a misspelt switch fails its process, not the run; its rounds count as incomplete
+        ["ab.json"] + [f"{n}_{r}.json" for n in ("here", "copy", "broken") for r in (0, 1)])
+    # a broken tree fails its process, not the run; its rounds count as incomplete
     assert set(res["failed"]["broken"]) == {"0", "1"} and code == 1
-    assert "READY_TUNE_TIMER must be graph (default) or bench" in json.loads((out / "broken_0.json").read_text())["stderr"]
-    bench_minus_graph = res["differences"]["ar_tok_s"]["bench - graph"]
-    assert bench_minus_graph["rounds"] == [0, 1] and bench_minus_graph["interval"] is not None
+    assert "this tree is broken" in json.loads((out / "broken_0.json").read_text())["stderr"]
+    copy_minus_here = res["differences"]["ar_tok_s"]["copy - here"]
+    assert copy_minus_here["rounds"] == [0, 1] and copy_minus_here["interval"] is not None
 
 
 def fake_tree(root, tok_s: float):

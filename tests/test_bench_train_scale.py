@@ -1,6 +1,6 @@
 """The paper-scale training benchmark runs end to end on the tiny preset on CPU and prints one
 consistent JSON object (keys, finite positive rates, the recipe arithmetic); bad flags end in one message.
-No timing is asserted (DESIGN: speed is measured by benchmark scripts, not by tests)."""
+No timing is asserted (docs/design.md: speed is measured by benchmark scripts, not by tests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ReaDy state reader computes exactly the formulas of DESIGN.md, reading states in place."""
+"""The ReaDy state reader computes exactly the formulas of docs/design.md, reading states in place."""
 
 import math
 

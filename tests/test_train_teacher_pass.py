@@ -5,6 +5,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ready.drafter import DSparkDrafter
+from ready.memo import MemoError
 from ready.target.config import TargetError
 from ready.train.anchors import gather_blocks
 from ready.train.teacher_pass import MEMO, TeacherMemo, TeacherPass, TeacherPassError, teacher_pass
@@ -65,7 +66,7 @@ def test_the_no_state_control_is_served_by_a_state_pass_of_the_same_tokens(cfg, 
     ft = teacher_pass(target, _drafter(cfg, target, reader=False), TOKENS, ANCHORS)
     assert MEMO.hits == 1 and ft.states is None
     assert ft.hidden is ready.hidden and ft.logits is ready.logits
-    fresh = TeacherMemo(budget_bytes=0)
+    fresh = TeacherMemo(gb=0)
     assert fresh.key(target, TOKENS, ANCHORS, (1,), ()) is None  # a zero budget keeps nothing
 
 
@@ -90,7 +91,7 @@ def test_the_memo_drops_the_least_recently_used_pass_past_its_budget():
     def entry(n: int) -> TeacherPass:
         return TeacherPass(hidden=torch.zeros(n), states=None, logits=None)
 
-    memo = TeacherMemo(budget_bytes=3 * 400)
+    memo = TeacherMemo(gb=3 * 400 / (1 << 30))
     for i in range(3):
         memo.put(("w", str(i), "a", (), ("s",)), entry(100))
     assert memo.get(("w", "0", "a", (), ("s",)), logits=False, start=0) is not None  # 0 is now the newest
@@ -101,10 +102,14 @@ def test_the_memo_drops_the_least_recently_used_pass_past_its_budget():
     assert len(memo) == 3
 
 
-def test_a_bad_budget_names_the_variable(monkeypatch):
-    monkeypatch.setenv("READY_TEACHER_MEMO_GB", "lots")
-    with pytest.raises(TeacherPassError, match="READY_TEACHER_MEMO_GB='lots'"):
-        TeacherMemo().budget
+def test_a_bad_budget_names_the_key_and_a_new_budget_forgets_what_was_kept():
+    with pytest.raises(MemoError, match=r"train.teacher_memo_gb=-1; expected a number of gigabytes >= 0"):
+        TeacherMemo(gb=-1)
+    memo = TeacherMemo(gb=1e-6)
+    memo.put(("w", "0", "a", (), ("s",)), TeacherPass(hidden=torch.zeros(10), states=None, logits=None))
+    assert len(memo) == 1
+    memo.configure(0)
+    assert memo.budget == 0 and len(memo) == 0
 
 
 def test_only_the_adaptation_stages_keep_their_passes(tmp_path, cfg, target):

@@ -1,13 +1,18 @@
-"""Paired A/B of environment switches over fresh engine-benchmark processes.
+"""Paired A/B of source trees (a code change against the code before it) over fresh engine-benchmark
+processes; a variant may also set environment variables of the stack below us (torch, Triton, CUDA).
 
-    python -m ready.bench.ab --variant early READY_PDL_EARLY=1 --variant base READY_PDL_EARLY=0 \\
+    git worktree add ../before HEAD~1
+    python -m ready.bench.ab --variant before --tree before=../before --variant after \\
         --rounds 3 --out ab_runs -- --target qwen3_5_27b --device cuda --dtype bfloat16 \\
         --prompt-len 256 --new-tokens 192 --repeats 3 --verify-iters 10 --verify-tokens ""
+
+Code paths of this project are chosen by its config and code, never by the environment: a switch to
+A/B is a change between two trees.
 
 The unit is a process: compilation and the kernel tuners' choices happen once per process, and
 processes on one machine differ by more than the repeats inside one (0.3-1 tok/s on the 27B preset).
 Each round runs every variant once, in a fresh `python -m ready.bench.engine` process with the
-variant's environment, the order reversed every other round so drift over the machine's lifetime
+variant's tree and environment, the order reversed every other round so drift over the machine's lifetime
 falls on all variants alike. A difference pairs the rounds in which both of its processes finished;
 the exit code is 1 when any process failed (its reason and stderr tail are in its JSON).
 
@@ -24,10 +29,8 @@ rounds that ran is written as usual (`stopped` says why it ended early).
 
 `--tree NAME=PATH` runs variant NAME from another source tree of this project (another commit's
 `ready/` and `kernels/`, e.g. `git worktree add ../old HEAD~1` or a `git archive` of it): its processes
-import `ready` from PATH and `ready_kernels` from PATH/kernels, so a code change is A/B'd against the
-code before it in the same paired rounds:
-
-    python -m ready.bench.ab --variant before --tree before=../old --variant after --rounds 2 --out ab -- ...
+import `ready` from PATH and `ready_kernels` from PATH/kernels (the engine JSON's `source` says which
+tree ran), so a code change is A/B'd against the code before it in the same paired rounds.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def parse_variant(words: Sequence[str]) -> tuple[str, dict[str, str]]:
     environment as it is (a baseline)."""
     if not words or not _NAME.match(words[0]):
         raise ABError(f"--variant {' '.join(words)!r}: expected a name of letters, digits, '_' or '-', "
-                      "then VAR=value assignments, e.g. --variant early READY_PDL_EARLY=1")
+                      "then VAR=value assignments, e.g. --variant serial CUDA_LAUNCH_BLOCKING=1")
     env = {}
     for w in words[1:]:
         if not _ENV.match(w):

@@ -35,9 +35,9 @@ Prints one JSON object:
   ReaDy drafter, each warmed up as `ready.decode.evaluate` does (reserve + one generation), then timed.
 - `profile` (`--profile`): the top device kernels of a few DSpark and ReaDy rounds (torch.profiler)
   and the kernels whose time differs most between them.
-- `small_m`: the timer the tuners used (`graph` | `bench`), the shapes the small-M linear tuned and
-  what each picked (CUDA); `fused_gemv`: the same for the AR step's fused projections
-  (kernels/fused_gemv.py; off with READY_FUSED_GEMV=0).
+- `small_m`: the shapes the small-M linear tuned and what each picked (CUDA); `fused_gemv`: the same
+  for the AR step's fused projections (kernels/fused_gemv.py).
+- `source`: the source tree whose `ready` and `ready_kernels` ran (`ready.bench.ab --tree` A/Bs trees).
 - `batched` (`--batch 1,2,4,8,16`): AR, DSpark and ReaDy (the `--drafter` kinds, paper-size drafters as
   above, forced acceptance from the first `--accept-dist`, reseeded per call so both drafters run identical
   rounds) through `ready.decode.batch.BatchEngine` at each batch size: `--waves` x B prompts per timed call,
@@ -56,6 +56,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -586,15 +587,20 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
                                   and target._compiled_fn is not None)
     try:
         import ready.fastops  # noqa: F401
-        from ready_kernels.small_m_gemm import TUNE_TIMER, TUNER, get_mode
+        from ready_kernels.small_m_gemm import TUNER, get_mode
 
-        out["small_m"] = {"mode": get_mode(), "timer": TUNE_TIMER, "tuned": TUNER.report()}
+        out["small_m"] = {"mode": get_mode(), "tuned": TUNER.report()}
         from ready.target import layers
 
         if layers.FUSED_GEMV is not None:
             out["fused_gemv"] = {"tuned": layers.FUSED_GEMV.TUNER.report()}
     except ImportError:  # pragma: no cover
         pass
+    import ready
+    import ready_kernels
+
+    out["source"] = {"ready": str(Path(ready.__file__).resolve().parent.parent),
+                     "ready_kernels": [str(Path(p).resolve()) for p in ready_kernels.__path__][:1]}
     if bandwidth > 0:
         bound_s = streamed / bandwidth
         out["bound"] = {"bandwidth_bytes_per_s": bandwidth, "streamed_bytes": streamed, "step_ms": bound_s * 1e3,

@@ -165,8 +165,7 @@ def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, 
     target = load_target(target_spec, device="cuda", dtype=dtype)
     top = 40 if by_grid else 25
     steps = [{"tokens": t, **trace_replay(step_replayer(target, t, prompt_len), replays, by_grid)} for t in sizes]
-    head = {"target": target_spec, "dtype": dtype, "prompt_len": prompt_len, "replays": replays,
-            "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("READY_")}}
+    head = {"target": target_spec, "dtype": dtype, "prompt_len": prompt_len, "replays": replays}
     cut = [{**st, "by_kernel": st["by_kernel"][:top]} for st in steps]
     if len(steps) == 1:
         return {**head, **cut[0]}

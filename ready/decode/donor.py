@@ -5,29 +5,20 @@ rows) reads, in the round after `c` committed tokens, the donor's states after m
 tokens. Those are fixed before the generation starts: a generation of prompt length p and budget n
 reads them after p .. p+n-1 tokens. One forward pass of the donor with state positions gives them
 all (the chunked GDN form, as in training), and every row of a setting reads the same donors, so the
-passes are kept per process (LRU, up to DONOR_MEMO_BYTES; off with READY_TEACHER_MEMO_GB=0, like the
+passes are kept per process (LRU, up to DONOR_MEMO_BYTES; off with train.teacher_memo_gb=0, like the
 teacher-pass memo; CPU targets the memo can digest only).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
-from ready.memo import BytesLRU, memo_budget, tensor_digest, weights_digest
+from ready.memo import MEMO, BytesLRU, tensor_digest, weights_digest
 
 DONOR_MEMO_BYTES = 1 << 30
 _KEPT = BytesLRU(DONOR_MEMO_BYTES)
-_budget: Optional[int] = None  # READY_TEACHER_MEMO_GB, read when first needed (as the teacher-pass memo does)
-
-
-def _memo_on() -> bool:
-    """Whether passes are kept at all (READY_TEACHER_MEMO_GB > 0, read once per process)."""
-    global _budget
-    if _budget is None:
-        _budget = memo_budget()
-    return _budget > 0
 
 
 def read_lengths(prompt_len: int, max_new_tokens: int, donor_len: int) -> list[int]:
@@ -41,7 +32,7 @@ def donor_states(target, donor: torch.Tensor, lengths: Sequence[int], layers: Se
     ids = donor.reshape(-1)[: max(lengths)]
     pos = torch.tensor([[n - 1 for n in lengths]], dtype=torch.long)
     key = None
-    if _memo_on() and ids.device.type == "cpu":
+    if MEMO.budget and ids.device.type == "cpu":
         weights = weights_digest(target)
         if weights is not None:
             key = (weights, tensor_digest(ids), tensor_digest(pos), tuple(int(i) for i in layers))

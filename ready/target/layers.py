@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Optional
 
 import torch
@@ -337,18 +336,17 @@ def _optional_kernels():
 
     gv = fastops.load_kernel("gdn_verify")
     gdn_verify, gdn_commit = (gv.gdn_verify, gv.gdn_commit) if gv is not None else (None, None)
-    gf = fastops.load_kernel("gdn_fused") if os.environ.get("READY_GDN_FUSED", "1") != "0" else None
+    gf = fastops.load_kernel("gdn_fused")
     return fla_chunk, gdn_verify, gdn_commit, (gf.gdn_fused_verify if gf is not None else None)
 
 
-# READY_GDN_FUSED=0: the fast verify pass runs conv, norms, gates and recurrence as separate ops (A/B switch)
 FLA_CHUNK, GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL, GDN_FUSED_KERNEL = _optional_kernels()
 
 
 def _decode_attention_kernel():
     """kernels/decode_attention.py where CUDA and Triton are present (16-bit fast-path decode and verify
-    attention); env READY_DECODE_ATTN=0 keeps SDPA (A/B switch)."""
-    if os.environ.get("READY_DECODE_ATTN", "1") == "0" or not fastops.fused_wanted():
+    attention)."""
+    if not fastops.fused_wanted():
         return None
     return fastops.load_kernel("decode_attention")
 
@@ -404,7 +402,7 @@ class GatedDeltaNet(nn.Module):
         x = mixed.transpose(1, 2)
         w = self.kernel - 1
         full = F.pad(x, (w, 0)) if prefix is None else torch.cat([prefix.to(x.dtype), x], dim=-1)
-        if exact or (taps and _CONV_TAPS):
+        if exact or taps:
             T, weight = x.shape[-1], self.conv1d.weight[:, 0].float()  # [C, kernel]
             acc = full[..., 0:T].float() * weight[:, 0:1]
             for j in range(1, self.kernel):
@@ -496,7 +494,7 @@ def verify_rule(device: torch.device, exact: bool) -> str:
     arithmetic: `kernel` (the Triton kernels' step, CUDA), `exact` (`_exact_recurrence`) or `torch`
     (`recurrent_gated_delta_rule`)."""
     if device.type == "cuda" and GDN_COMMIT_KERNEL is not None:
-        if (not exact and GDN_FUSED_KERNEL is not None) or (GDN_VERIFY_KERNEL is not None and not (exact and _EXACT_GDN_TORCH)):
+        if (not exact and GDN_FUSED_KERNEL is not None) or GDN_VERIFY_KERNEL is not None:
             return "kernel"
     return "exact" if exact else "torch"
 
@@ -541,12 +539,6 @@ def commit_gdn(ssm: torch.Tensor, conv: torch.Tensor, pending_inputs: torch.Tens
     conv.copy_(pending_conv[:, rows, counts - 1])
 
 
-# READY_CONV_TAPS=0: the verify pass runs F.conv1d like prefill (an A/B switch for benchmarks)
-_CONV_TAPS = os.environ.get("READY_CONV_TAPS", "1") != "0"
-
-# READY_EXACT_GDN=torch: exact mode runs `_exact_recurrence` on CUDA too (instead of the fused kernel)
-_EXACT_GDN_TORCH = os.environ.get("READY_EXACT_GDN", "kernel") == "torch"
-
 
 def _exact_recurrence(q, k, v, g, beta, init, out_states: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The gated delta rule one token at a time on same-shaped contiguous slices, with tree sums
@@ -585,9 +577,8 @@ class DecoderLayer(nn.Module):
 
 def _fused_gemv_kernel():
     """kernels/fused_gemv.py where CUDA and Triton are present (the AR step's projections with the
-    post-attention norm and the residual adds folded in); env READY_FUSED_GEMV=0 keeps the separate
-    ops (A/B switch)."""
-    if os.environ.get("READY_FUSED_GEMV", "1") == "0" or not fastops.fused_wanted():
+    post-attention norm and the residual adds folded in)."""
+    if not fastops.fused_wanted():
         return None
     return fastops.load_kernel("fused_gemv")
 
@@ -614,8 +605,8 @@ def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KV
     (kernels/fused_gemv.py): the residual add after the token mixer goes into o_proj / out_proj's
     epilogue and the post-attention RMSNorm into gate_up's prologue (one kernel before), the residual
     add after the MLP into down_proj's epilogue. Same arithmetic as the unfused block, except that
-    the MLP's normed input is not rounded to 16 bits. The H200 A/B: docs/benchmarks.md "Norm and
-    residual adds inside the AR step's GEMVs"."""
+    the MLP's normed input is not rounded to 16 bits. The H200 A/B: docs/benchmarks.md "What is each
+    default kernel path worth in the engine?"; per call: kernels/NOTES.md "Fused GEMV"."""
     gemv = FUSED_GEMV.fused_gemv
     h = layer.input_layernorm(x)
     if layer.layer_type == "linear_attention":

@@ -68,8 +68,8 @@ class HybridLM(nn.Module):
         # exact mode: verify (and so the AR step, a verify of one token) runs row-invariant ops, so
         # that verify(K+1) and K+1 AR steps give bit-identical logits and states (docs/interfaces.md)
         self.exact: bool = False
-        # None = auto: the CUDA-graphed passes (GraphedVerify) run compiled layers on CUDA unless
-        # the environment says READY_COMPILE=0; True / False force it (compile_layers sets True)
+        # None = auto: the CUDA-graphed passes (GraphedVerify) run compiled layers on CUDA; True / False
+        # force it (compile_layers sets True; `target.compile` in a run's config)
         self.compile_in_graphs: Optional[bool] = None
 
     def compile_layers(self, enable: bool = True) -> None:
@@ -100,11 +100,9 @@ class HybridLM(nn.Module):
 
     def graphs_compile(self) -> bool:
         """Whether graph captures use the compiled layers (see compile_in_graphs); compiles on first use."""
-        import os
-
         on = self.compile_in_graphs
         if on is None:
-            on = self.device.type == "cuda" and os.environ.get("READY_COMPILE", "1") != "0"
+            on = self.device.type == "cuda"
         if on and self._compiled_fn is None:
             self.compile_layers()
             self.compile_in_graphs = None  # still automatic

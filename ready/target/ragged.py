@@ -29,7 +29,6 @@ batch of B as in the single-sequence engine's verify, in any dtype.
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -205,7 +204,7 @@ class RaggedGraphedVerify:
             self.ids = torch.zeros(cache.batch_size, tokens, dtype=torch.long, device=model.device)
         if model.device.type != "cuda":
             return
-        compiled = model.graphs_compile() and os.environ.get("READY_COMPILE", "1") != "0"
+        compiled = model.graphs_compile()
         if compiled:
             import torch._dynamo as dynamo  # a plain `import torch._dynamo` here would make `torch` local
 

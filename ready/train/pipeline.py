@@ -50,7 +50,7 @@ from ready.train.teacher_store import TeacherStore, ensure_teacher_store
 
 DRAFTER_SUBDIR = "drafter"
 LOG_FILE = "train.json"
-STAGES_SUBDIR = "stages"  # <artifacts_dir>/stages: where sweep rows keep their stage folders (ready.row)
+STAGES_SUBDIR = "stages"  # <artifacts_dir>/stages: where sweep rows keep their stage folders (sweeps.row)
 Prompts = Optional[torch.Tensor]  # explicit training prompts [N, prompt_len]; None = the corpus's
 
 

@@ -10,8 +10,8 @@ pass asks for no logits at all.
 The answer depends on nothing but the target's weights, the tokens, the anchors and the layer lists,
 and a sweep worker asks it again and again: every drafting row of a setting scores the same held-out
 sequences teacher-forced, and the rows of one seed (reader ranks, the no-state control) train on the
-same batches at the same anchors. So passes are kept in a per-process memo (LRU, bounded in bytes;
-`READY_TEACHER_MEMO_GB`, default 4, 0 = off), keyed by the weights' digest and the inputs' bytes.
+same batches at the same anchors. So passes are kept in a per-process memo (LRU, bounded in bytes by
+`train.teacher_memo_gb`, default 4, 0 = off; `MEMO.configure`; ready.memo), keyed by the weights' digest and the inputs' bytes.
 A hit returns the very tensors the first pass computed, so a row's numbers do not depend on what the
 worker ran before it. Read them, never write into them. The memo holds CPU passes of targets up to
 1 GB of weights (the embedded default); larger targets and CUDA run every pass afresh. The state
@@ -29,8 +29,10 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ready.memo import BytesLRU, MemoError, memo_budget, tensor_digest, weights_digest
+from ready.memo import MEMO, TeacherMemo
 from ready.train.anchors import gather_blocks
+
+__all__ = ["MEMO", "TeacherMemo", "TeacherPass", "TeacherPassError", "reads_shuffled_states", "teacher_pass"]
 
 
 class TeacherPassError(ValueError):
@@ -97,77 +99,3 @@ def teacher_pass(target: nn.Module, drafter: nn.Module, tokens: torch.Tensor, an
     if key is not None:
         MEMO.put(key, result)
     return result
-
-
-class TeacherMemo:
-    """Teacher passes by (weights, tokens, anchors, layers), least recently used evicted past the budget."""
-
-    def __init__(self, budget_bytes: Optional[int] = None) -> None:
-        self._budget = budget_bytes
-        self._lru: Optional[BytesLRU] = None
-        self.hits = self.misses = 0
-
-    @property
-    def budget(self) -> int:
-        """Bytes the memo may hold (READY_TEACHER_MEMO_GB, read when first needed)."""
-        if self._budget is None:
-            try:
-                self._budget = memo_budget()
-            except MemoError as e:
-                raise TeacherPassError(str(e)) from None
-        return self._budget
-
-    @property
-    def lru(self) -> BytesLRU:
-        if self._lru is None:
-            self._lru = BytesLRU(self.budget)
-        return self._lru
-
-    def clear(self) -> None:
-        self.lru.clear()
-        self.hits = self.misses = 0
-
-    def key(self, target: nn.Module, tokens: torch.Tensor, anchors: torch.Tensor, capture: tuple,
-            layers: tuple) -> Optional[tuple]:
-        """The pass's key, or None when it is not kept (memo off, CUDA, a large target)."""
-        if self.budget == 0 or tokens.device.type != "cpu":
-            return None
-        weights = weights_digest(target)
-        if weights is None:
-            return None
-        where = tensor_digest(anchors) if layers else tensor_digest(anchors.min())  # states: every anchor
-        return (weights, tensor_digest(tokens), where, capture, layers)
-
-    def get(self, key: tuple, logits: bool, start: int) -> Optional[TeacherPass]:
-        """A kept pass that answers `key`: the same one, or, when no states are asked, any pass of the
-        same weights, tokens and capture layers (its states unused) with logits from `start` if asked."""
-        def serves(p: TeacherPass) -> bool:
-            return not logits or (p.logits is not None and p.start == start)
-
-        entries = self.lru.entries
-        found = key if key in entries and serves(entries[key][0]) else None
-        if found is None and not key[4]:
-            found = next((k for k, (p, _) in entries.items()
-                          if k[0] == key[0] and k[1] == key[1] and k[3] == key[3] and serves(p)), None)
-        if found is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        hit = self.lru.get(found)
-        if found != key:  # another row's pass: hand over what this one asked for
-            hit = TeacherPass(hidden=hit.hidden, states=None, logits=hit.logits if logits else None,
-                              start=hit.start if logits else 0)
-        return hit
-
-    def put(self, key: tuple, value: TeacherPass) -> None:
-        self.lru.put(key, value, value.nbytes())
-
-    @property
-    def nbytes(self) -> int:
-        return self.lru.nbytes
-
-    def __len__(self) -> int:
-        return len(self.lru.entries)
-
-
-MEMO = TeacherMemo()

@@ -1,0 +1,172 @@
+"""Run the CUDA tests (`pytest -m cuda`) in shards of at most ~6 minutes each, one line per shard.
+
+The whole `-m cuda` suite runs longer than one device call comfortably holds, so it is split by the
+durations measured on the H200 (tests/cuda_durations.json, written by `--record`): test files are
+packed greedily, longest first, into as few shards as keep each under `--budget` seconds (a file
+longer than the budget is split by test). A test with no measured duration counts `DEFAULT_S`.
+Each shard runs in its own pytest process (CUDA state does not leak between shards).
+
+    python tests/cuda_shards.py --list                 # the plan: shards, files, estimated seconds
+    python tests/cuda_shards.py                        # every shard, one pass/fail line each
+    python tests/cuda_shards.py --shard 2              # one shard (e.g. one device call per shard)
+    python tests/cuda_shards.py --record tests/cuda_durations.json --json $OUT/cuda.json
+
+Exit status 0 only when every shard that ran passed (a skipped test is not a pass: on a machine
+without CUDA every test skips, and the line says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DURATIONS = Path(__file__).resolve().parent / "cuda_durations.json"
+BUDGET_S = 360.0  # ~6 minutes on the H200: a shard plus start-up fits one 10-minute device call
+DEFAULT_S = 30.0  # a test never timed counts this long
+
+
+@dataclass
+class Shard:
+    """Node ids (whole files where a file fits) and their estimated seconds."""
+
+    items: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def collect(paths: list[str]) -> list[str]:
+    """Node ids of the CUDA tests under `paths` (collection works without CUDA)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-m", "cuda", *paths],
+                         cwd=ROOT, capture_output=True, text=True)
+    ids = [line.strip() for line in out.stdout.splitlines() if "::" in line]
+    if out.returncode not in (0, 5) or (out.returncode == 0 and not ids):
+        raise SystemExit(f"error: collecting the CUDA tests failed (pytest exit {out.returncode}):\n"
+                         f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return ids
+
+
+def load_durations(path: Path) -> dict[str, float]:
+    """Measured seconds per node id ({} when the file does not exist yet)."""
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        return {str(k): float(v) for k, v in raw["tests"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(f"error: {path}: expected {{\"tests\": {{node id: seconds}}}} ({type(e).__name__}: {e})")
+
+
+def plan(ids: list[str], durations: dict[str, float], budget: float) -> list[Shard]:
+    """Greedy longest-first packing of files (split by test when a file alone exceeds `budget`)."""
+    by_file: dict[str, list[str]] = {}
+    for node in ids:
+        by_file.setdefault(node.split("::", 1)[0], []).append(node)
+    units: list[tuple[float, list[str]]] = []
+    for path, nodes in by_file.items():
+        cost = [durations.get(n, DEFAULT_S) for n in nodes]
+        if sum(cost) <= budget:
+            units.append((sum(cost), [path]))
+        else:
+            units += [(c, [n]) for c, n in zip(cost, nodes)]
+    shards: list[Shard] = []
+    for seconds, items in sorted(units, key=lambda u: -u[0]):
+        fits = [s for s in shards if s.seconds + seconds <= budget]
+        target = min(fits, key=lambda s: s.seconds) if fits else None
+        if target is None:
+            target = Shard()
+            shards.append(target)
+        target.items += items
+        target.seconds += seconds
+    return shards
+
+
+def _junit(path: Path) -> list[dict]:
+    """(node id, outcome, seconds) of every test case in a pytest JUnit XML file (xunit1: with `file`)."""
+    cases = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        file, classname = case.get("file", ""), case.get("classname", "")
+        module = file[:-3].replace("/", ".") if file.endswith(".py") else classname
+        inner = classname[len(module) + 1:].replace(".", "::") if classname.startswith(module + ".") else ""
+        node = f"{file}::{inner + '::' if inner else ''}{case.get('name', '')}"
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped" and outcome == "passed":
+                outcome = "skipped"
+        cases.append({"id": node, "outcome": outcome, "seconds": float(case.get("time", 0.0))})
+    return cases
+
+
+def run_shard(index: int, total: int, shard: Shard, extra: list[str]) -> dict:
+    """Run one shard in its own pytest process; print its line; return its record."""
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", f"--junitxml={xml}", "-o", "junit_family=xunit1", *extra,
+                               *shard.items], cwd=ROOT, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        cases = _junit(xml) if xml.is_file() else []
+    counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
+    ok = proc.returncode == 0 and counts["failed"] == 0 and counts["passed"] > 0
+    verdict = "PASS" if ok else ("SKIP" if proc.returncode == 0 and counts["passed"] == 0 else "FAIL")
+    print(f"shard {index}/{total}: {verdict} {counts['passed']} passed, {counts['failed']} failed, "
+          f"{counts['skipped']} skipped in {wall:.0f} s (estimated {shard.seconds:.0f} s): {' '.join(shard.items)}",
+          flush=True)
+    if verdict == "FAIL":
+        print(proc.stdout[-4000:] + proc.stderr[-2000:], flush=True)
+    return {"shard": index, "verdict": verdict, "wall_s": round(wall, 1), "estimated_s": round(shard.seconds, 1),
+            "items": shard.items, **counts, "cases": cases}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="*", default=["tests"], help="test files or folders (default: tests)")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds per shard (default %(default)s)")
+    ap.add_argument("--durations", type=Path, default=DURATIONS, help="measured durations (default %(default)s)")
+    ap.add_argument("--list", action="store_true", help="print the plan and exit")
+    ap.add_argument("--shard", type=int, help="run only this shard (1-based)")
+    ap.add_argument("--record", type=Path, help="write the measured durations here (merged with --durations)")
+    ap.add_argument("--json", type=Path, help="write every shard's record here")
+    a, extra = ap.parse_known_args(argv)
+    if a.budget <= 0:
+        raise SystemExit(f"error: --budget must be > 0 seconds, got {a.budget}")
+
+    durations = load_durations(a.durations)
+    shards = plan(collect(a.paths), durations, a.budget)
+    if a.list:
+        for i, s in enumerate(shards, 1):
+            print(f"shard {i}/{len(shards)}: ~{s.seconds:.0f} s: {' '.join(s.items)}")
+        return 0
+    if a.shard is not None and not 1 <= a.shard <= len(shards):
+        raise SystemExit(f"error: --shard must be 1..{len(shards)}, got {a.shard}")
+    chosen = [a.shard] if a.shard else list(range(1, len(shards) + 1))
+    records = [run_shard(i, len(shards), shards[i - 1], extra) for i in chosen]
+
+    if a.record:
+        measured = {c["id"]: c["seconds"] for r in records for c in r["cases"] if c["outcome"] != "skipped"}
+        a.record.write_text(json.dumps({"device": _device(), "tests": dict(sorted({**durations, **measured}.items()))},
+                                       indent=1) + "\n")
+    if a.json:
+        a.json.write_text(json.dumps({"device": _device(), "shards": records}, indent=1) + "\n")
+    return 0 if all(r["verdict"] == "PASS" for r in records) else 1
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

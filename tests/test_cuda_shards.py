@@ -1,0 +1,50 @@
+"""The CUDA shard runner packs tests into shards under the budget and reads pytest's JUnit results."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cuda_shards as cs  # noqa: E402
+
+
+def test_files_are_packed_whole_under_the_budget_longest_first():
+    ids = ["tests/a.py::t1", "tests/a.py::t2", "tests/b.py::t", "tests/c.py::t"]
+    durations = {"tests/a.py::t1": 100, "tests/a.py::t2": 100, "tests/b.py::t": 150, "tests/c.py::t": 90}
+    shards = cs.plan(ids, durations, budget=250)
+    assert [s.items for s in shards] == [["tests/a.py"], ["tests/b.py", "tests/c.py"]]
+    assert all(s.seconds <= 250 for s in shards)
+
+
+def test_a_file_longer_than_the_budget_is_split_by_test_and_unknown_tests_count_the_default():
+    ids = ["tests/long.py::x", "tests/long.py::y", "tests/new.py::z"]
+    shards = cs.plan(ids, {"tests/long.py::x": 200, "tests/long.py::y": 200}, budget=250)
+    assert sorted(i for s in shards for i in s.items) == ["tests/long.py::x", "tests/long.py::y", "tests/new.py"]
+    assert len(shards) == 2 and max(s.seconds for s in shards) == 200 + cs.DEFAULT_S
+
+
+def test_junit_results_become_node_ids_with_outcomes(tmp_path):
+    xml = tmp_path / "j.xml"
+    xml.write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.test_k" file="tests/test_k.py" name="test_ok[1-2]" time="1.5"/>'
+        '<testcase classname="tests.test_k.TestBox" file="tests/test_k.py" name="test_bad" time="2">'
+        '<failure message="x"/></testcase>'
+        '<testcase classname="tests.test_k" file="tests/test_k.py" name="test_skip" time="0"><skipped/></testcase>'
+        '</testsuite></testsuites>')
+    assert cs._junit(xml) == [
+        {"id": "tests/test_k.py::test_ok[1-2]", "outcome": "passed", "seconds": 1.5},
+        {"id": "tests/test_k.py::TestBox::test_bad", "outcome": "failed", "seconds": 2.0},
+        {"id": "tests/test_k.py::test_skip", "outcome": "skipped", "seconds": 0.0},
+    ]
+
+
+def test_a_malformed_durations_file_is_one_clear_error(tmp_path):
+    bad = tmp_path / "d.json"
+    bad.write_text('{"tests": [1, 2]}')
+    try:
+        cs.load_durations(bad)
+    except SystemExit as e:
+        assert str(bad) in str(e) and "node id: seconds" in str(e)
+    else:
+        raise AssertionError("a malformed durations file was accepted")
