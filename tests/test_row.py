@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweeps.row import PipelineConfigError, VariantResult, resolve_rank, run_variant
 from ready.metrics import SequenceLog, overall, summarize
+from sweeps.row import PipelineConfigError, VariantResult, resolve_rank, run_variant
 from sweeps.spec import load_sweep
 
 

@@ -8,9 +8,9 @@ from omegaconf import OmegaConf
 
 from ready.decode.engine import greedy_accept
 from ready.decode.protocol import DraftStep
-from ready.train.teacher_forced import block_acceptance, full_block_anchors, teacher_forced_acceptance
 from ready.drafter import DSparkDrafter
 from ready.train import greedy_responses, train_stage
+from ready.train.teacher_forced import block_acceptance, full_block_anchors, teacher_forced_acceptance
 from test_train_helpers import micro_cfg, micro_prompts, micro_target
 
 

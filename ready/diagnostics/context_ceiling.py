@@ -25,11 +25,11 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ready.train.teacher_forced import _batches, block_acceptance, full_block_anchors
 from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import load_drafter
 from ready.target.layers import Attention
 from ready.train.regen import RegenData
+from ready.train.teacher_forced import _batches, block_acceptance, full_block_anchors
 
 
 @torch.no_grad()

@@ -42,7 +42,6 @@ import torch
 
 from ready.config import merge
 from ready.data import training_prompts
-from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.diagnostics.copy_probe import copy_fidelity, copy_prompts
 from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import load_drafter
@@ -50,6 +49,7 @@ from ready.reader import StateSource
 from ready.train.pipeline import ensure_base_drafter
 from ready.train.regen import as_prompt_tensor, build_regen_data
 from ready.train.stages import stage_seed, train_stage
+from ready.train.teacher_forced import teacher_forced_acceptance
 
 
 @contextlib.contextmanager
