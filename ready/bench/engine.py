@@ -62,7 +62,10 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
+import ready
 import ready.decode.batch as batch_mod
+import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
+import ready_kernels
 from ready.config import EXPERIMENTS_DIR, merge, schema
 from ready.decode.batch import BatchEngine
 from ready.decode.engine import Engine, Generation
@@ -586,7 +589,6 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
     out["compiled_layers"] = bool(dev.type == "cuda" and graphs and target.compile_in_graphs is not False
                                   and target._compiled_fn is not None)
     try:
-        import ready.fastops  # noqa: F401
         from ready_kernels.small_m_gemm import TUNER, get_mode
 
         out["small_m"] = {"mode": get_mode(), "tuned": TUNER.report()}
@@ -596,9 +598,6 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
             out["fused_gemv"] = {"tuned": layers.FUSED_GEMV.TUNER.report()}
     except ImportError:  # pragma: no cover
         pass
-    import ready
-    import ready_kernels
-
     out["source"] = {"ready": str(Path(ready.__file__).resolve().parent.parent),
                      "ready_kernels": [str(Path(p).resolve()) for p in ready_kernels.__path__][:1]}
     if bandwidth > 0:
