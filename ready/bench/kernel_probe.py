@@ -6,6 +6,9 @@
 Kernel durations without launch overhead and the stall reasons behind them (paper sizes, batch 1).
 """
 
+import argparse
+from typing import Optional, Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -13,7 +16,8 @@ from ready_kernels import gdn_verify as gv
 from ready_kernels import state_reader as sr
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: --help only
     dev, H, d, r, P, T = "cuda", 48, 128, 8, 7, 8
     ssm = torch.randn(4, 8, H, d, d, device=dev)
     ssm16 = ssm.bfloat16()

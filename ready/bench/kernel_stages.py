@@ -14,8 +14,10 @@ The differences between neighbouring stages are the costs kernels/NOTES.md quote
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import Optional, Sequence
 
 import torch
 import triton
@@ -108,7 +110,8 @@ def verify_floor(timer: Timer, calls: int = 16) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: --help only
     if not torch.cuda.is_available():
         sys.exit("ready.bench.kernel_stages: needs a CUDA device")
     timer = Timer(reps=50, smoke=False)

@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-if __name__ == "__main__" and "--smoke" in sys.argv:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+# `python -m ready.bench.kernels --smoke` or `ready bench kernels --smoke`: before triton is imported
+if "--smoke" in sys.argv[1:]:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -21,9 +21,11 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
-if __name__ == "__main__" and "--smoke" in sys.argv:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+# `python -m ready.bench.small_m --smoke` or `ready bench small_m --smoke`: before triton is imported
+if "--smoke" in sys.argv[1:]:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 
@@ -50,7 +52,7 @@ def grid_configs() -> tuple[sm.Config, ...]:
     return tuple(out)
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", default="1,2,4,7,8", help="comma list of row counts")
     ap.add_argument("--json", action="store_true")
@@ -58,7 +60,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--grid", action="store_true", help="time grid_configs() instead of small_m_gemm.CONFIGS")
     ap.add_argument("--shapes", default=None, help=f"comma list of shape names ({', '.join(SHAPES_27B)})")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     ms = [int(m) for m in a.m.split(",")]
     smoke = a.smoke or not torch.cuda.is_available()
     dev = "cpu" if smoke else "cuda"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Optional, Sequence
 
 import torch
 
@@ -97,7 +98,7 @@ def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: i
     return out
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -109,7 +110,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--profile", action="store_true", help="add the top kernels of one eager decode step")
     ap.add_argument("--compile", action="store_true", help="torch.compile each layer's forward first (CUDA)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
     torch.set_grad_enabled(False)

@@ -570,5 +570,10 @@ def errors(res: Any, where: str = "") -> list[str]:
     return out
 
 
+def exit_status(result: dict) -> int:
+    """The command's exit status: 1 when a section reported an error."""
+    return 1 if result["errors"] else 0
+
+
 if __name__ == "__main__":
-    sys.exit(1 if main()["errors"] else 0)
+    sys.exit(exit_status(main()))

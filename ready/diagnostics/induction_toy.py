@@ -115,5 +115,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     return rows
 
 
+def exit_status(rows: list[dict]) -> int:
+    """The command's exit status: 1 when no measurement was made."""
+    return 0 if rows else 1
+
+
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    sys.exit(exit_status(main()))
