@@ -125,6 +125,10 @@ def test_wheel_installs_kernels_as_ready_kernels_in_a_fresh_venv(tmp_path):
              "print('ok')\n")
     assert _run([str(py), "-c", check], tmp_path).strip().endswith("ok")
 
+    # the console script `ready` ([project.scripts]) runs from the wheel: its help reads the installed sources
+    helped = _run([str(venv / "bin" / "ready"), "--help"], tmp_path)
+    assert "sweeps.run" in helped and "ready.bench.engine" in helped and "ready.diagnostics.theory" in helped
+
     # a regular `kernels` package (as the PyPI distribution installs) is not shadowed by kernels/ in the
     # working directory, and ready_kernels still comes from the wheel
     (site / "kernels").mkdir()
