@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -371,6 +371,20 @@ def fla_backward_trusted(device: torch.device) -> bool:
     return not ((3, 4, 0) <= version < (3, 7, 1))
 
 
+def fla_chunk_for(q: torch.Tensor, state_positions: Optional[torch.Tensor]) -> Optional[Callable]:
+    """fla's chunked GDN where it is a faithful fast path, else None (our torch chunked form runs).
+
+    Only for 16-bit CUDA tensors: fla's Triton dots take float32 inputs in TF32, so a float32 target
+    would prefill ~1e-3 away from its own verify and fail the float32 tie margin (TIE_REL) that the
+    lossless checks hold it to. Never with `state_positions` (fla returns only the final state), nor
+    where a backward follows on a device whose fla backward is not trusted (`fla_backward_trusted`)."""
+    if FLA_CHUNK is None or not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if state_positions is not None or (q.requires_grad and not fla_backward_trusted(q.device)):
+        return None
+    return FLA_CHUNK
+
+
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet token mixer: causal depthwise conv on q/k/v, L2-normalised q/k, decay
     g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), grouped value heads, gated norm."""
@@ -474,9 +488,7 @@ class GatedDeltaNet(nn.Module):
             windows = full.unfold(-1, self.kernel - 1, 1)[:, :, 1:]  # window after each token
             cache.pending_conv[:, :T] = windows.permute(0, 2, 1, 3)
         else:
-            fla = FLA_CHUNK if (q.is_cuda and state_positions is None) else None
-            if fla is not None and q.requires_grad and not fla_backward_trusted(q.device):
-                fla = None  # a backward follows and fla's would be wrong here
+            fla = fla_chunk_for(q, state_positions)
             if fla is not None:
                 o, final = fla(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2),
                                scale=1.0, initial_state=init, output_final_state=True)
