@@ -93,7 +93,7 @@ def test_on_cuda_the_graphed_compiled_ar_step_matches_the_unfused_one(monkeypatc
     wherever the unfused block's top two logits lie further apart than that rounding. (Comparing two
     free-running greedy continuations instead fails on a near tie: on the H200 a 0.9 % logit
     difference flipped one token at step 5 of 8 and the sequences parted,
-    kernels/results/ab_rope_residual_h200/diag_fused_vs_unfused_tokens.txt.)"""
+    docs/data/ab_rope_residual_h200_diag_fused_vs_unfused_tokens.txt.)"""
     from ready.decode.graphs import GraphRunner
 
     mod = layers.FUSED_GEMV

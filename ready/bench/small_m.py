@@ -2,7 +2,7 @@
 
 Run from the repository root on a CUDA machine:
 
-    python -m ready.bench.small_m --json [--out kernels/results/small_m_h200.json]
+    python -m ready.bench.small_m --json [--out docs/data/small_m_h200.json]
 
 For each weight shape (N, K) of the fused target (GDN in_proj, attention qkv, MLP gate_up, down,
 out/o projection, LM head) and each row count M, it times F.linear and every Triton configuration
