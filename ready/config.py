@@ -240,11 +240,18 @@ class BenchmarkConfig:
     """Evaluation suites and where their local files live."""
 
     suites: list[str] = field(default_factory=lambda: ["humaneval", "heldout"])
-    # local file per benchmark (JSONL, JSON or parquet in its public format)
+    # local file per benchmark (JSONL, JSON or parquet in its public format, or a turns file: DeepSpec's
+    # eval_datasets/*.jsonl, records with 'turns'); a name outside the seven needs a turns file here
     paths: dict[str, str] = field(default_factory=dict)
     limit: int = 64  # prompts per benchmark (the unit of evidence of every interval)
     thinking: bool = False  # chat template's thinking switch, when the tokenizer has one
     max_prompt_tokens: int = 128
+    # first | all: the prompt of a turns file's record. first = its first user turn (as DeepSpec's and
+    # MT-Bench's first-turn evaluation pose it); all = every user turn, in order, as consecutive user
+    # messages of one chat-template prompt with no assistant turns between them (the files hold no answers
+    # and none are generated; a template that insists on alternating roles is refused), joined by blank
+    # lines without a template (docs/benchmarks.md "DeepSpec's evaluation prompts")
+    turns: str = "first"
 
 
 @dataclass
@@ -384,12 +391,15 @@ def validate(cfg: DictConfig | Config) -> None:
         ("bench.limit", c.bench.limit >= 1, "an integer >= 1 (prompts per benchmark; a file with fewer records "
                                            "gives all it has)"),
         ("bench.max_prompt_tokens", c.bench.max_prompt_tokens >= 0, "an integer >= 0 (0 = prompts are not cut)"),
+        ("bench.turns", c.bench.turns in BENCH_TURNS, "first or all (the prompt of a record with 'turns': its "
+                                                       "first user turn, or every user turn)"),
     ]
     for key, ok, expected in checks:
         if not ok:
             raise ConfigError(f"bad value at key '{key}': {OmegaConf.select(c, key)!r}; expected {expected}")
 
 
+BENCH_TURNS = ("first", "all")  # bench.turns
 EXACT_VALUES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
 COMPILE_VALUES = EXACT_VALUES
 

