@@ -133,7 +133,9 @@ class DrafterConfig:
     # target layers whose hidden features form the drafter's context (paper ids, 64-layer scale);
     # -1 = the token embeddings (features that carry nothing of other tokens)
     context_layers: list[int] = field(default_factory=lambda: [1, 17, 33, 49, 62])
-    head: str = "vanilla"  # vanilla | gated | rnn  (DSpark's Markov head over the previous draft token)
+    # vanilla | gated | rnn: DSpark's Markov head over the previous draft token; none: no head, the block's
+    # logits are the draft layers' plain LM-head logits (DFlash; head_rank is then not used)
+    head: str = "vanilla"
     head_rank: int = 64
     # DSpark's confidence head (a linear acceptance predictor per proposal): carried, trained with the
     # drafter's other weights and saved; ReaDy's loss drops its term, as the paper does
@@ -343,7 +345,13 @@ def validate(cfg: DictConfig | Config) -> None:
     checks = [
         ("reader.rank", c.reader.rank >= 1, "a positive integer (1 .. d_k)"),
         ("reader.position", c.reader.position in ("pre", "post"), "'pre' or 'post'"),
-        ("drafter.head", c.drafter.head in ("vanilla", "gated", "rnn"), "'vanilla', 'gated' or 'rnn'"),
+        ("drafter.head", c.drafter.head in ("vanilla", "gated", "rnn", "none"),
+         "'vanilla', 'gated' or 'rnn' (DSpark's Markov heads) or 'none' (DFlash)"),
+        ("drafter.head_rank", c.drafter.head == "none" or c.drafter.head_rank >= 1,
+         "an integer >= 1 (the Markov head's rank; drafter.head=none for no head)"),
+        ("drafter.confidence_with_markov",
+         not (c.drafter.head == "none" and c.drafter.confidence_head and c.drafter.confidence_with_markov),
+         "false with drafter.head=none (there is no Markov embedding for the confidence head to read)"),
         ("data.format", c.data.format in ("auto", "sharegpt", "messages", "perfectblend", "prompt_response"),
          "auto, sharegpt, messages, perfectblend or prompt_response"),
         ("data.on_error", c.data.on_error in ("stop", "skip"), "stop or skip"),

@@ -40,8 +40,8 @@ TAGS = (
 )
 INT_TAGS = ("ready.order", "ready.seed")
 
-METHOD_NAMES = {"ar": "AR", "dspark": "DSpark", "ft": "DSpark + FT", "placebo": "Placebo (shuffled states)",
-                "ready": "ReaDy"}
+METHOD_NAMES = {"ar": "AR", "dspark": "DSpark", "dflash": "DFlash", "ft": "DSpark + FT",
+                "placebo": "Placebo (shuffled states)", "ready": "ReaDy"}
 NOT_LOSSLESS = "NOT_LOSSLESS"  # status given to a finished run whose output differed from AR greedy
 EVALUATION = "evaluation.json"
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"

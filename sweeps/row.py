@@ -4,6 +4,7 @@
 
 - `ar`: greedy autoregressive decoding of the target (the speed and lossless reference);
 - `dspark`: the base DSpark drafter (reader off), trained once per sweep setting and cached;
+- `dflash`: the same without the Markov head (`drafter.head: none`): the DFlash baseline;
 - `ft`: DSpark + the two adaptation stages with the reader off (Table 2's control);
 - `placebo`: like `ready`, but the reader is trained and evaluated on another sequence's
   committed states (`reader.states: shuffled`): adapter capacity without state information;
@@ -48,7 +49,7 @@ from ready.train.regen import build_regen_data, build_validation_data, regen_art
 from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.train.teacher_store import ensure_teacher_store
 
-METHODS = ("ar", "dspark", "ft", "placebo", "ready")
+METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
 AR_BUILD_VERSION = 2  # 2: generations name K "proposals" (was "block_size")
 
 
@@ -253,7 +254,7 @@ def _drafter(cfg: DictConfig, method: str, loaded: LoadedTarget, progress: bool)
     curves: dict[str, list[tuple[int, float]]] = {}
     if not cfg.drafter.checkpoint:
         curves["base"] = _curve(base.parent)
-    if method == "dspark":
+    if method in ("dspark", "dflash"):
         return base, curves
     final = Path(train_variant(cfg, loaded.target, loaded.tokenizer, base, Path(cfg.artifacts_dir) / "stages",
                                progress=progress))
@@ -280,6 +281,11 @@ def check_method(cfg: DictConfig, method: str) -> None:
     if method not in METHODS:
         raise PipelineConfigError(f"method {method!r} is unknown; expected one of {', '.join(METHODS)}")
     states = str(cfg.reader.states)
+    if method == "dflash" and cfg.drafter.head != "none":
+        raise PipelineConfigError("method 'dflash' is DSpark without the Markov head: expected drafter.head=none")
+    if method == "dspark" and cfg.drafter.head == "none":
+        raise PipelineConfigError("method 'dspark' drafts with a Markov head: expected drafter.head other than none "
+                                  "(drafter.head=none is the 'dflash' row)")
     if method == "ft" and cfg.reader.enabled:
         raise PipelineConfigError("method 'ft' is DSpark + fine-tuning without state: expected reader.enabled=false")
     if method in ("ready", "placebo") and not cfg.reader.enabled:
@@ -314,6 +320,10 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
         folder, curves = _drafter(cfg, method, loaded, progress)
         drafter = load_drafter(folder, loaded.target)
         drafter.eval()
+        if method in ("dspark", "dflash") and drafter.is_dflash != (method == "dflash"):  # drafter.checkpoint decides
+            raise PipelineConfigError(f"method {method!r}: the drafter in {folder} has "
+                                      f"{'no' if drafter.is_dflash else 'a'} Markov head; expected "
+                                      f"{'a DFlash' if method == 'dflash' else 'a DSpark'} drafter (drafter.checkpoint)")
         resolved = dict(drafter.resolved())
         resolved["drafter_dir"] = str(folder)
         resolved["data_rows"] = data_counts(cfg, loaded)

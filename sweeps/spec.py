@@ -24,11 +24,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ready.config import EXPERIMENTS_DIR, ConfigError, config_hash, exact_mode, merge, schema, to_container, validate
 
-METHODS = ("ar", "dspark", "ft", "placebo", "ready")
+METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
 # rows a sweep evaluates once per setting (and seed) beside its own rows: the references its
-# gains are measured against, and the controls that separate their causes
-BASELINE_LABELS = {"ar": "AR", "dspark": "DSpark", "ft": "DSpark + FT", "placebo": "Placebo (shuffled states)"}
-BASELINE_SET = {"ft": {"reader.enabled": False}, "placebo": {"reader.enabled": True, "reader.states": "shuffled"}}
+# gains are measured against, and the controls that separate their causes; dflash is DSpark's base
+# drafter without the Markov head (the baseline SpecForge, DeepSpec and z-lab/dflash report)
+BASELINE_LABELS = {"ar": "AR", "dspark": "DSpark", "dflash": "DFlash", "ft": "DSpark + FT",
+                   "placebo": "Placebo (shuffled states)"}
+BASELINE_SET = {"dflash": {"drafter.head": "none"}, "ft": {"reader.enabled": False},
+                "placebo": {"reader.enabled": True, "reader.states": "shuffled"}}
 REPLICATE = ("all", "adaptation")
 SWEEP_KEYS = ("preset", "profile", "seeds", "replicate")  # CLI keys that set the sweep, not the run config
 ROW_SECTIONS = ("grid", "variants", "search")  # a spec declares its rows in at least one of these
@@ -94,9 +97,10 @@ class SweepSpec:
     # (train.base_seed = s, one base drafter per seed shared by that seed's rows); adaptation:
     # seeds re-run only the two adaptation stages on one base drafter (train.base_seed as set)
     replicate: str = "all"
-    # ar (speedups), dspark (the gains' reference), ft (same two stages, reader off: separates state
-    # access from extra fine-tuning), placebo (reader on another sequence's states: separates state
-    # information from adapter capacity)
+    # ar (speedups), dspark (the gains' reference), dflash (DSpark's base drafter without the Markov head,
+    # drafter.head: none; opt-in), ft (same two stages, reader off: separates state access from extra
+    # fine-tuning), placebo (reader on another sequence's states: separates state information from
+    # adapter capacity)
     baselines: list[str] = field(default_factory=lambda: ["ar", "dspark", "ft", "placebo"])
     config: dict[str, Any] = field(default_factory=dict)  # overrides shared by every row
     grid: Optional[GridSpec] = None
@@ -205,6 +209,7 @@ _DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pre
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed
+    "dflash": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # likewise
     "ft": (),
     "placebo": (),
     "ready": (),
@@ -232,6 +237,8 @@ def canonical(cfg: DictConfig, method: str) -> dict:
     if "eval" in tree:  # auto / on / true name the same decoding (a float32 auto row hashes as before: false)
         tree["eval"]["exact"] = exact_mode(cfg)
     drafter = tree.get("drafter")
+    if drafter is not None and drafter.get("head") == "none":  # no Markov head: its rank changes nothing
+        drafter.pop("head_rank", None)
     if drafter is not None and drafter.get("checkpoint"):  # what the rows start from: its contents, not its path
         drafter["checkpoint"] = checkpoint_id(drafter["checkpoint"])
     reader = tree.get("reader")

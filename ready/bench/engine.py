@@ -204,7 +204,8 @@ def build_drafter(target: Any, kind: str, preset: str, block_size: int, seed: in
     torch.manual_seed(seed)
     d = DSparkDrafter(dcfg, rcfg, target)
     with torch.no_grad():
-        d.markov_head.markov_w2.weight.normal_(std=0.02)
+        if d.markov_head.rank:  # a DFlash drafter (drafter.head: none) has no Markov head
+            d.markov_head.markov_w2.weight.normal_(std=0.02)
         for r in d.readers.values():
             r.fuse_out.weight.normal_(std=0.02)
     return d.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)

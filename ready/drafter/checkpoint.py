@@ -6,7 +6,11 @@ A drafter folder is a Hugging Face DSpark folder:
                                 mask_token_id, target_layer_ids, markov_head_type/_rank, confidence head)
     model.safetensors           the drafter's weights in DSpark's names (or shards + model.safetensors.index.json)
 
-so SpecForge's `DSparkDraftModel.from_pretrained(folder)` loads what this tool saves. Folders this
+so SpecForge's `DSparkDraftModel.from_pretrained(folder)` loads what this tool saves. A drafter without
+a Markov head (`drafter.head: none`) is a DFlash drafter: its folder is DFlash's (architectures
+DFlashDraftModel, `dflash_config` = mask_token_id + target_layer_ids, as SpecForge and z-lab write it),
+which SpecForge's `DFlashDraftModel.from_pretrained(folder)` loads; with a confidence head it is a DSpark
+folder with `markov_rank` 0 (SpecForge's DSparkDraftModel without a Markov head). Folders this
 tool writes carry two more things that a DSpark-only loader ignores: a `ready_drafter` block in
 config.json (the drafter config as specified, with paper-space layer ids, and a fingerprint of the
 target it was built for) and, for a ReaDy drafter, the reader (`ready_reader` block and
@@ -25,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import ArtifactError, atomic_dir, check_folder, file_digest
 from ready.config import DrafterConfig, ReaderConfig
-from ready.drafter.heads import HEAD_TYPES
+from ready.drafter.heads import MARKOV_TYPES
 from ready.drafter.layers import rope_type
 from ready.drafter.model import DSparkDrafter, DrafterError, fingerprint_mismatch, target_fingerprint
 
@@ -42,14 +46,29 @@ LEGACY_PREFIXES = (("logit_head.markov_head.", "markov_head."), ("logit_head.con
 # --- writing ------------------------------------------------------------------------------------
 
 def dspark_config(drafter: DSparkDrafter) -> dict:
-    """The Hugging Face DSpark config.json of `drafter` (without this tool's own blocks)."""
+    """The Hugging Face DSpark config.json of `drafter` (without this tool's own blocks); DFlash's for a
+    drafter without a Markov head and without a confidence head."""
     d = drafter.drafter_cfg
     attn = drafter.layers[0].self_attn
     scaling = dict(d.get("rope_scaling") or {})
     head = drafter.markov_head
     dtype = str(drafter.fc.weight.dtype).removeprefix("torch.")
+    if drafter.is_dflash and drafter.confidence_head is None:  # DFlash: its model reads these two only
+        dflash = {"mask_token_id": drafter.mask_token_id, "target_layer_ids": list(drafter.capture_layers)}
+    else:
+        dflash = {
+            "projector_type": "dspark",
+            "attention_mode": "gqa" if attn.num_kv_heads < attn.num_heads else "mha",
+            "mask_token_id": drafter.mask_token_id,
+            "target_layer_ids": list(drafter.capture_layers),
+            **({"markov_head_type": str(d["head"])} if head.rank else {}),
+            "markov_rank": head.rank,
+            "enable_confidence_head": drafter.confidence_head is not None,
+            "confidence_head_with_markov": bool(drafter.confidence_head is not None
+                                                and drafter.confidence_head.with_markov),
+        }
     return {
-        "architectures": ["DSparkDraftModel"],
+        "architectures": ["DFlashDraftModel" if "projector_type" not in dflash else "DSparkDraftModel"],
         "model_type": "qwen3",
         "hidden_size": drafter.hidden_size,
         "num_hidden_layers": drafter.num_layers,
@@ -72,17 +91,7 @@ def dspark_config(drafter: DSparkDrafter) -> dict:
         "use_sliding_window": False,
         "sliding_window": None,
         "dtype": dtype,
-        "dflash_config": {
-            "projector_type": "dspark",
-            "attention_mode": "gqa" if attn.num_kv_heads < attn.num_heads else "mha",
-            "mask_token_id": drafter.mask_token_id,
-            "target_layer_ids": list(drafter.capture_layers),
-            "markov_head_type": str(d["head"]),
-            "markov_rank": head.rank,
-            "enable_confidence_head": drafter.confidence_head is not None,
-            "confidence_head_with_markov": bool(drafter.confidence_head is not None
-                                                and drafter.confidence_head.with_markov),
-        },
+        "dflash_config": dflash,
     }
 
 
@@ -138,9 +147,10 @@ def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
     dc = raw.get("dflash_config")
     if not isinstance(dc, dict):
         raise _refuse(path, "no 'dflash_config' block; expected a DSpark drafter config (SpecForge / DeepSpec format)")
-    projector = dc.get("projector_type", "dspark")
-    if projector != "dspark":
-        raise _refuse(path, f"dflash_config.projector_type is {projector!r}; expected 'dspark'")
+    projector = dc.get("projector_type")
+    if projector not in (None, "dspark", "dflash"):
+        raise _refuse(path, f"dflash_config.projector_type is {projector!r}; expected 'dspark' (DSpark) or 'dflash' / "
+                            "none (DFlash)")
     bad_types = sorted(set(raw.get("layer_types") or []) - {"full_attention"})
     if bad_types or raw.get("use_sliding_window"):
         raise _refuse(path, f"layer_types has {bad_types or ['sliding window']}; expected only full_attention layers "
@@ -161,11 +171,15 @@ def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
             or list(layer_ids) != sorted(set(layer_ids))):
         raise _refuse(path, f"dflash_config.target_layer_ids = {layer_ids}; expected ascending target layer ids in "
                             f"0..{int(c.num_hidden_layers) - 1}")
+    # markov_rank 0 (or none: DFlash's config) = no Markov head, as SpecForge builds it: a DFlash drafter
     rank = int(dc.get("markov_rank", 0) or 0)
-    kind = str(dc.get("markov_head_type", "vanilla")).lower()
-    if rank < 1 or kind not in HEAD_TYPES:
+    kind = str(dc.get("markov_head_type", "vanilla")).lower() if rank else "none"
+    if rank < 0 or (rank and kind not in MARKOV_TYPES):
         raise _refuse(path, f"dflash_config.markov_head_type {kind!r} with markov_rank {rank}; expected one of "
-                            f"{list(HEAD_TYPES)} with rank >= 1 (a DFlash drafter without a Markov head is not supported)")
+                            f"{list(MARKOV_TYPES)} with rank >= 1, or markov_rank 0 (DFlash: no Markov head)")
+    if rank and "DFlashDraftModel" in (raw.get("architectures") or []):
+        raise _refuse(path, f"architectures DFlashDraftModel with dflash_config.markov_rank {rank}; a DFlash model "
+                            "builds no Markov head, so expected markov_rank 0 (or DSparkDraftModel)")
     mask = dc.get("mask_token_id")
     if mask is None or not 0 <= int(mask) < int(c.vocab_size):
         raise _refuse(path, f"dflash_config.mask_token_id is {mask!r}; expected a token id of the target "
@@ -173,6 +187,9 @@ def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
     heads = int(raw["num_attention_heads"])
     theta, scaling = _rope(raw, path)
     confidence = bool(dc.get("enable_confidence_head", float(dc.get("confidence_head_alpha", 0.0) or 0.0) > 0.0))
+    if confidence and not rank and dc.get("confidence_head_with_markov"):
+        raise _refuse(path, "dflash_config.confidence_head_with_markov is true with markov_rank 0; expected false "
+                            "(without a Markov head the confidence head reads the hidden states only)")
     return {
         "block_size": int(raw["block_size"]),
         "num_layers": int(raw["num_hidden_layers"]),
@@ -187,7 +204,7 @@ def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
         "context_layers": [int(i) for i in layer_ids],
         "layer_space": "model",
         "head": kind,
-        "head_rank": rank,
+        "head_rank": rank,  # 0 with head none (not used)
         "confidence_head": confidence,
         "confidence_with_markov": bool(dc.get("confidence_head_with_markov", False)),
         "checkpoint": None,

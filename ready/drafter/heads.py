@@ -7,6 +7,8 @@ the previous token x_{j-1} (the anchor token for j = 1):
 - `vanilla`: a low-rank bigram, bias = W2 W1[x_{j-1}]            (Markov, rank r)
 - `gated`:   bias = W2 (sigmoid(G [h_j; W1[x_{j-1}]]) * W1[x_{j-1}])  (the hidden state gates the bigram)
 - `rnn`:     a GRU-like state s_j over the drafted prefix, bias = W2 tanh(o_j)
+- `none`:    no head (`NoHead`): the block logits are the LM head's logits of the draft layers, as in
+             DFlash (DSpark without its Markov head; SpecForge's `DFlashDraftModel`)
 
 Parameter names are DSpark's (`markov_w1` = W1, `markov_w2` = W2, `gate_proj` = G, `joint_proj`), so
 a DSpark checkpoint's `markov_head.*` tensors load as they are. The optional confidence head
@@ -28,7 +30,8 @@ from torch import nn
 
 from ready.decode.sampling import draw, warp
 
-HEAD_TYPES = ("vanilla", "gated", "rnn")
+MARKOV_TYPES = ("vanilla", "gated", "rnn")  # DSpark's Markov heads (`markov_head_type` of its config.json)
+HEAD_TYPES = MARKOV_TYPES + ("none",)  # `drafter.head`; none = DFlash (no Markov head)
 
 
 class SequenceHeadError(ValueError):
@@ -121,6 +124,32 @@ class RNNHead(VanillaHead):
         return state, self.markov_w2(torch.tanh(out))
 
 
+class NoHead(nn.Module):
+    """DFlash: no sequence head. Every position's logits are the backbone's (the LM head over the
+    draft layers' output), so all K proposals are drawn in parallel. Same interface as the Markov
+    heads (rank 0, no parameters, nothing in the state_dict), so training and every drafting path,
+    the CUDA-graph bodies included, call it the same way."""
+
+    rank = 0
+
+    def block_logits(self, base: torch.Tensor, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced block logits: the backbone's, unchanged (prev and hidden are not read)."""
+        return base
+
+    @torch.no_grad()
+    def greedy(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy draft: (argmax of base [B, K], base [B, K, V])."""
+        return base.argmax(-1), base
+
+    @torch.no_grad()
+    def sample(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor, temperature: float,
+               top_p: float, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled draft: q_j = warp(base_j), position j drawn with uniforms[:, j] -> (tokens [B, K], q [B, K, V]
+        float32). No host sync (graph-safe)."""
+        probs = warp(base, temperature, top_p)
+        return draw(probs, uniforms), probs
+
+
 class ConfidenceHead(nn.Module):
     """DSpark's acceptance predictor: one logit per proposal from its hidden state (and, with
     `with_markov`, the Markov embedding W1[x_{j-1}] of its previous token)."""
@@ -136,8 +165,10 @@ class ConfidenceHead(nn.Module):
         return self.proj(x).squeeze(-1).float()
 
 
-def build_head(kind: str, vocab_size: int, rank: int, hidden: int) -> VanillaHead:
-    """The sequence head named by `drafter.head`."""
+def build_head(kind: str, vocab_size: int, rank: int, hidden: int) -> VanillaHead | NoHead:
+    """The sequence head named by `drafter.head` (`none`: DFlash's plain logits; the rank is not read)."""
+    if kind == "none":
+        return NoHead()
     classes = {"vanilla": VanillaHead, "gated": GatedHead, "rnn": RNNHead}
     if kind not in classes:
         raise SequenceHeadError(f"drafter.head: {kind!r} is unknown; expected one of {list(HEAD_TYPES)}")

@@ -6,7 +6,8 @@ concatenated over the captured layers, projected by `fc` and normalised, and eve
 uses them as extra keys/values. A block is `block_size` = K+1 rows at positions a..a+K: token a,
 then K copies of the mask token (the target's embedding of `mask_token_id`); row j (1..K) predicts
 token a+j, the K = `proposals` tokens of a round. A Markov head then conditions each proposal on
-the previous token. Embeddings and LM head are the target's (frozen, read through `.detach()`,
+the previous token; with `drafter.head: none` there is none and the block logits are the LM head's
+(a DFlash drafter, saved in DFlash's format). Embeddings and LM head are the target's (frozen, read through `.detach()`,
 never part of this module's parameters or state_dict). The reader, when enabled, reads the
 committed GDN states after token a-1. Checkpoints: `ready.drafter.checkpoint` (the DSpark format).
 """
@@ -142,7 +143,7 @@ class DSparkDrafter(nn.Module):
         self.norm = RMSNorm(D, eps)
         self.markov_head = build_head(str(d["head"]), self.vocab_size, int(d["head_rank"]), D)
         self.confidence_head: Optional[ConfidenceHead] = None
-        if d.get("confidence_head"):
+        if d.get("confidence_head"):  # a DFlash drafter (no Markov head) has rank 0: hidden states only
             markov_in = self.markov_head.rank if d.get("confidence_with_markov", True) else 0
             self.confidence_head = ConfidenceHead(D, markov_in)
 
@@ -168,6 +169,11 @@ class DSparkDrafter(nn.Module):
         self._graphs: list = []
 
     # --- bookkeeping ------------------------------------------------------------------------
+    @property
+    def is_dflash(self) -> bool:
+        """No Markov head (`drafter.head: none`): a DFlash drafter, whose block logits are the LM head's."""
+        return self.markov_head.rank == 0
+
     def resolved(self) -> dict:
         """The target/draft layer ids this drafter actually uses (for logging)."""
         return {"context_layers": list(self.capture_layers), "state_layers": list(self.state_layers),
