@@ -40,6 +40,7 @@ from ready.decode.engine import Generation
 from ready.decode.evaluate import evaluate, next_prompt_donors, run_ar
 from ready.decode.sampling import params_from
 from ready.drafter import load_drafter
+from ready.drafter.checkpoint import has_markov_head, is_drafter_folder
 from ready.health import HealthError, check_target, generations_problem
 from ready.loading import LoadedTarget, PipelineConfigError, load_configured_target
 from ready.metrics import Metrics, overall
@@ -286,6 +287,11 @@ def check_method(cfg: DictConfig, method: str) -> None:
     if method == "dspark" and cfg.drafter.head == "none":
         raise PipelineConfigError("method 'dspark' drafts with a Markov head: expected drafter.head other than none "
                                   "(drafter.head=none is the 'dflash' row)")
+    if method in ("dspark", "dflash") and cfg.drafter.checkpoint and is_drafter_folder(cfg.drafter.checkpoint) \
+            and has_markov_head(cfg.drafter.checkpoint) != (method == "dspark"):
+        raise PipelineConfigError(f"method {method!r}: drafter.checkpoint = {cfg.drafter.checkpoint} has "
+                                  f"{'a' if method == 'dflash' else 'no'} Markov head; expected "
+                                  f"{'a DFlash' if method == 'dflash' else 'a DSpark'} drafter folder")
     if method == "ft" and cfg.reader.enabled:
         raise PipelineConfigError("method 'ft' is DSpark + fine-tuning without state: expected reader.enabled=false")
     if method in ("ready", "placebo") and not cfg.reader.enabled:

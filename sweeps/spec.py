@@ -30,7 +30,8 @@ METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
 # drafter without the Markov head (the baseline SpecForge, DeepSpec and z-lab/dflash report)
 BASELINE_LABELS = {"ar": "AR", "dspark": "DSpark", "dflash": "DFlash", "ft": "DSpark + FT",
                    "placebo": "Placebo (shuffled states)"}
-BASELINE_SET = {"dflash": {"drafter.head": "none"}, "ft": {"reader.enabled": False},
+# dflash: a confidence head (if any) reads the hidden states only, as there is no Markov embedding
+BASELINE_SET = {"dflash": {"drafter.head": "none", "drafter.confidence_with_markov": False}, "ft": {"reader.enabled": False},
                 "placebo": {"reader.enabled": True, "reader.states": "shuffled"}}
 REPLICATE = ("all", "adaptation")
 SWEEP_KEYS = ("preset", "profile", "seeds", "replicate")  # CLI keys that set the sweep, not the run config

@@ -29,7 +29,8 @@ def drafter_for(target, seed=0, reader=True, trained_reader=True, **kw) -> DSpar
     if trained_reader:  # readers that have learned something, so their reads matter
         for r in d.readers.values():
             torch.nn.init.normal_(r.fuse_out.weight, std=0.3)
-    torch.nn.init.normal_(d.markov_head.markov_w2.weight, std=0.3)  # likewise for the sequence head
+    if d.markov_head.rank:  # likewise for the sequence head (none: DFlash, no head)
+        torch.nn.init.normal_(d.markov_head.markov_w2.weight, std=0.3)
     return d
 
 
@@ -72,7 +73,8 @@ def test_parameter_groups_are_disjoint_and_exclude_the_shared_embeddings(target)
 
 @pytest.mark.parametrize("head,position,window,context", [("vanilla", "post", 0, None), ("gated", "pre", 0, None),
                                                           ("rnn", "post", 0, None), ("vanilla", "post", 3, None),
-                                                          ("vanilla", "post", 3, [-1]), ("gated", "post", 0, [-1, 33])])
+                                                          ("vanilla", "post", 3, [-1]), ("gated", "post", 0, [-1, 33]),
+                                                          ("none", "post", 0, None)])
 def test_drafting_equals_teacher_forced_training_on_its_own_drafts(target, head, position, window, context):
     """propose() (cache, incremental context) and forward_train() (full sequence, sampled anchors) agree,
     also when the context is cut to the last `window` tokens or made of the token embeddings (-1; the
@@ -225,6 +227,27 @@ def test_bad_settings_are_one_clear_error(target, kw, match):
     (dk if part == "drafter" else rk).update(kw)
     with pytest.raises(ValueError, match=match):
         DSparkDrafter(DrafterConfig(**dk), ReaderConfig(**rk), target)
+
+
+def test_a_dflash_drafter_drafts_the_plain_lm_head_logits(target):
+    """drafter.head = none: no Markov parameters, and the block logits are the LM head over the draft
+    layers' output, whatever the previous tokens are."""
+    d = drafter_for(target, reader=False, head="none").eval()
+    assert d.is_dflash and not drafter_for(target, reader=False).is_dflash
+    assert not [k for k in d.state_dict() if k.startswith("markov_head.")]
+    ids = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(4))
+    anchors = torch.tensor([[9, 15], [12, 18]])
+    hidden, _ = teacher(target, d, ids, anchors)
+    with torch.no_grad():
+        logits = d.forward_train(ids, hidden, anchors)
+        other = ids.clone()
+        other[:, 10:] = (other[:, 10:] + 1) % V  # other labels (the previous tokens a Markov head would read)
+        changed = d.forward_train(other, hidden, anchors)
+    # block (0, 0): its anchor token and context are the same, its labels (a Markov head's previous tokens) not
+    torch.testing.assert_close(logits[0, 0], changed[0, 0])
+    step = draft_step(target, d, ids[:, :12])
+    toks, draft_logits = d.draft(step)
+    assert torch.equal(draft_logits.argmax(-1), toks)
 
 
 def test_target_without_gdn_layers_has_no_state_to_read():

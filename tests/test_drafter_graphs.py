@@ -51,7 +51,7 @@ def _rounds(target, drafters, prompt_len=9, commits=(3, 1, 5, 2), seed=3):
 
 @pytest.mark.parametrize("head,position,window,context", [("vanilla", "post", 0, None), ("gated", "pre", 0, None),
                                                           ("rnn", "post", 0, None), ("vanilla", "post", 3, None),
-                                                          ("vanilla", "post", 1, [-1])])
+                                                          ("vanilla", "post", 1, [-1]), ("none", "post", 0, None)])
 def test_static_draft_equals_eager_draft_round_after_round(target, head, position, window, context):
     """Also over the positive control's context: the token embeddings (-1) of the last committed token."""
     kw = {} if context is None else {"context_layers": context}

@@ -85,3 +85,21 @@ def test_a_fresh_head_adds_nothing():
     head = build_head("gated", 11, 3, 6)
     base = torch.randn(1, 4, 11)
     assert torch.equal(head.block_logits(base, torch.zeros(1, 4, dtype=torch.long), torch.randn(1, 4, 6)), base)
+
+
+def test_no_head_is_dflash_the_backbone_logits_unchanged():
+    """drafter.head = none: no parameters, block logits = base, greedy = argmax, sampling draws from warp(base)."""
+    from ready.decode.sampling import draw, warp
+
+    head = build_head("none", 11, 0, 6)
+    base, prev, hid = torch.randn(2, 4, 11), torch.randint(0, 11, (2, 4)), torch.randn(2, 4, 6)
+    assert head.rank == 0 and not list(head.parameters()) and not head.state_dict()
+    assert head.block_logits(base, prev, hid) is base
+    toks, logits = head.greedy(base, prev[:, 0], hid)
+    assert torch.equal(toks, base.argmax(-1)) and torch.equal(logits, base)
+    u = torch.rand(2, 4)
+    toks, q = head.sample(base, prev[:, 0], hid, 0.7, 0.9, u)
+    for j in range(4):  # position by position, as the Markov heads draw
+        want = warp(base[:, j], 0.7, 0.9)
+        torch.testing.assert_close(q[:, j], want)
+        assert torch.equal(toks[:, j], draw(want, u[:, j]))

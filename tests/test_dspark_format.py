@@ -1,4 +1,5 @@
-"""DSpark checkpoints against the reference implementation (SpecForge 0.2.0's DSparkDraftModel).
+"""DSpark and DFlash checkpoints against the reference implementation (SpecForge 0.2.0's DSparkDraftModel
+and DFlashDraftModel).
 
 A random SpecForge model saved with `save_pretrained` loads here and gives the same Markov-corrected
 block logits (and confidence) for the same target features; our export loads in SpecForge with no
@@ -124,6 +125,95 @@ def _proposal_hidden(drafter: DSparkDrafter, tokens, hidden, anchor):
     return drafter._backbone(drafter._block_input(tokens[:, anchor]), cos, sin, kv, None, None)[:, 1:]
 
 
+# --- DFlash: DSpark without the Markov head (drafter.head = none) ----------------------------------------
+
+dflash_mod = pytest.importorskip("specforge.modeling.draft.dflash")
+
+
+def specforge_dflash(seed: int = 0, kv_heads: int = 2):
+    """A random SpecForge DFlash drafter (its generated config's dflash_config: mask token + target layers)."""
+    cfg = transformers.Qwen3Config(
+        hidden_size=D, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=16,
+        intermediate_size=80, vocab_size=V, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
+        layer_types=["full_attention"] * 2, tie_word_embeddings=False, block_size=BLOCK, num_target_layers=LAYERS,
+        dflash_config={"mask_token_id": MASK, "target_layer_ids": [0, 2, 3]}, architectures=["DFlashDraftModel"])
+    torch.manual_seed(seed)
+    model = dflash_mod.DFlashDraftModel(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])  # GQA and MHA (DFlash, unlike DSpark, needs no attention_mode)
+def test_a_specforge_dflash_checkpoint_gives_the_reference_block_logits(target, hf, tmp_path, kv_heads):
+    ref = specforge_dflash(kv_heads=kv_heads)
+    ref.save_pretrained(tmp_path / "sf")
+    ours = load_drafter(tmp_path / "sf", target).eval()
+    assert ours.is_dflash and ours.drafter_cfg["head"] == "none" and ours.confidence_head is None
+    assert (ours.block_size, ours.mask_token_id, ours.capture_layers) == (BLOCK, MASK, [0, 2, 3])
+    tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for anchor in (1, 17, 33):
+            logits, _ = ours_block(ours, target, tokens, anchor)
+            want, conf, _ = specforge_block(ref, hf, tokens, anchor)  # DFlash: the plain LM-head logits
+            assert conf is None and torch.allclose(logits, want[0], atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("reader", [False, True])
+def test_a_dflash_export_loads_in_specforge_and_back_here_bit_for_bit(target, hf, tmp_path, reader):
+    torch.manual_seed(0)
+    dcfg = DrafterConfig(block_size=BLOCK, num_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         intermediate_size=80, mask_token_id=MASK, context_layers=[0, 2, 3], layer_space="model",
+                         head="none")
+    ours = DSparkDrafter(dcfg, ReaderConfig(enabled=reader, rank=4, mlp_hidden=16, layers=[0, 2], layer_space="model"),
+                         target).eval()
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if "norm" in name:
+                p.add_(0.05 * torch.randn_like(p))
+        for r in ours.readers.values():
+            r.fuse_out.weight.normal_(0, 0.3)
+    assert not [k for k in ours.state_dict() if k.startswith("markov_head.")]
+    save_drafter(ours, tmp_path / "ours")
+    assert export_main([str(tmp_path / "ours"), str(tmp_path / "out")]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["dflash_config"] == {"mask_token_id": MASK, "target_layer_ids": [0, 2, 3]}
+    sf, info = dflash_mod.DFlashDraftModel.from_pretrained(str(tmp_path / "out"), output_loading_info=True,
+                                                           dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    back = load_drafter(tmp_path / "out", target)
+    mine, theirs = ours.state_dict(), back.state_dict()
+    assert back.is_dflash and mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    dflash_only = load_drafter(tmp_path / "out", target, reader_cfg=ReaderConfig(enabled=False))
+    tokens = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for anchor in (3, 20):
+            logits, _ = ours_block(dflash_only, target, tokens, anchor)
+            want, _, _ = specforge_block(sf.eval(), hf, tokens, anchor)
+            assert torch.allclose(logits, want[0], atol=2e-5, rtol=1e-5)
+
+
+def test_a_dflash_drafter_with_a_confidence_head_saves_as_dspark_without_markov(target, tmp_path):
+    """SpecForge's DSparkDraftModel with markov_rank 0: no Markov head, a confidence head on the hidden states."""
+    dcfg = DrafterConfig(block_size=BLOCK, num_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         intermediate_size=80, mask_token_id=MASK, context_layers=[0, 2, 3], layer_space="model",
+                         head="none", confidence_head=True, confidence_with_markov=False)
+    ours = DSparkDrafter(dcfg, ReaderConfig(enabled=False), target).eval()
+    save_drafter(ours, tmp_path / "ours")
+    dc = json.loads((tmp_path / "ours" / "config.json").read_text())["dflash_config"]
+    assert dc["projector_type"] == "dspark" and dc["markov_rank"] == 0 and not dc["confidence_head_with_markov"]
+    sf, info = specforge.DSparkDraftModel.from_pretrained(str(tmp_path / "ours"), output_loading_info=True,
+                                                          dtype=torch.float32)
+    assert sf.markov_head is None and sf.confidence_head is not None
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    h = torch.randn(1, BLOCK - 1, D)
+    assert torch.allclose(ours.confidence(h, torch.zeros(1, BLOCK - 1, dtype=torch.long)), sf.predict_confidence(h),
+                          atol=1e-6)
+
+
 def test_legacy_logit_head_names_and_shards_load(target, tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -188,12 +278,13 @@ def test_generate_reads_an_export(target_dir, target, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda c: c["dflash_config"].update(projector_type="eagle3"), r"projector_type is 'eagle3'; expected 'dspark'"),
+    (lambda c: c["dflash_config"].update(projector_type="eagle3"), r"projector_type is 'eagle3'; expected 'dspark' \(DSpark\) or 'dflash'"),
     (lambda c: c.update(layer_types=["full_attention", "sliding_attention"]), r"sliding-window draft layers are not supported"),
     (lambda c: c["dflash_config"].update(target_layer_ids=[0, 9]), r"target_layer_ids = \[0, 9\]; expected ascending target layer ids in 0..3"),
     (lambda c: c.update(hidden_size=128), r"hidden_size is 128 but the target has 64"),
     (lambda c: c.update(vocab_size=1000), r"vocab_size is 1000 but the target has 96"),
-    (lambda c: c["dflash_config"].update(markov_rank=0), r"a DFlash drafter without a Markov head is not supported"),
+    (lambda c: c["dflash_config"].update(markov_rank=0), r"confidence_head_with_markov is true with markov_rank 0"),
+    (lambda c: c.update(architectures=["DFlashDraftModel"]), r"architectures DFlashDraftModel with dflash_config.markov_rank 8"),
     (lambda c: c["dflash_config"].update(mask_token_id=None), r"mask_token_id is None; expected a token id of the target"),
     (lambda c: c.pop("dflash_config"), r"no 'dflash_config' block"),
 ])
@@ -262,13 +353,15 @@ def bigram_target(tmp_path_factory, target_dir):
     return model, transformers.Qwen3_5ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval(), table
 
 
-@pytest.mark.parametrize("drafter_kind", ["random", "knows_two_thirds_of_the_bigrams"])
+@pytest.mark.parametrize("drafter_kind", ["random", "knows_two_thirds_of_the_bigrams", "dflash"])
 def test_engine_rounds_equal_a_reference_loop_over_transformers_and_specforge(target, hf, bigram_target, tmp_path,
                                                                              drafter_kind):
     """Round by round: the same drafted block and the same accepted length as the reference loop. The
     random drafter is (almost) always rejected; the bigram one is accepted for runs of every length."""
     if drafter_kind == "random":
         sf = specforge_model("vanilla", confidence=False, seed=5)
+    elif drafter_kind == "dflash":  # SpecForge's DFlash model: its block is the argmax of the LM-head logits
+        sf = specforge_dflash(seed=5)
     else:
         target, hf, table = bigram_target
         sf = specforge_model("vanilla", confidence=False, seed=5, markov_rank=V)
@@ -304,5 +397,5 @@ def test_engine_rounds_equal_a_reference_loop_over_transformers_and_specforge(ta
         assert gen.accepted == [min(a, h) for a, h in zip(want_accepted, gen.horizons)]
         assert gen.tokens == want_tokens[:len(gen.tokens)]
         accepted += gen.accepted
-    if drafter_kind != "random":  # rejections at every position, and whole blocks accepted
+    if drafter_kind == "knows_two_thirds_of_the_bigrams":  # rejections at every position, and whole blocks accepted
         assert 0 in accepted and BLOCK - 1 in accepted and len(set(accepted)) >= 3

@@ -335,3 +335,14 @@ def test_search_sweep_says_which_objective_and_split_ranked_its_trials(tmp_path,
     (tmp_path / "search_loss.yaml").write_text("search:\n  objective: overall/tau\n")
     about = " ".join(build_table("search_loss", runs, evaluations).about)
     assert "Search objective overall/tau: computed on the evaluation suites themselves" in about
+
+
+def test_the_main_table_shows_a_dflash_row_beside_dspark_with_its_gain():
+    """The `dflash` baseline (DSpark without the Markov head) is a column group labelled DFlash, compared with DSpark."""
+    runs, evaluations = _sweep([("dspark", "DSpark", 1, 0.0, {}), ("dflash", "DFlash", 2, -0.05, {}),
+                                ("ready", "ReaDy", 3, 0.10, {"swap": -0.10})])
+    table = build_table("main", runs, evaluations)
+    names = [c.markdown for c in table.columns]
+    assert "DFlash τ" in names and "DFlash vs DSpark τ (%)" in names and "ReaDy vs DSpark τ (%)" in names
+    assert names.index("DSpark τ") < names.index("DFlash τ") < names.index("ReaDy τ")
+    assert collect.METHOD_NAMES["dflash"] == "DFlash"

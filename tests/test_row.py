@@ -27,6 +27,16 @@ def test_method_and_reader_switch_must_agree(method, enabled, expected):
         run_variant(cfg, method)
 
 
+@pytest.mark.parametrize("method, head, expected", [
+    ("dflash", "vanilla", "expected drafter.head=none"), ("dspark", "none", "drafter.head=none is the 'dflash' row"),
+])
+def test_method_and_markov_head_must_agree(method, head, expected):
+    cfg = load_sweep("main").common.copy()
+    cfg.drafter.head = head
+    with pytest.raises(PipelineConfigError, match=expected):
+        run_variant(cfg, method)
+
+
 def test_variant_result_flattens_to_the_mlflow_metric_names():
     logs = [SequenceLog(new_tokens=9, wall_s=1.0, accepted=[3, 7, 0], horizons=[7, 7, 2])]
     per = [summarize(logs, b, "ready", 7) for b in ("humaneval", "heldout")]

@@ -40,7 +40,7 @@ def test_every_sweep_resolves_and_starts_with_its_command():
         assert f"python -m sweeps.run {name}" in text.split("\n\n")[0]
         for extra in ([], ["profile=smoke"]):
             sweep = load_sweep(name, extra)
-            controls = ["ft", "placebo"] if sweep.table not in ("table1", "") else []
+            controls = ["ft", "placebo"] if sweep.table not in ("table1", "") else ["dflash"] if name == "main" else []
             assert [b.method for b in sweep.baselines] == ["ar", "dspark", *controls]
             assert len({v.variant_id for v in sweep.rows}) == len(sweep.rows)
 
@@ -107,6 +107,25 @@ def test_hash_ignores_what_cannot_change_a_result_and_tracks_what_can():
     assert by(a)["AR"] == by(c)["AR"] and by(a)["DSpark"] == by(c)["DSpark"]  # baselines never read the reader
     assert by(a)["r=8"] != by(c)["r=8"]
     assert a.setting != c.setting
+
+
+def test_the_dflash_baseline_is_dspark_without_the_markov_head_and_moves_no_other_hash(tmp_path: Path):
+    with_dflash = load_sweep("main")
+    shutil.copytree(EXPERIMENTS_DIR, tmp_path / "experiments")
+    spec = tmp_path / "experiments" / "main.yaml"
+    spec.write_text(spec.read_text().replace("baselines: [ar, dspark, dflash]", "baselines: [ar, dspark]"))
+    without = load_sweep("main", experiments_dir=tmp_path / "experiments")
+    dflash = [b for b in with_dflash.baselines if b.method == "dflash"]
+    assert len(dflash) == 1 and dflash[0].label == "DFlash" and dflash[0].cfg.drafter.head == "none"
+    assert with_dflash.setting == without.setting
+    hashes = {j.variant.label: j.config_hash for j in with_dflash.jobs()}
+    assert {j.variant.label: j.config_hash for j in without.jobs()} == {k: v for k, v in hashes.items() if k != "DFlash"}
+    assert hashes["DFlash"] != hashes["DSpark"]
+    # without a Markov head its rank changes nothing, so it is not hashed (nor is the reader, as for DSpark)
+    other = load_sweep("main", ["drafter.head_rank=8", "reader.rank=4"])
+    assert {j.variant.label: j.config_hash for j in other.jobs()}["DFlash"] == hashes["DFlash"]
+    with pytest.raises(SpecError, match="drafter.head"):
+        load_sweep("main", ["drafter.head=lstm"])
 
 
 def test_a_drafter_checkpoint_enters_row_hashes_by_its_contents_not_its_path(tmp_path: Path):

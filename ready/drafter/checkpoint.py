@@ -328,6 +328,16 @@ def is_drafter_folder(path: str | Path) -> bool:
         return False
 
 
+def has_markov_head(path: str | Path) -> bool:
+    """Whether the drafter folder at `path` has a Markov head (False: a DFlash drafter), from its config.json
+    alone (this tool's `ready_drafter` block when present, else `dflash_config.markov_rank`)."""
+    raw = read_json(Path(path) / CONFIG_FILE)
+    own = raw.get("ready_drafter")
+    if isinstance(own, dict) and isinstance(own.get("drafter"), dict):
+        return own["drafter"].get("head", "vanilla") != "none"
+    return int((raw.get("dflash_config") or {}).get("markov_rank", 0) or 0) > 0
+
+
 def content_digest(path: str | Path) -> str:
     """sha256 over a drafter folder's config and weights (names and contents): what a sweep row that
     starts from it depends on, the same on every host (each file is hashed once per process)."""
