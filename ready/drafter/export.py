@@ -8,7 +8,8 @@ this tool writes are DSpark folders already (ready/drafter/checkpoint.py), so th
 source against its manifest, refuses what a DSpark consumer would run differently (a context window),
 optionally casts the weights, and writes OUT atomically: config.json + model.safetensors, and for a
 ReaDy drafter its reader (`ready_reader` block + ready_reader.safetensors), which DSpark-only
-loaders ignore and `ready.generate --drafter OUT` reads back.
+loaders ignore and `ready.generate --drafter OUT` reads back. A drafter without a Markov head
+(`drafter.head: none`) is written as a DFlash folder, which SpecForge's DFlashDraftModel loads.
 """
 
 from __future__ import annotations
