@@ -319,7 +319,7 @@ def _benchmarks(metrics: dict[str, float]) -> list[str]:
 # drafting rows and the reference rows their paired gains are taken against (docs/interfaces.md):
 # reference method -> the gain's name in `ready.stats.relative_metrics` ("" -> tau_gain_pct)
 PAIRED_REFERENCES = {"dspark": "", "ft": "ft", "placebo": "placebo"}
-DRAFTING_METHODS = ("ft", "placebo", "ready")
+DRAFTING_METHODS = ("dflash", "ft", "placebo", "ready")
 
 
 def relative_metrics(metrics: dict[str, float], ar: Optional[dict[str, float]],

@@ -308,18 +308,22 @@ def test_relative_metrics_pair_each_drafting_run_with_the_references_of_its_seed
         rows = {"dspark": ds,
                 "ft": {"humaneval": bench_rounds(20 + seed, 8, 20, 0.02, ds["humaneval"])},
                 "placebo": {"humaneval": bench_rounds(30 + seed, 8, 20, 0.01, ds["humaneval"])},
-                "ready": {"humaneval": bench_rounds(40 + seed, 8, 20, 0.10 + 0.05 * seed, ds["humaneval"])}}
+                "ready": {"humaneval": bench_rounds(40 + seed, 8, 20, 0.10 + 0.05 * seed, ds["humaneval"])},
+                "dflash": {"humaneval": bench_rounds(50 + seed, 8, 20, -0.05, ds["humaneval"])}}
         for method, r in rows.items():
             evals[method, seed] = evaluation(method, r)
             tau = stats.tau([stats.tallies(evals[method, seed])], "overall").value
             ids[method, seed] = _logged_run(c, exp, "S", method, seed, evals[method, seed], tau)
-    assert tracking.log_relative_metrics(c, exp, "S") == 8
+    assert tracking.log_relative_metrics(c, exp, "S") == 10
 
     ready1 = c.get_run(ids["ready", 1]).data.metrics
     for name, ref in (("", "dspark"), ("ft", "ft"), ("placebo", "placebo")):
         want = stats.relative_metrics(evals["ready", 1], evals[ref, 1], name)  # seed 1 against seed 1
         assert want and {k: ready1[k] for k in want} == pytest.approx(want)
     assert ready1["overall/tau_gain_pct"] == pytest.approx(15.0, abs=0.1)  # not seed 0's +10 %
+    dflash0 = c.get_run(ids["dflash", 0]).data.metrics  # DFlash, too, is paired against DSpark of its seed
+    want = stats.relative_metrics(evals["dflash", 0], evals["dspark", 0], "")
+    assert want and {k: dflash0[k] for k in want} == pytest.approx(want)
     ft0 = c.get_run(ids["ft", 0]).data.metrics
     assert "overall/tau_gain_pct_lo" in ft0 and "overall/tau_gain_vs_ft_pct" not in ft0  # never against itself
     assert not any(k.endswith("_lo") for k in c.get_run(ids["dspark", 0]).data.metrics)  # the reference itself
