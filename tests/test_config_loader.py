@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ready.config import EXPERIMENTS_DIR, Config, merge, schema, validate
+from ready.config import EXPERIMENTS_DIR, Config, load_config, merge, schema, validate
 
 PRESETS = sorted(p.stem for p in (EXPERIMENTS_DIR / "presets").glob("*.yaml"))
 PROFILES = sorted(p.stem for p in (EXPERIMENTS_DIR / "profiles").glob("*.yaml"))
@@ -156,9 +156,8 @@ def _no_checkpoint_env(monkeypatch):
 
 
 def _launch(preset, config, overrides):
-    from ready.train.launch import load_config
-
-    return load_config(preset, config, overrides)
+    """`python -m ready.train.launch --preset P --config FILE a.b=v` (its main's call)."""
+    return load_config(preset=preset, files=[config] if config else [], overrides=overrides)
 
 
 def _train_scale(preset, profile, overrides):
@@ -174,11 +173,11 @@ def _engine(preset, block_size):
 
 
 def _generate_default():
-    return _old_generate_default()  # its code sat inside load_target_and_tokenizer
+    return load_config()  # ready.generate's `--target default`
 
 
 def _overrides_only(overrides):
-    return _old_overrides_only(overrides)  # each command held this line
+    return load_config(overrides=overrides)  # ready.data.build, ready.bench.train, copy_probe, heldout_setup
 
 
 @pytest.mark.parametrize("preset", [None, *PRESETS])
@@ -245,3 +244,73 @@ def test_every_sweep_row_resolves_as_before(name):
             old = merge(common, {"train": {"loss": {"l1_weight": 0.3}}})
             old.name = f"{name}:t0"
             same(trial.cfg, old)
+
+
+# --- the loader's own contract: one message per bad input, naming the file or key -----------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"preset": "nope"}, r"^preset 'nope' not found at .*presets/nope.yaml; expected one of \['local_checkpoint_template', "),
+    ({"profile": "nope"}, r"^profile 'nope' not found at .*profiles/nope.yaml; expected one of \['paper_recipe', "),
+    ({"files": ["/no/such.yaml"]}, r"^config file /no/such.yaml does not exist; expected a YAML file of config keys"),
+    ({"overrides": ["reader.rank"]}, r"^override 'reader.rank': expected KEY=VALUE \(e.g. reader.rank=16\)$"),
+    ({"overrides": ["reader.layers=[30,"]}, r"^override 'reader.layers=\[30,': the value '\[30,' is not valid YAML"),
+    ({"overrides": ["reader.rnak=3"]}, r"^command line: bad value at key 'reader.rnak': Key 'rnak' not in 'ReaderConfig'"),
+    ({"overrides": ["reader.layers=30"]}, r"^command line: bad value at key 'reader.layers': expected a list \(e.g. \[30, 62\]\), got a scalar$"),
+    ({"overrides": ["reader.rank=0"]}, r"^command line: bad value at key 'reader.rank': 0; expected a positive integer"),
+    ({"preset": "tiny", "overrides": ["eval.top_p=0"]}, r"^command line: bad value at key 'eval.top_p': 0.0; expected "),
+    ({"layers": [("row 'x'", {"reader": {"position": "middle"}})]}, r"^row 'x': bad value at key 'reader.position': 'middle'"),
+])
+def test_a_bad_input_is_one_message_naming_it(kwargs, message):
+    from ready.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_files_are_named_with_what_was_expected(tmp_path: Path):
+    from ready.config import ConfigError
+
+    cases = {"broken.yaml": ("reader: {rank: [8\n", r"broken.yaml: not valid YAML: .*\(line \d+, column \d+\)"),
+             "list.yaml": ("- 1\n- 2\n", r"list.yaml: expected a mapping at the top level"),
+             "typo.yaml": ("train:\n  stage1: {smaples: 3}\n", r"typo.yaml: bad value at key 'train.stage1.smaples'"),
+             "range.yaml": ("reader: {rank: -1}\n", r"range.yaml: bad value at key 'reader.rank': -1; expected ")}
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            load_config(files=[tmp_path / name])
+    # a value set in a file and overridden on the command line is blamed on the command line
+    with pytest.raises(ConfigError, match=r"^command line: bad value at key 'reader.rank'"):
+        load_config(files=[tmp_path / "range.yaml"], overrides=["reader.rank=0"])
+    assert load_config(files=[tmp_path / "range.yaml"], overrides=["reader.rank=4"]).reader.rank == 4
+
+
+def test_a_profile_is_its_config_section_and_a_missing_base_yaml_is_the_schema(tmp_path: Path):
+    from ready.config import ConfigError
+
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "p.yaml").write_text("config: {reader: {rank: 5}, train.stage1.lr: 0.5}\nseeds: [0]\n")
+    (tmp_path / "profiles" / "bad.yaml").write_text("config: 3\n")
+    cfg = load_config(profile="p", experiments_dir=tmp_path)  # no base.yaml here: the schema's defaults
+    assert cfg.reader.rank == 5 and cfg.train.stage1.lr == 0.5
+    assert OmegaConf.to_container(merge(cfg, {"reader": {"rank": 8}, "train": {"stage1": {"lr": schema().train.stage1.lr}}})) \
+        == OmegaConf.to_container(schema())
+    with pytest.raises(ConfigError, match=r"bad.yaml: bad value at key 'config': 3; expected a mapping of config keys"):
+        load_config(profile="bad", experiments_dir=tmp_path)
+
+
+def test_every_draft_layer_resolves_without_the_sweep_runner():
+    cfg = load_config(overrides=["drafter.num_layers=3", "reader.inject_layers=${ready_range:${drafter.num_layers}}"])
+    assert list(cfg.reader.inject_layers) == [0, 1, 2]
+
+
+def test_entry_points_report_a_bad_preset_in_one_line(capsys):
+    from ready.bench.engine import main as engine_main
+    from ready.train.launch import main as launch_main
+
+    assert launch_main(["--preset", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: preset 'nope' not found at ") and err.count("\n") == 1
+    assert engine_main(["--target", "tiny", "--device", "cpu", "--drafter", "dspark", "--drafter-preset", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --drafter-preset 'nope': preset 'nope' not found at ") and err.count("\n") == 1
