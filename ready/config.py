@@ -1,20 +1,25 @@
-"""The one config schema: every knob of a ReaDy run, typed, with its single default.
+"""The one config schema: every knob of a ReaDy run, typed, with its single default, and the one
+loader every entry point builds its config with.
 
-Configs are merged as schema <- experiments/base.yaml <- preset <- sweep spec <- CLI
-overrides (see `load_config`). Unknown keys and wrong types fail at load with the key's
-full path. Each section lives in the dataclass named after it, so `reader.rank` is
-`ReaderConfig.rank`.
+`load_config` merges schema <- experiments/base.yaml <- presets/<preset>.yaml <- config files (a
+sweep's `config:`) <- profiles/<profile>.yaml `config:` <- `a.b=v` overrides <- named layers (a sweep
+row), then resolves and validates the result. Unknown keys and wrong types fail at load with the
+key's full path and the layer that set it. Each section lives in the dataclass named after it, so
+`reader.rank` is `ReaderConfig.rank`.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 # the YAML layers (base.yaml, presets/, profiles/, one spec per sweep) beside the package
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
@@ -334,7 +339,7 @@ def merge(base: DictConfig, *layers: Any, source: str = "config") -> DictConfig:
             out = OmegaConf.merge(out, layer)
         except Exception as e:  # omegaconf raises several error types; all mean "bad input"
             key = getattr(e, "full_key", None) or ""
-            msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]  # one line, not OmegaConf's block
+            msg = clean_message(getattr(e, "msg", None) or str(e))  # one line, not OmegaConf's block
             raise ConfigError(f"{source}: bad value at key '{key}': {msg}") from None
     return out
 
@@ -454,3 +459,175 @@ def config_hash(obj: Any, length: int = 12) -> str:
         obj = to_container(obj)
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+# ---------------------------------------------------------------------------------------------
+# The one loader: every entry point builds its run config with `load_config`.
+
+# a named layer: (where it came from, e.g. a file path or "command line"; its values, nested)
+Layer = tuple[str, Any]
+
+
+def _register_resolvers() -> None:
+    # `${ready_range:${drafter.num_layers}}` -> [0, 1, ..., n-1]: "every draft layer" (a sweep row's value)
+    if not OmegaConf.has_resolver("ready_range"):
+        OmegaConf.register_resolver("ready_range", lambda n: list(range(int(n))), annotation_validation="off")
+
+
+_register_resolvers()
+
+
+def clean_message(msg: str) -> str:
+    """OmegaConf's messages carry several lines of internals; keep the one a user needs."""
+    first = (msg.strip().splitlines() or [""])[0]
+    if "is not a ListConfig" in first:
+        first = re.sub(r"Invalid value assigned: .*", "expected a list (e.g. [30, 62]), got a scalar", first)
+    return first
+
+
+def yaml_problem(e: Exception) -> str:
+    """A YAML parse error as one line with its position ("did not find expected ',' (line 2, column 36)")."""
+    mark = getattr(e, "problem_mark", None)
+    if getattr(e, "problem", None) and mark is not None:
+        return f"{e.problem} (line {mark.line + 1}, column {mark.column + 1})"  # type: ignore[attr-defined]
+    return clean_message(str(e) or type(e).__name__)
+
+
+def read_yaml(path: Path, what: str) -> DictConfig:
+    """A YAML file of config keys (`what`: preset, profile, sweep, config file); a missing file, bad YAML or
+    a file that is not a mapping is one ConfigError naming the file and what was expected."""
+    path = Path(path)
+    if not path.is_file():
+        if what in ("preset", "profile", "sweep"):  # a name looked up in a folder: say which names exist
+            choices = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
+            raise ConfigError(f"{what} '{path.stem}' not found at {path}; expected one of {choices}")
+        raise ConfigError(f"{what} {path} does not exist; expected a YAML file of config keys (e.g. reader: {{rank: 8}})")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as e:
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return loaded
+
+
+def preset_names(experiments_dir: Path | str = EXPERIMENTS_DIR) -> list[str]:
+    """The presets `load_config(preset=...)` knows: experiments/presets/*.yaml."""
+    return sorted(p.stem for p in (Path(experiments_dir) / "presets").glob("*.yaml"))
+
+
+def nest(dotted: Mapping[str, Any]) -> dict:
+    """{"reader.rank": 8} -> {"reader": {"rank": 8}}."""
+    out: dict = {}
+    for key, value in dotted.items():
+        *parents, last = str(key).split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+    return out
+
+
+def parse_override(token: str) -> tuple[str, Any]:
+    """`a.b=v` from a command line -> ("a.b", v), v parsed as YAML (`reader.layers=[30,62]` is a list)."""
+    if "=" not in token:
+        raise ConfigError(f"override '{token}': expected KEY=VALUE (e.g. reader.rank=16)")
+    key, _, text = token.partition("=")
+    try:
+        node: Any = OmegaConf.to_container(OmegaConf.from_dotlist([token]))
+    except Exception as e:
+        why = getattr(e, "problem", None) or clean_message(str(e))
+        raise ConfigError(f"override '{token}': the value {text!r} is not valid YAML ({why}); expected "
+                          "KEY=VALUE with a YAML value, e.g. reader.rank=16 or reader.layers=[30,62]") from None
+    for part in key.split("."):
+        node = node[part]
+    return key, node
+
+
+def layer_keys(tree: Any, prefix: str = "") -> set[str]:
+    """The dotted keys a layer sets: {"reader": {"rank": 8}} -> {"reader.rank"}."""
+    if isinstance(tree, (DictConfig, ListConfig)):
+        tree = OmegaConf.to_container(tree, resolve=False)
+    if not isinstance(tree, dict) or not tree:
+        return {prefix[:-1]} if prefix else set()
+    return {k for key, value in tree.items() for k in layer_keys(value, f"{prefix}{key}.")}
+
+
+def blame(key: str, layers: Sequence[tuple[str, set[str]]], default: str) -> str:
+    """Where a bad value at `key` came from: the last layer that sets it (or a key inside it, or the
+    section holding it), so a command-line value is blamed on the command line, not on the spec file;
+    `default` when no layer sets it (a schema default, or a check across several keys)."""
+    for source, keys in reversed(layers):
+        if any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in keys):
+            return source
+    return default
+
+
+def _check(cfg: DictConfig, layers: Sequence[tuple[str, set[str]]], default: str) -> None:
+    """Resolve and range-check `cfg`; the error names the layer that set the bad key (`blame`)."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)  # interpolations resolve (and type-check) here
+        validate(cfg)
+    except ConfigError as e:
+        found = re.search(r"at key '([^']*)'", str(e))
+        where = blame(found.group(1), layers, default) if found else default
+        raise ConfigError(f"{where}: {clean_message(str(e))}") from None
+    except Exception as e:  # an interpolation that fails to resolve
+        key = getattr(e, "full_key", "") or ""
+        raise ConfigError(f"{blame(key, layers, default)}: bad value at key '{key}': {clean_message(str(e))}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _defaults(base: str, stamp: tuple[int, int]) -> tuple[DictConfig, frozenset[str]]:
+    """schema <- base.yaml and the keys base.yaml sets (cached per file version: it is every row's first,
+    and largest, merge)."""
+    raw = read_yaml(Path(base), "base config")
+    return merge(schema(), raw, source=base), frozenset(layer_keys(raw))
+
+
+def load_config(preset: Optional[str] = None, profile: Optional[str] = None,
+                files: Sequence[Union[str, Path, Layer]] = (), overrides: Sequence[str] = (),
+                layers: Sequence[Layer] = (), experiments_dir: Path | str = EXPERIMENTS_DIR) -> DictConfig:
+    """The run config every entry point uses, validated: the schema <- experiments/base.yaml <-
+    presets/<preset>.yaml <- each of `files` (a YAML path, or a (source, mapping) layer such as a sweep
+    spec's `config:`) <- profiles/<profile>.yaml's `config:` section <- `a.b=v` overrides <- `layers`
+    ((source, nested mapping), e.g. a sweep row). One place for the merge order, so a preset, a profile
+    or an override means the same in every command. A bad input is one ConfigError that names the file
+    (or "command line") and the key, and says what was expected. base.yaml restates the schema
+    (`python -m sweeps.basegen --check`); without it the schema alone gives the defaults. A profile's
+    sweep-level keys (seeds, search) are the sweep's business (sweeps.spec), not read here."""
+    root = Path(experiments_dir)
+    named: list[Layer] = []
+    if preset:
+        path = root / "presets" / f"{preset}.yaml"
+        named.append((str(path), read_yaml(path, "preset")))
+    for f in files:
+        if isinstance(f, tuple):
+            named.append((str(f[0]), f[1]))
+        else:
+            named.append((str(f), read_yaml(Path(f), "config file")))
+    if profile:
+        path = root / "profiles" / f"{profile}.yaml"
+        section = read_yaml(path, "profile").get("config")
+        if section is not None and not isinstance(section, DictConfig):
+            raise ConfigError(f"{path}: bad value at key 'config': {section!r}; expected a mapping of config keys "
+                              "(e.g. config: {reader: {rank: 8}})")
+        named.append((str(path), nest(OmegaConf.to_container(section) if section is not None else {})))
+    named.append(("command line", nest(dict(parse_override(str(t)) for t in overrides))))
+    named.extend((str(source), layer) for source, layer in layers)
+
+    base = root / "base.yaml"
+    provenance: list[tuple[str, set[str]]] = []
+    if base.is_file():
+        st = base.stat()
+        defaults, base_keys = _defaults(str(base), (st.st_mtime_ns, st.st_size))
+        cfg = copy.deepcopy(defaults)
+        provenance.append((str(base), set(base_keys)))
+    else:
+        cfg = schema()
+    for source, layer in named:
+        cfg = merge(cfg, layer, source=source)
+        provenance.append((source, layer_keys(layer)))
+    default = next((source for source, keys in reversed(provenance) if keys), "config")
+    _check(cfg, provenance, default)
+    return cfg

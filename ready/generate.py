@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ready.config import merge, schema
+from ready.config import load_config
 from ready.data.default import ensure_default_target
 from ready.data.tokenizer import load_tokenizer
 from ready.decode.engine import Engine, as_prompt, check_prompt
@@ -114,12 +114,8 @@ def read_prompts_file(path: str) -> list[Any]:
 def load_target_and_tokenizer(spec: str, device: str, dtype: str) -> tuple[Any, Any, str]:
     """(target, tokenizer or None, resolved directory or preset name)."""
     source = spec
-    if spec == "default":
-        from omegaconf import OmegaConf
-
-        base = Path(__file__).resolve().parent.parent / "experiments" / "base.yaml"
-        cfg = merge(schema(), OmegaConf.load(base), source=str(base)) if base.is_file() else schema()
-        source = str(ensure_default_target(cfg))
+    if spec == "default":  # the embedded default target of the default config
+        source = str(ensure_default_target(load_config()))
     target = load_target(source, device=device, dtype=dtype)
     tokenizer = None
     path = Path(source)

@@ -20,8 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 import ready.config as C
-from ready.config import to_container
-from sweeps.spec import EXPERIMENTS_DIR
+from ready.config import EXPERIMENTS_DIR, to_container
 
 HEADER_END = "\n\n"
 

@@ -1,7 +1,8 @@
 """Load a sweep spec and expand it into resolved, hashed variants.
 
-Layers, each merged with `ready.config.merge` (unknown keys and bad types fail with the key's
-full path) and checked with `ready.config.validate`:
+Every config here (the common one, each row's, each baseline's, each search trial's) is the output
+of the one library loader, `ready.config.load_config` (unknown keys and bad types fail with the key's
+full path and the layer that set it; `ready.config.validate` checks ranges), on these layers:
 
     schema <- experiments/base.yaml <- experiments/presets/<preset>.yaml
            <- experiments/<sweep>.yaml `config:` <- experiments/profiles/<profile>.yaml `config:`
@@ -22,7 +23,8 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ready.config import EXPERIMENTS_DIR, ConfigError, config_hash, exact_mode, merge, schema, to_container, validate
+from ready.config import (EXPERIMENTS_DIR, ConfigError, Layer, blame, clean_message, config_hash, exact_mode, layer_keys,
+                          load_config, merge, nest, parse_override, read_yaml, to_container, yaml_problem)
 
 METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
 # rows a sweep evaluates once per setting (and seed) beside its own rows: the references its
@@ -147,6 +149,19 @@ class Job:
         return self.variant.label
 
 
+@dataclass(frozen=True)
+class SweepInputs:
+    """A sweep's arguments to `ready.config.load_config`: its rows' configs are that loader's output for
+    these plus the row's own layer (sweep spec `config:` between the preset and the profile)."""
+
+    preset: str
+    profile: Optional[str]
+    spec_path: str
+    config: dict  # the spec's `config:`, nested
+    overrides: list[str]  # the command line's `a.b=v` tokens that set the run config
+    experiments_dir: str
+
+
 @dataclass
 class Sweep:
     name: str
@@ -159,6 +174,7 @@ class Sweep:
     baselines: list[Variant]
     variants: list[Variant]
     overrides: list[str]
+    inputs: SweepInputs  # what `ready.config.load_config` resolves every row of this sweep from
 
     @property
     def table(self) -> str:
@@ -273,100 +289,32 @@ def job_hash(cfg: DictConfig, method: str) -> str:
 # Loading
 
 
-def _register_resolvers() -> None:
-    # `${ready_range:${drafter.num_layers}}` -> [0, 1, ..., n-1]: "every draft layer" in a spec
-    if not OmegaConf.has_resolver("ready_range"):
-        OmegaConf.register_resolver("ready_range", lambda n: list(range(int(n))), annotation_validation="off")
-
-
-_register_resolvers()
-
-
-def _clean(msg: str) -> str:
-    """OmegaConf's messages carry several lines of internals; keep the one a user needs."""
-    first = msg.strip().splitlines()[0]
-    if "is not a ListConfig" in first:
-        first = re.sub(r"Invalid value assigned: .*", "expected a list (e.g. [30, 62]), got a scalar", first)
-    return first
-
-
-def _yaml_problem(e: Exception) -> str:
-    """A YAML parse error as one line with its position ("did not find expected ',' (line 2, column 36)")."""
-    mark = getattr(e, "problem_mark", None)
-    if getattr(e, "problem", None) and mark is not None:
-        return f"{e.problem} (line {mark.line + 1}, column {mark.column + 1})"
-    return _clean(str(e) or type(e).__name__)
-
-
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     try:
         return merge(base, layer, source=source)
     except ConfigError as e:
-        raise SpecError(_clean(str(e))) from None
-
-
-Layer = tuple[str, set[str]]  # (where a merged layer came from, the dotted keys it sets)
-
-
-def _keys(tree: Any, prefix: str = "") -> set[str]:
-    """The dotted keys a layer sets: {"reader": {"rank": 8}} -> {"reader.rank"}."""
-    if isinstance(tree, (DictConfig, ListConfig)):
-        tree = OmegaConf.to_container(tree, resolve=False)
-    if not isinstance(tree, dict) or not tree:
-        return {prefix[:-1]} if prefix else set()
-    return {k for key, value in tree.items() for k in _keys(value, f"{prefix}{key}.")}
-
-
-def blame(key: str, layers: Sequence[Layer], default: str) -> str:
-    """Where a bad value at `key` came from: the last layer that sets it (or a key inside it, or the
-    section holding it), so a command-line value is blamed on the command line, not on the spec file;
-    `default` when no layer sets it (a schema default, or a check across several keys)."""
-    for source, keys in reversed(layers):
-        if any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in keys):
-            return source
-    return default
-
-
-def _validate(cfg: DictConfig, source: str, layers: Sequence[Layer] = ()) -> None:
-    """Resolve and range-check `cfg`; the error names the layer that set the bad key (`blame`)."""
-    try:
-        OmegaConf.to_container(cfg, resolve=True)  # interpolations resolve (and type-check) here
-        validate(cfg)
-    except ConfigError as e:
-        found = re.search(r"at key '([^']*)'", str(e))
-        raise SpecError(f"{blame(found.group(1), layers, source) if found else source}: {_clean(str(e))}") from None
-    except Exception as e:  # an interpolation that fails to resolve
-        key = getattr(e, "full_key", "") or ""
-        raise SpecError(f"{blame(key, layers, source)}: bad value at key '{key}': {_clean(str(e))}") from None
+        raise SpecError(clean_message(str(e))) from None
 
 
 def _read_yaml(path: Path, what: str) -> DictConfig:
-    if not path.is_file():
-        choices = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
-        raise SpecError(f"{what} '{path.stem}' not found at {path}; expected one of {choices}")
     try:
-        loaded = OmegaConf.load(path)
-    except Exception as e:
-        raise SpecError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
-    if not isinstance(loaded, DictConfig):
-        raise SpecError(f"{path}: expected a mapping at the top level")
-    return loaded
+        return read_yaml(path, what)
+    except ConfigError as e:
+        raise SpecError(str(e)) from None
+
+
+def _load(sweep: "SweepInputs", layers: Sequence[Layer]) -> DictConfig:
+    """A config of this sweep (its common config, a row's, a baseline's, a search trial's): the one
+    library loader (`ready.config.load_config`) on the sweep's layers and then `layers`."""
+    try:
+        return load_config(preset=sweep.preset, profile=sweep.profile, files=[(sweep.spec_path, sweep.config)],
+                           overrides=sweep.overrides, layers=layers, experiments_dir=sweep.experiments_dir)
+    except ConfigError as e:
+        raise SpecError(clean_message(str(e))) from None
 
 
 def _sweep_spec(raw: Any, source: str) -> DictConfig:
     return _merge(OmegaConf.structured(SweepSpec), raw, source)
-
-
-def nest(dotted: dict[str, Any]) -> dict:
-    """{"reader.rank": 8} -> {"reader": {"rank": 8}}."""
-    out: dict = {}
-    for key, value in dotted.items():
-        *parents, last = str(key).split(".")
-        node = out
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
-    return out
 
 
 def parse_overrides(overrides: Sequence[str]) -> tuple[dict, dict]:
@@ -374,23 +322,21 @@ def parse_overrides(overrides: Sequence[str]) -> tuple[dict, dict]:
     sweep: dict[str, Any] = {}
     config: dict[str, Any] = {}
     for token in overrides:
-        if "=" not in token:
-            raise SpecError(f"override '{token}': expected KEY=VALUE (e.g. reader.rank=16)")
-        key, _, text = token.partition("=")
         try:
-            value = OmegaConf.to_container(OmegaConf.from_dotlist([token]))
-        except Exception as e:
-            why = getattr(e, "problem", None) or _clean(str(e))
-            raise SpecError(f"override '{token}': the value {text!r} is not valid YAML ({why}); expected "
-                            "KEY=VALUE with a YAML value, e.g. reader.rank=16 or reader.layers=[30,62]") from None
-        node: Any = value
-        for part in key.split("."):
-            node = node[part]
+            key, node = parse_override(token)
+        except ConfigError as e:
+            raise SpecError(str(e)) from None
         if key in SWEEP_KEYS or key.startswith("search."):
             sweep[key] = node
         else:
             config[key] = node
     return sweep, config
+
+
+def _config_tokens(overrides: Sequence[str]) -> list[str]:
+    """The `a.b=v` tokens that set the run config (not the sweep: preset, profile, seeds, ...)."""
+    keys = [token.partition("=")[0] for token in overrides]
+    return [t for t, k in zip(overrides, keys) if not (k in SWEEP_KEYS or k.startswith("search."))]
 
 
 def list_sweeps(experiments_dir: Path = EXPERIMENTS_DIR) -> dict[str, str]:
@@ -410,7 +356,7 @@ def list_sweeps(experiments_dir: Path = EXPERIMENTS_DIR) -> dict[str, str]:
                                  "a 'grid', 'variants' or 'search' section")
             out[path.stem] = f"{raw.get('table', '') or 'search'}: {raw.get('description', '')}".strip()
         except Exception as e:
-            out[path.stem] = f"BROKEN {path.name}: {_yaml_problem(e)}"
+            out[path.stem] = f"BROKEN {path.name}: {yaml_problem(e)}"
     return out
 
 
@@ -498,19 +444,11 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
     if not spec.seeds:
         raise SpecError(f"{spec_path}: bad value at key 'seeds': empty; expected a list of integer seeds")
 
-    base_path = root / "base.yaml"
-    preset_path = root / "presets" / f"{spec.preset}.yaml"
-    layers: list[Layer] = [(str(base_path), _read_yaml(base_path, "base config")),
-                           (str(preset_path), _read_yaml(preset_path, "preset")),
-                           (str(spec_path), nest(OmegaConf.to_container(spec.config))),
-                           (str(profile_path), nest(OmegaConf.to_container(profile_raw.get("config") or OmegaConf.create({})))),
-                           ("command line", nest(config_cli))]
-    cfg = schema()
-    for source, layer in layers:
-        cfg = _merge(cfg, layer, source)
-    layers = [(source, _keys(layer)) for source, layer in layers]
-    cfg.name = name
-    _validate(cfg, str(spec_path), layers)
+    inputs = SweepInputs(preset=str(spec.preset), profile=profile_name, spec_path=str(spec_path),
+                         config=nest(OmegaConf.to_container(spec.config)), overrides=_config_tokens(overrides),
+                         experiments_dir=str(root))
+    named = (str(spec_path), {"name": name})
+    cfg = _load(inputs, [named])
 
     rows = _rows(spec, str(spec_path))
     swept = {k for _, _, values in rows for k in values}
@@ -521,8 +459,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
     baselines = []
     for i, m in enumerate(spec.baselines):
         where = f"{spec_path} (baseline '{m}')"
-        bcfg = _merge(cfg, nest(BASELINE_SET.get(m, {})), where)
-        _validate(bcfg, where, [*layers, (where, set(BASELINE_SET.get(m, {})))])
+        bcfg = _load(inputs, [named, (where, nest(BASELINE_SET.get(m, {})))])
         baselines.append(Variant(label=BASELINE_LABELS[m], order=i, method=m, cfg=bcfg, variant_id=variant_hash(bcfg, m),
                                  replicate=spec.replicate))
     variants: list[Variant] = []
@@ -532,9 +469,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
             raise SpecError(f"{spec_path}: row '{label}': bad method {method!r}; expected 'ready' or 'ft' "
                             f"(the others are baselines: {', '.join(BASELINE_LABELS)})")
         where = f"{spec_path} (row '{label}')"
-        vcfg = _merge(cfg, nest(values), where)
-        vcfg.name = f"{name}:{label}"
-        _validate(vcfg, where, [*layers, (where, set(values))])
+        vcfg = _load(inputs, [named, (where, {**nest(values), "name": f"{name}:{label}"})])
         vid = variant_hash(vcfg, method)
         if vid in by_id:  # e.g. {0,last} and "all" on a 2-layer drafter: one run, both labels
             by_id[vid].label += f" = {label}"
@@ -546,7 +481,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
     if spec.search is not None:
         _check_search(spec.search, cfg, str(spec_path))
     if not variants and spec.search is not None and spec.search.n_trials <= 0:  # a search of no trials
-        in_profile = _keys(profile_raw.get("search") or {}, "search.") if profile_raw.get("search") else set()
+        in_profile = layer_keys(profile_raw.get("search") or {}, "search.") if profile_raw.get("search") else set()
         where = blame("search.n_trials", [(str(profile_path), in_profile), ("command line", set(sweep_cli))],
                       str(spec_path))
         raise SpecError(f"{where}: bad value at key 'search.n_trials': {spec.search.n_trials}; expected an integer "
@@ -556,7 +491,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
 
     return Sweep(name=name, spec=spec, preset=spec.preset, profile=profile_name, seeds=list(spec.seeds),
                  common=cfg, setting=config_hash({"sweep": name, "common": canonical(cfg, "ready")}),
-                 baselines=baselines, variants=variants, overrides=list(overrides))
+                 baselines=baselines, variants=variants, overrides=list(overrides), inputs=inputs)
 
 
 def _check_search(search: DictConfig, cfg: DictConfig, source: str) -> None:
@@ -570,10 +505,9 @@ def _check_search(search: DictConfig, cfg: DictConfig, source: str) -> None:
 
 
 def search_config(sweep: Sweep, params: dict[str, Any], label: str) -> Variant:
-    """The row a search trial stands for: the common config with the trial's values."""
+    """The row a search trial stands for: the sweep's config with the trial's values."""
     where = f"search trial '{label}'"
-    vcfg = _merge(sweep.common, nest(params), where)
-    vcfg.name = f"{sweep.name}:{label}"
-    _validate(vcfg, where)
+    vcfg = _load(sweep.inputs, [(sweep.inputs.spec_path, {"name": sweep.name}),
+                                (where, {**nest(params), "name": f"{sweep.name}:{label}"})])
     return Variant(label=label, order=100 + len(sweep.variants), method="ready", cfg=vcfg,
                    variant_id=variant_hash(vcfg, "ready"), swept=dict(params), replicate=str(sweep.spec.replicate))

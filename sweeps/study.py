@@ -36,7 +36,7 @@ import optuna
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from ready.config import schema
+from ready.config import load_config
 from ready.health import check_metrics
 from sweeps import tracking
 from sweeps.liveness import STALE_AFTER_S, pid_alive, process_start
@@ -143,7 +143,8 @@ def job_attrs(job: Job, sweep: Sweep) -> dict[str, Any]:
 
 
 def job_from_attrs(attrs: dict[str, Any]) -> Job:
-    cfg = OmegaConf.merge(schema(), attrs["config"])
+    """The job a trial stores (`job_attrs`): its resolved config read back through the one loader."""
+    cfg = load_config(files=[(f"the stored config of job {attrs['job']}", attrs["config"])])
     variant = Variant(label=attrs["label"], order=int(attrs["order"]), method=attrs["method"], cfg=cfg,
                       variant_id=attrs["variant_id"], swept=dict(attrs.get("swept") or {}))
     return Job(variant=variant, seed=int(attrs["seed"]), cfg=cfg, config_hash=attrs["job"])

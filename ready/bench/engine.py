@@ -60,13 +60,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from omegaconf import OmegaConf
 
 import ready
 import ready.decode.batch as batch_mod
 import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
 import ready_kernels
-from ready.config import EXPERIMENTS_DIR, merge, schema
+from ready.config import ConfigError, load_config
 from ready.decode.batch import BatchEngine
 from ready.decode.engine import Engine, Generation
 from ready.decode.errors import DecodeError
@@ -182,15 +181,11 @@ def time_verify(target: Any, prompt: torch.Tensor, block_sizes: list[int], iters
 # --- real drafters at the preset's size ------------------------------------------------------------
 
 def drafter_configs(preset: str, block_size: int) -> tuple[Any, Any]:
-    """(drafter, reader) configs: schema <- experiments/base.yaml <- experiments/presets/<preset>.yaml."""
-    layers = []
-    for f in (EXPERIMENTS_DIR / "base.yaml", EXPERIMENTS_DIR / "presets" / f"{preset}.yaml"):
-        if f.is_file():
-            raw = OmegaConf.load(f)
-            layers.append({k: raw[k] for k in ("drafter", "reader") if k in raw})
-        elif f.name != "base.yaml":
-            raise DecodeError(f"--drafter-preset {preset!r}: no {f}; expected a preset in experiments/presets/")
-    cfg = merge(schema(), *layers, source=f"drafter preset {preset}")
+    """(drafter, reader) configs of the preset (`ready.config.load_config`), the block set to K + 1."""
+    try:
+        cfg = load_config(preset=preset)
+    except ConfigError as e:
+        raise DecodeError(f"--drafter-preset {preset!r}: {e}") from None
     cfg.drafter.block_size = block_size + 1  # K proposals: a DSpark block of K + 1
     return cfg.drafter, cfg.reader
 

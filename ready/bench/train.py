@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from ready.config import merge, schema, validate
+from ready.config import load_config, merge
 from ready.data import ensure_default_target, load_suite
 from ready.data.tokenizer import load_tokenizer
 from ready.decode import NgramDrafter, evaluate, run_ar
@@ -57,8 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = merge(schema(), OmegaConf.from_dotlist(args.overrides), source="command line")
-    validate(cfg)
+    cfg = load_config(overrides=args.overrides)
 
     times: dict[str, float] = {}
     t_all = time.perf_counter()

@@ -56,11 +56,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ready.config import EXPERIMENTS_DIR, merge, validate
+from ready.config import load_config, preset_names
 from ready.decode.batch import BatchEngine
 from ready.drafter import DSparkDrafter
 from ready.target import PRESETS, load_target, preset_config
-from ready.train.launch import load_config
 from ready.train.regen import RegenData
 from ready.train.stages import stage_seed, train_stage
 
@@ -107,21 +106,11 @@ def _failure(e: BaseException, what: str) -> str:
 # --- config and models ------------------------------------------------------------------------------
 
 def bench_config(preset: str, profile: Optional[str] = DEFAULT_PROFILE, overrides: Sequence[str] = ()) -> DictConfig:
-    """schema <- experiments/base.yaml <- presets/<preset>.yaml (ready.train.launch.load_config) <- the
-    profile's `config:` layer <- `a.b=v` overrides, validated."""
-    if not (EXPERIMENTS_DIR / "presets" / f"{preset}.yaml").is_file():
-        names = sorted(p.stem for p in (EXPERIMENTS_DIR / "presets").glob("*.yaml"))
-        raise TrainScaleError(f"--target {preset!r}: no experiments/presets/{preset}.yaml; expected one of {names}")
-    cfg = load_config(preset, None, [])
-    if profile:
-        path = EXPERIMENTS_DIR / "profiles" / f"{profile}.yaml"
-        if not path.is_file():
-            raise TrainScaleError(f"--profile {profile!r}: no {path}; expected a profile in experiments/profiles/")
-        layer = OmegaConf.load(path).get("config") or {}
-        cfg = merge(cfg, layer, source=str(path))
-    cfg = merge(cfg, OmegaConf.from_dotlist(list(overrides)), source="command line")
-    validate(cfg)
-    return cfg
+    """The preset's config with the profile's `config:` layer and `a.b=v` overrides, validated
+    (`ready.config.load_config`); `--target` names the preset."""
+    if preset not in preset_names():
+        raise TrainScaleError(f"--target {preset!r}: no experiments/presets/{preset}.yaml; expected one of {preset_names()}")
+    return load_config(preset=preset, profile=profile, overrides=overrides)
 
 
 def random_target(preset: str, device: str, dtype: str) -> Any:

@@ -14,9 +14,8 @@ import json
 import sys
 import time
 
-from omegaconf import OmegaConf
 
-from ready.config import merge, schema, validate
+from ready.config import load_config
 from ready.data.default import default_metrics, default_target_dir, ensure_default_target
 
 
@@ -26,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
-    cfg = merge(schema(), OmegaConf.from_dotlist(args.overrides), source="command line")
-    validate(cfg)
+    cfg = load_config(overrides=args.overrides)
     if args.threads:
         import torch
 

@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ready.artifacts import atomic_dir
-from ready.config import merge, schema, validate
+from ready.config import load_config
 from ready.data import training_prompts
 from ready.data.corpus import load_corpus
 from ready.data.default import TOKENIZER_FILES, _arch_overrides, _preset, ensure_tokenizer
@@ -124,8 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         raise SystemExit(f"error: --checks {args.checks!r}: expected a comma list of steps >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = merge(schema(), OmegaConf.from_dotlist(list(args.overrides)), source="command line")
-    validate(cfg)
+    cfg = load_config(overrides=args.overrides)
     tok_dir = _built_tokenizer(cfg) if args.built else ensure_tokenizer(cfg, progress=True)
     tokenizer = load_tokenizer(tok_dir)
     corpus = load_corpus(cfg.corpus)

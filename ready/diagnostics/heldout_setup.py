@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ready.config import merge, schema, validate
+from ready.config import load_config
 from ready.loading import load_configured_target
 from ready.train.regen import build_validation_data
 
@@ -21,8 +21,7 @@ def heldout_setup(overrides: Sequence[str], threads: int, min_sequences: int,
     if threads < 1:
         raise SystemExit(f"error: --threads {threads}: expected an integer >= 1")
     torch.set_num_threads(threads)
-    cfg = merge(schema(), OmegaConf.from_dotlist(list(overrides)), source="command line")
-    validate(cfg)
+    cfg = load_config(overrides=overrides)
     if int(cfg.eval.heldout_tf_samples) < min_sequences:
         raise SystemExit(f"error: eval.heldout_tf_samples must be >= {min_sequences}: {measured} on those sequences")
     loaded = load_configured_target(cfg, progress=True)

@@ -8,8 +8,8 @@
     python -m ready.train.launch ... --json out.json                               # one process; a summary
     python -m ready.train.launch --compare one.json two.json                       # speed-up, loss agreement
 
-Config: schema <- experiments/base.yaml <- --preset <- --config FILE <- a.b=v (a sweep row's
-resolved config: `sweeps.launch --sweep/--row/--seed`, the same options above the library).
+Config: `ready.config.load_config` (schema <- experiments/base.yaml <- --preset <- --config FILE <- a.b=v;
+a sweep row's resolved config: `sweeps.launch --sweep/--row/--seed`, the same options above the library).
 Every rank loads the target, joins the group (NCCL on CUDA, gloo on CPU) and calls
 ready.train.pipeline, which writes cached artifacts (rank 0): a sweep row with the same config
 later finds them built. `--out-dir` defaults to `<artifacts_dir>/stages`, where sweep rows look.
@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ready.config import EXPERIMENTS_DIR as EXPERIMENTS
-from ready.config import merge, schema, validate
+from ready.config import load_config
 from ready.data.tokenizer import load_tokenizer
 from ready.loading import pick_device, target_dir
 from ready.target import load_target
@@ -40,22 +39,8 @@ from ready.train import distributed
 from ready.train.pipeline import STAGES_SUBDIR, ensure_base_drafter, train_variant
 from ready.train.torchrun import LaunchError, run_under_torchrun, torchrun_command
 
-__all__ = ["LaunchError", "compare", "load_config", "load_for_training", "main", "parser", "run", "run_under_torchrun",
+__all__ = ["LaunchError", "compare", "load_for_training", "main", "parser", "run", "run_under_torchrun",
            "stage_logs", "torchrun_command", "train"]
-
-
-def load_config(preset: Optional[str], config: Optional[str], overrides: Sequence[str]) -> DictConfig:
-    """schema <- experiments/base.yaml <- preset <- config file <- a.b=v overrides."""
-    cfg = schema()
-    layers = [EXPERIMENTS / "base.yaml"] + ([EXPERIMENTS / "presets" / f"{preset}.yaml"] if preset else [])
-    layers += [Path(config)] if config else []
-    for path in layers:
-        if not path.is_file():
-            raise LaunchError(f"{path} does not exist; expected a YAML config (presets: experiments/presets/)")
-        cfg = merge(cfg, OmegaConf.load(path), source=str(path))
-    cfg = merge(cfg, OmegaConf.from_dotlist(list(overrides)), source="command line")
-    validate(cfg)
-    return cfg
 
 
 def load_for_training(cfg: DictConfig, prompts_arg: Optional[str]) -> tuple[Any, Any, Optional[torch.Tensor]]:
@@ -175,7 +160,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--preset", default=None, help="experiments/presets/<name>.yaml")
     p.add_argument("--config", default=None, help="a YAML config merged over base.yaml and the preset")
     args = p.parse_args(argv)
-    return run(args, lambda: load_config(args.preset, args.config, args.overrides))
+    return run(args, lambda: load_config(preset=args.preset, files=[args.config] if args.config else [],
+                                         overrides=args.overrides))
 
 
 if __name__ == "__main__":
