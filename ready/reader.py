@@ -147,8 +147,8 @@ class StateReader(nn.Module):
         nn.init.zeros_(self.fuse_out.weight)
         nn.init.zeros_(self.fuse_out.bias)
 
-    def features(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:
-        """f for every position of h [N, P, D] (N = len(source.slots)) -> [N, P, M*r + M] fp32."""
+    def _z(self, h: torch.Tensor) -> torch.Tensor:
+        """z = W_q RMSNorm(h) for h [N, P, D] -> [N, P, M, r]."""
         N, P, _ = h.shape
         fast = _drafting_ops() if (h.is_cuda and not torch.is_grad_enabled() and type(self.query) is nn.Linear) else None
         if fast is not None:  # drafting on CUDA: one fused norm kernel and the small-M linear, same numbers
@@ -158,8 +158,16 @@ class StateReader(nn.Module):
             hf = h.float()
             hn = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight.float()).to(h.dtype)
             z = self.query(hn)
-        z = z.view(N, P, self.num_pairs, self.rank)
-        return read_states(source.ssm, source.layer_idx, source.slots, z, self.U, self.V, self.eps)
+        return z.view(N, P, self.num_pairs, self.rank)
+
+    def queries(self, h: torch.Tensor) -> torch.Tensor:
+        """The key-space queries q = U_m^T z the reader issues for h [N, P, D] -> [N, P, M, d_k] fp32
+        (what `read_states` multiplies the states by; ready.diagnostics.query_span measures them)."""
+        return torch.einsum("npmr,mrk->npmk", self._z(h).float(), self.U.float())
+
+    def features(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:
+        """f for every position of h [N, P, D] (N = len(source.slots)) -> [N, P, M*r + M] fp32."""
+        return read_states(source.ssm, source.layer_idx, source.slots, self._z(h), self.U, self.V, self.eps)
 
     def delta(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:
         f = self.features(h, source).to(h.dtype)

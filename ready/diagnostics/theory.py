@@ -16,20 +16,25 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Optional
 
 import torch
 
 
+def projector(Q: torch.Tensor, rtol: Optional[float] = None) -> torch.Tensor:
+    """Π_Q = Q Q^†, the orthogonal projector onto the column span of Q (d_k x d_k; batched over
+    leading dimensions). Q^† comes from an SVD: singular values <= rtol * σ_max count as zero, so
+    Π_Q projects onto the numerical span (rank = trace Π_Q); rtol None is torch's default,
+    max(d_k, n) * machine epsilon of Q's dtype."""
+    return Q @ torch.linalg.pinv(Q, rtol=rtol)
 
-def projector(Q: torch.Tensor) -> torch.Tensor:
-    """Π_Q = Q Q^†, the orthogonal projector onto the column span of Q (d_k x d_k)."""
-    return Q @ torch.linalg.pinv(Q)
 
-
-def decompose(S: torch.Tensor, Q: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(known, novel): known = (S Q) Q^† q is fixed by the exposed readouts, novel = S (I - Π_Q) q."""
-    known = (S @ Q) @ (torch.linalg.pinv(Q) @ q)
-    novel = S @ (q - projector(Q) @ q)
+def decompose(S: torch.Tensor, Q: torch.Tensor, q: torch.Tensor,
+              rtol: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(known, novel): known = (S Q) Q^† q is fixed by the exposed readouts, novel = S (I - Π_Q) q
+    (`rtol`: the numerical span's tolerance, as in `projector`)."""
+    known = (S @ Q) @ (torch.linalg.pinv(Q, rtol=rtol) @ q)
+    novel = S @ (q - projector(Q, rtol) @ q)
     return known, novel
 
 

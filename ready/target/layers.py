@@ -445,6 +445,14 @@ class GatedDeltaNet(nn.Module):
         # head-major, fp32: [B, H, T, d]
         return q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)
 
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """The L2-normalised queries [B, H_v, T, d_k] (fp32, before the d_k^-0.5 scale, key heads
+        repeated to the value heads) a full pass over x [B, T, hidden] (this layer's normed input)
+        reads its states with: the span of the target's own queries (ready.diagnostics.query_span)."""
+        qkv, _, b, a = lin(x, self.in_proj.weight).split(self.split, dim=-1)
+        q = self._heads(self._conv(qkv, None)[0], b, a)[0]
+        return q * self.dk**0.5
+
     def _output(self, o: torch.Tensor, z: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """The outputs o [B, H, T, dv] through the gated norm and out_proj."""
         return lin(self.gated_norm(o.transpose(1, 2), z, exact), self.out_proj.weight, exact)
