@@ -175,3 +175,40 @@ def test_logging_needs_a_run(tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["--source", str(tmp_path), "--log-mlflow"])
     assert e.value.code == 2
+
+
+def test_a_sweep_row_s_run_is_measured_logged_and_tabled(target, tmp_path, monkeypatch, capsys):
+    from omegaconf import OmegaConf
+
+    from ready import mlflow_store
+    from ready.config import schema
+    from ready.diagnostics import query_span
+    from ready.drafter import save_drafter
+    from ready.loading import LoadedTarget
+
+    folder = save_drafter(drafter_for(target), tmp_path / "drafter")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = mlflow_store.client(uri)
+    run_id = c.create_run(mlflow_store.ensure_experiment(c, "t"), run_name="rank4").info.run_id
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(schema()))
+    (tmp_path / "evaluation.json").write_text(json.dumps({"method": "ready", "resolved": {"drafter_dir": str(folder)}}))
+    for name in ("config.yaml", "evaluation.json"):
+        c.log_artifact(run_id, str(tmp_path / name))
+    c.log_metric(run_id, "overall/state_reliance", 0.05)
+    c.log_metric(run_id, "heldout_tf/tau", 2.5)
+    # the run's config names the embedded default; the tiny target and data stand in for it
+    monkeypatch.setattr(query_span, "load_configured_target", lambda cfg, progress=True: LoadedTarget(target, None, None, "tiny", "cpu"))
+    monkeypatch.setattr(query_span, "build_validation_data", lambda cfg, t, tok, progress=True: _data())
+
+    out = tmp_path / "prop1.json"
+    assert main(["--source", run_id, "--tracking-uri", uri, "--positions", "2", "--log-mlflow", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["run_id"] == run_id and res["drafter_dir"] == str(folder) and res["read_positions"] == 6
+    logged = c.get_run(run_id).data.metrics
+    assert logged["prop1/outside_share"] == pytest.approx(res["overall"]["outside_share"]["mean"])
+    assert [a.path for a in c.list_artifacts(run_id, "prop1")] == ["prop1/query_span.json"]
+
+    assert main(["--rows", run_id, "--tracking-uri", uri, "--reuse-logged"]) == 0
+    table = capsys.readouterr().out
+    assert "| rank4 | 8 | [30, 62] |" in table and "| 0.050 | 2.500 |" in table and "/ 8 |" in table
+    assert main(["--rows", "nosuchrun0", "--tracking-uri", uri]) == 2

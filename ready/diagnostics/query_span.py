@@ -77,6 +77,9 @@ METRICS = ("outside_share", "novel_share", "novel_share_read", "random_outside_s
 RELIANCE = "overall/state_reliance"  # sweeps.tracking (ready.stats.run_metrics): tau own states - tau swapped
 HELDOUT_TAU = "heldout_tf/tau"
 QUANTILE_MAX = 1 << 24
+# query_shares' keys -> the names pooled per (layer, head); each also for the random reference but novel_read
+POOLED = {"outside": "outside_share", "novel": "novel_share", "novel_read": "novel_share_read",
+          "novel_num": "novel_num", "novel_den": "novel_den"}
 
 
 class QuerySpanError(ValueError):
@@ -223,18 +226,16 @@ def measure(drafter: Any, target: Any, data: RegenData, prompts: Optional[int] =
                     Vt = V[pairs].transpose(-1, -2)  # [H, r, d_v]
                     rand = torch.randn(q.shape, generator=g, dtype=torch.float64).to(device)
                     rand = rand * (q.norm(dim=-2, keepdim=True) / rand.norm(dim=-2, keepdim=True))
-                    got, ref = query_shares(S, P, q, Vt), query_shares(S, P, rand, Vt)
+                    got = {k: v.cpu() for k, v in query_shares(S, P, q, Vt).items()}  # one copy, then per head
+                    ref = {k: v.cpu() for k, v in query_shares(S, P, rand, Vt).items()}
+                    rank_h = rank.cpu()
                     for h in range(H):
                         pool = pools[(lid, h)]
-                        for k in ("outside", "novel", "novel_read", "novel_num", "novel_den"):
-                            name = {"outside": "outside_share", "novel": "novel_share",
-                                    "novel_read": "novel_share_read"}.get(k, k)
-                            pool.add(name, got[k][:, h])
-                        pool.add("random_outside_share", ref["outside"][:, h])
-                        pool.add("random_novel_share", ref["novel"][:, h])
-                        pool.add("random_novel_num", ref["novel_num"][:, h])
-                        pool.add("random_novel_den", ref["novel_den"][:, h])
-                        pool.add("prefix_rank", rank[:, h])
+                        for key, name in POOLED.items():
+                            pool.add(name, got[key][:, h])
+                            if key != "novel_read":
+                                pool.add("random_" + name, ref[key][:, h])
+                        pool.add("prefix_rank", rank_h[:, h])
     finally:
         for hk in hooks:
             hk.remove()
@@ -361,7 +362,7 @@ def rows_table(entries: Sequence[dict[str, Any]]) -> str:
             f"{_fmt(m.get(p + 'outside_share'))} [{_fmt(m.get(p + 'outside_share_p10'))}, "
             f"{_fmt(m.get(p + 'outside_share_p90'))}]",
             _fmt(m.get(p + "random_outside_share")),
-            "-" if rank is None or not d_k else f"{rank:.1f} / {d_k}",
+            "-" if rank is None or not d_k else f"{rank:.1f} / {d_k:g}",
             f"{_fmt(m.get(p + 'novel_share_p50'))} ({_fmt(m.get(p + 'novel_share_pooled'))})",
             f"{_fmt(m.get(p + 'random_novel_share_p50'))} ({_fmt(m.get(p + 'random_novel_share_pooled'))})",
             f"{_fmt(rel)}{rel_iv}", _fmt(m.get(HELDOUT_TAU)) + " |"]))
@@ -395,6 +396,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error(f"--threads {a.threads}: expected an integer >= 1")
     if a.prompts is not None and a.prompts < 1:
         ap.error(f"--prompts {a.prompts}: expected an integer >= 1")
+    if a.rows is not None:  # `--rows ID ID a.b=v`: nargs="+" takes the overrides too; they are not run ids
+        a.overrides += [r for r in a.rows if "=" in r]
+        a.rows = [r for r in a.rows if "=" not in r] or ap.error("--rows: expected at least one run id")
     torch.set_num_threads(a.threads)
     run_source = a.rows is not None or not Path(a.source).is_dir()
     uri = mlflow_store.resolve_tracking_uri(a.tracking_uri) if run_source else a.tracking_uri
