@@ -3,6 +3,7 @@ numerical span, the queries are the ones the target and the reader use, and a ti
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,3 +213,13 @@ def test_a_sweep_row_s_run_is_measured_logged_and_tabled(target, tmp_path, monke
     table = capsys.readouterr().out
     assert "| rank4 | 8 | [30, 62] |" in table and "| 0.050 | 2.500 |" in table and "/ 8 |" in table
     assert main(["--rows", "nosuchrun0", "--tracking-uri", uri]) == 2
+
+
+def test_a_rows_relative_drafter_path_is_found_under_the_artifacts_dir_given_on_the_command_line(tmp_path):
+    from ready.diagnostics.query_span import moved_artifact
+
+    (tmp_path / "elsewhere/stages/s2/drafter").mkdir(parents=True)
+    recorded = Path("artifacts/stages/s2/drafter")  # as the sweep recorded it, relative to where it ran
+    assert moved_artifact(recorded, "artifacts", str(tmp_path / "elsewhere")) == tmp_path / "elsewhere/stages/s2/drafter"
+    assert moved_artifact(tmp_path, "artifacts", "x") == tmp_path  # an existing path stays as recorded
+    assert moved_artifact(Path("other/d"), "artifacts", "x") == Path("other/d")  # not under the run's artifacts_dir

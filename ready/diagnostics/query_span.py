@@ -307,6 +307,18 @@ class _Loader:
         return loaded, val
 
 
+def moved_artifact(path: Path, run_artifacts: str, artifacts: str) -> Path:
+    """`path` (recorded by a run whose artifacts_dir was `run_artifacts`) under `artifacts` instead, when
+    it does not exist as recorded: a sweep records paths relative to the directory it ran in, so
+    `artifacts_dir=` on the command line finds them from anywhere."""
+    if path.exists() or not run_artifacts or not artifacts:
+        return path
+    try:
+        return Path(artifacts) / path.relative_to(run_artifacts)
+    except ValueError:  # not under the run's artifacts_dir: leave it as recorded
+        return path
+
+
 def measure_source(source: str, overrides: Sequence[str], tracking_uri: Optional[str], load: _Loader,
                    prompts: Optional[int], positions: int, rtol: float, seed: int) -> dict[str, Any]:
     """`measure` for a drafter folder or a sweep row's run id (module doc), with where it came from."""
@@ -319,6 +331,8 @@ def measure_source(source: str, overrides: Sequence[str], tracking_uri: Optional
     cfg = heldout_config(overrides, 1, "the query spans are measured", base=layer)
     loaded, val = load(cfg)
     folder = resolve_source(source, tracking_uri or mlflow_store.DEFAULT_TRACKING_URI)
+    if base is not None:
+        folder = moved_artifact(folder, str(base.get("artifacts_dir", "")), str(cfg.artifacts_dir))
     drafter = load_drafter(folder, loaded.target)
     result = measure(drafter, loaded.target, val, prompts, positions, rtol, seed, progress=load.progress)
     return {"source": source, "run_id": run_id, "drafter_dir": str(folder), **result}
