@@ -445,7 +445,8 @@ def test_a_prompt_that_is_a_number_names_the_file_the_record_and_the_field(check
                            f"bench.paths.humaneval={file}", "--no-report")) == 2
     assert errors(capsys.readouterr().err) == [
         f"error: benchmark 'humaneval': file {str(file)!r} is malformed (record 1: field 'prompt' holds 5 (int), not a "
-        "string); expected HumanEval JSONL(.gz) records with 'task_id' and 'prompt' fields"]
+        "string); expected HumanEval JSONL(.gz) records with 'task_id' and 'prompt' fields, or a turns file (DeepSpec "
+        "eval_datasets/*.jsonl): records with 'turns', a non-empty list of non-empty strings (the user turns)"]
     assert variant_runs(tmp_path) == []
 
 
