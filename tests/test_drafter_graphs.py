@@ -128,9 +128,10 @@ def test_new_weights_drop_the_captured_steps(target):
 
 
 @pytest.mark.cuda
-def test_captured_draft_step_replays_the_eager_numbers():
+@pytest.mark.parametrize("head", ["vanilla", "none"])  # none: a DFlash drafter, no Markov head
+def test_captured_draft_step_replays_the_eager_numbers(head):
     tgt = tiny_target().cuda()
-    eager, static = _pair(tgt)
+    eager, static = _pair(tgt, head=head)
     static.cuda_graphs = None  # auto: captured on CUDA
     for (te, le), (ts, ls) in _rounds(tgt, [eager, static]):
         torch.testing.assert_close(ls, le, rtol=1e-4, atol=1e-4)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ready.bench.engine import forced_acceptance, main, parse_accept_dist
+from ready.bench.engine import abba, consistency, forced_acceptance, main, paired_ratio, parse_accept_dist
 from ready.decode import DecodeError
 from ready.target import HybridConfig, HybridLM, save_target
 
@@ -75,8 +75,8 @@ def test_dspark_and_ready_rounds_under_identical_acceptance_on_cpu(tmp_path, cap
     path = save_target(HybridLM(cfg), tmp_path / "t")
     out = tmp_path / "res.json"
     code = main(["--target", str(path), "--device", "cpu", "--prompt-len", "12", "--new-tokens", "30", "-k", "3",
-                 "--accept-dist", "0:1,2:1,3:2", "--repeats", "2", "--verify-iters", "2", "--verify-tokens", "",
-                 "--drafter", "dspark,ready", "--breakdown", "--profile", "--first-later", "--json", "--out", str(out)])
+                 "--accept-dist", "0:1,2:1,3:2", "--repeats", "2", "--pairs", "4", "--verify-iters", "2",
+                 "--verify-tokens", "", "--tolerance-pct", "1000", "--drafter", "dspark,ready", "--breakdown", "--profile", "--first-later", "--json", "--out", str(out)])
     assert code == 0
     res = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == res
@@ -88,10 +88,14 @@ def test_dspark_and_ready_rounds_under_identical_acceptance_on_cpu(tmp_path, cap
     # the same forced accepted lengths for both drafters, every repeat: identical rounds and tau
     assert run["same_rounds"] and run["dspark"]["tau"] == run["ready"]["tau"]
     assert run["dspark"]["rounds"] == run["ready"]["rounds"] > 1
-    assert run["ready_over_dspark"] > 0 and len(run["ready_over_dspark_pairs"]) == 2
+    assert run["ready_over_dspark"] > 0 and len(run["ready_over_dspark_pairs"]) == 4
+    iv = run["ready_over_dspark_interval"]
+    assert iv["lo"] <= run["ready_over_dspark"] <= iv["hi"] and iv["pairs"] == 4
     for k in ("dspark", "ready"):
         b = run[k]["breakdown"]
         assert b["draft_us"] > 0 and b["verify_us"] > 0 and b["commit_us"] > 0 and b["round_us"] > 0
+        assert b["rounds_us"] >= b["round_us"] and b["pairs"] == 4 and run[k]["events_over_plain"] > 0
+    assert len(run["breakdown_ratio"]["per_pair"]) == 4 and run["consistency"]["consistent"]
     assert "reader_extra_draft_us" in run
     assert d["profile"]["ready"]["top"] and d["profile"]["ready_minus_dspark"]
     fl = res["first_vs_later"]
@@ -121,3 +125,32 @@ def test_batched_benchmark_prints_json_for_each_batch_size(capsys):
         assert run["ready"]["breakdown"]["draft_us"] > 0 and "reader_share" in run and run["ready_over_dspark"] > 0
     assert main(["--target", "tiny", "--device", "cpu", "--batch", "0,2"]) == 2
     assert "--batch" in capsys.readouterr().err
+
+
+def test_drafters_alternate_abba_so_each_runs_first_in_half_the_pairs():
+    assert abba(6) == [(0, 1), (1, 0), (1, 0), (0, 1), (0, 1), (1, 0)]
+    assert sum(o == (0, 1) for o in abba(8)) == 4
+
+
+def test_paired_ratio_sees_an_order_effect_and_its_interval_covers_the_truth():
+    orders = abba(8)
+    den = [1.0] * 8
+    # the true ratio is 1.02; whoever runs second is 1 % slower: a fixed order would read 1.01 or 1.03
+    num = [1.02 * (1.0 if o == (0, 1) else 1.01) for o in orders]
+    r = paired_ratio(num, [d * (1.01 if o == (0, 1) else 1.0) for d, o in zip(den, orders)], orders)
+    assert r["lo"] <= 1.02 <= r["hi"] and abs(r["ratio"] - 1.02) < 1e-9
+    assert r["order_effect_pct"] == pytest.approx(100 * (1 / 1.01 ** 2 - 1))
+
+
+def test_consistency_fails_a_ratio_the_breakdown_contradicts():
+    orders = abba(10)
+    noise = [1 + 0.001 * ((i * 7) % 5 - 2) for i in range(10)]
+    tps = paired_ratio([1.04 * n for n in noise], [1.0] * 10, orders)  # "ReaDy 4 % faster"
+    rounds = paired_ratio([0.966 * n for n in noise], [1.0] * 10, orders)  # ... while its rounds are 3.4 % slower
+    c = consistency(tps, rounds)
+    assert not c["consistent"] and c["lo_pct"] > 0
+    assert consistency(tps, paired_ratio([1.0401 * n for n in noise], [1.0] * 10, orders))["consistent"]
+    # a difference inside the tolerance passes even when the pairs are precise enough to see it
+    exact_a, exact_b = (paired_ratio([x] * 10, [1.0] * 10, orders) for x in (1.04, 1.039))  # no noise at all
+    assert consistency(exact_a, exact_b, tolerance_pct=0.25)["consistent"]
+    assert not consistency(exact_a, exact_b, tolerance_pct=0.05)["consistent"]

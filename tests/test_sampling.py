@@ -162,11 +162,12 @@ def test_a_drafter_reporting_another_q_than_it_drew_from_fails_the_rule_check(ta
 
 
 @pytest.mark.cuda
-def test_on_cuda_the_captured_sampled_draft_step_and_graphed_engine_match_eager():
+@pytest.mark.parametrize("head", ["vanilla", "none"])  # none: a DFlash drafter, no Markov head
+def test_on_cuda_the_captured_sampled_draft_step_and_graphed_engine_match_eager(head):
     tgt = tiny_target().cuda()
     with torch.no_grad():
         tgt.lm_head.weight.mul_(8.0)
-    eager, graphed = drafter_for(tgt).cuda(), drafter_for(tgt).cuda()
+    eager, graphed = drafter_for(tgt, head=head).cuda(), drafter_for(tgt, head=head).cuda()
     eager.cuda_graphs = False
     prompt = list(range(1, 14))
     want = Engine(tgt, eager, sampling=T1, cuda_graphs=False).generate(prompt, 24, seed=5)

@@ -28,9 +28,16 @@ Prints one JSON object:
   block 7; ReaDy adds the reader, r = 8 on layers 30 and 62, once, post-attention, last layer). Each
   accept distribution drives both with the same sequence of accepted lengths (forced acceptance,
   reseeded for every generation), so their rounds are identical and `ready_over_dspark` (ReaDy TPS /
-  DSpark TPS, generations interleaved) is the pure cost of reading states. `--breakdown` adds
-  per-round µs of draft, verify, commit and the rest (CUDA events); `reader` gives the readers'
-  own µs per draft step (a CUDA graph of repeated calls) and the draft-time difference.
+  DSpark TPS) is the pure cost of reading states. Both engines are warmed up alike, then `--pairs`
+  generations of each run in ABBA order (a drift or an order effect inside a pair hits both alike);
+  `ready_over_dspark_interval` is the geometric mean of the pairs' ratios with its 95 % t-interval and
+  the order effect (ratio when DSpark ran first over when it ran second). `--breakdown` times as many
+  pairs again with CUDA events around draft, verify and commit (per-round medians; `other` = the rest
+  of a round; `events_over_plain` = what the events cost), gives the ratio of their round sums
+  (`breakdown_ratio`), and checks the two agree (`consistency`): where the 99 % interval of their
+  difference excludes 0 and the difference exceeds `--tolerance-pct`, the command exits 3 (the timing
+  is biased). `reader` gives the readers' own µs per draft step (a CUDA graph of repeated
+  calls) and the draft-time difference.
 - `first_vs_later` (`--first-later`): before anything else in the process, two engines with the
   ReaDy drafter, each warmed up as `ready.decode.evaluate` does (reserve + one generation), then timed.
 - `profile` (`--profile`): the top device kernels of a few DSpark and ReaDy rounds (torch.profiler)
@@ -52,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -73,6 +81,7 @@ from ready.decode.evaluate import _warm_up
 from ready.decode.graphs import GraphRunner
 from ready.drafter import DSparkDrafter
 from ready.reader import StateSource, read_states
+from ready.stats import t_quantile
 from ready.target import PRESETS, load_target
 
 DRAFTERS = ("random", "dspark", "ready")
@@ -250,6 +259,8 @@ class _Timed:
         starts = [a for a, _ in self.marks[self.round_start]]
         rounds = [self._ms(a, b) for a, b in zip(starts, starts[1:])]
         if rounds:
+            out["rounds"] = (self._ms(starts[0], self.marks["commit"][-1][1]) if self.marks["commit"]
+                             else sum(rounds)) * 1e3  # the whole decode loop, device clock
             out["round"] = statistics.median(rounds) * 1e3
             out["other"] = out["round"] - out.get("draft", 0) - out.get("verify", 0) - out.get("commit", 0)
         return {f"{k}_us": round(v, 1) for k, v in out.items()}
@@ -327,27 +338,79 @@ def _profile_diff(a: dict, b: dict, n: int = 15) -> list[dict]:
     return sorted(diff, key=lambda d: -abs(d["extra_us"]))[:n]
 
 
+TOLERANCE_PCT = 0.25  # the smallest TPS-ratio / breakdown disagreement that fails a run (see `consistency`)
+
+
+def abba(pairs: int) -> list[tuple[int, int]]:
+    """The order of the two drafters in each pair: (0, 1), (1, 0), (1, 0), (0, 1), ... (ABBA), so a drift
+    over time and an order effect inside a pair hit both drafters alike."""
+    return [(0, 1) if i % 4 in (0, 3) else (1, 0) for i in range(pairs)]
+
+
+def paired_ratio(num_s: list[float], den_s: list[float], orders: list[tuple[int, int]],
+                 level: float = 0.95) -> dict[str, Any]:
+    """The ratio num/den of paired durations as a geometric mean with a t-interval over the pairs' log
+    ratios; `order_effect_pct`: how much larger the ratio is in pairs where `num` ran first (the cause
+    a fixed order hides; 0 when every pair has one order)."""
+    logs = [math.log(a / b) for a, b in zip(num_s, den_s)]
+    n = len(logs)
+    mean = statistics.fmean(logs)
+    sd = statistics.stdev(logs) if n > 1 else float("inf")
+    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n) if n > 1 else float("inf")
+    first = [x for x, o in zip(logs, orders) if o == (0, 1)]
+    later = [x for x, o in zip(logs, orders) if o == (1, 0)]
+    order = (statistics.fmean(first) - statistics.fmean(later)) if first and later else 0.0
+    return {"ratio": math.exp(mean), "lo": math.exp(mean - half), "hi": math.exp(mean + half),
+            "half_width_pct": 100 * (math.exp(half) - 1), "pairs": n, "log_mean": mean,
+            "log_se": sd / math.sqrt(n) if n > 1 else float("inf"),
+            "order_effect_pct": 100 * (math.exp(order) - 1), "per_pair": [round(math.exp(x), 5) for x in logs]}
+
+
+def consistency(timed: dict[str, Any], events: dict[str, Any], tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
+    """Do the untimed-by-events ratio and the ratio of the breakdown's round sums agree? They disagree
+    when the 99 % interval of their log difference excludes 0 and the difference exceeds
+    `tolerance_pct` (events or order disturbing what they measure)."""
+    diff = timed["log_mean"] - events["log_mean"]
+    se = math.hypot(timed["log_se"], events["log_se"])
+    df = min(timed["pairs"], events["pairs"]) - 1
+    half = t_quantile(0.995, df) * se if df > 0 else float("inf")
+    pct = 100 * (math.exp(diff) - 1)
+    agree = abs(diff) <= half or abs(pct) <= tolerance_pct
+    return {"difference_pct": pct, "lo_pct": 100 * (math.exp(diff - half) - 1),
+            "hi_pct": 100 * (math.exp(diff + half) - 1), "tolerance_pct": tolerance_pct, "consistent": agree}
+
+
 def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, dists: list[tuple[str, dict]],
-                   prompt: torch.Tensor, new_tokens: int, repeats: int, graphs: bool, seed: int,
-                   ar_decode_tps: float, breakdown: bool, profile: bool) -> dict[str, Any]:
-    """DSpark and ReaDy through the engine under identical forced acceptance; see the module docstring."""
+                   prompt: torch.Tensor, new_tokens: int, pairs: int, graphs: bool, seed: int,
+                   ar_decode_tps: float, breakdown: bool, profile: bool,
+                   tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
+    """DSpark and ReaDy through the engine under identical forced acceptance; see the module docstring.
+
+    Both engines are warmed up alike (reserve + two generations, ABBA); then `pairs` timed pairs in ABBA
+    order without events, and with `breakdown` as many pairs again with CUDA events around each part."""
     engines = {k: Engine(target, build_drafter(target, k, preset, block_size, seed), eos_token_id=-1, cuda_graphs=graphs)
                for k in kinds}
+    names = list(engines)
     out: dict[str, Any] = {"preset": preset, "resolved": {k: e.drafter.resolved() for k, e in engines.items()},
                            "drafter_params": {k: sum(p.numel() for p in e.drafter.parameters()) for k, e in engines.items()},
-                           "runs": []}
+                           "pairs": pairs, "order": "ABBA", "runs": []}
     for i, (text, dist) in enumerate(dists):
         def gen(e: Engine) -> Generation:
             e.accept_fn = forced_acceptance(dist, seed + i)  # the same accepted lengths for every run
             return e.generate(prompt, new_tokens)
 
-        for e in engines.values():  # warm-up as evaluate does: reserve + one generation (captures, compiles, tunes)
+        def in_pairs(n: int, one: Callable[[str], Any]) -> tuple[dict[str, list], list[tuple[int, int]]]:
+            got: dict[str, list] = {k: [] for k in names}
+            orders = abba(n) if len(names) == 2 else [(0,)] * n
+            for order in orders:
+                for j in order:
+                    got[names[j]].append(one(names[j]))
+            return got, orders
+
+        for e in engines.values():  # warm-up as evaluate does: reserve, then generations (captures, compiles, tunes)
             e.reserve(prompt.numel() + new_tokens)
-            gen(e)
-        gens: dict[str, list[Generation]] = {k: [] for k in engines}
-        for _ in range(repeats):  # interleaved, so drifts of the device hit both alike
-            for k, e in engines.items():
-                gens[k].append(gen(e))
+        in_pairs(2, lambda k: gen(engines[k]))
+        gens, orders = in_pairs(pairs, lambda k: gen(engines[k]))
         run: dict[str, Any] = {"spec": text, "accept_dist": dist,
                                "expected_tau": sum(p * (a + 1) for a, p in dist.items())}
         for k, gl in gens.items():
@@ -357,21 +420,37 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
             res["round_ms"] = (statistics.median(g.wall_s - g.prefill_s for g in gl) * 1e3 / res["rounds"]
                                if res["rounds"] else None)
             run[k] = res
-        if "dspark" in gens and "ready" in gens:
-            a, b = run["dspark"], run["ready"]
-            pair = [(gb.wall_s - gb.prefill_s) and (ga.wall_s - ga.prefill_s) / (gb.wall_s - gb.prefill_s)
-                    for ga, gb in zip(gens["dspark"], gens["ready"])]
-            run["ready_over_dspark"] = b["decode_tokens_per_s"] / a["decode_tokens_per_s"]
-            run["ready_over_dspark_pairs"] = [round(x, 5) for x in pair]
+        both = "dspark" in gens and "ready" in gens
+        if both:  # ReaDy TPS / DSpark TPS = DSpark decode time / ReaDy decode time (the same tokens)
+            ratio = paired_ratio([g.wall_s - g.prefill_s for g in gens["dspark"]],
+                                 [g.wall_s - g.prefill_s for g in gens["ready"]],
+                                 [o if names[0] == "dspark" else o[::-1] for o in orders])
+            run["ready_over_dspark"] = ratio["ratio"]
+            run["ready_over_dspark_interval"] = {k: v for k, v in ratio.items() if k != "per_pair"}
+            run["ready_over_dspark_pairs"] = ratio["per_pair"]
             run["same_rounds"] = [len(g.accepted) for g in gens["dspark"]] == [len(g.accepted) for g in gens["ready"]]
         if breakdown:
-            for k, e in engines.items():
-                with _Timed(e) as t:
-                    gen(e)
-                run[k]["breakdown"] = t.summary()
-            if "dspark" in engines and "ready" in engines:
+            def timed(k: str) -> dict[str, Any]:
+                with _Timed(engines[k]) as t:
+                    g = gen(engines[k])
+                return {"summary": t.summary(), "decode_s": g.wall_s - g.prefill_s}
+            parts, border = in_pairs(pairs, timed)
+            for k in names:
+                run[k]["breakdown"] = {key: round(statistics.median(p["summary"][key] for p in parts[k]), 1)
+                                       for key in parts[k][0]["summary"]}
+                run[k]["breakdown"]["pairs"] = pairs
+                # what the events cost: decode with events over decode without (host clock, medians)
+                run[k]["events_over_plain"] = (statistics.median(p["decode_s"] for p in parts[k])
+                                               / statistics.median(g.wall_s - g.prefill_s for g in gens[k]))
+            if both:
                 run["reader_extra_draft_us"] = round(run["ready"]["breakdown"]["draft_us"]
                                                      - run["dspark"]["breakdown"]["draft_us"], 1)
+                ev = paired_ratio([p["summary"]["rounds_us"] for p in parts["dspark"]],
+                                  [p["summary"]["rounds_us"] for p in parts["ready"]],
+                                  [o if names[0] == "dspark" else o[::-1] for o in border])
+                run["breakdown_ratio"] = {k: v for k, v in ev.items() if k != "per_pair"}
+                run["breakdown_ratio"]["per_pair"] = ev["per_pair"]
+                run["consistency"] = consistency(ratio, ev, tolerance_pct)
         out["runs"].append(run)
     if "ready" in engines:
         out["reader"] = time_readers(engines["ready"].drafter, engines["ready"].cache)
@@ -504,7 +583,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
           compile_layers: Optional[bool], seed: int, drafters: tuple[str, ...] = ("random",),
           drafter_preset: Optional[str] = None, verify_tokens: Optional[list[int]] = None,
           breakdown: bool = False, profile: bool = False, first_later: bool = False,
-          batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False) -> dict[str, Any]:
+          batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False,
+          pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
     if bad:
@@ -574,8 +654,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
     }
     kinds = [d for d in drafters if d in ("dspark", "ready")]
     if kinds:
-        out["drafters"] = bench_drafters(target, kinds, preset, block_size, dists_parsed, prompt, new_tokens, repeats,
-                                         graphs, seed, ar["decode_tokens_per_s"], breakdown, profile)
+        out["drafters"] = bench_drafters(target, kinds, preset, block_size, dists_parsed, prompt, new_tokens, pairs,
+                                         graphs, seed, ar["decode_tokens_per_s"], breakdown, profile, tolerance_pct)
     if first is not None:
         out["first_vs_later"] = first
     if batched is not None:
@@ -616,6 +696,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="A:p,... distribution of accepted lengths for a forced-acceptance run (repeatable); "
                          "default 0:0.1,3:0.3,7:0.6 when K=7")
     ap.add_argument("--repeats", type=int, default=3, help="timed generations per measurement (median)")
+    ap.add_argument("--pairs", type=int, default=10,
+                    help="timed DSpark/ReaDy pairs in ABBA order (--drafter dspark,ready; default 10), as many again "
+                         "with --breakdown")
+    ap.add_argument("--tolerance-pct", type=float, default=TOLERANCE_PCT,
+                    help=f"with --breakdown: the TPS-ratio / breakdown disagreement (%%) that fails the run (default {TOLERANCE_PCT})")
     ap.add_argument("--verify-iters", type=int, default=20)
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the bound (default 4.27e12 on CUDA)")
     ap.add_argument("--no-cuda-graphs", action="store_true")
@@ -648,8 +733,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
     dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if a.block_size == 7 else [])
     try:
-        if a.block_size < 1 or a.new_tokens < 2 or a.prompt_len < 1 or a.repeats < 1:
-            raise DecodeError("expected -k >= 1, --new-tokens >= 2, --prompt-len >= 1 and --repeats >= 1")
+        if a.block_size < 1 or a.new_tokens < 2 or a.prompt_len < 1 or a.repeats < 1 or a.pairs < 2:
+            raise DecodeError("expected -k >= 1, --new-tokens >= 2, --prompt-len >= 1, --repeats >= 1 and --pairs >= 2")
         vt = [int(t) for t in a.verify_tokens.split(",") if t.strip()] if a.verify_tokens is not None else None
         try:
             batches = [int(b) for b in a.batch.split(",") if b.strip()] if a.batch is not None else None
@@ -663,7 +748,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         drafters=tuple(d.strip() for d in a.drafter.split(",") if d.strip()),
                         drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
-                        batch_only=a.batch_only)
+                        batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise
@@ -674,7 +759,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(a.out, "w") as f:
             f.write(text + "\n")
     print(text)
-    return 0
+    bad = [r for r in res.get("drafters", {}).get("runs", []) if not r.get("consistency", {"consistent": True})["consistent"]]
+    for r in bad:
+        c = r["consistency"]
+        print(f"error: --accept-dist {r['spec']}: ReaDy/DSpark TPS {r['ready_over_dspark']:.4f} and the breakdown's round sums "
+              f"{r['breakdown_ratio']['ratio']:.4f} disagree by {c['difference_pct']:+.2f} % [{c['lo_pct']:+.2f}, {c['hi_pct']:+.2f}] "
+              "(99 %); the timing is biased, trust neither", file=sys.stderr)
+    return 3 if bad else 0
 
 
 if __name__ == "__main__":
