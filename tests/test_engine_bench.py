@@ -96,6 +96,9 @@ def test_dspark_and_ready_rounds_under_identical_acceptance_on_cpu(tmp_path, cap
         assert b["draft_us"] > 0 and b["verify_us"] > 0 and b["commit_us"] > 0 and b["round_us"] > 0
         assert b["rounds_us"] >= b["round_us"] and b["pairs"] == 4 and run[k]["events_over_plain"] > 0
     assert len(run["breakdown_ratio"]["per_pair"]) == 4 and run["consistency"]["consistent"]
+    med = run["ready_over_dspark_median_round"]
+    assert med["lo"] <= med["ratio"] <= med["hi"] and len(med["per_pair"]) == 4
+    assert run["ready"]["breakdown"]["tail_us"] >= 0 and run["ready"]["breakdown"]["last_round_us"] > 0
     assert "reader_extra_draft_us" in run
     assert d["profile"]["ready"]["top"] and d["profile"]["ready_minus_dspark"]
     fl = res["first_vs_later"]

@@ -36,7 +36,10 @@ Prints one JSON object:
   of a round; `events_over_plain` = what the events cost), gives the ratio of their round sums
   (`breakdown_ratio`), and checks the two agree (`consistency`): where the 99 % interval of their
   difference excludes 0 and the difference exceeds `--tolerance-pct`, the command exits 3 (the timing
-  is biased). `reader` gives the readers' own µs per draft step (a CUDA graph of repeated
+  is biased). `ready_over_dspark_median_round`: DSpark's median round over ReaDy's, paired the same
+  way; whole generations vary by several % with a few long rounds (`tail_us`: their time past 1.5 ×
+  the median round; `last_round_us`: the budget-cut last round), the median round does not, so this
+  is the figure that resolves a reader's cost of a fraction of a %. `reader` gives the readers' own µs per draft step (a CUDA graph of repeated
   calls) and the draft-time difference.
 - `first_vs_later` (`--first-later`): before anything else in the process, two engines with the
   ReaDy drafter, each warmed up as `ready.decode.evaluate` does (reserve + one generation), then timed.
@@ -262,6 +265,11 @@ class _Timed:
             out["rounds"] = (self._ms(starts[0], self.marks["commit"][-1][1]) if self.marks["commit"]
                              else sum(rounds)) * 1e3  # the whole decode loop, device clock
             out["round"] = statistics.median(rounds) * 1e3
+            # where a generation's time varies: rounds far above the median (host stalls), and the last
+            # round (cut by the budget: a shorter verify, off the K+1 graph)
+            out["tail"] = sum(max(0.0, r * 1e3 - 1.5 * out["round"]) for r in rounds)
+            if self.marks["commit"]:
+                out["last_round"] = self._ms(starts[-1], self.marks["commit"][-1][1]) * 1e3
             out["other"] = out["round"] - out.get("draft", 0) - out.get("verify", 0) - out.get("commit", 0)
         return {f"{k}_us": round(v, 1) for k, v in out.items()}
 
@@ -450,6 +458,12 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
                                   [o if names[0] == "dspark" else o[::-1] for o in border])
                 run["breakdown_ratio"] = {k: v for k, v in ev.items() if k != "per_pair"}
                 run["breakdown_ratio"]["per_pair"] = ev["per_pair"]
+                # the robust figure: DSpark's median round over ReaDy's (rounds identical by construction),
+                # untouched by the few long rounds that make whole-generation times noisy
+                med = paired_ratio([p["summary"]["round_us"] for p in parts["dspark"]],
+                                   [p["summary"]["round_us"] for p in parts["ready"]],
+                                   [o if names[0] == "dspark" else o[::-1] for o in border])
+                run["ready_over_dspark_median_round"] = med
                 run["consistency"] = consistency(ratio, ev, tolerance_pct)
         out["runs"].append(run)
     if "ready" in engines:
