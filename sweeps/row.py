@@ -159,9 +159,7 @@ STATE_SWAP_SLOTS = 16
 def swap_concurrency(cfg: DictConfig, n_prompts: int) -> int:
     """Slots of the state swap's decodes: it reports acceptance only (no TPS), so greedy decoding runs
     its prompts through up to STATE_SWAP_SLOTS slots of the batched engine, which settles every row as
-    one prompt at a time would (`ready.decode.batch`). Sampling decodes one prompt at a time."""
-    if sampling_params(cfg) is not None:
-        return concurrency(cfg)
+    one prompt at a time would, greedy or sampled (`ready.decode.batch`)."""
     return max(1, min(max(STATE_SWAP_SLOTS, concurrency(cfg)), n_prompts))
 
 

@@ -14,6 +14,7 @@ import torch
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import DecodeError, Engine, NgramDrafter
 from ready.decode.batch import BatchEngine, generate_batch
+from ready.decode.sampling import SamplingParams
 from ready.target import HybridLM
 
 from tiny_models import VOCAB, small_target
@@ -96,6 +97,40 @@ def test_ragged_forced_acceptance_equals_batch_one(target, kind, batch_size):
     want = check_equal(target, drafter, batch_size, prompts(1), BUDGETS, accept_fn=content_accept)
     accepted = {a for g in want for a in g.accepted}
     assert accepted == {0, 1, 2, 3}
+
+
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, seed=0)
+SEEDS = [11, 12, 13, 14, 15, 16]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("kind", ["ar", "ngram", "dspark", "ready"])
+def test_batched_sampling_draws_what_batch_one_draws_with_the_same_seeds(target, kind, batch_size):
+    """Temperature 1, top-p 0.9, a seed per prompt: every row draws its own uniforms in Engine's order, so
+    each generation (tokens, accepted lengths, horizons) and its traced rounds equal the batch-1 engine's."""
+    drafter = make_drafter(target, kind)
+    ps = prompts(2)
+    single = Engine(target, drafter, sampling=SAMPLED)
+    want, want_traces = [], []
+    for p, m, seed in zip(ps, BUDGETS, SEEDS):
+        want.append(single.generate(p, m, seed=seed, trace_rounds=2))
+        want_traces.append([(t.start, t.drafts, t.accepted) for t in single.traces])
+    res = BatchEngine(target, drafter, batch_size=batch_size, sampling=SAMPLED).generate(
+        ps, list(BUDGETS), seeds=SEEDS, trace_rounds=2)
+    for i, (w, g) in enumerate(zip(want, res.generations)):
+        assert fields(g) == fields(w), f"prompt {i} (batch {batch_size})"
+    assert [[(t.start, t.drafts, t.accepted) for t in tr] for tr in res.traces] == want_traces
+    greedy = BatchEngine(target, drafter, batch_size=batch_size).generate(ps, list(BUDGETS))
+    assert [g.tokens for g in greedy.generations] != [g.tokens for g in res.generations]
+    if kind != "ar":  # the rule does reject drafts here, so rows commit raggedly
+        assert any(t[2] < len(t[1]) for tr in want_traces for t in tr)
+
+
+def test_sampled_batches_refuse_a_forced_acceptance_and_need_one_seed_per_prompt(target):
+    with pytest.raises(DecodeError, match="cannot be combined with sampling"):
+        BatchEngine(target, None, batch_size=2, sampling=SAMPLED, accept_fn=content_accept)
+    with pytest.raises(DecodeError, match="2 seeds for 3 prompts; expected one seed per prompt"):
+        BatchEngine(target, None, batch_size=2, sampling=SAMPLED).generate([[1], [2], [3]], 4, seeds=[1, 2])
 
 
 def donors_for(ps: list[list[int]]) -> list[list[int]]:

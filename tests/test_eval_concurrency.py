@@ -83,11 +83,29 @@ def test_evaluate_batched_ar_and_dspark_pass_with_per_prompt_records(target):
 
 
 def test_concurrency_is_checked(target):
-    with pytest.raises(DecodeError, match="greedily"):
-        run_ar(target, prompts(), 4, progress=False, concurrency=2, sampling=SamplingParams(temperature=1.0))
     with pytest.raises(DecodeError, match="integer >= 1"):
         evaluate(target, None, prompts(), 4, progress=False, concurrency=0)
-    for bad, expected in ((["eval.concurrency=0"], "an integer >= 1"),
-                          (["eval.concurrency=4", "eval.temperature=1.0"], "1 when eval.temperature > 0")):
-        with pytest.raises((ConfigError, SpecError), match=expected):
-            load_sweep("rank", ["profile=smoke"] + bad)
+    with pytest.raises((ConfigError, SpecError), match="an integer >= 1"):
+        load_sweep("rank", ["profile=smoke", "eval.concurrency=0"])
+    assert load_sweep("rank", ["profile=smoke", "eval.concurrency=4", "eval.temperature=1.0"]).common.eval.concurrency == 4
+
+
+def test_sampled_evaluation_at_concurrency_4_gives_every_generation_its_batch_one_draws(target):
+    """Temperature 1, 2 samples a prompt: the AR and ReaDy passes batched 4 at a time draw, generation by
+    generation, what one at a time draws with the same seeds (tokens, accepted lengths), each generation
+    passes the distribution check on its traced rounds, and the placebo's donors follow their units."""
+    ps, t1 = prompts(), SamplingParams(temperature=1.0, top_p=0.95, seed=3)
+    d = drafter(target, reader=True)
+    kw = dict(sampling=t1, samples=2, warmup=0, progress=False, benchmark="toy")
+    ar1 = run_ar(target, ps, BUDGET, progress=False, sampling=t1, samples=2, stream="toy", warmup=0)
+    ar4 = run_ar(target, ps, BUDGET, progress=False, sampling=t1, samples=2, stream="toy", warmup=0, concurrency=4)
+    assert [g.tokens for g in ar4] == [g.tokens for g in ar1]
+    for donors in (None, [(i + 1) % len(ps) for i in range(len(ps))]):
+        one = evaluate(target, d, ps, BUDGET, ar=ar1, donors=donors, **kw)
+        four = evaluate(target, d, ps, BUDGET, ar=ar1, donors=donors, concurrency=4, **kw)
+        assert four.concurrency == 4 and four.lossless == four.dist_valid == 1
+        assert [(r.index, r.sample, r.seed, r.tokens, r.accepted) for r in four.prompts] == \
+            [(r.index, r.sample, r.seed, r.tokens, r.accepted) for r in one.prompts]
+        assert all(r.dist_rounds >= 1 and r.rule_err < 1e-6 for r in four.prompts)
+    greedy = evaluate(target, d, ps, BUDGET, warmup=0, progress=False, concurrency=4)
+    assert [r.tokens for r in four.prompts[::2]] != [r.tokens for r in greedy.prompts]

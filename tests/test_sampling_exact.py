@@ -10,7 +10,7 @@
     1e-6, for drafters that agree with the target, disagree (the DSpark drafter with a random sequence
     head, a random table), put zero mass where the target has mass, and are deterministic (n-gram).
 (b) empirical: many continuations sampled by the engine end to end (drafting, verify, acceptance,
-    commit, budget) with fixed seeds; a chi-square goodness-of-fit test per position against the
+    commit, budget) with fixed seeds, one at a time and 8 at a time through the batched engine; a chi-square goodness-of-fit test per position against the
     target's exact marginals (see CHI2_ALPHA for the false-alarm rate).
 
 Both also run against a planted bug (on rejection, resample from p instead of the residual) and must
@@ -30,6 +30,7 @@ from scipy import stats
 import ready.decode.sampling as sampling_mod
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import Engine, NgramDrafter
+from ready.decode.batch import BatchEngine
 from ready.decode.protocol import DraftStep
 from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
 from ready.drafter import DSparkDrafter
@@ -301,11 +302,18 @@ def chi2_rejects(counts: np.ndarray, expected_p: np.ndarray, n: int) -> tuple[bo
     return reject, pvalues
 
 
-def sampled_counts(target: HybridLM, drafter, params: SamplingParams) -> np.ndarray:
-    engine = Engine(target, drafter, sampling=params)
+def sampled_counts(target: HybridLM, drafter, params: SamplingParams, batch: int = 0) -> np.ndarray:
+    """Token counts per position over N_SAMPLES generations (seeds 0 ..): one at a time through `Engine`,
+    or `batch` at a time through the batched engine (ragged rows: each row's acceptance is its own)."""
+    if batch:
+        res = BatchEngine(target, drafter, batch_size=batch, sampling=params).generate(
+            [PROMPT] * N_SAMPLES, L, seeds=list(range(N_SAMPLES)))
+        generations = [g.tokens for g in res.generations]
+    else:
+        engine = Engine(target, drafter, sampling=params)
+        generations = [engine.generate(PROMPT, L, seed=seed).tokens for seed in range(N_SAMPLES)]
     counts = np.zeros((L, V))
-    for seed in range(N_SAMPLES):
-        toks = engine.generate(PROMPT, L, seed=seed).tokens
+    for toks in generations:
         assert len(toks) == L
         for i, x in enumerate(toks):
             counts[i, x] += 1
@@ -328,9 +336,19 @@ def test_sampled_tokens_pass_chi_square_per_position(target, exact_marginals, ki
     assert not reject, f"per-position p-values {pvalues} (threshold {CHI2_ALPHA / L:.2g})"
 
 
-def test_chi_square_catches_resampling_from_p(target, exact_marginals, monkeypatch):
+@pytest.mark.parametrize("kind", ["dspark", "table"])
+def test_batched_sampled_tokens_pass_chi_square_per_position(target, exact_marginals, kind):
+    """The same law through the batched engine, 8 rows at a time (the DSpark drafter's batched draft step)."""
+    params = SamplingParams(1.0, 1.0)
+    counts = sampled_counts(target, make_drafter(kind, target, params), params, batch=8)
+    reject, pvalues = chi2_rejects(counts, exact_marginals, N_SAMPLES)
+    assert not reject, f"per-position p-values {pvalues} (threshold {CHI2_ALPHA / L:.2g})"
+
+
+@pytest.mark.parametrize("batch", [0, 8])
+def test_chi_square_catches_resampling_from_p(target, exact_marginals, monkeypatch, batch):
     params = SamplingParams(1.0, 1.0)
     monkeypatch.setattr(sampling_mod, "accept_law", _resample_from_p)
-    reject, pvalues = chi2_rejects(sampled_counts(target, make_drafter("table", target, params), params),
+    reject, pvalues = chi2_rejects(sampled_counts(target, make_drafter("table", target, params), params, batch),
                                    exact_marginals, N_SAMPLES)
     assert reject, f"the planted bug went unnoticed: p-values {pvalues}"

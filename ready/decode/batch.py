@@ -1,4 +1,5 @@
-"""Batched greedy decoding: B sequences at once, autoregressive or speculative, with ragged acceptance.
+"""Batched decoding: B sequences at once, autoregressive or speculative, with ragged acceptance; greedy,
+or sampled at temperature > 0.
 
 `BatchEngine(target, drafter, batch_size=B).generate(prompts, max_new_tokens)` decodes any number of
 prompts through B slots (continuous batching: a slot whose sequence ended takes the next prompt).
@@ -38,7 +39,15 @@ the round after c committed tokens, the donor's states after min(c, donor length
 batched draft step reads instead of the cache; verification stays the target's own, so the output is
 unchanged. The copies are taken off the clock.
 
-Greedy only (no sampling): that stays with `Engine`.
+Sampling (`sampling` with temperature > 0): each row runs the single-sequence engine's rule with its own
+random numbers: a CPU generator per generation, seeded by `generate(..., seeds=...)` (default the
+params' seed), drawn in the order `Engine` draws them (1 for the prefill's token; per round K for the
+drafts, then K + 1 for the acceptance; 1 per AR step). The batched draft step samples every row with its
+uniforms (`DraftSampling`), and each row's block is judged by `speculative_round` against the row's own
+verify logits. So a row's tokens equal its batch-1 sampled generation with the same seed (up to the
+float rounding of the batched verify, as in greedy), and the output is distributed as the target's
+sampling at any B. `trace_rounds` keeps each generation's first rounds (`BatchResult.traces`) for
+`ready.decode.dist_check`.
 On CUDA (default there) the verify of each block length and the batched draft step are replayed
 from CUDA graphs captured per batch size; on CPU everything runs eagerly.
 """
@@ -55,10 +64,12 @@ from tqdm.auto import tqdm
 
 from ready.decode.donor import donor_states, read_lengths
 from ready.decode.engine import (
-    AcceptFn, Generation, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, settle_round, target_device
+    AcceptFn, Generation, RoundTrace, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, settle_round,
+    target_device
 )
 from ready.decode.errors import DecodeError
-from ready.decode.protocol import DraftStep, Drafter
+from ready.decode.protocol import DraftStep, Drafter, describe
+from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
 from ready.reader import StateSource
 from ready.target.ragged import (
     RaggedCache, RaggedGraphedVerify, new_ragged_cache, prefill_row, ragged_commit, ragged_verify
@@ -74,6 +85,7 @@ class BatchResult:
     wall_s: float  # first prefill .. last token of the whole call
     rounds: int  # batched target forwards (verify passes) after the prefills
     slot_rounds: list[int] = field(default_factory=list)  # rounds in which each slot was decoding
+    traces: list[list[RoundTrace]] = field(default_factory=list)  # sampled: each generation's first rounds
 
     @property
     def new_tokens(self) -> int:
@@ -110,10 +122,11 @@ class BatchDraft:
     drafter weights and pieces as `DSparkDrafter.draft`; one CUDA graph per engine (batch size)."""
 
     def __init__(self, drafter: Any, cache: RaggedCache, features: torch.Tensor, cuda_graphs: bool,
-                 states: Optional[torch.Tensor] = None) -> None:
+                 states: Optional[torch.Tensor] = None, mode: Optional[tuple[float, float]] = None) -> None:
         """`states`: what the reader reads, shaped like `cache.ssm` (default the cache itself; a donor
-        state buffer for the state placebo)."""
-        self.d = drafter
+        state buffer for the state placebo). `mode`: None drafts greedily, (temperature, top_p) samples
+        with the uniforms handed to each call."""
+        self.d, self.mode = drafter, mode
         self.cache, self.features = cache, features
         B, cap = cache.batch_size, features.shape[1]
         self.B, self.cap, self.K = B, cap, drafter.proposals
@@ -129,11 +142,12 @@ class BatchDraft:
             self.ar_r = torch.arange(self.K + 1, device=dev)
             self.ar_cap = torch.arange(cap, device=dev)
             self.ones = torch.ones(B, self.K + 1, dtype=torch.bool, device=dev)
+            self.u = torch.zeros(B, self.K, dtype=torch.float32, device=dev)  # sampling: a static input
         ssm = cache.ssm if states is None else states
         self.src = StateSource.from_cache(ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
         self.graphs = cuda_graphs and dev.type == "cuda"
         self.graph: Optional[torch.cuda.CUDAGraph] = None
-        self.out: Optional[torch.Tensor] = None
+        self.out: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self.failed = False
 
     @torch.no_grad()
@@ -149,7 +163,7 @@ class BatchDraft:
             self.k[i][b:b + 1, :, :n] = k
             self.v[i][b:b + 1, :, :n] = v
 
-    def _body(self) -> torch.Tensor:
+    def _body(self) -> tuple[torch.Tensor, torch.Tensor]:
         d, B, K = self.d, self.B, self.K
         n = self.cache.lengths_t
         rows = (n - (K + 1)).clamp(min=0)[:, None] + self.ar_r  # [B, K+1]; rows >= n are masked below
@@ -171,7 +185,7 @@ class BatchDraft:
             read = lambda reader, h: reader(h, src)  # noqa: E731
         cos, sin = d._rope(n[:, None] + self.ar_r)
         h = d._backbone(d._block_input(self.tok), cos, sin, list(zip(self.k, self.v)), mask, read)[:, 1:]
-        return d._finish(d._logits(h), self.tok, h, None, None)[0]
+        return d._finish(d._logits(h), self.tok, h, self.mode, self.u)
 
     def _capture(self, warmup: int = 2) -> None:
         try:
@@ -191,29 +205,37 @@ class BatchDraft:
                           RuntimeWarning, stacklevel=3)
 
     @torch.no_grad()
-    def __call__(self, tok: torch.Tensor) -> torch.Tensor:
-        """Drafts [B, K] after the anchors `tok` [B] (each row's last committed token)."""
+    def __call__(self, tok: torch.Tensor, uniforms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(drafts [B, K], logits or, sampled, q [B, K, V]) after the anchors `tok` [B] (each row's last
+        committed token); sampled with `uniforms` [B, K]."""
         self.tok.copy_(tok)
+        if uniforms is not None:
+            self.u.copy_(uniforms)
         if self.graphs and self.graph is None and not self.failed:
             self._capture()
         if self.graph is None:
             return self._body()
         self.graph.replay()
-        return self.out.clone()
+        return self.out[0].clone(), self.out[1].clone()
 
 
 class BatchEngine:
-    """Greedy decoding of many prompts through `batch_size` slots (module docstring)."""
+    """Decoding of many prompts through `batch_size` slots, greedy or sampled (module docstring)."""
 
     def __init__(self, target: Any, drafter: Optional[Drafter] = None, *, batch_size: int,
                  eos_token_id: Optional[int] = None, cuda_graphs: Optional[bool] = None,
-                 accept_fn: Optional[AcceptFn] = None) -> None:
+                 accept_fn: Optional[AcceptFn] = None, sampling: Optional[SamplingParams] = None) -> None:
         """`accept_fn` (benchmarks only): replaces greedy matching per row with (drafts [n], argmax
-        [n+1]) -> A, as in `Engine`; the output is then not lossless."""
+        [n+1]) -> A, as in `Engine`; the output is then not lossless. `sampling` with temperature > 0
+        samples (module docstring); None or temperature 0 is greedy."""
         if int(batch_size) < 1:
             raise DecodeError(f"batch_size={batch_size}; expected an integer >= 1")
         if drafter is not None:
             check_drafter(target, drafter)
+        self.sampling = None if sampling is None or sampling.greedy else sampling
+        if self.sampling is not None and accept_fn is not None:
+            raise DecodeError("accept_fn forces greedy acceptance lengths; it cannot be combined with sampling "
+                              "(temperature > 0)")
         self.target, self.drafter = target, drafter
         self.batch_size = int(batch_size)
         self.k = drafter.proposals if drafter is not None else 0
@@ -248,7 +270,7 @@ class BatchEngine:
             self.features = torch.zeros(self.batch_size, need, len(self.capture), cfg.hidden_size,
                                         dtype=self.target.dtype, device=self.device)
         if self.block_drafter:
-            self.draft = BatchDraft(self.drafter, self.cache, self.features, self.graphs)
+            self.draft = BatchDraft(self.drafter, self.cache, self.features, self.graphs, mode=self._mode())
 
     def _verify(self, block: torch.Tensor) -> Any:
         t = block.shape[1]
@@ -280,7 +302,8 @@ class BatchEngine:
         layers = list(self.drafter.state_layers)
         if layers and self.donor_draft is None:
             self.donor_ssm = torch.zeros_like(self.cache.ssm)
-            self.donor_draft = BatchDraft(self.drafter, self.cache, self.features, self.graphs, states=self.donor_ssm)
+            self.donor_draft = BatchDraft(self.drafter, self.cache, self.features, self.graphs, states=self.donor_ssm,
+                                          mode=self._mode())
         return layers
 
     def _read_donor(self, b: int, states: torch.Tensor, at: int, slots: list[int]) -> None:
@@ -289,31 +312,73 @@ class BatchEngine:
             self.donor_ssm[s, b].copy_(states[at, j])
 
     # --- drafting ----------------------------------------------------------------------------------
+    def _mode(self) -> Optional[tuple[float, float]]:
+        return None if self.sampling is None else (float(self.sampling.temperature), float(self.sampling.top_p))
+
     def _propose(self, last: torch.Tensor, live: list[bool], seqs: list[list[int]],
                  draft: Optional[BatchDraft] = None) -> torch.Tensor:
+        """Greedy drafts [B, K] of every decoding row."""
         if draft is not None:
-            return draft(last)
+            return draft(last)[0]
         k, vocab = self.k, self.target.config.vocab_size
         out = torch.zeros(self.batch_size, k, dtype=torch.long, device=self.device)
         for b in range(self.batch_size):  # any other drafter: one batch-1 step per decoding row
+            if live[b]:
+                out[b] = _check_drafts(self.drafter.propose(self._row_step(b, seqs[b])), k, vocab, self.drafter)[0]
+        return out
+
+    def _row_step(self, b: int, seq: list[int]) -> DraftStep:
+        t = len(seq)
+        return DraftStep(tokens=torch.tensor(seq, dtype=torch.long, device=self.device)[None],
+                         features=self.features[b:b + 1, :t - 1] if self.capture else None,
+                         target=self.target, cache=self.cache.row_view(b))
+
+    def _sample_drafts(self, last: torch.Tensor, live: list[bool], seqs: list[list[int]],
+                       draft: Optional[BatchDraft], u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled drafts [B, K] and the distributions q [B, K, V] they were drawn from (a point mass for a
+        drafter without `sample`), row b with uniforms u[b]."""
+        if draft is not None:
+            return draft(last, u.to(self.device))
+        k, vocab = self.k, self.target.config.vocab_size
+        drafts = torch.zeros(self.batch_size, k, dtype=torch.long, device=self.device)
+        q = torch.zeros(self.batch_size, k, vocab, dtype=torch.float32, device=self.device)
+        sample = getattr(self.drafter, "sample", None)
+        for b in range(self.batch_size):
             if not live[b]:
                 continue
-            t = len(seqs[b])
-            step = DraftStep(tokens=torch.tensor(seqs[b], dtype=torch.long, device=self.device)[None],
-                             features=self.features[b:b + 1, :t - 1] if self.capture else None,
-                             target=self.target, cache=self.cache.row_view(b))
-            out[b] = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)[0].to(self.device)
-        return out
+            step = self._row_step(b, seqs[b])
+            if sample is None:
+                drafts[b] = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)[0]
+                q[b] = point_mass(drafts[b], vocab)
+                continue
+            d, qb = sample(step, DraftSampling(self.sampling.temperature, self.sampling.top_p, u[b:b + 1].to(self.device)))
+            drafts[b] = _check_drafts(d, k, vocab, self.drafter)[0]
+            if not isinstance(qb, torch.Tensor) or tuple(qb.shape) != (1, k, vocab):
+                got = tuple(qb.shape) if isinstance(qb, torch.Tensor) else type(qb).__name__
+                raise DecodeError(f"drafter {describe(self.drafter)} sampled with a distribution of shape {got}; "
+                                  f"expected probabilities of shape (1, {k}, {vocab})")
+            q[b] = qb[0]
+        return drafts, q
+
+    def _pick(self, logits: torch.Tensor, gen: Optional[torch.Generator]) -> int:
+        """The next token from logits [V]: argmax (greedy), or a draw with the row's next uniform."""
+        if self.sampling is None:
+            return int(logits.argmax(-1))
+        probs = warp(logits, self.sampling.temperature, self.sampling.top_p)
+        return int(draw(probs, torch.rand(1, generator=gen, dtype=torch.float32)[0].to(probs.device)))
 
     # --- decoding ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int | Sequence[int],
                  progress: bool = False, desc: str = "",
-                 donors: Optional[Sequence[Sequence[int] | torch.Tensor]] = None) -> BatchResult:
-        """Decode every prompt (greedy; speculatively with a drafter) through the engine's slots; the
-        budget is one number or one per prompt. Generations come back in the prompts' order.
+                 donors: Optional[Sequence[Sequence[int] | torch.Tensor]] = None,
+                 seeds: Optional[Sequence[int]] = None, trace_rounds: int = 0) -> BatchResult:
+        """Decode every prompt (greedy or sampled; speculatively with a drafter) through the engine's slots;
+        the budget is one number or one per prompt. Generations come back in the prompts' order.
         `progress`: a progress bar over finished prompts. `donors`: one sequence per prompt whose
-        committed states the drafter reads instead of the prompt's own (module docstring)."""
+        committed states the drafter reads instead of the prompt's own (module docstring). Sampling:
+        `seeds`, one per prompt (default the params' seed for all), and `trace_rounds`, the rounds of
+        each generation kept in `BatchResult.traces`."""
         ids = [as_prompt(p) for p in prompts]
         if not ids:
             raise DecodeError("no prompts to decode; expected at least one")
@@ -322,6 +387,12 @@ class BatchEngine:
             raise DecodeError(f"{len(budgets)} token budgets for {len(ids)} prompts; expected one number or one per prompt")
         for p, m in zip(ids, budgets):
             check_prompt(self.target, p, m)
+        if seeds is not None and len(seeds) != len(ids):
+            raise DecodeError(f"{len(seeds)} seeds for {len(ids)} prompts; expected one seed per prompt")
+        sampling = self.sampling
+        base_seed = 0 if sampling is None else int(sampling.seed)
+        seed_of = [int(x) for x in seeds] if seeds is not None else [base_seed] * len(ids)
+        traces: list[list[RoundTrace]] = [[] for _ in ids]
         self._prepare(max(p.numel() + m for p, m in zip(ids, budgets)))
         B, K, dev = self.batch_size, self.k, self.device
         layers = self._donor_layers(len(donors), len(ids)) if donors is not None else []
@@ -332,6 +403,7 @@ class BatchEngine:
         donor_slots = [self.target.gdn_index(int(i)) for i in layers]
         held: list[Optional[torch.Tensor]] = [None] * B  # each slot's donor states at its read lengths
         held_at = [-1] * B
+        rng: list[Optional[torch.Generator]] = [None] * B  # sampling: each slot's generation's random numbers
         gens: list[Optional[Generation]] = [None] * len(ids)
         slot: list[Optional[int]] = [None] * B  # prompt index decoding in each slot
         seqs: list[list[int]] = [[] for _ in range(B)]  # committed tokens (prompt + new) per slot
@@ -354,7 +426,8 @@ class BatchEngine:
                 if self.drafter is not None and not self.block_drafter:
                     self.drafter.begin(p[None])
                 out = prefill_row(self.target, self.cache, b, p, self.capture)
-                first = int(out.logits[0, -1].argmax(-1))
+                rng[b] = None if sampling is None else torch.Generator().manual_seed(seed_of[i])
+                first = self._pick(out.logits[0, -1], rng[b])
                 if self.capture:
                     self.features[b, :p.numel()] = out.hidden[0]
                     if draft is not None:
@@ -400,14 +473,25 @@ class BatchEngine:
                 spent = time.perf_counter() - t_copy  # off the clock: the round's span starts after it
                 off_clock += spent
                 mark += spent
-            if K:
+            q = None
+            if K and sampling is not None:  # each row's K uniforms for its drafts, as Engine draws them
+                u = torch.zeros(B, K, dtype=torch.float32)
+                for b in range(B):
+                    if live[b]:
+                        u[b] = torch.rand(K, generator=rng[b], dtype=torch.float32)
+                drafts, q = self._sample_drafts(last, live, seqs, draft, u)
+                block = torch.cat([last[:, None], drafts], dim=1)
+            elif K:
                 drafts = self._propose(last, live, seqs, draft)
                 block = torch.cat([last[:, None], drafts], dim=1)
             else:
                 block = last[:, None]
             out = self._verify(block)
-            # one device->host copy per round: every row's drafts and argmaxes
-            host = torch.cat([block[:, 1:], out.logits.argmax(-1)], dim=1).cpu().tolist()
+            room = [min(K, budgets[slot[b]] - len(gens[slot[b]].tokens)) if live[b] else 0 for b in range(B)]
+            if sampling is None:  # one device->host copy per round: every row's drafts and argmaxes
+                host = torch.cat([block[:, 1:], out.logits.argmax(-1)], dim=1).cpu().tolist()
+            else:
+                host, warped = self._judge_sampled(block, out.logits, q, room, [r if x else None for r, x in zip(rng, live)])
             commit, advance = [1] * B, [0] * B
             ended = []
             for b in range(B):
@@ -416,13 +500,23 @@ class BatchEngine:
                     continue
                 g = gens[i]
                 remaining = budgets[i] - len(g.tokens)
-                n = min(K, remaining)
-                drafted, argmax = host[b][:n], host[b][K:K + n + 1]
-                if self.accept_fn is None:
-                    raw = _greedy_count(drafted, argmax)
+                n = room[b]
+                drafted = host[b][:n]
+                if sampling is not None:  # host[b] = drafts, A, next token; settle_round reads index A only
+                    raw, tok = host[b][K], host[b][K + 1]
+                    nexts = [-1] * (n + 1)
+                    nexts[raw] = tok
+                    if len(traces[i]) < trace_rounds and K:
+                        traces[i].append(RoundTrace(start=len(seqs[b]), drafts=drafted, logits=out.logits[b, :n + 1].clone(),
+                                                    p=warped[b], q=q[b, :n].clone(), accepted=raw))
+                    res = settle_round(drafted, nexts, raw, remaining, self.eos)
                 else:
-                    raw = min(int(self.accept_fn(torch.tensor(drafted), torch.tensor(argmax))), n)
-                res = settle_round(drafted, argmax, raw, remaining, self.eos)
+                    argmax = host[b][K:K + n + 1]
+                    if self.accept_fn is None:
+                        raw = _greedy_count(drafted, argmax)
+                    else:
+                        raw = min(int(self.accept_fn(torch.tensor(drafted), torch.tensor(argmax))), n)
+                    res = settle_round(drafted, argmax, raw, remaining, self.eos)
                 commit[b] = advance[b] = res.commit
                 g.tokens.extend(res.tokens)
                 g.accepted.append(res.accepted)
@@ -458,7 +552,30 @@ class BatchEngine:
             for g in done:
                 g.wall_s += (end - mark) / len(done)
         return BatchResult(generations=done, batch_size=B, wall_s=end - t0 - off_clock, rounds=rounds,
-                           slot_rounds=slot_rounds)
+                           slot_rounds=slot_rounds, traces=[traces[i] for i, g in enumerate(gens) if g is not None])
+
+    def _judge_sampled(self, block: torch.Tensor, logits: torch.Tensor, q: Optional[torch.Tensor], room: list[int],
+                       rng: list[Optional[torch.Generator]]) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
+        """Each decoding row's (a row with a generator in `rng`) block under the speculative sampling rule with its own K + 1 uniforms (1 for
+        an AR step), against its own verify logits -> (per row [K drafts, A, next token] on the host, the
+        rows' warped target distributions p [n + 1, V]); one device->host copy for the batch."""
+        K, dev = self.k, self.device
+        T, top_p = self.sampling.temperature, self.sampling.top_p
+        acc = torch.zeros(self.batch_size, dtype=torch.long, device=dev)
+        nxt = torch.zeros(self.batch_size, dtype=torch.long, device=dev)
+        warped: dict[int, torch.Tensor] = {}
+        for b, gen in enumerate(rng):
+            if gen is None:
+                continue
+            if not K:
+                nxt[b] = draw(warp(logits[b, 0], T, top_p), torch.rand(1, generator=gen, dtype=torch.float32)[0].to(dev))
+                continue
+            n = room[b]
+            u = torch.rand(K + 1, generator=gen, dtype=torch.float32).to(dev)
+            p = warped[b] = warp(logits[b, :n + 1], T, top_p)
+            acc[b], nxt[b] = speculative_round(p, q[b, :n], block[b, 1:n + 1], u[:n], u[K])
+        host = torch.cat([block[:, 1:], acc[:, None], nxt[:, None]], dim=1).cpu().tolist()
+        return host, warped
 
 
 def generate_batch(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int | Sequence[int],

@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ready.decode.batch import BatchEngine
+from ready.decode.batch import BatchEngine, BatchResult
 from ready.decode.dist_check import DistValidity, check_distribution, teacher_forced_logits
 from ready.decode.engine import Engine, Generation, as_prompt, check_prompt
 from ready.decode.errors import DecodeError
@@ -232,32 +232,34 @@ def units(n_prompts: int, sampling: Optional[SamplingParams], samples: int,
     return [(i, s, sample_seed(sampling.seed, i, s, stream)) for i in range(n_prompts) for s in range(samples)]
 
 
-def check_concurrency(concurrency: int, sampling: Optional[SamplingParams]) -> int:
-    """The concurrency as an int >= 1; batched decoding (> 1) is greedy only."""
+def check_concurrency(concurrency: int) -> int:
+    """The concurrency as an int >= 1 (greedy or sampled: `ready.decode.batch` does both)."""
     c = int(concurrency)
     if c < 1:
         raise DecodeError(f"concurrency={concurrency}; expected an integer >= 1 (sequences decoded together)")
-    if c > 1 and sampled(sampling) is not None:
-        raise DecodeError(f"concurrency={c} decodes greedily (ready.decode.batch); sampling at temperature > 0 "
-                          "runs at concurrency 1")
     return c
 
 
 def run_batched(target: Any, drafter: Optional[Drafter], prompts: Sequence[torch.Tensor], max_new_tokens: int,
                 concurrency: int, *, eos_token_id: Optional[int] = None, warmup: int = 1, progress: bool = True,
                 desc: str = "", cuda_graphs: Optional[bool] = None,
-                donors: Optional[Sequence[torch.Tensor]] = None) -> list[Generation]:
-    """Greedy generations of every prompt through a `BatchEngine` of `concurrency` slots (AR without a
-    drafter), after `warmup` untimed passes over the first `concurrency` prompts (sizes the cache for the
-    longest prompt, captures the graphs). Each generation's wall_s is its share of the timed pass, so a
-    benchmark's TPS is its throughput at that concurrency (`ready.decode.batch`). `donors`: prompt i's
-    drafter reads the committed states of donors[i] instead of its own (the state placebo)."""
-    engine = BatchEngine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs)
+                donors: Optional[Sequence[torch.Tensor]] = None, sampling: Optional[SamplingParams] = None,
+                seeds: Optional[Sequence[int]] = None, trace_rounds: int = 0) -> BatchResult:
+    """Generations of every prompt through a `BatchEngine` of `concurrency` slots (AR without a drafter),
+    greedy or with `sampling` (generation i with seeds[i], its first `trace_rounds` rounds traced), after
+    `warmup` untimed passes over the first `concurrency` prompts (sizes the cache for the longest prompt,
+    captures the graphs). Each generation's wall_s is its share of the timed pass, so a benchmark's TPS
+    is its throughput at that concurrency (`ready.decode.batch`). `donors`: prompt i's drafter reads the
+    committed states of donors[i] instead of its own (the state placebo)."""
+    engine = BatchEngine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs,
+                         sampling=sampling)
     engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
     for _ in range(warmup):
         engine.generate(prompts[:concurrency], max_new_tokens,
-                        donors=None if donors is None else donors[:concurrency])
-    return engine.generate(prompts, max_new_tokens, progress=progress, desc=desc, donors=donors).generations
+                        donors=None if donors is None else donors[:concurrency],
+                        seeds=None if seeds is None else seeds[:concurrency])
+    return engine.generate(prompts, max_new_tokens, progress=progress, desc=desc, donors=donors, seeds=seeds,
+                           trace_rounds=trace_rounds)
 
 
 def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
@@ -268,18 +270,20 @@ def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new
     """AR generations of every prompt (the lossless reference and the speed baseline): greedy, or with
     `sampling` (temperature > 0) `samples` per prompt, prompt-major (`units`; `stream`: the benchmark).
     `exact`: put the target in (True) or out of (False) exact mode first; None leaves it. `concurrency` > 1
-    (greedy): `concurrency` prompts decoded together (`run_batched`)."""
+    (greedy or sampled): `concurrency` generations decoded together (`run_batched`)."""
     set_exact(target, exact)
     prompts = [as_prompt(p) for p in prompts]
     for p in prompts:
         check_prompt(target, p, max_new_tokens)
-    if check_concurrency(concurrency, sampling) > 1:
-        return run_batched(target, None, prompts, max_new_tokens, int(concurrency), eos_token_id=eos_token_id,
-                           warmup=warmup, progress=progress, desc=desc, cuda_graphs=cuda_graphs)
+    todo = units(len(prompts), sampling, samples, stream)
+    if check_concurrency(concurrency) > 1:
+        return run_batched(target, None, [prompts[i] for i, _, _ in todo], max_new_tokens, int(concurrency),
+                           eos_token_id=eos_token_id, warmup=warmup, progress=progress, desc=desc,
+                           cuda_graphs=cuda_graphs, sampling=sampled(sampling),
+                           seeds=None if sampled(sampling) is None else [seed for _, _, seed in todo]).generations
     engine = Engine(target, None, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampled(sampling))
     if prompts:
         _warm_up(engine, prompts, max_new_tokens, warmup)
-    todo = units(len(prompts), sampling, samples, stream)
     return [engine.generate(prompts[i], max_new_tokens, seed=seed)
             for i, _, seed in tqdm(todo, desc=desc, disable=not progress, leave=False)]
 
@@ -351,13 +355,14 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     `sampling` (temperature > 0): `samples` generations per prompt with shared seeds (`units`; `ar`, when
     given, must hold them prompt-major), lossless = the distribution check of the first `check_rounds`
     rounds of every generation (module docstring).
-    `concurrency` > 1 (greedy): the drafter's (and, when decoded here, AR's) generations come from a batched
-    engine with that many slots (`run_batched`; interleaving then alternates whole passes, AR first); every
-    prompt keeps its own record; with `donors` each slot reads its own donor (`ready.decode.batch`).
+    `concurrency` > 1: the drafter's (and, when decoded here, AR's) generations come from a batched engine
+    with that many slots (`run_batched`; interleaving then alternates whole passes, AR first), sampled ones
+    with their own seeds and distribution check; every generation keeps its own record; with `donors` each
+    slot reads its own donor (`ready.decode.batch`).
     `EvalResult.concurrency` records what was used.
     """
     set_exact(target, exact)
-    concurrency = check_concurrency(concurrency, sampling)
+    concurrency = check_concurrency(concurrency)
     sampling = sampled(sampling)
     ids = [as_prompt(p) for p in prompts]
     if not ids:
@@ -382,13 +387,23 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     if drafter is None:
         spec = list(ar)
     elif concurrency > 1:
+        unit_ids = [ids[i] for i, _, _ in todo]
+        seeds = None if sampling is None else [seed for _, _, seed in todo]
         if interleave_ar:  # whole passes side by side: AR timed afresh here, then the drafter
-            ar = run_batched(target, None, ids, max_new_tokens, concurrency, eos_token_id=eos_token_id, warmup=warmup,
-                             progress=progress, desc=f"{benchmark} AR", cuda_graphs=cuda_graphs)
-        spec = run_batched(target, drafter, ids, max_new_tokens, concurrency, eos_token_id=eos_token_id, warmup=warmup,
-                           progress=progress, desc=f"{benchmark} {method}" + (" (donor states)" if donors else ""),
-                           cuda_graphs=cuda_graphs,
-                           donors=None if donors is None else [donor_tokens(ids, ar, j) for j in donors])
+            ar = run_batched(target, None, unit_ids, max_new_tokens, concurrency, eos_token_id=eos_token_id,
+                             warmup=warmup, progress=progress, desc=f"{benchmark} AR", cuda_graphs=cuda_graphs,
+                             sampling=sampling, seeds=seeds).generations
+        batched = run_batched(target, drafter, unit_ids, max_new_tokens, concurrency, eos_token_id=eos_token_id,
+                              warmup=warmup, progress=progress,
+                              desc=f"{benchmark} {method}" + (" (donor states)" if donors else ""),
+                              cuda_graphs=cuda_graphs, sampling=sampling, seeds=seeds,
+                              trace_rounds=int(check_rounds) if sampling is not None else 0,
+                              donors=None if donors is None else [donor_tokens(ids, ar, donors[i], n_samples)
+                                                                   for i, _, _ in todo])
+        spec = batched.generations
+        if sampling is not None:  # checked after the timed pass, off the clock
+            dist = [check_distribution(target, ids[i], g.tokens, tr, rel)
+                    for (i, _, _), g, tr in zip(todo, spec, batched.traces)]
     else:
         engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampling)
         _warm_up(engine, ids, max_new_tokens, warmup,
@@ -411,7 +426,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
         if ar_engine is not None:  # the same tokens as `ar` (lossless is checked against those), timed here
             ar = timed
     if sampling is not None:
-        return _sampled_result(benchmark, method, drafter, ids, todo, ar, spec, dist, donors, sampling)
+        return _sampled_result(benchmark, method, drafter, ids, todo, ar, spec, dist, donors, sampling, concurrency)
 
     exact_mode = bool(getattr(target, "exact", False))
     results, mismatch, loud, checks = [], None, None, []
@@ -460,7 +475,7 @@ def report_distribution_failure(benchmark: str, method: str, index: int, sample:
 def _sampled_result(benchmark: str, method: str, drafter: Optional[Drafter], ids: Sequence[torch.Tensor],
                     todo: Sequence[tuple[int, int, Optional[int]]], ar: Sequence[Generation],
                     spec: Sequence[Generation], dist: Sequence[DistValidity], donors: Optional[Sequence[int]],
-                    sampling: SamplingParams) -> EvalResult:
+                    sampling: SamplingParams, concurrency: int = 1) -> EvalResult:
     """The EvalResult of a sampled evaluation: one record per (prompt, sample), lossless = dist_valid."""
     results, loud = [], None
     for u, ((i, s, seed), a, g) in enumerate(zip(todo, ar, spec)):
@@ -483,4 +498,4 @@ def _sampled_result(benchmark: str, method: str, drafter: Optional[Drafter], ids
                       mismatch=None, prompts=results, lossless_exact=None, greedy_valid=None, sampling=info,
                       dist_valid=lossless, dist_rounds=sum(v.rounds for v in dist),
                       rule_err=max((v.rule_err for v in dist), default=None),
-                      state_err=max((v.state_err for v in dist), default=None))
+                      state_err=max((v.state_err for v in dist), default=None), concurrency=concurrency)

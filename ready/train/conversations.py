@@ -6,9 +6,9 @@ regenerated, rendered with the target's own chat template, with the loss on assi
 1. `ready.data.conversations` reads `data.path` (ShareGPT, OpenAI messages, Open-PerfectBlend rows,
    prompt/response pairs) and `regen.num_samples` conversations are drawn with `regen.seed`;
 2. with `data.responses: regenerate`, the assistant turns are answered anew turn by turn, each
-   conditioned on the turns before it as regenerated: greedy through the batched engine
-   (`regen.batch_size` slots), or sampled (`regen.temperature`, `regen.top_p`, one seed per turn)
-   through the single-sequence engine; a turn stops at the template's end-of-turn token or after
+   conditioned on the turns before it as regenerated, through the batched engine (`regen.batch_size`
+   slots): greedy, or sampled (`regen.temperature`, `regen.top_p`, one seed per turn, so a turn's answer
+   does not depend on the batch it was decoded in); a turn stops at the template's end-of-turn token or after
    `regen.response_len` tokens;
 3. each conversation is rendered with the tokenizer's chat template (`bench.thinking`, as evaluation
    renders its prompts) into token ids and an assistant-token mask (`ready.data.chat`), truncated to
@@ -47,8 +47,7 @@ from ready.config import config_hash, to_container
 from ready.data.chat import prompt_ids, render
 from ready.data.training_chats import conversations_for, source_key
 from ready.decode.batch import BatchEngine
-from ready.decode.engine import Engine
-from ready.decode.sampling import SamplingParams
+from ready.decode.sampling import params_from
 from ready.train import distributed
 from ready.train.regen_chunks import map_chunks, work_folder
 from ready.train.regen_data import DATA_FILE, RegenData, RegenError, target_fingerprint
@@ -83,13 +82,11 @@ def regenerate_turns(target: Any, tokenizer: Any, conversations: list[Messages],
     for t in range(max(map(len, turns), default=0)):
         todo = [(i, ks[t]) for i, ks in enumerate(turns) if len(ks) > t]
         prompts = [prompt_of(out[i][:k]) for i, k in todo]
-        if temperature > 0:
-            engine = Engine(target, eos_token_id=stop, sampling=SamplingParams(temperature, top_p, seed))
-            answers = [engine.generate(p, max_new_tokens, seed=seed * 1_000_003 + (first + i) * 101 + t).tokens
-                       for (i, _), p in zip(todo, prompts)]
-        else:
-            engine = BatchEngine(target, None, batch_size=max(1, min(batch_size, len(prompts))), eos_token_id=stop)
-            answers = [g.tokens for g in engine.generate(prompts, max_new_tokens).generations]
+        sampling = params_from(temperature, top_p, seed)
+        engine = BatchEngine(target, None, batch_size=max(1, min(batch_size, len(prompts))), eos_token_id=stop,
+                             sampling=sampling)
+        seeds = None if sampling is None else [seed * 1_000_003 + (first + i) * 101 + t for i, _ in todo]
+        answers = [g.tokens for g in engine.generate(prompts, max_new_tokens, seeds=seeds).generations]
         for (i, k), ids in zip(todo, answers):
             out[i][k] = {"role": "assistant", "content": tokenizer.decode([x for x in ids if x != stop],
                                                                            skip_special_tokens=True)}
