@@ -215,8 +215,8 @@ class BatchDraft:
             self._capture()
         if self.graph is None:
             return self._body()
-        self.graph.replay()
-        return self.out[0].clone(), self.out[1].clone()
+        self.graph.replay()  # greedy: the logits stay in the graph's memory (nothing reads them; no copy)
+        return self.out[0].clone(), (self.out[1].clone() if self.mode is not None else self.out[1])
 
 
 class BatchEngine:
