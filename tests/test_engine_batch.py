@@ -244,6 +244,25 @@ def test_batched_equals_batch_one_on_cuda(target, kind):
         assert [fields(g) for g in again] == [fields(w) for w in want[::-1]], f"batch {b}, second call"
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["ar", "ready"])
+def test_batched_sampling_equals_batch_one_on_cuda(target, kind):
+    """Sampled on CUDA (fp32): the captured sampled draft step (uniforms as a static input) and the captured
+    ragged verify give every row its batch-1 sampled generation, at batch sizes 1 and 4."""
+    tgt = copy.deepcopy(target).cuda()
+    drafter = make_drafter(tgt, kind)
+    if drafter is not None:
+        drafter = drafter.cuda()
+    ps = prompts(2)
+    want = [Engine(tgt, drafter, sampling=SAMPLED).generate(p, m, seed=s) for p, m, s in zip(ps, BUDGETS, SEEDS)]
+    for b in (1, 4):
+        engine = BatchEngine(tgt, drafter, batch_size=b, sampling=SAMPLED)
+        got = engine.generate(ps, list(BUDGETS), seeds=SEEDS).generations
+        assert [fields(g) for g in got] == [fields(w) for w in want], f"batch {b}"
+        if kind == "ready":
+            assert engine.draft.graph is not None
+
+
 def test_rows_that_reach_the_end_of_the_context(target):
     """Prompt + budget = the target's whole context: the last rounds verify K drafts past it (the
     cache's spare positions), and nothing past a row's budget leaks into what it commits."""
