@@ -130,6 +130,21 @@ def test_batched_benchmark_prints_json_for_each_batch_size(capsys):
     assert "--batch" in capsys.readouterr().err
 
 
+def test_batched_benchmark_samples_at_a_temperature(capsys):
+    """`--temperature 1`: AR, DSpark and ReaDy sample through the batched engine (real acceptance rule)."""
+    code = main(["--target", "tiny", "--device", "cpu", "--prompt-len", "6", "--new-tokens", "8", "-k", "3",
+                 "--drafter", "dspark,ready", "--batch", "2", "--batch-only", "--repeats", "1", "--temperature", "1",
+                 "--json"])
+    assert code == 0
+    b = json.loads(capsys.readouterr().out)["batched"]
+    assert b["temperature"] == 1.0 and b["accept_dist"] is None
+    run = b["runs"][0]
+    for k in ("ar", "dspark", "ready"):
+        assert run[k]["prompts"] == 4 and run[k]["new_tokens"] == 32 and run[k]["tokens_per_s"] > 0
+    assert main(["--target", "tiny", "--device", "cpu", "--batch", "2", "--temperature", "-1"]) == 2
+    assert "--batch" in capsys.readouterr().err
+
+
 def test_drafters_alternate_abba_so_each_runs_first_in_half_the_pairs():
     assert abba(6) == [(0, 1), (1, 0), (1, 0), (0, 1), (0, 1), (1, 0)]
     assert sum(o == (0, 1) for o in abba(8)) == 4

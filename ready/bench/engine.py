@@ -82,6 +82,7 @@ from ready.decode.engine import Engine, Generation
 from ready.decode.errors import DecodeError
 from ready.decode.evaluate import _warm_up
 from ready.decode.graphs import GraphRunner
+from ready.decode.sampling import SamplingParams
 from ready.drafter import DSparkDrafter
 from ready.reader import StateSource, read_states
 from ready.stats import t_quantile
@@ -488,13 +489,14 @@ class _BatchTimed(_Timed):
     def __enter__(self) -> "_BatchTimed":
         e = self.engine
         e._propose = self._wrap("draft", e._propose)
+        e._sample_drafts = self._wrap("draft", e._sample_drafts)  # the sampled path's draft step
         e._verify = self._wrap("verify", e._verify)
         self._commit = batch_mod.ragged_commit
         batch_mod.ragged_commit = self._wrap("commit", self._commit)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        del self.engine._propose, self.engine._verify
+        del self.engine._propose, self.engine._sample_drafts, self.engine._verify
         batch_mod.ragged_commit = self._commit
 
 
@@ -515,25 +517,31 @@ def _batch_summary(results: list[Any]) -> dict[str, Any]:
 
 def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, dist: Optional[tuple[str, dict]],
                   prompt_len: int, new_tokens: int, batches: list[int], waves: int, repeats: int, graphs: bool,
-                  seed: int) -> dict[str, Any]:
+                  seed: int, temperature: float = 0.0) -> dict[str, Any]:
     """AR, DSpark and ReaDy through `ready.decode.batch.BatchEngine` at each batch size (concurrency):
     `waves` x B prompts of `prompt_len` random tokens per timed call (slots are refilled as rows end), TPS =
     all new tokens / wall time. The drafters decode under forced acceptance (`dist`, reseeded per call, so
     DSpark and ReaDy run identical rounds); `reader_share` = (ReaDy's draft µs - DSpark's) / ReaDy's round µs
-    (per-round medians, CUDA events), `ready_over_dspark` = ReaDy TPS / DSpark TPS."""
+    (per-round medians, CUDA events), `ready_over_dspark` = ReaDy TPS / DSpark TPS. `temperature` > 0: every
+    method samples (one seed per prompt) and the drafters' rounds follow the real acceptance rule, not `dist`
+    (random weights: few drafts survive), so the figures are the cost of the batched sampling path."""
     drafters = {k: build_drafter(target, k, preset, block_size, seed) for k in kinds}
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = target.config.vocab_size
-    out: dict[str, Any] = {"batches": list(batches), "waves": waves, "accept_dist": None if dist is None else dist[1],
+    out: dict[str, Any] = {"batches": list(batches), "waves": waves, "temperature": temperature,
+                           "accept_dist": None if dist is None or temperature > 0 else dist[1],
                            "spec": None if dist is None else dist[0], "runs": []}
     for B in batches:
         prompts = [torch.randint(0, vocab, (prompt_len,), generator=gen) for _ in range(B * waves)]
-        engines = {"ar": BatchEngine(target, None, batch_size=B, eos_token_id=-1, cuda_graphs=graphs)}
-        if dist is not None:
-            engines.update({k: BatchEngine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs)
-                            for k, d in drafters.items()})
+        sampling = SamplingParams(temperature, 1.0, seed) if temperature > 0 else None
+        engines = {"ar": BatchEngine(target, None, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling)}
+        if dist is not None or sampling is not None:
+            engines.update({k: BatchEngine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs,
+                                           sampling=sampling) for k, d in drafters.items()})
 
         def call(k: str, e: Any) -> Any:
+            if sampling is not None:
+                return e.generate(prompts, new_tokens, seeds=list(range(len(prompts))))
             if k != "ar":
                 e.accept_fn = forced_acceptance(dist[1], seed)  # the same accepted lengths for both drafters
             return e.generate(prompts, new_tokens)
@@ -547,7 +555,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
                 timed[k].append(call(k, e))
         run: dict[str, Any] = {"batch": B, **{k: _batch_summary(v) for k, v in timed.items()}}
         ar_tps = run["ar"]["decode_tokens_per_s"]
-        for k in drafters if dist is not None else []:
+        for k in drafters if dist is not None or sampling is not None else []:
             run[k]["decode_speedup_vs_ar"] = run[k]["decode_tokens_per_s"] / ar_tps if ar_tps else None
             with _BatchTimed(engines[k]) as t:
                 call(k, engines[k])
@@ -598,7 +606,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
           drafter_preset: Optional[str] = None, verify_tokens: Optional[list[int]] = None,
           breakdown: bool = False, profile: bool = False, first_later: bool = False,
           batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False,
-          pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
+          pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT, temperature: float = 0.0) -> dict[str, Any]:
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
     if bad:
@@ -623,7 +631,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
     if batches:  # first, so its timings are not taken after the single-sequence sections warmed other shapes
         kinds = [d for d in drafters if d in ("dspark", "ready")]
         batched = bench_batched(target, kinds, preset, block_size, dists_parsed[0] if dists_parsed else None,
-                                prompt_len, new_tokens, batches, waves, repeats, graphs, seed)
+                                prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature)
         if batch_only:
             return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
                     "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
@@ -734,6 +742,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch", default=None,
                     help="comma list of batch sizes (concurrency), e.g. 1,2,4,8,16: AR and the --drafter kinds "
                          "dspark/ready through the batched engine at each, under the first --accept-dist")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="with --batch: sample at this temperature (real acceptance, one seed per prompt; default 0 = greedy)")
     ap.add_argument("--waves", type=int, default=2, help="prompts per slot in each --batch measurement (default 2)")
     ap.add_argument("--batch-only", action="store_true", help="with --batch: skip the single-sequence sections")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
@@ -754,6 +764,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             batches = [int(b) for b in a.batch.split(",") if b.strip()] if a.batch is not None else None
         except ValueError:
             raise DecodeError(f"--batch {a.batch!r}: expected a comma list of batch sizes, e.g. 1,2,4,8,16") from None
+        if not a.temperature >= 0:
+            raise DecodeError(f"--temperature {a.temperature}: expected a number >= 0 (0 = greedy)")
         if batches is not None and (not batches or min(batches) < 1 or a.waves < 1):
             raise DecodeError(f"--batch {a.batch!r} --waves {a.waves}: expected batch sizes >= 1 and --waves >= 1")
         with torch.no_grad():
@@ -762,7 +774,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         drafters=tuple(d.strip() for d in a.drafter.split(",") if d.strip()),
                         drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
-                        batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct)
+                        batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct,
+                        temperature=a.temperature)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise
