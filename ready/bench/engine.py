@@ -56,6 +56,8 @@ Prints one JSON object:
   `ready_over_dspark`, `reader` (the readers' own µs at that batch, CUDA) and `reader_share_direct` =
   those µs / ReaDy round µs. CUDA graphs per batch size
   (verify per block length, the batched draft step). `--batch-only` skips the single-sequence sections.
+  `--temperature T` (> 0): every method samples (one seed per prompt) under the real acceptance rule, so
+  with random weights few drafts survive: the figures are the cost of the batched sampling path.
 """
 
 from __future__ import annotations
