@@ -484,3 +484,18 @@ def test_findings_print_each_comparisons_mde_and_judge_saturation_by_equivalence
     assert f"| {iv.mde():.2f} (df {iv.df:.1f}) |" in row
     # r=128 gains ~+14 % over r=8 here: far above the ±1 % margin, whatever the MDE
     assert iv.lo > 1.0 and row.endswith("| within ±1 %: does not |")
+
+
+def test_findings_on_one_suite_pair_that_suites_prompts_only(store):
+    from reports.findings import FINDINGS, finding_section
+
+    rank = next(f for f in FINDINGS if f.sweep == "rank")
+    t = {k: stats.tallies(v) for k, v in logs(tuple(RANK_ROWS), "cpu").items()}
+    for suite in BENCHES:
+        text = finding_section(rank, [store], None, suite=suite)
+        iv = stats.gain_pct([t["r=128", s] for s in (0, 1)], [t["r=8", s] for s in (0, 1)], suite)
+        row = next(line for line in text.splitlines() if line.startswith("| r=128 vs r=8 |"))
+        assert row.startswith(f"| r=128 vs r=8 | {iv.value:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}] |")
+        assert f"--suite {suite}" in text
+    pooled = stats.gain_pct([t["r=128", s] for s in (0, 1)], [t["r=8", s] for s in (0, 1)], "overall")
+    assert f"{pooled.value:+.2f}" not in next(line for line in text.splitlines() if line.startswith("| r=128 vs r=8 |"))
