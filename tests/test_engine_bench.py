@@ -172,3 +172,19 @@ def test_consistency_fails_a_ratio_the_breakdown_contradicts():
     exact_a, exact_b = (paired_ratio([x] * 10, [1.0] * 10, orders) for x in (1.04, 1.039))  # no noise at all
     assert consistency(exact_a, exact_b, tolerance_pct=0.25)["consistent"]
     assert not consistency(exact_a, exact_b, tolerance_pct=0.05)["consistent"]
+
+
+def test_several_prompt_lengths_in_one_process_each_with_its_kv_bound(capsys):
+    code = main(["--target", "tiny", "--device", "cpu", "--prompt-len", "8,24", "--new-tokens", "6", "-k", "3",
+                 "--accept-dist", "0:1,3:1", "--repeats", "1", "--verify-iters", "1", "--verify-tokens", "",
+                 "--bandwidth", "1e11", "--json"])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["prompt_lens"] == [8, 24] and [r["prompt_len"] for r in res["by_prompt_len"]] == [8, 24]
+    short, long = (r["bound"] for r in res["by_prompt_len"])
+    assert short["streamed_bytes"] == long["streamed_bytes"]
+    # the K/V read grows with the context: 2 x full-attention layers x kv heads x head_dim x (P + new/2) x 4 bytes
+    assert long["kv_bytes"] - short["kv_bytes"] == 16 * (short["kv_bytes"] // (8 + 3))
+    assert long["step_ms_with_kv"] > short["step_ms_with_kv"] > short["step_ms"]
+    assert main(["--target", "tiny", "--device", "cpu", "--prompt-len", "8,x"]) == 2
+    assert "--prompt-len '8,x': expected a number or a comma list" in capsys.readouterr().err

@@ -22,7 +22,10 @@ Prints one JSON object:
   tau * step_ms / verify_ms is what a zero-overhead engine would reach; `engine_efficiency`
   = measured decode speedup / ideal.
 - `bound`: weight bytes streamed per step / memory bandwidth (given by --bandwidth; default the
-  measured H200 copy rate 4.27e12 B/s on CUDA, none on CPU).
+  measured H200 copy rate 4.27e12 B/s on CUDA, none on CPU); `step_ms_with_kv` adds the K/V bytes the
+  full-attention layers read at the decode's mean context (prompt + new tokens / 2).
+- `--prompt-len 1024,8192,32768`: every section at each length in turn, one loaded target:
+  `{"prompt_lens": [...], "by_prompt_len": [the result at each length]}`.
 - `drafters` (`--drafter dspark,ready`): real DSpark drafters with random weights (the drafter
   preset's sizes: `--drafter-preset`, default the target preset's, e.g. qwen3_5_27b: 5 layers,
   block 7; ReaDy adds the reader, r = 8 on layers 30 and 62, once, post-attention, last layer). Each
@@ -602,13 +605,16 @@ def first_vs_later(target: Any, preset: str, block_size: int, dist: dict, prompt
     return out
 
 
-def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens: int, block_size: int,
+def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int], new_tokens: int, block_size: int,
           dists: list[str], repeats: int, verify_iters: int, bandwidth: float, cuda_graphs: Optional[bool],
           compile_layers: Optional[bool], seed: int, drafters: tuple[str, ...] = ("random",),
           drafter_preset: Optional[str] = None, verify_tokens: Optional[list[int]] = None,
           breakdown: bool = False, profile: bool = False, first_later: bool = False,
           batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False,
           pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT, temperature: float = 0.0) -> dict[str, Any]:
+    """Every section at one prompt length, or, for a list, the sections at each length in turn over one
+    loaded target (`{"prompt_lens": [...], "by_prompt_len": [one result per length]}`)."""
+    lens = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
     if bad:
@@ -618,14 +624,39 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
         drafter_configs(preset, block_size)  # a bad preset fails before the target loads
     torch.manual_seed(seed)
     target = load_target(target_spec, device=device, dtype=dtype)
+    ctx = int(target.config.max_position_embeddings)
+    if max(lens) + new_tokens > ctx:
+        raise DecodeError(f"--prompt-len {max(lens)} + --new-tokens {new_tokens} exceed the target's context of "
+                          f"{ctx} tokens")
     if compile_layers is not None:  # None: the default (compiled layers inside CUDA graphs on CUDA)
         target.compile_layers(compile_layers)
+    runs = [bench_at(target, target_spec, dtype, n, new_tokens, block_size, dists_parsed, repeats, verify_iters,
+                     bandwidth, cuda_graphs, compile_layers, seed, preset, drafters, verify_tokens, breakdown, profile,
+                     first_later and i == 0, batches, waves, batch_only, pairs, tolerance_pct, temperature)
+            for i, n in enumerate(lens)]
+    if len(runs) == 1:
+        return runs[0]
+    return {"target": target_spec, "device": str(target.device), "dtype": dtype, "prompt_lens": lens,
+            "new_tokens": new_tokens, "by_prompt_len": runs}
+
+
+def kv_bytes(target: Any, context: int) -> int:
+    """Bytes of K and V the full-attention layers read for one token at `context` cached positions."""
+    cfg = target.config
+    n_full = sum(t == "full_attention" for t in cfg.layer_types)
+    return 2 * n_full * int(cfg.num_key_value_heads) * int(cfg.head_dim) * int(context) * target.dtype.itemsize
+
+
+def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tokens: int, block_size: int,
+             dists_parsed: list[tuple[str, dict]], repeats: int, verify_iters: int, bandwidth: float,
+             cuda_graphs: Optional[bool], compile_layers: Optional[bool], seed: int, preset: str,
+             drafters: tuple[str, ...], verify_tokens: Optional[list[int]], breakdown: bool, profile: bool,
+             first_later: bool, batches: Optional[list[int]], waves: int, batch_only: bool, pairs: int,
+             tolerance_pct: float, temperature: float) -> dict[str, Any]:
+    """Every section of the benchmark at one prompt length (module docstring)."""
     dev = target.device
     graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
     vocab = target.config.vocab_size
-    if prompt_len + new_tokens > target.config.max_position_embeddings:
-        raise DecodeError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} exceed the target's context of "
-                          f"{target.config.max_position_embeddings} tokens")
     prompt = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed))
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     streamed = weight_bytes - target.embed_tokens.weight.numel() * target.embed_tokens.weight.element_size()
@@ -702,8 +733,12 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int, new_tokens
                      "ready_kernels": [str(Path(p).resolve()) for p in ready_kernels.__path__][:1]}
     if bandwidth > 0:
         bound_s = streamed / bandwidth
+        kv = kv_bytes(target, prompt_len + new_tokens // 2)  # the mean context of the decoded tokens
+        with_kv = (streamed + kv) / bandwidth
         out["bound"] = {"bandwidth_bytes_per_s": bandwidth, "streamed_bytes": streamed, "step_ms": bound_s * 1e3,
-                        "tokens_per_s": 1.0 / bound_s, "ar_fraction_of_bound": ar["decode_tokens_per_s"] * bound_s}
+                        "tokens_per_s": 1.0 / bound_s, "ar_fraction_of_bound": ar["decode_tokens_per_s"] * bound_s,
+                        "kv_bytes": kv, "step_ms_with_kv": with_kv * 1e3,
+                        "ar_fraction_of_bound_with_kv": ar["decode_tokens_per_s"] * with_kv}
     return out
 
 
@@ -712,7 +747,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--target", default="tiny", help="preset or checkpoint directory (default tiny)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
-    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--prompt-len", default="128",
+                    help="prompt tokens, or a comma list (e.g. 1024,8192,32768): every section at each length in "
+                         "turn over one loaded target (default 128)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("-k", "--proposals", dest="block_size", type=int, default=7,
                     help="K, tokens proposed per round (a DSpark block of K + 1; default 7)")
@@ -759,7 +796,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
     dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if a.block_size == 7 else [])
     try:
-        if a.block_size < 1 or a.new_tokens < 2 or a.prompt_len < 1 or a.repeats < 1 or a.pairs < 2:
+        try:
+            lens = [int(x) for x in str(a.prompt_len).split(",") if x.strip()]
+        except ValueError:
+            raise DecodeError(f"--prompt-len {a.prompt_len!r}: expected a number or a comma list, e.g. 1024,8192") from None
+        if not lens or min(lens) < 1 or a.block_size < 1 or a.new_tokens < 2 or a.repeats < 1 or a.pairs < 2:
             raise DecodeError("expected -k >= 1, --new-tokens >= 2, --prompt-len >= 1, --repeats >= 1 and --pairs >= 2")
         vt = [int(t) for t in a.verify_tokens.split(",") if t.strip()] if a.verify_tokens is not None else None
         try:
@@ -771,8 +812,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if batches is not None and (not batches or min(batches) < 1 or a.waves < 1):
             raise DecodeError(f"--batch {a.batch!r} --waves {a.waves}: expected batch sizes >= 1 and --waves >= 1")
         with torch.no_grad():
-            res = bench(a.target, a.device, dtype, a.prompt_len, a.new_tokens, a.block_size, dists, a.repeats,
-                        a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed,
+            res = bench(a.target, a.device, dtype, lens if len(lens) > 1 else lens[0], a.new_tokens, a.block_size,
+                        dists, a.repeats, a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed,
                         drafters=tuple(d.strip() for d in a.drafter.split(",") if d.strip()),
                         drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
@@ -788,7 +829,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(a.out, "w") as f:
             f.write(text + "\n")
     print(text)
-    bad = [r for r in res.get("drafters", {}).get("runs", []) if not r.get("consistency", {"consistent": True})["consistent"]]
+    bad = [r for one in res.get("by_prompt_len", [res]) for r in one.get("drafters", {}).get("runs", [])
+           if not r.get("consistency", {"consistent": True})["consistent"]]
     for r in bad:
         c = r["consistency"]
         print(f"error: --accept-dist {r['spec']}: ReaDy/DSpark TPS {r['ready_over_dspark']:.4f} and the breakdown's round sums "
