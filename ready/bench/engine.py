@@ -82,6 +82,7 @@ import ready.decode.batch as batch_mod
 import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
 import ready_kernels
 from ready.config import ConfigError, load_config
+from ready.cuda_graph import capture, replay_us
 from ready.decode.batch import BatchEngine
 from ready.decode.engine import Engine, Generation
 from ready.decode.errors import DecodeError
@@ -294,27 +295,8 @@ def time_readers(drafter: Any, cache: Any, iters: int = 20, batch: int = 1) -> d
     z = torch.randn(batch, K, r0.num_pairs, r0.rank, device=h.device, dtype=h.dtype)
 
     def graph_us(fn: Callable[[], Any]) -> float:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(iters):
-                fn()
-        g.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(10):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / iters)
-        return round(statistics.median(times), 2)
+        graph, _ = capture(lambda: [fn() for _ in range(iters)], 1, "reader timing", fallback=False)
+        return round(replay_us(graph, iters), 2)
 
     return {"readers_us": graph_us(lambda: [r(h, src) for r in readers]),
             "fused_read_us": graph_us(lambda: read_states(src.ssm, src.layer_idx, src.slots, z, r0.U, r0.V, r0.eps)),

@@ -36,6 +36,8 @@ if "--smoke" in sys.argv[1:]:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from ready.cuda_graph import capture  # noqa: E402
+
 from ready_kernels import gdn_fused as gf  # noqa: E402
 from ready_kernels import gdn_verify as gv  # noqa: E402
 from ready_kernels import rmsnorm as rn  # noqa: E402
@@ -75,17 +77,7 @@ class Timer:
         return start.elapsed_time(end) * 1e3 / (self.reps * n_calls)
 
     def _graph(self, fns: list[Callable[[], object]]):
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for f in fns:
-                f()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for f in fns:
-                f()
-        return graph
+        return capture(lambda: [f() for f in fns], 1, "kernel timing", fallback=False)[0]
 
     def measure(self, fns: list[Callable[[], object]]) -> dict[str, float]:
         for f in fns:  # warm-up: compile, autotune caches, allocator

@@ -55,13 +55,13 @@ from CUDA graphs captured per batch size; on CPU everything runs eagerly.
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
+from ready.cuda_graph import capture
 from ready.decode.donor import donor_states, read_lengths
 from ready.decode.engine import (
     AcceptFn, Generation, RoundTrace, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, settle_round,
@@ -188,21 +188,9 @@ class BatchDraft:
         return d._finish(d._logits(h), self.tok, h, self.mode, self.u)
 
     def _capture(self, warmup: int = 2) -> None:
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):  # writes the same context rows the replay will
-                    self._body()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.out = self._body()
-            self.graph = graph
-        except Exception as e:  # pragma: no cover - depends on the device; stays correct eagerly
-            self.graph, self.failed = None, True
-            warnings.warn(f"batched draft: CUDA-graph capture failed ({type(e).__name__}: {e}); drafting eagerly",
-                          RuntimeWarning, stacklevel=3)
+        # the warm-up calls write the same context rows the replay will
+        self.graph, self.out = capture(self._body, warmup, "batched draft step")
+        self.failed = self.graph is None
 
     @torch.no_grad()
     def __call__(self, tok: torch.Tensor, uniforms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:

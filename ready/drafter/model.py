@@ -14,7 +14,6 @@ committed GDN states after token a-1. Checkpoints: `ready.drafter.checkpoint` (t
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Any, Optional
 
@@ -24,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from ready.config import DrafterConfig, ReaderConfig
+from ready.cuda_graph import capture
 from ready.drafter.heads import ConfidenceHead, build_head
 from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
 from ready.drafter.layers import DraftLayer, RMSNorm, Rotary, rope_type
@@ -512,18 +512,5 @@ class _DraftGraph:
     def capture(self, drafter: DSparkDrafter, warmup: int = 2) -> None:
         """Warm up (kernel compilation and tuning) off the capture, then capture `_static_body`.
         The warm-up passes write the same context rows the replay will: nothing else changes."""
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):
-                    drafter._static_body(self)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.out = drafter._static_body(self)
-            self.graph = graph
-        except Exception as e:  # pragma: no cover - depends on the device; stays correct eagerly
-            self.graph, self.failed = None, True
-            warnings.warn(f"drafter: CUDA-graph capture of the draft step failed ({type(e).__name__}: {e}); "
-                          "drafting eagerly", RuntimeWarning, stacklevel=3)
+        self.graph, self.out = capture(lambda: drafter._static_body(self), warmup, "drafter: the draft step")
+        self.failed = self.graph is None

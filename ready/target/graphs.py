@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from ready.cuda_graph import capture
 from ready.target.cache import HybridCache
 from ready.target.model import HybridLM, TargetOutput
 
@@ -29,15 +30,9 @@ class GraphedVerify:
             return
         saved = (cache.length, cache.length_t.clone())
         compiled = model.graphs_compile()  # torch.compile'd layers (CUDA default; compiles in the warm-up)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.no_grad():
-            for _ in range(warmup):  # warm up allocator, compile, kernel tuning, all off the capture
-                model._run(self.ids, "verify", cache, self.capture_layers, compiled=compiled)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
-            self.out = model._run(self.ids, "verify", cache, self.capture_layers, compiled=compiled)
+        self.graph, self.out = capture(
+            lambda: model._run(self.ids, "verify", cache, self.capture_layers, compiled=compiled),
+            warmup, f"target verify of {tokens} tokens", fallback=False)
         cache.length, _ = saved[0], cache.length_t.copy_(saved[1])
 
     def __call__(self, block: torch.Tensor) -> TargetOutput:

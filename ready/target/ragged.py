@@ -29,13 +29,13 @@ batch of B as in the single-sequence engine's verify, in any dtype.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 
 import ready.target.layers as _layers
+from ready.cuda_graph import capture
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, TargetError
 from ready.target.layers import apply_rotary, rotary
@@ -213,21 +213,8 @@ class RaggedGraphedVerify:
                 if hasattr(dcfg, name):
                     setattr(dcfg, name, max(getattr(dcfg, name), 64))
         saved = cache.lengths_t.clone()  # warm-ups and the capture write pending states and junk KV only
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.no_grad():
-                for _ in range(warmup):
-                    _run_ragged(model, self.ids, cache, self.capture_layers, compiled=compiled)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.no_grad():
-                self.out = _run_ragged(model, self.ids, cache, self.capture_layers, compiled=compiled)
-            self.graph = graph
-        except Exception as e:  # pragma: no cover - depends on the device; stays correct eagerly
-            self.graph = None
-            warnings.warn(f"ragged verify: CUDA-graph capture of a [{cache.batch_size}, {tokens}] block failed "
-                          f"({type(e).__name__}: {e}); verifying eagerly", RuntimeWarning, stacklevel=2)
+        self.graph, self.out = capture(lambda: _run_ragged(model, self.ids, cache, self.capture_layers, compiled=compiled),
+                                       warmup, f"ragged verify of a [{cache.batch_size}, {tokens}] block")
         cache.lengths_t.copy_(saved)
 
     def __call__(self, block: torch.Tensor) -> Any:
