@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ready.bench.engine import abba, consistency, forced_acceptance, main, paired_ratio, parse_accept_dist
+from ready.bench.engine import (
+    abba, consistency, forced_acceptance, main, paired_difference, paired_ratio, parse_accept_dist
+)
 from ready.decode import DecodeError
 from ready.target import HybridConfig, HybridLM, save_target
 
@@ -99,6 +101,9 @@ def test_dspark_and_ready_rounds_under_identical_acceptance_on_cpu(tmp_path, cap
     med = run["ready_over_dspark_median_round"]
     assert med["lo"] <= med["ratio"] <= med["hi"] and len(med["per_pair"]) == 4
     assert run["ready"]["breakdown"]["tail_us"] >= 0 and run["ready"]["breakdown"]["last_round_us"] > 0
+    extra = run["ready_minus_dspark_us"]
+    assert set(extra) == {"round_us", "draft_us", "verify_us", "commit_us", "other_us"}
+    assert all(e["lo"] <= e["mean"] <= e["hi"] and e["pairs"] == 4 for e in extra.values())
     assert "reader_extra_draft_us" in run
     assert d["profile"]["ready"]["top"] and d["profile"]["ready_minus_dspark"]
     fl = res["first_vs_later"]
@@ -158,6 +163,12 @@ def test_paired_ratio_sees_an_order_effect_and_its_interval_covers_the_truth():
     r = paired_ratio(num, [d * (1.01 if o == (0, 1) else 1.0) for d, o in zip(den, orders)], orders)
     assert r["lo"] <= 1.02 <= r["hi"] and abs(r["ratio"] - 1.02) < 1e-9
     assert r["order_effect_pct"] == pytest.approx(100 * (1 / 1.01 ** 2 - 1))
+
+
+def test_paired_difference_is_the_mean_difference_with_a_t_interval():
+    d = paired_difference([10.0, 12.0, 11.0, 13.0], [9.0, 10.0, 10.0, 11.0])  # differences 1, 2, 1, 2
+    assert d["mean"] == 1.5 and d["pairs"] == 4
+    assert d["hi"] - 1.5 == pytest.approx(1.5 - d["lo"], abs=0.11) and d["lo"] > 0.5 and d["hi"] < 2.5
 
 
 def test_consistency_fails_a_ratio_the_breakdown_contradicts():

@@ -42,7 +42,8 @@ Prints one JSON object:
   is biased). `ready_over_dspark_median_round`: DSpark's median round over ReaDy's, paired the same
   way; whole generations vary by several % with a few long rounds (`tail_us`: their time past 1.5 ×
   the median round; `last_round_us`: the budget-cut last round), the median round does not, so this
-  is the figure that resolves a reader's cost of a fraction of a %. `reader` gives the readers' own µs per draft step (a CUDA graph of repeated
+  is the figure that resolves a reader's cost of a fraction of a %; `ready_minus_dspark_us`: ReaDy's extra
+  µs per median round, part by part (round, draft, verify, commit, other), with paired t-intervals. `reader` gives the readers' own µs per draft step (a CUDA graph of repeated
   calls) and the draft-time difference.
 - `first_vs_later` (`--first-later`): before anything else in the process, two engines with the
   ReaDy drafter, each warmed up as `ready.decode.evaluate` does (reserve + one generation), then timed.
@@ -362,6 +363,15 @@ def paired_ratio(num_s: list[float], den_s: list[float], orders: list[tuple[int,
             "order_effect_pct": 100 * (math.exp(order) - 1), "per_pair": [round(math.exp(x), 5) for x in logs]}
 
 
+def paired_difference(a: list[float], b: list[float], level: float = 0.95) -> dict[str, float]:
+    """Mean of the pairs' differences a - b with its t-interval (µs of one part of a round, per pair)."""
+    d = [x - y for x, y in zip(a, b)]
+    n = len(d)
+    mean = statistics.fmean(d)
+    half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(d) / math.sqrt(n) if n > 1 else float("inf")
+    return {"mean": round(mean, 1), "lo": round(mean - half, 1), "hi": round(mean + half, 1), "pairs": n}
+
+
 def consistency(timed: dict[str, Any], events: dict[str, Any], tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
     """Do the untimed-by-events ratio and the ratio of the breakdown's round sums agree? They disagree
     when the 99 % interval of their log difference excludes 0 and the difference exceeds
@@ -452,6 +462,10 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
                                    [p["summary"]["round_us"] for p in parts["ready"]],
                                    [o if names[0] == "dspark" else o[::-1] for o in border])
                 run["ready_over_dspark_median_round"] = med
+                run["ready_minus_dspark_us"] = {part: paired_difference([p["summary"][part] for p in parts["ready"]],
+                                                                         [p["summary"][part] for p in parts["dspark"]])
+                                                for part in ("round_us", "draft_us", "verify_us", "commit_us", "other_us")
+                                                if part in parts["ready"][0]["summary"]}
                 run["consistency"] = consistency(ratio, ev, tolerance_pct)
         out["runs"].append(run)
     if "ready" in engines:
