@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections import Counter
 
 import pytest
 import torch
@@ -124,6 +125,21 @@ def test_batched_sampling_draws_what_batch_one_draws_with_the_same_seeds(target,
     assert [g.tokens for g in greedy.generations] != [g.tokens for g in res.generations]
     if kind != "ar":  # the rule does reject drafts here, so rows commit raggedly
         assert any(t[2] < len(t[1]) for tr in want_traces for t in tr)
+
+
+@pytest.mark.parametrize("kind", ["ar", "ready"])
+def test_sampled_rows_that_draw_the_eos_end_where_batch_one_ends(target, kind):
+    """The EOS is a token the sampled generations do draw mid-way: each row stops at it (or at its budget)
+    exactly where its batch-1 sampled generation stops, and the slot is refilled."""
+    drafter = make_drafter(target, kind)
+    ps, seeds = prompts(5), list(range(100, 106))
+    free = [Engine(target, drafter, sampling=SAMPLED).generate(p, 30, seed=s) for p, s in zip(ps, seeds)]
+    eos = Counter(x for g in free for x in g.tokens[3:]).most_common(1)[0][0]
+    want = [Engine(target, drafter, sampling=SAMPLED, eos_token_id=eos).generate(p, 30, seed=s) for p, s in zip(ps, seeds)]
+    got = BatchEngine(target, drafter, batch_size=3, sampling=SAMPLED, eos_token_id=eos).generate(
+        ps, 30, seeds=seeds).generations
+    assert [fields(g) for g in got] == [fields(w) for w in want]
+    assert {g.stop for g in got} == {"eos", "budget"}
 
 
 def test_sampled_batches_refuse_a_forced_acceptance_and_need_one_seed_per_prompt(target):
