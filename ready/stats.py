@@ -169,6 +169,18 @@ def t_quantile(q: float, df: float) -> float:
     return float(sps.norm.ppf(q) if not math.isfinite(df) else sps.t.ppf(q, df))
 
 
+def mean_interval(values: Sequence[float], level: float = 0.95) -> Optional[tuple[float, float, float]]:
+    """(mean, lo, hi): the mean of independent values (paired differences, log ratios) with its Student-t
+    interval; None for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    x = np.asarray(values, dtype=np.float64)
+    mean = float(x.mean())
+    half = t_quantile(0.5 + level / 2, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error over the family, in the input order)."""
     p = np.asarray(p_values, dtype=float)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ready.artifacts import atomic_write_text
+from ready.stats import mean_interval
 
 # dotted paths into the engine JSON (ready/bench/engine.py), reported for every process
 METRICS = {
@@ -57,10 +58,6 @@ METRICS = {
     "verify_ratio": "verify.ratio",
 }
 # two-sided 95 % quantiles of Student's t by degrees of freedom; beyond 30 the normal 1.96 is close
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-        20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
-        29: 2.045, 30: 2.042}
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -120,13 +117,8 @@ def lookup(doc: Any, path: str) -> Optional[float]:
 
 def paired_interval(diffs: Sequence[float]) -> Optional[dict[str, float]]:
     """Mean of paired differences and its 95 % t interval; None for fewer than two pairs."""
-    n = len(diffs)
-    if n < 2:
-        return None
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    half = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return {"mean": mean, "lo": mean - half, "hi": mean + half}
+    iv = mean_interval(diffs)
+    return None if iv is None else {"mean": iv[0], "lo": iv[1], "hi": iv[2]}
 
 
 def round_order(names: Sequence[str], r: int) -> list[str]:

@@ -92,7 +92,7 @@ from ready.decode.graphs import GraphRunner
 from ready.decode.sampling import SamplingParams
 from ready.drafter import DSparkDrafter
 from ready.reader import StateSource, read_states
-from ready.stats import t_quantile
+from ready.stats import mean_interval, t_quantile
 from ready.target import PRESETS, load_target
 
 DRAFTERS = ("random", "dspark", "ready")
@@ -351,9 +351,9 @@ def paired_ratio(num_s: list[float], den_s: list[float], orders: list[tuple[int,
     a fixed order hides; 0 when every pair has one order)."""
     logs = [math.log(a / b) for a, b in zip(num_s, den_s)]
     n = len(logs)
-    mean = statistics.fmean(logs)
+    mean, lo, _ = mean_interval(logs, level) or (statistics.fmean(logs), -math.inf, math.inf)
+    half = mean - lo
     sd = statistics.stdev(logs) if n > 1 else float("inf")
-    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n) if n > 1 else float("inf")
     first = [x for x, o in zip(logs, orders) if o == (0, 1)]
     later = [x for x, o in zip(logs, orders) if o == (1, 0)]
     order = (statistics.fmean(first) - statistics.fmean(later)) if first and later else 0.0
@@ -366,10 +366,8 @@ def paired_ratio(num_s: list[float], den_s: list[float], orders: list[tuple[int,
 def paired_difference(a: list[float], b: list[float], level: float = 0.95) -> dict[str, float]:
     """Mean of the pairs' differences a - b with its t-interval (µs of one part of a round, per pair)."""
     d = [x - y for x, y in zip(a, b)]
-    n = len(d)
-    mean = statistics.fmean(d)
-    half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(d) / math.sqrt(n) if n > 1 else float("inf")
-    return {"mean": round(mean, 1), "lo": round(mean - half, 1), "hi": round(mean + half, 1), "pairs": n}
+    mean, lo, hi = mean_interval(d, level) or (statistics.fmean(d), -math.inf, math.inf)
+    return {"mean": round(mean, 1), "lo": round(lo, 1), "hi": round(hi, 1), "pairs": len(d)}
 
 
 def consistency(timed: dict[str, Any], events: dict[str, Any], tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
