@@ -43,7 +43,7 @@ Sampling (`sampling` with temperature > 0): each row runs the single-sequence en
 random numbers: a CPU generator per generation, seeded by `generate(..., seeds=...)` (default the
 params' seed), drawn in the order `Engine` draws them (1 for the prefill's token; per round K for the
 drafts, then K + 1 for the acceptance; 1 per AR step). The batched draft step samples every row with its
-uniforms (`DraftSampling`), and each row's block is judged by `speculative_round` against the row's own
+uniforms (`DraftSampling`), and each row's block is judged by the rule against the row's own
 verify logits. So a row's tokens equal its batch-1 sampled generation with the same seed (up to the
 float rounding of the batched verify, as in greedy), and the output is distributed as the target's
 sampling at any B. `trace_rounds` keeps each generation's first rounds (`BatchResult.traces`) for
@@ -69,7 +69,7 @@ from ready.decode.engine import (
 )
 from ready.decode.errors import DecodeError
 from ready.decode.protocol import DraftStep, Drafter, describe
-from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
+from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_rounds, warp
 from ready.reader import StateSource
 from ready.target.ragged import (
     RaggedCache, RaggedGraphedVerify, new_ragged_cache, prefill_row, ragged_commit, ragged_verify
@@ -546,22 +546,24 @@ class BatchEngine:
                        rng: list[Optional[torch.Generator]]) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
         """Each decoding row's (a row with a generator in `rng`) block under the speculative sampling rule with its own K + 1 uniforms (1 for
         an AR step), against its own verify logits -> (per row [K drafts, A, next token] on the host, the
-        rows' warped target distributions p [n + 1, V]); one device->host copy for the batch."""
+        rows' warped target distributions p [n + 1, V]); all rows in one batched pass (`speculative_rounds`)
+        and one host->device copy of their uniforms, one device->host copy of the results."""
         K, dev = self.k, self.device
         T, top_p = self.sampling.temperature, self.sampling.top_p
         acc = torch.zeros(self.batch_size, dtype=torch.long, device=dev)
         nxt = torch.zeros(self.batch_size, dtype=torch.long, device=dev)
         warped: dict[int, torch.Tensor] = {}
-        for b, gen in enumerate(rng):
-            if gen is None:
-                continue
-            if not K:
-                nxt[b] = draw(warp(logits[b, 0], T, top_p), torch.rand(1, generator=gen, dtype=torch.float32)[0].to(dev))
-                continue
-            n = room[b]
-            u = torch.rand(K + 1, generator=gen, dtype=torch.float32).to(dev)
-            p = warped[b] = warp(logits[b, :n + 1], T, top_p)
-            acc[b], nxt[b] = speculative_round(p, q[b, :n], block[b, 1:n + 1], u[:n], u[K])
+        live = [b for b, gen in enumerate(rng) if gen is not None]
+        if live:
+            idx = torch.tensor(live, device=dev)
+            u = torch.stack([torch.rand(K + 1 if K else 1, generator=rng[b], dtype=torch.float32) for b in live]).to(dev)
+            if not K:  # AR: one draw a row
+                nxt[idx] = draw(warp(logits[idx, 0], T, top_p), u[:, 0])
+            else:
+                p = warp(logits[idx], T, top_p)
+                n = torch.tensor([room[b] for b in live], device=dev)
+                acc[idx], nxt[idx] = speculative_rounds(p, q[idx], block[idx, 1:], u[:, :K], u[:, K], n)
+                warped = {b: p[i, :room[b] + 1] for i, b in enumerate(live)}
         host = torch.cat([block[:, 1:], acc[:, None], nxt[:, None]], dim=1).cpu().tolist()
         return host, warped
 

@@ -106,14 +106,28 @@ def speculative_round(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, u_
                       u_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One block under the standard rule: p [k+1, V] target, q [k, V] drafter, drafts [k], u_accept [k],
     u_next [] -> (A accepted drafts, the next token: residual of the first rejection or the bonus from p_k),
-    both 0-dim tensors on p's device (no host sync)."""
+    both 0-dim tensors on p's device (no host sync). `speculative_rounds` with one row."""
     k = drafts.shape[0]
-    accept, residual = accept_law(p[:k], q)
-    a_d = accept.gather(-1, drafts[:, None])[:, 0]
-    n_acc = (u_accept < a_d).to(torch.int64).cumprod(0).sum()
-    rows = torch.cat([residual, p[k:k + 1]], dim=0)  # row j: where the token after j accepted drafts comes from
-    nxt = draw(rows.index_select(0, n_acc[None])[0], u_next)
-    return n_acc, nxt
+    n = torch.full((1,), k, dtype=torch.int64, device=p.device)
+    n_acc, nxt = speculative_rounds(p[None], q[None], drafts[None], u_accept[None], u_next.reshape(1), n)
+    return n_acc[0], nxt[0]
+
+
+def speculative_rounds(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, u_accept: torch.Tensor,
+                       u_next: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """B blocks at once (the batched engine's rows): p [B, K+1, V], q [B, K, V], drafts [B, K], u_accept
+    [B, K], u_next [B], n [B] the drafts row b verified (1..K; drafts, q and p rows past it are ignored)
+    -> (A [B], next tokens [B]): row b is the standard rule over its first n[b] drafts, the bonus token
+    from p[b, n[b]] (no host sync)."""
+    B, K = drafts.shape
+    accept, residual = accept_law(p[:, :K], q)
+    a_d = accept.gather(-1, drafts[..., None])[..., 0]
+    verified = torch.arange(K, device=p.device)[None] < n[:, None]
+    n_acc = ((u_accept < a_d) & verified).to(torch.int64).cumprod(-1).sum(-1)
+    rows = torch.arange(B, device=p.device)
+    # where the token after A accepted drafts comes from: the residual of the first rejection, or the bonus
+    src = torch.where((n_acc < n)[:, None], residual[rows, n_acc.clamp(max=K - 1)], p[rows, n])
+    return n_acc, draw(src, u_next)
 
 
 def position_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
