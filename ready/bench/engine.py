@@ -273,7 +273,7 @@ class _Timed:
             out["rounds"] = (self._ms(starts[0], self.marks["commit"][-1][1]) if self.marks["commit"]
                              else sum(rounds)) * 1e3  # the whole decode loop, device clock
             out["round"] = statistics.median(rounds) * 1e3
-            # where a generation's time varies: rounds far above the median (host stalls), and the last
+            # where a generation's time varies: rounds far above the median (host stalls?), and the last
             # round (cut by the budget: a shorter verify, off the K+1 graph)
             out["tail"] = sum(max(0.0, r * 1e3 - 1.5 * out["round"]) for r in rounds)
             if self.marks["commit"]:
