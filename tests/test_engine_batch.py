@@ -142,6 +142,36 @@ def test_sampled_rows_that_draw_the_eos_end_where_batch_one_ends(target, kind):
     assert {g.stop for g in got} == {"eos", "budget"}
 
 
+def test_on_finish_gets_each_generation_with_its_traces_as_it_ends_and_off_the_clock(target, monkeypatch):
+    """A distribution check can run while the batch goes on: `on_finish(i, generation, traces)` is called
+    once per prompt as its generation ends (traces then not kept), and its time is not on the clock (the
+    engine's clock is made to jump 1,000 s inside each call)."""
+    import time
+    from types import SimpleNamespace
+
+    import ready.decode.batch as batch_mod
+
+    drafter = make_drafter(target, "ready")
+    ps = prompts(2)
+    engine = BatchEngine(target, drafter, batch_size=3, sampling=SAMPLED)
+    kept = engine.generate(ps, list(BUDGETS), seeds=SEEDS, trace_rounds=2)
+    jump = [0.0]
+    monkeypatch.setattr(batch_mod, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + jump[0]))
+    seen = {}
+
+    def check(i, g, traces):
+        seen[i] = (list(g.tokens), [(t.start, t.drafts, t.accepted) for t in traces])
+        jump[0] += 1000.0
+
+    res = engine.generate(ps, list(BUDGETS), seeds=SEEDS, trace_rounds=2, on_finish=check)
+    assert sorted(seen) == list(range(len(ps)))
+    assert [seen[i][0] for i in range(len(ps))] == [g.tokens for g in res.generations] == [g.tokens for g in kept.generations]
+    assert [seen[i][1] for i in range(len(ps))] == [[(t.start, t.drafts, t.accepted) for t in tr] for tr in kept.traces]
+    assert all(tr == [] for tr in res.traces)
+    assert res.wall_s < 1000.0 and all(0 < g.wall_s < 1000.0 for g in res.generations)
+    assert sum(g.wall_s for g in res.generations) == pytest.approx(res.wall_s, rel=1e-6)
+
+
 def test_sampled_batches_refuse_a_forced_acceptance_and_need_one_seed_per_prompt(target):
     with pytest.raises(DecodeError, match="cannot be combined with sampling"):
         BatchEngine(target, None, batch_size=2, sampling=SAMPLED, accept_fn=content_accept)

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -360,13 +360,16 @@ class BatchEngine:
     def generate(self, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int | Sequence[int],
                  progress: bool = False, desc: str = "",
                  donors: Optional[Sequence[Sequence[int] | torch.Tensor]] = None,
-                 seeds: Optional[Sequence[int]] = None, trace_rounds: int = 0) -> BatchResult:
+                 seeds: Optional[Sequence[int]] = None, trace_rounds: int = 0,
+                 on_finish: Optional[Callable[[int, Generation, list[RoundTrace]], None]] = None) -> BatchResult:
         """Decode every prompt (greedy or sampled; speculatively with a drafter) through the engine's slots;
         the budget is one number or one per prompt. Generations come back in the prompts' order.
         `progress`: a progress bar over finished prompts. `donors`: one sequence per prompt whose
         committed states the drafter reads instead of the prompt's own (module docstring). Sampling:
         `seeds`, one per prompt (default the params' seed for all), and `trace_rounds`, the rounds of
-        each generation kept in `BatchResult.traces`."""
+        each generation kept in `BatchResult.traces`. `on_finish(i, generation, traces)` is called, off
+        the clock, as soon as prompt i's generation ends (its traces are then not kept: a distribution
+        check can run while the batch goes on, without holding every generation's traces)."""
         ids = [as_prompt(p) for p in prompts]
         if not ids:
             raise DecodeError("no prompts to decode; expected at least one")
@@ -405,6 +408,19 @@ class BatchEngine:
         t0 = mark = time.perf_counter()
         off_clock = 0.0  # donor work, taken off the clock
 
+        def finish(i: int) -> None:
+            """Hand prompt i's ended generation and its traces to `on_finish`, off the clock."""
+            nonlocal mark, off_clock
+            if on_finish is None:
+                return
+            _sync(dev)
+            start = time.perf_counter()
+            on_finish(i, gens[i], traces[i])
+            traces[i] = []
+            spent = time.perf_counter() - start
+            off_clock += spent
+            mark += spent
+
         def admit(b: int) -> None:
             """Prefill queued prompts into slot b until one still has tokens to decode (or none is left)."""
             nonlocal mark, off_clock
@@ -438,6 +454,7 @@ class BatchEngine:
                     g.stop = "eos"
                 if first == self.eos or budgets[i] <= 1:
                     bar.update(1)
+                    finish(i)
                     continue
                 slot[b], seqs[b], last_host[b] = i, ids[i].tolist() + [first], first
                 last[b] = first
@@ -496,7 +513,7 @@ class BatchEngine:
                     nexts[raw] = tok
                     if len(traces[i]) < trace_rounds and K:
                         traces[i].append(RoundTrace(start=len(seqs[b]), drafts=drafted, logits=out.logits[b, :n + 1].clone(),
-                                                    p=warped[b], q=q[b, :n].clone(), accepted=raw))
+                                                    p=warped[b].clone(), q=q[b, :n].clone(), accepted=raw))
                     res = settle_round(drafted, nexts, raw, remaining, self.eos)
                 else:
                     argmax = host[b][K:K + n + 1]
@@ -531,6 +548,7 @@ class BatchEngine:
                     gens[slot[b]].wall_s += share
             bar.update(len(ended))
             for b in ended:
+                finish(slot[b])
                 admit(b)
         _sync(dev)
         end = time.perf_counter()

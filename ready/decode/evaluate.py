@@ -34,7 +34,7 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -244,13 +244,15 @@ def run_batched(target: Any, drafter: Optional[Drafter], prompts: Sequence[torch
                 concurrency: int, *, eos_token_id: Optional[int] = None, warmup: int = 1, progress: bool = True,
                 desc: str = "", cuda_graphs: Optional[bool] = None,
                 donors: Optional[Sequence[torch.Tensor]] = None, sampling: Optional[SamplingParams] = None,
-                seeds: Optional[Sequence[int]] = None, trace_rounds: int = 0) -> BatchResult:
+                seeds: Optional[Sequence[int]] = None, trace_rounds: int = 0,
+                on_finish: Optional[Callable[[int, Generation, list], None]] = None) -> BatchResult:
     """Generations of every prompt through a `BatchEngine` of `concurrency` slots (AR without a drafter),
     greedy or with `sampling` (generation i with seeds[i], its first `trace_rounds` rounds traced), after
     `warmup` untimed passes over the first `concurrency` prompts (sizes the cache for the longest prompt,
     captures the graphs). Each generation's wall_s is its share of the timed pass, so a benchmark's TPS
     is its throughput at that concurrency (`ready.decode.batch`). `donors`: prompt i's drafter reads the
-    committed states of donors[i] instead of its own (the state placebo)."""
+    committed states of donors[i] instead of its own (the state placebo). `on_finish`: see
+    `BatchEngine.generate` (timed pass only)."""
     engine = BatchEngine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs,
                          sampling=sampling)
     engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
@@ -259,7 +261,7 @@ def run_batched(target: Any, drafter: Optional[Drafter], prompts: Sequence[torch
                         donors=None if donors is None else donors[:concurrency],
                         seeds=None if seeds is None else seeds[:concurrency])
     return engine.generate(prompts, max_new_tokens, progress=progress, desc=desc, donors=donors, seeds=seeds,
-                           trace_rounds=trace_rounds)
+                           trace_rounds=trace_rounds, on_finish=on_finish)
 
 
 def run_ar(target: Any, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int, *, eos_token_id: Optional[int] = None,
@@ -393,17 +395,22 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
             ar = run_batched(target, None, unit_ids, max_new_tokens, concurrency, eos_token_id=eos_token_id,
                              warmup=warmup, progress=progress, desc=f"{benchmark} AR", cuda_graphs=cuda_graphs,
                              sampling=sampling, seeds=seeds).generations
+        checked: dict[int, DistValidity] = {}
+
+        def check(u: int, g: Generation, traces: list) -> None:  # each generation as it ends, off the clock
+            checked[u] = check_distribution(target, unit_ids[u], g.tokens, traces, rel)
+
         batched = run_batched(target, drafter, unit_ids, max_new_tokens, concurrency, eos_token_id=eos_token_id,
                               warmup=warmup, progress=progress,
                               desc=f"{benchmark} {method}" + (" (donor states)" if donors else ""),
                               cuda_graphs=cuda_graphs, sampling=sampling, seeds=seeds,
                               trace_rounds=int(check_rounds) if sampling is not None else 0,
+                              on_finish=check if sampling is not None else None,
                               donors=None if donors is None else [donor_tokens(ids, ar, donors[i], n_samples)
                                                                    for i, _, _ in todo])
         spec = batched.generations
-        if sampling is not None:  # checked after the timed pass, off the clock
-            dist = [check_distribution(target, ids[i], g.tokens, tr, rel)
-                    for (i, _, _), g, tr in zip(todo, spec, batched.traces)]
+        if sampling is not None:
+            dist = [checked[u] for u in range(len(todo))]
     else:
         engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampling)
         _warm_up(engine, ids, max_new_tokens, warmup,
