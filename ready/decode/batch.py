@@ -46,8 +46,8 @@ drafts, then K + 1 for the acceptance; 1 per AR step). The batched draft step sa
 uniforms (`DraftSampling`), and each row's block is judged by the rule against the row's own
 verify logits. So a row's tokens equal its batch-1 sampled generation with the same seed (up to the
 float rounding of the batched verify, as in greedy), and the output is distributed as the target's
-sampling at any B. `trace_rounds` keeps each generation's first rounds (`BatchResult.traces`) for
-`ready.decode.dist_check`.
+sampling at any B. `trace_rounds` keeps each generation's first rounds (`BatchResult.traces`, or handed to
+`on_finish` as the generation ends) for `ready.decode.dist_check`.
 On CUDA (default there) the verify of each block length and the batched draft step are replayed
 from CUDA graphs captured per batch size; on CPU everything runs eagerly.
 """
