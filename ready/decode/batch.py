@@ -64,12 +64,12 @@ from tqdm.auto import tqdm
 from ready.cuda_graph import capture
 from ready.decode.donor import donor_states, read_lengths
 from ready.decode.engine import (
-    AcceptFn, Generation, RoundTrace, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, settle_round,
-    target_device
+    AcceptFn, Generation, RoundTrace, _check_drafts, _sync, as_prompt, check_drafter, check_prompt, pick,
+    sampled_draft, settle_round, target_device
 )
 from ready.decode.errors import DecodeError
-from ready.decode.protocol import DraftStep, Drafter, describe
-from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_rounds, warp
+from ready.decode.protocol import DraftStep, Drafter
+from ready.decode.sampling import SamplingParams, draw, speculative_rounds, warp
 from ready.reader import StateSource
 from ready.target.ragged import (
     RaggedCache, RaggedGraphedVerify, new_ragged_cache, prefill_row, ragged_commit, ragged_verify
@@ -330,30 +330,12 @@ class BatchEngine:
         k, vocab = self.k, self.target.config.vocab_size
         drafts = torch.zeros(self.batch_size, k, dtype=torch.long, device=self.device)
         q = torch.zeros(self.batch_size, k, vocab, dtype=torch.float32, device=self.device)
-        sample = getattr(self.drafter, "sample", None)
-        for b in range(self.batch_size):
-            if not live[b]:
-                continue
-            step = self._row_step(b, seqs[b])
-            if sample is None:
-                drafts[b] = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)[0]
-                q[b] = point_mass(drafts[b], vocab)
-                continue
-            d, qb = sample(step, DraftSampling(self.sampling.temperature, self.sampling.top_p, u[b:b + 1].to(self.device)))
-            drafts[b] = _check_drafts(d, k, vocab, self.drafter)[0]
-            if not isinstance(qb, torch.Tensor) or tuple(qb.shape) != (1, k, vocab):
-                got = tuple(qb.shape) if isinstance(qb, torch.Tensor) else type(qb).__name__
-                raise DecodeError(f"drafter {describe(self.drafter)} sampled with a distribution of shape {got}; "
-                                  f"expected probabilities of shape (1, {k}, {vocab})")
-            q[b] = qb[0]
+        for b in range(self.batch_size):  # any other drafter: one batch-1 sampled step per decoding row
+            if live[b]:
+                d, q[b] = sampled_draft(self.drafter, self._row_step(b, seqs[b]), self.sampling, u[b].to(self.device), vocab)
+                drafts[b] = d[0]
         return drafts, q
 
-    def _pick(self, logits: torch.Tensor, gen: Optional[torch.Generator]) -> int:
-        """The next token from logits [V]: argmax (greedy), or a draw with the row's next uniform."""
-        if self.sampling is None:
-            return int(logits.argmax(-1))
-        probs = warp(logits, self.sampling.temperature, self.sampling.top_p)
-        return int(draw(probs, torch.rand(1, generator=gen, dtype=torch.float32)[0].to(probs.device)))
 
     # --- decoding ----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -431,7 +413,7 @@ class BatchEngine:
                     self.drafter.begin(p[None])
                 out = prefill_row(self.target, self.cache, b, p, self.capture)
                 rng[b] = None if sampling is None else torch.Generator().manual_seed(seed_of[i])
-                first = self._pick(out.logits[0, -1], rng[b])
+                first = int(pick(out.logits[0, -1], sampling, rng[b]))
                 if self.capture:
                     self.features[b, :p.numel()] = out.hidden[0]
                     if draft is not None:

@@ -150,6 +150,33 @@ def settle_round(drafts: list[int], argmax: list[int], accepted: int, remaining:
     return RoundOutcome(accepted=a, horizon=horizon, tokens=tokens, commit=a + 1, eos=eos)
 
 
+def pick(logits: torch.Tensor, sampling: Optional[SamplingParams], gen: Optional[torch.Generator]) -> torch.Tensor:
+    """The next token from logits [V]: argmax (greedy, `sampling` None), or a draw from the warped
+    distribution with the next uniform of `gen` (the generation's CPU generator)."""
+    if sampling is None:
+        return logits.argmax(-1)
+    probs = warp(logits, sampling.temperature, sampling.top_p)
+    return draw(probs, torch.rand(1, generator=gen, dtype=torch.float32)[0].to(probs.device))
+
+
+def sampled_draft(drafter: Drafter, step: DraftStep, sampling: SamplingParams, u: torch.Tensor,
+                  vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K sampled drafts [1, K] of one sequence with its uniforms u [K] (on the device), and the
+    distribution q [K, V] they were drawn from (a point mass for a drafter without `sample`)."""
+    k = u.shape[0]
+    sample = getattr(drafter, "sample", None)
+    if sample is None:
+        drafts = _check_drafts(drafter.propose(step), k, vocab, drafter)
+        return drafts, point_mass(drafts[0].to(u.device), vocab)
+    drafts, q = sample(step, DraftSampling(sampling.temperature, sampling.top_p, u[None]))
+    drafts = _check_drafts(drafts, k, vocab, drafter)
+    if not isinstance(q, torch.Tensor) or tuple(q.shape) != (1, k, vocab):
+        got = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise DecodeError(f"drafter {describe(drafter)} sampled with a distribution of shape {got}; "
+                          f"expected probabilities of shape (1, {k}, {vocab})")
+    return drafts, q[0]
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -356,11 +383,7 @@ class Engine:
         return torch.rand(n, generator=self._gen, dtype=torch.float32)
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
-        """The next token from logits [V]: argmax (greedy), or a draw from the warped distribution."""
-        if self.sampling is None:
-            return logits.argmax(-1)
-        probs = warp(logits, self.sampling.temperature, self.sampling.top_p)
-        return draw(probs, self._uniforms(1)[0].to(probs.device))
+        return pick(logits, self.sampling, self._gen)
 
     @torch.inference_mode()
     def generate(self, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int,
@@ -467,18 +490,7 @@ class Engine:
         """K drafts [1, K] and the distribution q [K, V] they were drawn from (a point mass for a
         drafter without `sample`); K uniforms are drawn either way."""
         k, vocab = self.k, self.target.config.vocab_size
-        u = self._uniforms(k).to(self.device)
-        sample = getattr(self.drafter, "sample", None)
-        if sample is None:
-            drafts = _check_drafts(self.drafter.propose(step), k, vocab, self.drafter)
-            return drafts, point_mass(drafts[0].to(self.device), vocab)
-        drafts, q = sample(step, DraftSampling(self.sampling.temperature, self.sampling.top_p, u[None]))
-        drafts = _check_drafts(drafts, k, vocab, self.drafter)
-        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (1, k, vocab):
-            got = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
-            raise DecodeError(f"drafter {describe(self.drafter)} sampled with a distribution of shape {got}; "
-                              f"expected probabilities of shape (1, {k}, {vocab})")
-        return drafts, q[0]
+        return sampled_draft(self.drafter, step, self.sampling, self._uniforms(k).to(self.device), vocab)
 
     def _sampled_round(self, step: DraftStep, t: int, remaining: int) -> tuple[Any, list[int], list[int], int]:
         """Draft, verify and judge one block under the speculative sampling rule: (verify output,
