@@ -413,6 +413,10 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
 
         for e in engines.values():  # warm-up as evaluate does: reserve, then generations (captures, compiles, tunes)
             e.reserve(prompt.numel() + new_tokens)
+        def dspark_first(orders: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+            """The pairs' orders as (DSpark's place, ReaDy's), what `paired_ratio` reads as num, den."""
+            return [o if names[0] == "dspark" else o[::-1] for o in orders]
+
         in_pairs(2, lambda k: gen(engines[k]))
         gens, orders = in_pairs(pairs, lambda k: gen(engines[k]))
         run: dict[str, Any] = {"spec": text, "accept_dist": dist,
@@ -428,7 +432,7 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
         if both:  # ReaDy TPS / DSpark TPS = DSpark decode time / ReaDy decode time (the same tokens)
             ratio = paired_ratio([g.wall_s - g.prefill_s for g in gens["dspark"]],
                                  [g.wall_s - g.prefill_s for g in gens["ready"]],
-                                 [o if names[0] == "dspark" else o[::-1] for o in orders])
+                                 dspark_first(orders))
             run["ready_over_dspark"] = ratio["ratio"]
             run["ready_over_dspark_interval"] = {k: v for k, v in ratio.items() if k != "per_pair"}
             run["ready_over_dspark_pairs"] = ratio["per_pair"]
@@ -451,14 +455,14 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
                                                      - run["dspark"]["breakdown"]["draft_us"], 1)
                 ev = paired_ratio([p["summary"]["rounds_us"] for p in parts["dspark"]],
                                   [p["summary"]["rounds_us"] for p in parts["ready"]],
-                                  [o if names[0] == "dspark" else o[::-1] for o in border])
+                                  dspark_first(border))
                 run["breakdown_ratio"] = {k: v for k, v in ev.items() if k != "per_pair"}
                 run["breakdown_ratio"]["per_pair"] = ev["per_pair"]
                 # the robust figure: DSpark's median round over ReaDy's (rounds identical by construction),
                 # untouched by the few long rounds that make whole-generation times noisy
                 med = paired_ratio([p["summary"]["round_us"] for p in parts["dspark"]],
                                    [p["summary"]["round_us"] for p in parts["ready"]],
-                                   [o if names[0] == "dspark" else o[::-1] for o in border])
+                                   dspark_first(border))
                 run["ready_over_dspark_median_round"] = med
                 run["ready_minus_dspark_us"] = {part: paired_difference([p["summary"][part] for p in parts["ready"]],
                                                                          [p["summary"][part] for p in parts["dspark"]])
