@@ -414,7 +414,7 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
         for e in engines.values():  # warm-up as evaluate does: reserve, then generations (captures, compiles, tunes)
             e.reserve(prompt.numel() + new_tokens)
         def dspark_first(orders: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-            """The pairs' orders as (DSpark's place, ReaDy's), what `paired_ratio` reads as num, den."""
+            """Each pair's order with DSpark as 0, as `paired_ratio` reads it: (0, 1) = DSpark ran first."""
             return [o if names[0] == "dspark" else o[::-1] for o in orders]
 
         in_pairs(2, lambda k: gen(engines[k]))
