@@ -10,7 +10,7 @@ from ready.decode.engine import greedy_accept
 from ready.decode.protocol import DraftStep
 from ready.drafter import DSparkDrafter
 from ready.train import greedy_responses, train_stage
-from ready.train.teacher_forced import block_acceptance, full_block_anchors, teacher_forced_acceptance
+from ready.train.teacher_forced import block_acceptance, compact_anchors, full_block_anchors, teacher_forced_acceptance
 from test_train_helpers import micro_cfg, micro_prompts, micro_target
 
 
@@ -71,3 +71,26 @@ def test_tallies_pool_every_full_block_and_the_placebo_reads_another_row(setup):
     other = teacher_forced_acceptance(placebo.eval(), target, data, batch_size=5, progress=False)
     assert own["sequences"]["blocks"] == other["sequences"]["blocks"]
     assert own["sequences"]["committed"] != other["sequences"]["committed"]
+
+
+def test_compacted_anchors_keep_each_rows_valid_anchors_in_order():
+    anchors = torch.arange(3, 9).expand(3, 6)
+    valid = torch.tensor([[0, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    a, ok = compact_anchors(anchors, valid)
+    assert ok.tolist() == [[True, True, False], [False, False, False], [True, True, True]]
+    assert a[0, :2].tolist() == [4, 6] and a[2].tolist() == [3, 4, 5]
+    assert a[1].tolist() == [3, 3, 3]  # a row without valid anchors keeps an in-range placeholder
+
+
+def test_a_block_accepts_the_same_whichever_other_anchors_share_its_batch(setup):
+    """Dropping other anchors (what the compaction does) leaves every kept block's acceptance as it was."""
+    target, drafter, data = setup
+    anchors, valid = full_block_anchors(data, drafter.proposals)
+    rows = torch.arange(4)
+    full = block_acceptance(drafter, target, data.tokens[rows], anchors[rows])
+    keep = valid[rows] & (torch.rand(valid[rows].shape, generator=torch.Generator().manual_seed(0)) < 0.4)
+    a, ok = compact_anchors(anchors[rows], keep)
+    assert a.shape[1] < anchors.shape[1]
+    part = block_acceptance(drafter, target, data.tokens[rows], a)
+    for b in range(len(rows)):
+        assert part[b][ok[b]].tolist() == full[b][keep[b]].tolist()

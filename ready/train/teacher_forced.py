@@ -8,7 +8,9 @@ drafter's training forward teacher-forces its sequence head on the true tokens, 
 accepted prefix are the drafts themselves, so the first mismatch (and so A) is the same as in the
 engine. One target forward and one drafter forward score every anchor of a batch of sequences:
 thousands of blocks in seconds, with no decoding-loop noise. Only anchors with a full block of K
-true tokens after them count (no censoring).
+true tokens after them count (no censoring), and only those are computed: each batch's rows carry
+their own full-block anchors (`compact_anchors`), not the span of every row's, which on chat data
+(assistant turns at different places) is mostly other rows' anchors.
 
 `tau` = sum over blocks of (A + 1) / blocks, per sequence tallies kept for paired resampling
 (`ready.stats`).
@@ -41,6 +43,17 @@ def full_block_anchors(data: RegenData, proposals: int) -> tuple[torch.Tensor, t
     lo, hi = int(cols[0]), int(cols[-1])
     anchors = lo + torch.arange(hi - lo + 1).expand(N, hi - lo + 1)
     return anchors, full[:, lo: hi + 1]
+
+
+def compact_anchors(anchors: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's valid anchors first, in order, cut to the batch's largest count: [B, A] -> [B, A'].
+
+    Blocks are independent (each sees its context and itself), so dropping invalid anchors changes no
+    valid block's acceptance. Padding slots repeat the row's first anchor and are marked invalid."""
+    keep = max(int(valid.sum(1).max()), 1) if valid.numel() else 0
+    order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, :keep]
+    a, ok = anchors.gather(1, order), valid.gather(1, order)
+    return torch.where(ok, a, a[:, :1]), ok
 
 
 @torch.no_grad()
@@ -76,8 +89,9 @@ def teacher_forced_acceptance(drafter: Any, target: Any, data: RegenData, batch_
     drafter.eval()
     bar = tqdm(total=len(data), desc="teacher-forced acceptance", unit="seq", disable=not progress, leave=False)
     for rows in _batches(len(data), max(2, batch_size)):
-        tokens, a, ok = data.tokens[rows].to(device), anchors[rows].to(device), valid[rows].to(device)
-        if a.shape[1] == 0:
+        a, ok = compact_anchors(anchors[rows], valid[rows])
+        tokens, a, ok = data.tokens[rows].to(device), a.to(device), ok.to(device)
+        if not bool(ok.any()):
             committed += [0] * tokens.shape[0]
             blocks += [0] * tokens.shape[0]
         else:
