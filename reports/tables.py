@@ -366,11 +366,15 @@ def _reading(counts: Sequence[Counts], with_rounds: str, cells: Sequence[Cell] =
 
 
 def _timing(ev: Evidence) -> str:
+    batched = sorted(c for c in ev.concurrency if c > 1)
+    at = (f" TPS is throughput: committed tokens per second with "
+          f"{'/'.join(map(str, sorted(ev.concurrency)))} sequences decoded together (eval.concurrency)."
+          if batched else "")
     if ev.on_cpu:
-        return CPU_TIMING + "."
+        return CPU_TIMING + "." + at
     if not ev.timing_ranked:
-        return "Device not recorded: TPS is not ranked."
-    return ""
+        return "Device not recorded: TPS is not ranked." + at
+    return at.strip()
 
 
 def _search_about(sweep: str, evaluations: Mapping[str, dict]) -> list[str]:

@@ -2,6 +2,7 @@
 ablation table built from hand-built evaluation logs (Holm marks, paired bold, thin comparisons,
 clone rows, left-out runs, captions), and LaTeX escaping."""
 
+import polars as pl
 import pytest
 
 from evaluation_logs import bench_rounds, evaluation, metrics_of
@@ -212,6 +213,15 @@ def test_on_cuda_a_clear_speed_gain_is_bold():
     table = build_table("rank", runs, evaluations)
     assert _cells(table)["r=128"][5].bold and _cells(table)["r=128"][5].marked
     assert "CPU" not in " ".join(table.about)
+
+
+def test_a_batched_evaluation_says_its_tps_is_throughput_at_that_concurrency(rank):
+    _, runs, evaluations = rank
+    assert "decoded together" not in " ".join(rank[0].about)  # one prompt at a time: nothing to say
+    batched = runs.with_columns(pl.lit("8").alias("param.eval.concurrency"))
+    about = " ".join(build_table("rank", batched, evaluations).about)
+    assert "TPS is throughput: committed tokens per second with 8 sequences decoded together" in about
+    assert CPU_TIMING in about
 
 
 def test_caption_counts_seeds_prompts_and_rounds_and_states_the_rules(rank):

@@ -287,6 +287,7 @@ def test_a_knob_added_later_hashes_rows_as_before_it_at_its_default(key, value):
 def test_rows_hash_as_before_the_concurrency_key_unless_they_batch():
     from sweeps.spec import canonical, job_hash
 
-    cfg = merge(schema(), {})
-    assert "concurrency" not in canonical(cfg, "ready")["config"]["eval"]  # rows run before the key stay found
-    assert job_hash(merge(cfg, {"eval": {"concurrency": 4}}), "ready") != job_hash(cfg, "ready")
+    one = merge(schema(), {"eval": {"concurrency": 1}})
+    assert "concurrency" not in canonical(one, "ready")["config"]["eval"]  # rows run before the key stay found
+    assert job_hash(merge(one, {"eval": {"concurrency": 4}}), "ready") != job_hash(one, "ready")
+    assert canonical(merge(schema(), {}), "ready")["config"]["eval"]["concurrency"] == 8  # today's default batches
