@@ -49,7 +49,11 @@ def test_benchmark_prints_consistent_json_on_cpu(tmp_path, capsys):
                  "--accept-dist", "3:1", "--accept-dist", "0:1", "--repeats", "1", "--verify-iters", "3",
                  "--bandwidth", "1e10", "--json"])
     assert code == 0
-    res = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    res = json.loads(printed.out)
+    # each finished section is announced on stderr, so a run cut by a time limit still shows its figures
+    assert f"prompt 8: AR {res['ar']['decode_tokens_per_s']:.1f} decode tok/s" in printed.err
+    assert f"verify(4) / AR step {res['verify']['ratio']:.3f}" in printed.err
     assert res["ar"]["new_tokens"] == 40 and res["ar"]["tau"] == 1.0 and res["ar"]["tokens_per_s"] > 0
     assert res["verify"]["tokens"] == [1, 2, 4] and res["verify"]["ratio"] > 0
     always, never = res["forced"]
@@ -122,9 +126,11 @@ def test_batched_benchmark_prints_json_for_each_batch_size(capsys):
                  "--accept-dist", "0:1,3:1", "--drafter", "dspark,ready", "--batch", "1,2", "--batch-only",
                  "--repeats", "1", "--json"])
     assert code == 0
-    res = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    res = json.loads(printed.out)
     b = res["batched"]
     assert b["batches"] == [1, 2] and [r["batch"] for r in b["runs"]] == [1, 2]
+    assert "batch 2: decode tok/s ar " in printed.err
     for run in b["runs"]:
         n = run["batch"] * b["waves"]
         for k in ("ar", "dspark", "ready"):

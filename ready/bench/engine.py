@@ -9,7 +9,8 @@ DSpark / ReaDy round at paper size.
     python -m ready.bench.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
         --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --batch 1,2,4,8,16 --batch-only --json
 
-Prints one JSON object:
+Prints one JSON object (stdout, or --out); on stderr one `[bench N s]` line per finished section, so
+a run cut by a time limit still shows what it measured. Its keys:
 - `ar`: greedy AR through the engine (CUDA graphs on CUDA); `tokens_per_s` follows
   `ready.metrics` (clock from prefill to the last token); `decode_tokens_per_s` and
   `step_ms` leave the prefill out.
@@ -96,6 +97,13 @@ from ready.stats import mean_interval, t_quantile
 from ready.target import PRESETS, load_target
 
 DRAFTERS = ("random", "dspark", "ready")
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    """One line on stderr per finished section (seconds since start): a run cut by a time limit still
+    says what it measured. The JSON stays on stdout / --out."""
+    print(f"[bench {time.monotonic() - _T0:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_accept_dist(text: str, block_size: int) -> dict[int, float]:
@@ -437,6 +445,10 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
             run["ready_over_dspark_interval"] = {k: v for k, v in ratio.items() if k != "per_pair"}
             run["ready_over_dspark_pairs"] = ratio["per_pair"]
             run["same_rounds"] = [len(g.accepted) for g in gens["dspark"]] == [len(g.accepted) for g in gens["ready"]]
+            progress(f"{text}: ReaDy / DSpark TPS {ratio['ratio']:.4f} [{ratio['lo']:.4f}, {ratio['hi']:.4f}] "
+                     f"over {pairs} pairs")
+        else:
+            progress(f"{text}: " + ", ".join(f"{k} {run[k]['decode_tokens_per_s']:.1f} decode tok/s" for k in gens))
         if breakdown:
             def timed(k: str) -> dict[str, Any]:
                 with _Timed(engines[k]) as t:
@@ -469,6 +481,8 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
                                                 for part in ("round_us", "draft_us", "verify_us", "commit_us", "other_us")
                                                 if part in parts["ready"][0]["summary"]}
                 run["consistency"] = consistency(ratio, ev, tolerance_pct)
+                progress(f"{text}: median round ReaDy / DSpark {med['ratio']:.4f} [{med['lo']:.4f}, {med['hi']:.4f}]; "
+                         f"consistent: {run['consistency']['consistent']}")
         out["runs"].append(run)
     if "ready" in engines:
         out["reader"] = time_readers(engines["ready"].drafter, engines["ready"].cache)
@@ -576,6 +590,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
             if run["reader"].get("readers_us") and bd.get("round_us"):  # the readers' own µs (CUDA graph) / round
                 run["reader_share_direct"] = run["reader"]["readers_us"] / bd["round_us"]
         out["runs"].append(run)
+        progress(f"batch {B}: decode tok/s " + ", ".join(f"{k} {run[k]['decode_tokens_per_s']:.1f}" for k in timed))
         del engines
         if target.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -622,6 +637,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
         drafter_configs(preset, block_size)  # a bad preset fails before the target loads
     torch.manual_seed(seed)
     target = load_target(target_spec, device=device, dtype=dtype)
+    progress(f"target {target_spec} loaded on {target.device} ({dtype})")
     ctx = int(target.config.max_position_embeddings)
     if max(lens) + new_tokens > ctx:
         raise DecodeError(f"--prompt-len {max(lens)} + --new-tokens {new_tokens} exceed the target's context of "
@@ -675,6 +691,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
         first = first_vs_later(target, preset, block_size, dists_parsed[0][1], prompt, new_tokens, repeats, graphs, seed)
     ar = _summary(_median_generation(Engine(target, eos_token_id=-1, cuda_graphs=graphs), prompt, new_tokens, repeats))
     ar["step_ms"] = 1e3 / ar["decode_tokens_per_s"] if ar["decode_tokens_per_s"] else None
+    progress(f"prompt {prompt_len}: AR {ar['decode_tokens_per_s']:.1f} decode tok/s")
     if profile:  # where an AR step's time goes (graphed, compiled): top device kernels per step
         ar_engine = Engine(target, eos_token_id=-1, cuda_graphs=graphs)
         ar_engine.generate(prompt, new_tokens)
@@ -684,6 +701,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     ms = time_verify(target, prompt, sizes, verify_iters, graphs, min_len=prompt_len + new_tokens)
     verify = {"tokens": sizes, "ms": [ms[t] for t in sizes], "step_ms": ms[1], "verify_ms": ms[block_size + 1],
               "ratio": ms[block_size + 1] / ms[1]}
+    progress(f"prompt {prompt_len}: verify({block_size + 1}) / AR step {verify['ratio']:.3f}")
 
     forced = []
     for i, (text, dist) in enumerate(dists_parsed if "random" in drafters else []):
