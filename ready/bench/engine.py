@@ -719,6 +719,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
 
     out: dict[str, Any] = {
         "target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,  # the default bound is the H200's
         "compiled_layers": compile_layers, "params": sum(p.numel() for p in target.parameters()),
         "weight_bytes": weight_bytes, "prompt_len": prompt_len, "new_tokens": new_tokens, "proposals": block_size,
         "repeats": repeats, "ar": ar, "verify": verify, "forced": forced, "drafter_cost": "none (random drafts)",
@@ -779,7 +780,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tolerance-pct", type=float, default=TOLERANCE_PCT,
                     help=f"with --breakdown: the TPS-ratio / breakdown disagreement (%%) that fails the run (default {TOLERANCE_PCT})")
     ap.add_argument("--verify-iters", type=int, default=20)
-    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the bound (default 4.27e12 on CUDA)")
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the bound (default 4.27e12 on CUDA: the H200's measured copy "
+                    "rate; pass your GPU's for another card, whose name the JSON's `gpu` records)")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--compile", action="store_true", default=None,
                     help="torch.compile the target layers inside CUDA graphs (the default on CUDA; see --no-compile)")
