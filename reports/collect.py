@@ -289,6 +289,16 @@ class Variant:
         return self.stats[metric], None
 
 
+CONCURRENCY_KEY = PARAM_PREFIX + "eval.concurrency"
+
+
+def with_concurrency(runs: pl.DataFrame) -> pl.DataFrame:
+    """Add Int64 column `concurrency`: param `eval.concurrency`, 1 where the run predates the key."""
+    value = (pl.col(CONCURRENCY_KEY).cast(pl.Int64, strict=False) if CONCURRENCY_KEY in runs.columns
+             else pl.lit(None, dtype=pl.Int64))
+    return runs.with_columns(value.fill_null(1).alias("concurrency"))
+
+
 def finished(runs: pl.DataFrame) -> pl.DataFrame:
     """The latest FINISHED run of every (variant, seed): a re-run of the same seed counts once."""
     return (

@@ -21,7 +21,7 @@ import polars as pl
 from reports import collect
 from reports.figures import save_figure
 
-KEY = collect.PARAM_PREFIX + "eval.concurrency"
+KEY = collect.CONCURRENCY_KEY
 METRIC = "overall/tps"
 # params that may differ between the settings of one figure: the concurrency itself, and what never
 # changes a result (sweeps.spec._NEVER_HASHED) or differs per row and seed anyway
@@ -57,12 +57,6 @@ class TpsFigure:
     notes: list[str] = field(default_factory=list)  # settings left out, points missing
 
 
-def with_concurrency(runs: pl.DataFrame) -> pl.DataFrame:
-    """Add Int64 column `concurrency`: param `eval.concurrency`, 1 where the run predates the key."""
-    value = pl.col(KEY).cast(pl.Int64, strict=False) if KEY in runs.columns else pl.lit(None, dtype=pl.Int64)
-    return runs.with_columns(value.fill_null(1).alias("concurrency"))
-
-
 def _groups(runs: pl.DataFrame) -> pl.DataFrame:
     """Column `group`: the run's sweep setting, as `collect.latest_setting` sees settings (with fewer
     than two tagged settings, every run belongs to the one group)."""
@@ -92,7 +86,7 @@ def tps_by_concurrency(runs: pl.DataFrame) -> TpsFigure | None:
     None when the settings that may share the figure ran fewer than two concurrencies."""
     if runs.height == 0:
         return None
-    runs, _aside = collect.set_aside_not_lossless(_groups(with_concurrency(runs)))
+    runs, _aside = collect.set_aside_not_lossless(_groups(collect.with_concurrency(runs)))
     # oldest to newest by their latest run; untagged runs beside tagged settings count as the oldest
     last = runs.group_by("group").agg(pl.col("start_time").max()).sort([pl.col("group") != "", "start_time"],
                                                                         nulls_last=False)

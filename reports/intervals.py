@@ -64,9 +64,7 @@ class Evidence:
         if "param.target.device" in runs.columns:
             self.devices |= {str(d) for d in collect.finished(runs)["param.target.device"].drop_nulls()
                              if str(d) in ("cpu", "cuda")}
-        col = "param.eval.concurrency"  # runs from before the key decoded one prompt at a time
-        self.concurrency: set[int] = ({int(c or 1) for c in collect.finished(runs)[col].to_list()}
-                                      if col in runs.columns else {1})
+        self.concurrency: set[int] = set(collect.with_concurrency(collect.finished(runs))["concurrency"].to_list())
 
     def clone_of(self, v: Variant) -> Optional[str]:
         """The variant id of the earlier row whose drafter v resolves to (None: v is its own row)."""

@@ -366,10 +366,9 @@ def _reading(counts: Sequence[Counts], with_rounds: str, cells: Sequence[Cell] =
 
 
 def _timing(ev: Evidence) -> str:
-    batched = sorted(c for c in ev.concurrency if c > 1)
     at = (f" TPS is throughput: committed tokens per second with "
           f"{'/'.join(map(str, sorted(ev.concurrency)))} sequences decoded together (eval.concurrency)."
-          if batched else "")
+          if max(ev.concurrency, default=1) > 1 else "")
     if ev.on_cpu:
         return CPU_TIMING + "." + at
     if not ev.timing_ranked:
