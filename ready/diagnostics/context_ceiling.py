@@ -29,7 +29,7 @@ from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import load_drafter
 from ready.target.layers import Attention
 from ready.train.regen import RegenData
-from ready.train.teacher_forced import _batches, block_acceptance, full_block_anchors
+from ready.train.teacher_forced import _batches, block_acceptance, compact_anchors, full_block_anchors
 
 
 @torch.no_grad()
@@ -105,8 +105,9 @@ def rejection_share(drafter: Any, target: Any, data: RegenData, window: int, bat
     anchors, valid = full_block_anchors(data, K)
     n_anchor = n_anchor_changed = n_rej = n_rej_changed = 0
     for rows in _batches(len(data), max(2, batch_size)):
-        tokens, a, ok = data.tokens[rows].to(device), anchors[rows].to(device), valid[rows].to(device)
-        if a.shape[1] == 0:
+        a, ok = compact_anchors(anchors[rows], valid[rows])  # each row's own anchors only
+        tokens, a, ok = data.tokens[rows].to(device), a.to(device), ok.to(device)
+        if not bool(ok.any()):
             continue
         acc = block_acceptance(drafter, target, tokens, a)
         for b in range(tokens.shape[0]):
