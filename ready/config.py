@@ -296,7 +296,7 @@ class EvalConfig:
     samples_per_prompt: int = 4
     # rounds of every sampled generation checked in distribution (rule and target states; 0 = none)
     check_rounds: int = 2
-    # sequences decoded together (ready.decode.batch): c > 1 decodes each benchmark's prompts through c
+    # sequences decoded together (ready.decode.engine): c > 1 decodes each benchmark's prompts through c
     # slots of one batched engine (AR and drafting rows alike; greedy or sampled), TPS = all committed
     # tokens / wall time at that concurrency; per-prompt rounds and accepted lengths stay per prompt
     # (greedy float32: token for token those of one prompt at a time). 8 on the embedded default (CPU

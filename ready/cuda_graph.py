@@ -8,7 +8,7 @@ the outputs after it. With `fallback` (the default) a capture that fails warns o
 and returns (None, None): the caller runs `fn` eagerly, slower but with the same numbers.
 
 Used by the target's graphed verify (`ready.target.graphs`, `ready.target.ragged`), the drafter's
-draft step (`ready.drafter.model`), the batched draft step (`ready.decode.batch`) and the benchmarks.
+draft step (`ready.drafter.model`), the batched draft step (`ready.decode.batch_draft`) and the benchmarks.
 """
 
 from __future__ import annotations

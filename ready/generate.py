@@ -32,7 +32,8 @@ import torch
 from ready.config import load_config
 from ready.data.default import ensure_default_target
 from ready.data.tokenizer import load_tokenizer
-from ready.decode.engine import Engine, as_prompt, check_prompt
+from ready.decode.engine import Engine
+from ready.decode.rounds import as_prompt, check_prompt
 from ready.decode.errors import DecodeError
 from ready.decode.evaluate import evaluate, run_ar
 from ready.decode.ngram import NgramDrafter

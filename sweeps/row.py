@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from ready.artifacts import cached, content_id
 from ready.config import exact_mode, to_container
 from ready.data import load_suite
-from ready.decode.engine import Generation
+from ready.decode.rounds import Generation
 from ready.decode.evaluate import evaluate, next_prompt_donors, run_ar
 from ready.decode.sampling import params_from
 from ready.drafter import load_drafter
@@ -159,7 +159,7 @@ STATE_SWAP_SLOTS = 16
 def swap_concurrency(cfg: DictConfig, n_prompts: int) -> int:
     """Slots of the state swap's decodes: it reports acceptance only (no TPS), so greedy decoding runs
     its prompts through up to STATE_SWAP_SLOTS slots of the batched engine, which settles every row as
-    one prompt at a time would, greedy or sampled (`ready.decode.batch`)."""
+    one prompt at a time would, greedy or sampled (`ready.decode.engine`)."""
     return max(1, min(max(STATE_SWAP_SLOTS, concurrency(cfg)), n_prompts))
 
 

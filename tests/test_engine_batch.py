@@ -1,4 +1,4 @@
-"""Batched decoding (`ready.decode.batch`): B sequences per target forward, each row at its own length,
+"""Batched decoding (`ready.decode.engine` with ragged slots): B sequences per target forward, each row at its own length,
 with its own acceptance, budget and EOS, gives every row exactly its batch-1 generation (tokens, and
 also accepted lengths, horizons and committed counts, which show the batched drafts are the batch-1
 drafts). Float32 on CPU; the CUDA tests replay the captured graphs."""
@@ -14,7 +14,7 @@ import torch
 
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import DecodeError, Engine, NgramDrafter
-from ready.decode.batch import BatchEngine, generate_batch
+from ready.decode import generate_batch
 from ready.decode.sampling import SamplingParams
 from ready.target import HybridLM
 
@@ -65,7 +65,7 @@ def fields(g) -> tuple:
 
 def check_equal(target, drafter, batch_size, ps, budgets, **kw) -> list:
     want = [Engine(target, drafter, **kw).generate(p, m) for p, m in zip(ps, budgets)]
-    res = BatchEngine(target, drafter, batch_size=batch_size, **kw).generate(ps, list(budgets))
+    res = Engine(target, drafter, batch_size=batch_size, **kw, slots="ragged").decode(ps, list(budgets))
     got = res.generations
     assert len(got) == len(want)
     for i, (w, g) in enumerate(zip(want, got)):
@@ -116,12 +116,12 @@ def test_batched_sampling_draws_what_batch_one_draws_with_the_same_seeds(target,
     for p, m, seed in zip(ps, BUDGETS, SEEDS):
         want.append(single.generate(p, m, seed=seed, trace_rounds=2))
         want_traces.append([(t.start, t.drafts, t.accepted) for t in single.traces])
-    res = BatchEngine(target, drafter, batch_size=batch_size, sampling=SAMPLED).generate(
+    res = Engine(target, drafter, batch_size=batch_size, sampling=SAMPLED, slots="ragged").decode(
         ps, list(BUDGETS), seeds=SEEDS, trace_rounds=2)
     for i, (w, g) in enumerate(zip(want, res.generations)):
         assert fields(g) == fields(w), f"prompt {i} (batch {batch_size})"
     assert [[(t.start, t.drafts, t.accepted) for t in tr] for tr in res.traces] == want_traces
-    greedy = BatchEngine(target, drafter, batch_size=batch_size).generate(ps, list(BUDGETS))
+    greedy = Engine(target, drafter, batch_size=batch_size, slots="ragged").decode(ps, list(BUDGETS))
     assert [g.tokens for g in greedy.generations] != [g.tokens for g in res.generations]
     if kind != "ar":  # the rule does reject drafts here, so rows commit raggedly
         assert any(t[2] < len(t[1]) for tr in want_traces for t in tr)
@@ -136,7 +136,7 @@ def test_sampled_rows_that_draw_the_eos_end_where_batch_one_ends(target, kind):
     free = [Engine(target, drafter, sampling=SAMPLED).generate(p, 30, seed=s) for p, s in zip(ps, seeds)]
     eos = Counter(x for g in free for x in g.tokens[3:]).most_common(1)[0][0]
     want = [Engine(target, drafter, sampling=SAMPLED, eos_token_id=eos).generate(p, 30, seed=s) for p, s in zip(ps, seeds)]
-    got = BatchEngine(target, drafter, batch_size=3, sampling=SAMPLED, eos_token_id=eos).generate(
+    got = Engine(target, drafter, batch_size=3, sampling=SAMPLED, eos_token_id=eos, slots="ragged").decode(
         ps, 30, seeds=seeds).generations
     assert [fields(g) for g in got] == [fields(w) for w in want]
     assert {g.stop for g in got} == {"eos", "budget"}
@@ -149,21 +149,21 @@ def test_on_finish_gets_each_generation_with_its_traces_as_it_ends_and_off_the_c
     import time
     from types import SimpleNamespace
 
-    import ready.decode.batch as batch_mod
+    import ready.decode.engine as engine_mod
 
     drafter = make_drafter(target, "ready")
     ps = prompts(2)
-    engine = BatchEngine(target, drafter, batch_size=3, sampling=SAMPLED)
-    kept = engine.generate(ps, list(BUDGETS), seeds=SEEDS, trace_rounds=2)
+    engine = Engine(target, drafter, batch_size=3, sampling=SAMPLED, slots="ragged")
+    kept = engine.decode(ps, list(BUDGETS), seeds=SEEDS, trace_rounds=2)
     jump = [0.0]
-    monkeypatch.setattr(batch_mod, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + jump[0]))
+    monkeypatch.setattr(engine_mod, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + jump[0]))
     seen = {}
 
     def check(i, g, traces):
         seen[i] = (list(g.tokens), [(t.start, t.drafts, t.accepted) for t in traces])
         jump[0] += 1000.0
 
-    res = engine.generate(ps, list(BUDGETS), seeds=SEEDS, trace_rounds=2, on_finish=check)
+    res = engine.decode(ps, list(BUDGETS), seeds=SEEDS, trace_rounds=2, on_finish=check)
     assert sorted(seen) == list(range(len(ps)))
     assert [seen[i][0] for i in range(len(ps))] == [g.tokens for g in res.generations] == [g.tokens for g in kept.generations]
     assert [seen[i][1] for i in range(len(ps))] == [[(t.start, t.drafts, t.accepted) for t in tr] for tr in kept.traces]
@@ -174,9 +174,9 @@ def test_on_finish_gets_each_generation_with_its_traces_as_it_ends_and_off_the_c
 
 def test_sampled_batches_refuse_a_forced_acceptance_and_need_one_seed_per_prompt(target):
     with pytest.raises(DecodeError, match="cannot be combined with sampling"):
-        BatchEngine(target, None, batch_size=2, sampling=SAMPLED, accept_fn=content_accept)
+        Engine(target, None, batch_size=2, sampling=SAMPLED, accept_fn=content_accept, slots="ragged")
     with pytest.raises(DecodeError, match="2 seeds for 3 prompts; expected one seed per prompt"):
-        BatchEngine(target, None, batch_size=2, sampling=SAMPLED).generate([[1], [2], [3]], 4, seeds=[1, 2])
+        Engine(target, None, batch_size=2, sampling=SAMPLED, slots="ragged").decode([[1], [2], [3]], 4, seeds=[1, 2])
 
 
 def donors_for(ps: list[list[int]]) -> list[list[int]]:
@@ -196,11 +196,11 @@ def test_batched_decoding_on_donor_states_equals_batch_one(target, batch_size):
     donors = donors_for(ps)
     want = [Engine(target, drafter, accept_fn=content_accept).generate(p, m, donor=d)
             for p, m, d in zip(ps, budgets, donors)]
-    res = BatchEngine(target, drafter, batch_size=batch_size, accept_fn=content_accept).generate(
+    res = Engine(target, drafter, batch_size=batch_size, accept_fn=content_accept, slots="ragged").decode(
         ps, budgets, donors=donors)
     for i, (w, g) in enumerate(zip(want, res.generations)):
         assert fields(g) == fields(w), f"prompt {i} (batch {batch_size})"
-    own = BatchEngine(target, drafter, batch_size=batch_size, accept_fn=content_accept).generate(ps, budgets)
+    own = Engine(target, drafter, batch_size=batch_size, accept_fn=content_accept, slots="ragged").decode(ps, budgets)
     assert [g.accepted for g in own.generations] != [g.accepted for g in res.generations]
     assert sum(g.wall_s for g in res.generations) == pytest.approx(res.wall_s, rel=1e-6)
 
@@ -208,15 +208,15 @@ def test_batched_decoding_on_donor_states_equals_batch_one(target, batch_size):
 def test_donors_are_one_per_prompt_and_need_a_block_drafter(target):
     ps = prompts(4)[:3]
     with pytest.raises(DecodeError, match="2 donors for 3 prompts"):
-        BatchEngine(target, make_drafter(target, "ready"), batch_size=2).generate(ps, 5, donors=ps[:2])
+        Engine(target, make_drafter(target, "ready"), batch_size=2, slots="ragged").decode(ps, 5, donors=ps[:2])
     with pytest.raises(DecodeError, match="DSpark / ReaDy drafter"):
-        BatchEngine(target, make_drafter(target, "ngram"), batch_size=2).generate(ps, 5, donors=ps)
+        Engine(target, make_drafter(target, "ngram"), batch_size=2, slots="ragged").decode(ps, 5, donors=ps)
     with pytest.raises(DecodeError, match="has none"):
-        BatchEngine(target, batch_size=2).generate(ps, 5, donors=ps)
+        Engine(target, batch_size=2, slots="ragged").decode(ps, 5, donors=ps)
     # a drafter that reads no state: the donors change nothing
     dspark = make_drafter(target, "dspark")
-    plain = BatchEngine(target, dspark, batch_size=2).generate(ps, 9).generations
-    swapped = BatchEngine(target, dspark, batch_size=2).generate(ps, 9, donors=ps[::-1]).generations
+    plain = Engine(target, dspark, batch_size=2, slots="ragged").decode(ps, 9).generations
+    swapped = Engine(target, dspark, batch_size=2, slots="ragged").decode(ps, 9, donors=ps[::-1]).generations
     assert [fields(g) for g in swapped] == [fields(g) for g in plain]
 
 
@@ -255,18 +255,18 @@ def test_eos_in_the_middle_of_a_block(target, kind):
 def test_generate_batch_helper_and_a_batch_of_one(target):
     ps = prompts(3)[:3]
     assert [g.tokens for g in generate_batch(target, ps, 9)] == [Engine(target).generate(p, 9).tokens for p in ps]
-    one = BatchEngine(target, batch_size=1).generate(ps[:1], 9).generations[0]
+    one = Engine(target, batch_size=1, slots="ragged").decode(ps[:1], 9).generations[0]
     assert fields(one) == fields(Engine(target).generate(ps[0], 9))
 
 
 def test_bad_input_is_one_clear_error(target):
     with pytest.raises(DecodeError, match="batch_size"):
-        BatchEngine(target, batch_size=0)
-    engine = BatchEngine(target, batch_size=2)
+        Engine(target, batch_size=0, slots="ragged")
+    engine = Engine(target, batch_size=2, slots="ragged")
     with pytest.raises(DecodeError, match="one number or one per prompt"):
-        engine.generate([[1, 2], [3]], [4, 5, 6])
+        engine.decode([[1, 2], [3]], [4, 5, 6])
     with pytest.raises(DecodeError, match="prompt is empty"):
-        engine.generate([[1, 2], []], 4)
+        engine.decode([[1, 2], []], 4)
 
 
 @pytest.mark.cuda
@@ -282,11 +282,11 @@ def test_batched_equals_batch_one_on_cuda(target, kind):
     kw = {"accept_fn": content_accept} if kind != "ar" else {}
     want = [Engine(tgt, drafter, **kw).generate(p, m) for p, m in zip(ps, BUDGETS)]
     for b in (1, 4, 16):
-        engine = BatchEngine(tgt, drafter, batch_size=b, **kw)
-        assert engine.graphs
-        got = engine.generate(ps, list(BUDGETS)).generations
+        engine = Engine(tgt, drafter, batch_size=b, **kw, slots="ragged")
+        assert engine.slots.graphs
+        got = engine.decode(ps, list(BUDGETS)).generations
         assert [fields(g) for g in got] == [fields(w) for w in want], f"batch {b}"
-        again = engine.generate(ps[::-1], list(BUDGETS[::-1])).generations  # replayed graphs, reused cache
+        again = engine.decode(ps[::-1], list(BUDGETS[::-1])).generations  # replayed graphs, reused cache
         assert [fields(g) for g in again] == [fields(w) for w in want[::-1]], f"batch {b}, second call"
 
 
@@ -302,11 +302,11 @@ def test_batched_sampling_equals_batch_one_on_cuda(target, kind):
     ps = prompts(2)
     want = [Engine(tgt, drafter, sampling=SAMPLED).generate(p, m, seed=s) for p, m, s in zip(ps, BUDGETS, SEEDS)]
     for b in (1, 4):
-        engine = BatchEngine(tgt, drafter, batch_size=b, sampling=SAMPLED)
-        got = engine.generate(ps, list(BUDGETS), seeds=SEEDS).generations
+        engine = Engine(tgt, drafter, batch_size=b, sampling=SAMPLED, slots="ragged")
+        got = engine.decode(ps, list(BUDGETS), seeds=SEEDS).generations
         assert [fields(g) for g in got] == [fields(w) for w in want], f"batch {b}"
         if kind == "ready":
-            assert engine.draft.graph is not None
+            assert engine.slots.draft_step.graph is not None
 
 
 def test_rows_that_reach_the_end_of_the_context(target):
@@ -385,5 +385,5 @@ def test_exact_mode_batched_is_bit_identical_on_cuda(target, kind):
     ps = prompts(6)
     want = [Engine(tgt, drafter, **kw).generate(p, m) for p, m in zip(ps, BUDGETS)]
     for b in (4, 16):
-        got = BatchEngine(tgt, drafter, batch_size=b, **kw).generate(ps, list(BUDGETS)).generations
+        got = Engine(tgt, drafter, batch_size=b, **kw, slots="ragged").decode(ps, list(BUDGETS)).generations
         assert [fields(g) for g in got] == [fields(w) for w in want], f"batch {b}"

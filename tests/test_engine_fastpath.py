@@ -64,7 +64,7 @@ def test_fp32_fast_paths_give_the_plain_greedy_tokens(mode):
     fast_spec = [spec.generate(p, 40).tokens for p in prompts]
     assert fast_ar == plain_ar == plain_spec == fast_spec
     assert drafter._graphs and all(g.graph is not None for g in drafter._graphs)
-    assert target._compiled_fn is not None and set(spec.graphs.graphs) == {4}
+    assert target._compiled_fn is not None and set(spec.slots.graphs.graphs) == {4}
 
 
 def test_bf16_fast_verify_logits_match_the_plain_ones(mode):

@@ -35,9 +35,9 @@ def _check_lossless(device: str, k: int, capture_layers: list[int] = ()) -> None
         want = plain.generate(prompt, 30).tokens
         assert ar.generate(prompt, 30).tokens == want
         assert spec.generate(prompt, 30).tokens == want
-    assert ar.cache.static and spec.cache.static and not plain.cache.static
-    assert set(spec.graphs.graphs) == {k + 1}  # the shortened last round runs eagerly
-    assert set(ar.graphs.graphs) == {1}
+    assert ar.slots.cache.static and spec.slots.cache.static and not plain.slots.cache.static
+    assert set(spec.slots.graphs.graphs) == {k + 1}  # the shortened last round runs eagerly
+    assert set(ar.slots.graphs.graphs) == {1}
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])

@@ -199,12 +199,12 @@ def test_exact_engine_output_equals_ar_with_partial_acceptance(exact_bf16, graph
 def test_exact_engine_pads_the_short_last_round_into_the_block_graph(exact_bf16):
     engine = Engine(exact_bf16, NgramDrafter(VOCAB, 3), cuda_graphs=True)
     shapes = []
-    real = engine.graphs.verify
-    engine.graphs.verify = lambda block, cache: shapes.append(block.shape[1]) or real(block, cache)
+    real = engine.slots.graphs.verify
+    engine.slots.graphs.verify = lambda block, cache: shapes.append(block.shape[1]) or real(block, cache)
     gen = engine.generate([1, 2, 3, 4], 10)
     assert len(gen.tokens) == 10 and set(shapes) == {4}  # every verify, the last one too, has K+1 rows
-    assert engine.cache.max_len == 4 + 10 + 15  # EXACT_PAD spare positions (AR engines too)
-    assert Engine(exact_bf16, None, cuda_graphs=True)._pad_room(14) == 15
+    assert engine.slots.cache.max_len == 4 + 10 + 15  # EXACT_PAD spare positions (AR engines too)
+    assert Engine(exact_bf16, None, cuda_graphs=True).slots.pad_room(14) == 15
 
 
 def test_ngram_evaluate_in_exact_bf16_is_lossless_exact(exact_bf16):

@@ -30,7 +30,6 @@ from scipy import stats
 import ready.decode.sampling as sampling_mod
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import Engine, NgramDrafter
-from ready.decode.batch import BatchEngine
 from ready.decode.protocol import DraftStep
 from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
 from ready.drafter import DSparkDrafter
@@ -306,7 +305,7 @@ def sampled_counts(target: HybridLM, drafter, params: SamplingParams, batch: int
     """Token counts per position over N_SAMPLES generations (seeds 0 ..): one at a time through `Engine`,
     or `batch` at a time through the batched engine (ragged rows: each row's acceptance is its own)."""
     if batch:
-        res = BatchEngine(target, drafter, batch_size=batch, sampling=params).generate(
+        res = Engine(target, drafter, batch_size=batch, sampling=params, slots="ragged").decode(
             [PROMPT] * N_SAMPLES, L, seeds=list(range(N_SAMPLES)))
         generations = [g.tokens for g in res.generations]
     else:

@@ -100,13 +100,12 @@ def test_exact_mode_steps_equal_verify_bit_for_bit(windowed):
 
 def test_ragged_batch_decodes_each_row_as_alone(windowed):
     from ready.decode import Engine, NgramDrafter
-    from ready.decode.batch import BatchEngine
-
+    
     rng = random.Random(0)
     ps = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 19, 11)]
     drafter = NgramDrafter(VOCAB, 3)
     want = [Engine(windowed, drafter).generate(p, 14).tokens for p in ps]
-    got = BatchEngine(windowed, drafter, batch_size=3).generate(ps, [14] * 3).generations
+    got = Engine(windowed, drafter, batch_size=3, slots="ragged").decode(ps, [14] * 3).generations
     assert [g.tokens for g in got] == want
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ready.decode.engine import greedy_accept
+from ready.decode.rounds import greedy_accept
 from ready.decode.protocol import DraftStep
 from ready.drafter import DSparkDrafter
 from ready.train import greedy_responses, train_stage

@@ -55,7 +55,7 @@ a run cut by a time limit still shows what it measured. Its keys:
 - `source`: the source tree whose `ready` and `ready_kernels` ran (`ready.bench.ab --tree` A/Bs trees).
 - `batched` (`--batch 1,2,4,8,16`): AR, DSpark and ReaDy (the `--drafter` kinds, paper-size drafters as
   above, forced acceptance from the first `--accept-dist`, reseeded per call so both drafters run identical
-  rounds) through `ready.decode.batch.BatchEngine` at each batch size: `--waves` x B prompts per timed call,
+  rounds) through `ready.decode.engine.Engine` with B slots at each batch size: `--waves` x B prompts per timed call,
   `tokens_per_s` = all new tokens / wall time, `decode_tokens_per_s` without the prefills, per-round µs of
   draft / verify / commit, `reader_share` = (ReaDy draft µs - DSpark draft µs) / ReaDy round µs,
   `ready_over_dspark`, `reader` (the readers' own µs at that batch, CUDA) and `reader_share_direct` =
@@ -80,16 +80,15 @@ from typing import Any, Callable, Optional
 import torch
 
 import ready
-import ready.decode.batch as batch_mod
 import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
 import ready_kernels
 from ready.config import ConfigError, load_config
 from ready.cuda_graph import capture, replay_us
-from ready.decode.batch import BatchEngine
-from ready.decode.engine import Engine, Generation
+from ready.decode.engine import Engine
 from ready.decode.errors import DecodeError
 from ready.decode.evaluate import _warm_up
 from ready.decode.graphs import GraphRunner
+from ready.decode.rounds import Generation
 from ready.decode.sampling import SamplingParams
 from ready.drafter import DSparkDrafter
 from ready.reader import StateSource, read_states
@@ -259,15 +258,17 @@ class _Timed:
         return timed
 
     def __enter__(self) -> "_Timed":
-        e = self.engine
-        e.drafter.propose = self._wrap("draft", e.drafter.propose)
-        e._verify = self._wrap("verify", e._verify)
-        e.target.commit = self._wrap("commit", e.target.commit)
+        s = self.engine.slots
+        if not self.engine.k:  # AR: a round is a verify and its commit
+            self.round_start = "verify"
+        s.draft = self._wrap("draft", s.draft)
+        s.verify = self._wrap("verify", s.verify)
+        s.commit = self._wrap("commit", s.commit)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        e = self.engine
-        del e.drafter.propose, e._verify, e.target.commit
+        s = self.engine.slots
+        del s.draft, s.verify, s.commit
 
     def _ms(self, a: Any, b: Any) -> float:
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
@@ -485,7 +486,7 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
                          f"consistent: {run['consistency']['consistent']}")
         out["runs"].append(run)
     if "ready" in engines:
-        out["reader"] = time_readers(engines["ready"].drafter, engines["ready"].cache)
+        out["reader"] = time_readers(engines["ready"].drafter, engines["ready"].slots.cache)
     if profile and dists:
         text, dist = dists[0]
         profs = {}
@@ -498,27 +499,8 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
     return out
 
 
-class _BatchTimed(_Timed):
-    """Per-round device time of draft, verify and commit in one `BatchEngine` (CUDA events; host clock on CPU)."""
-
-    round_start = "verify"
-
-    def __enter__(self) -> "_BatchTimed":
-        e = self.engine
-        e._propose = self._wrap("draft", e._propose)
-        e._sample_drafts = self._wrap("draft", e._sample_drafts)  # the sampled path's draft step
-        e._verify = self._wrap("verify", e._verify)
-        self._commit = batch_mod.ragged_commit
-        batch_mod.ragged_commit = self._wrap("commit", self._commit)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        del self.engine._propose, self.engine._sample_drafts, self.engine._verify
-        batch_mod.ragged_commit = self._commit
-
-
 def _batch_summary(results: list[Any]) -> dict[str, Any]:
-    """Throughput of timed `BatchEngine.generate` calls (median over repeats)."""
+    """Throughput of timed `Engine.decode` calls (median over repeats)."""
     walls = [r.wall_s for r in results]
     decode = [r.wall_s - sum(g.prefill_s for g in r.generations) for r in results]
     r0 = results[0]
@@ -534,34 +516,36 @@ def _batch_summary(results: list[Any]) -> dict[str, Any]:
 
 def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, dist: Optional[tuple[str, dict]],
                   prompt_len: int, new_tokens: int, batches: list[int], waves: int, repeats: int, graphs: bool,
-                  seed: int, temperature: float = 0.0) -> dict[str, Any]:
-    """AR, DSpark and ReaDy through `ready.decode.batch.BatchEngine` at each batch size (concurrency):
+                  seed: int, temperature: float = 0.0, slots: Optional[str] = None) -> dict[str, Any]:
+    """AR, DSpark and ReaDy through an `Engine` of B slots at each batch size (concurrency):
     `waves` x B prompts of `prompt_len` random tokens per timed call (slots are refilled as rows end), TPS =
     all new tokens / wall time. The drafters decode under forced acceptance (`dist`, reseeded per call, so
     DSpark and ReaDy run identical rounds); `reader_share` = (ReaDy's draft µs - DSpark's) / ReaDy's round µs
     (per-round medians, CUDA events), `ready_over_dspark` = ReaDy TPS / DSpark TPS. `temperature` > 0: every
     method samples (one seed per prompt) and the drafters' rounds follow the real acceptance rule, not `dist`
-    (random weights: few drafts survive), so the figures are the cost of the batched sampling path."""
+    (random weights: few drafts survive), so the figures are the cost of the batched sampling path. `slots`:
+    the engine's slot store (`ready.decode.slots`; default single at B = 1, ragged above)."""
     drafters = {k: build_drafter(target, k, preset, block_size, seed) for k in kinds}
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = target.config.vocab_size
-    out: dict[str, Any] = {"batches": list(batches), "waves": waves, "temperature": temperature,
+    out: dict[str, Any] = {"batches": list(batches), "waves": waves, "temperature": temperature, "slots": slots or "auto",
                            "accept_dist": None if dist is None or temperature > 0 else dist[1],
                            "spec": None if dist is None else dist[0], "runs": []}
     for B in batches:
         prompts = [torch.randint(0, vocab, (prompt_len,), generator=gen) for _ in range(B * waves)]
         sampling = SamplingParams(temperature, 1.0, seed) if temperature > 0 else None
-        engines = {"ar": BatchEngine(target, None, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling)}
+        engines = {"ar": Engine(target, None, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling,
+                                  slots=slots)}
         if dist is not None or sampling is not None:
-            engines.update({k: BatchEngine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs,
-                                           sampling=sampling) for k, d in drafters.items()})
+            engines.update({k: Engine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs,
+                                      sampling=sampling, slots=slots) for k, d in drafters.items()})
 
         def call(k: str, e: Any) -> Any:
             if sampling is not None:
-                return e.generate(prompts, new_tokens, seeds=list(range(len(prompts))))
+                return e.decode(prompts, new_tokens, seeds=list(range(len(prompts))))
             if k != "ar":
                 e.accept_fn = forced_acceptance(dist[1], seed)  # the same accepted lengths for both drafters
-            return e.generate(prompts, new_tokens)
+            return e.decode(prompts, new_tokens)
 
         for k, e in engines.items():  # warm-up: allocation, graph capture, compile, kernel tuning
             e.reserve(prompt_len + new_tokens)
@@ -574,7 +558,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
         ar_tps = run["ar"]["decode_tokens_per_s"]
         for k in drafters if dist is not None or sampling is not None else []:
             run[k]["decode_speedup_vs_ar"] = run[k]["decode_tokens_per_s"] / ar_tps if ar_tps else None
-            with _BatchTimed(engines[k]) as t:
+            with _Timed(engines[k]) as t:
                 call(k, engines[k])
             run[k]["breakdown"] = t.summary()
             t.engine = None  # the engine (and its graphs' memory) goes with `engines` below
@@ -586,7 +570,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
             if "round_us" in bd:
                 run["reader_extra_draft_us"] = round(bd["draft_us"] - ba["draft_us"], 1)
                 run["reader_share"] = (bd["draft_us"] - ba["draft_us"]) / bd["round_us"]
-            run["reader"] = time_readers(engines["ready"].drafter, engines["ready"].cache, batch=B)
+            run["reader"] = time_readers(engines["ready"].drafter, engines["ready"].slots.cache, batch=B)
             if run["reader"].get("readers_us") and bd.get("round_us"):  # the readers' own µs (CUDA graph) / round
                 run["reader_share_direct"] = run["reader"]["readers_us"] / bd["round_us"]
         out["runs"].append(run)
@@ -624,7 +608,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
           drafter_preset: Optional[str] = None, verify_tokens: Optional[list[int]] = None,
           breakdown: bool = False, profile: bool = False, first_later: bool = False,
           batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False,
-          pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT, temperature: float = 0.0) -> dict[str, Any]:
+          pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT, temperature: float = 0.0,
+          slots: Optional[str] = None) -> dict[str, Any]:
     """Every section at one prompt length, or, for a list, the sections at each length in turn over one
     loaded target (`{"prompt_lens": [...], "by_prompt_len": [one result per length]}`)."""
     lens = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
@@ -646,7 +631,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
         target.compile_layers(compile_layers)
     runs = [bench_at(target, target_spec, dtype, n, new_tokens, block_size, dists_parsed, repeats, verify_iters,
                      bandwidth, cuda_graphs, compile_layers, seed, preset, drafters, verify_tokens, breakdown, profile,
-                     first_later and i == 0, batches, waves, batch_only, pairs, tolerance_pct, temperature)
+                     first_later and i == 0, batches, waves, batch_only, pairs, tolerance_pct, temperature, slots)
             for i, n in enumerate(lens)]
     if len(runs) == 1:
         return runs[0]
@@ -666,7 +651,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
              cuda_graphs: Optional[bool], compile_layers: Optional[bool], seed: int, preset: str,
              drafters: tuple[str, ...], verify_tokens: Optional[list[int]], breakdown: bool, profile: bool,
              first_later: bool, batches: Optional[list[int]], waves: int, batch_only: bool, pairs: int,
-             tolerance_pct: float, temperature: float) -> dict[str, Any]:
+             tolerance_pct: float, temperature: float, slots: Optional[str] = None) -> dict[str, Any]:
     """Every section of the benchmark at one prompt length (module docstring)."""
     dev = target.device
     graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
@@ -678,7 +663,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     if batches:  # first, so its timings are not taken after the single-sequence sections warmed other shapes
         kinds = [d for d in drafters if d in ("dspark", "ready")]
         batched = bench_batched(target, kinds, preset, block_size, dists_parsed[0] if dists_parsed else None,
-                                prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature)
+                                prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature, slots)
         if batch_only:
             return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
                     "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
@@ -803,6 +788,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="with --batch: sample at this temperature (real acceptance, one seed per prompt; default 0 = greedy)")
     ap.add_argument("--waves", type=int, default=2, help="prompts per slot in each --batch measurement (default 2)")
     ap.add_argument("--batch-only", action="store_true", help="with --batch: skip the single-sequence sections")
+    ap.add_argument("--slots", choices=("single", "ragged"), default=None,
+                    help="with --batch: the engine's slot store (ready.decode.slots; default single at B = 1, ragged above)")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -836,7 +823,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
                         batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct,
-                        temperature=a.temperature)
+                        temperature=a.temperature, slots=a.slots)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise

@@ -209,7 +209,7 @@ def cost(model, k: int, prompt_len: int, new_tokens: int, iters: int) -> dict[st
         r["ngram_tau"] = sum(gens[0].committed) / len(gens[0].committed)
         # replays of the engines' own graphs on their own caches (nothing recompiles or recaptures)
         for T, eng in ((1, ar), (k + 1, sp)):
-            c, gv = eng.cache, eng.graphs.graphs[T]
+            c, gv = eng.slots.cache, eng.slots.graphs.graphs[T]
             c.reset()
             model.prefill(prompt[None], c)
             ids = block[:, :T]

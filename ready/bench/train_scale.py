@@ -8,7 +8,7 @@ and the drafter has the preset's DSpark shape (experiments/presets/<target>.yaml
 public 27B DSpark layout), also random. Sections (`--sections`, default all):
 
 - `regen`: the target regenerating responses through the batched greedy engine
-  (ready.decode.batch.BatchEngine, as ready.train.conversations regenerates assistant turns): B random
+  (ready.decode.engine.Engine with B slots, as ready.train.conversations regenerates assistant turns): B random
   prompts of P tokens (B: `--regen-batch`, default the config's regen.batch_size), R new tokens each, one
   timed call after a warm-up call (CUDA graphs captured).
   No row stops early (random weights have no learned end-of-turn, and no stop token is set), so every row
@@ -57,7 +57,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from ready.config import load_config, preset_names
-from ready.decode.batch import BatchEngine
+from ready.decode.engine import Engine
 from ready.drafter import DSparkDrafter
 from ready.target import PRESETS, load_target, preset_config
 from ready.train.regen import RegenData
@@ -153,15 +153,15 @@ def random_rows(vocab: int, rows: int, seq_len: int, prompt_len: int, seed: int 
 
 def bench_regen(target: Any, batch: int, prompt_len: int, response_len: int, seed: int = 0,
                 progress: bool = True) -> dict:
-    """Greedy regeneration throughput of `batch` random prompts through BatchEngine (one timed call)."""
+    """Greedy regeneration throughput of `batch` random prompts through the engine (one timed call)."""
     g = torch.Generator().manual_seed(seed)
     prompts = list(torch.randint(0, int(target.config.vocab_size), (batch, prompt_len), generator=g))
-    engine = BatchEngine(target, None, batch_size=batch, eos_token_id=NO_STOP)
+    engine = Engine(target, None, batch_size=batch, eos_token_id=NO_STOP)
     engine.reserve(prompt_len + response_len)  # the timed call reuses these buffers and graphs
     t0 = time.perf_counter()
-    engine.generate(prompts, min(4, response_len))  # warm-up: allocation, graph capture
+    engine.decode(prompts, min(4, response_len))  # warm-up: allocation, graph capture
     warmup_s = time.perf_counter() - t0
-    res = engine.generate(prompts, response_len, progress=progress, desc="regen (timed)")
+    res = engine.decode(prompts, response_len, progress=progress, desc="regen (timed)")
     prefill_s = sum(gen.prefill_s for gen in res.generations)
     decode_s = res.wall_s - prefill_s
     full = sum(len(gen.tokens) == response_len for gen in res.generations)

@@ -39,9 +39,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ready.decode.batch import BatchEngine, BatchResult
 from ready.decode.dist_check import DistValidity, check_distribution, teacher_forced_logits
-from ready.decode.engine import Engine, Generation, as_prompt, check_prompt
+from ready.decode.engine import BatchResult, Engine
+from ready.decode.rounds import Generation, as_prompt, check_prompt
 from ready.decode.errors import DecodeError
 from ready.decode.protocol import Drafter
 from ready.decode.sampling import SamplingParams, sample_seed
@@ -183,7 +183,7 @@ class EvalResult:
     dist_rounds: int = 0  # rounds checked, summed
     rule_err: Optional[float] = None  # largest over generations
     state_err: Optional[float] = None
-    concurrency: int = 1  # sequences the drafting (or AR) row decoded together (ready.decode.batch)
+    concurrency: int = 1  # sequences the drafting (or AR) row decoded together (ready.decode.engine)
 
     def validity(self) -> dict[str, Any]:
         """The per-benchmark keys of evaluation.json: lossless (= greedy_valid, or dist_valid when sampled),
@@ -233,7 +233,7 @@ def units(n_prompts: int, sampling: Optional[SamplingParams], samples: int,
 
 
 def check_concurrency(concurrency: int) -> int:
-    """The concurrency as an int >= 1 (greedy or sampled: `ready.decode.batch` does both)."""
+    """The concurrency as an int >= 1 (greedy or sampled: `ready.decode.engine` does both)."""
     c = int(concurrency)
     if c < 1:
         raise DecodeError(f"concurrency={concurrency}; expected an integer >= 1 (sequences decoded together)")
@@ -246,21 +246,21 @@ def run_batched(target: Any, drafter: Optional[Drafter], prompts: Sequence[torch
                 donors: Optional[Sequence[torch.Tensor]] = None, sampling: Optional[SamplingParams] = None,
                 seeds: Optional[Sequence[int]] = None, trace_rounds: int = 0,
                 on_finish: Optional[Callable[[int, Generation, list], None]] = None) -> BatchResult:
-    """Generations of every prompt through a `BatchEngine` of `concurrency` slots (AR without a drafter),
+    """Generations of every prompt through an `Engine` of `concurrency` slots (AR without a drafter),
     greedy or with `sampling` (generation i with seeds[i], its first `trace_rounds` rounds traced), after
     `warmup` untimed passes over the first `concurrency` prompts (sizes the cache for the longest prompt,
     captures the graphs). Each generation's wall_s is its share of the timed pass, so a benchmark's TPS
-    is its throughput at that concurrency (`ready.decode.batch`). `donors`: prompt i's drafter reads the
+    is its throughput at that concurrency (`ready.decode.engine`). `donors`: prompt i's drafter reads the
     committed states of donors[i] instead of its own (the state placebo). `on_finish`: see
-    `BatchEngine.generate` (timed pass only)."""
-    engine = BatchEngine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs,
+    `Engine.decode` (timed pass only)."""
+    engine = Engine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs,
                          sampling=sampling)
     engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
     for _ in range(warmup):
-        engine.generate(prompts[:concurrency], max_new_tokens,
+        engine.decode(prompts[:concurrency], max_new_tokens,
                         donors=None if donors is None else donors[:concurrency],
                         seeds=None if seeds is None else seeds[:concurrency])
-    return engine.generate(prompts, max_new_tokens, progress=progress, desc=desc, donors=donors, seeds=seeds,
+    return engine.decode(prompts, max_new_tokens, progress=progress, desc=desc, donors=donors, seeds=seeds,
                            trace_rounds=trace_rounds, on_finish=on_finish)
 
 
@@ -360,7 +360,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     `concurrency` > 1: the drafter's (and, when decoded here, AR's) generations come from a batched engine
     with that many slots (`run_batched`; interleaving then alternates whole passes, AR first), sampled ones
     with their own seeds and distribution check; every generation keeps its own record; with `donors` each
-    slot reads its own donor (`ready.decode.batch`).
+    slot reads its own donor (`ready.decode.engine`).
     `EvalResult.concurrency` records what was used.
     """
     set_exact(target, exact)

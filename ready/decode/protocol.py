@@ -55,7 +55,7 @@ class Drafter(Protocol):
     #   def sample(self, step: DraftStep, sampling: DraftSampling) -> tuple[LongTensor [B, K], Tensor [B, K, V]]
     # draws position j from q_j (conditioned on the token drawn at j-1) with `draw(q_j, uniforms[:, j])` and
     # returns q. A drafter without it is deterministic: the engine takes `propose`'s tokens as point masses.
-    # Optional, for the batched engine (`ready.decode.batch`): a class attribute `batch_draft = True` says the
+    # Optional, for the batched engine (`ready.decode.batch_draft`): a class attribute `batch_draft = True` says the
     # drafter has DSpark's layout (fc, layers, heads, reader), whose draft step `BatchDraft` runs for B ragged
     # rows at once (`ready.drafter.DSparkDrafter`); any other drafter is asked row by row.
 

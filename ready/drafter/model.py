@@ -96,7 +96,7 @@ def rotary_max_positions(drafter_cfg: dict, target_max: int) -> int:
 class DSparkDrafter(nn.Module):
     """Block drafter over target features; `propose` follows the engine's Drafter protocol."""
 
-    batch_draft = True  # the batched engine drives its draft step for B ragged rows (ready.decode.batch.BatchDraft)
+    batch_draft = True  # the batched engine drives its draft step for B ragged rows (ready.decode.batch_draft.BatchDraft)
 
     def __init__(self, drafter_cfg: DrafterConfig | DictConfig, reader_cfg: ReaderConfig | DictConfig, target: Any):
         super().__init__()

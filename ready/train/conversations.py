@@ -46,7 +46,7 @@ from ready.artifacts import artifact_dir, cached, intact
 from ready.config import config_hash, to_container
 from ready.data.chat import prompt_ids, render
 from ready.data.training_chats import conversations_for, source_key
-from ready.decode.batch import BatchEngine
+from ready.decode.engine import Engine
 from ready.decode.sampling import params_from
 from ready.train import distributed
 from ready.train.regen_chunks import map_chunks, work_folder
@@ -83,10 +83,10 @@ def regenerate_turns(target: Any, tokenizer: Any, conversations: list[Messages],
         todo = [(i, ks[t]) for i, ks in enumerate(turns) if len(ks) > t]
         prompts = [prompt_of(out[i][:k]) for i, k in todo]
         sampling = params_from(temperature, top_p, seed)
-        engine = BatchEngine(target, None, batch_size=max(1, min(batch_size, len(prompts))), eos_token_id=stop,
+        engine = Engine(target, None, batch_size=max(1, min(batch_size, len(prompts))), eos_token_id=stop,
                              sampling=sampling)
         seeds = None if sampling is None else [seed * 1_000_003 + (first + i) * 101 + t for i, _ in todo]
-        answers = [g.tokens for g in engine.generate(prompts, max_new_tokens, seeds=seeds).generations]
+        answers = [g.tokens for g in engine.decode(prompts, max_new_tokens, seeds=seeds).generations]
         for (i, k), ids in zip(todo, answers):
             out[i][k] = {"role": "assistant", "content": tokenizer.decode([x for x in ids if x != stop],
                                                                            skip_special_tokens=True)}
