@@ -277,7 +277,7 @@ class Engine:
                 mark += spent
             room = [min(K, budgets[slot[b]] - len(gens[slot[b]].tokens)) if live[b] else 0 for b in range(B)]
             q = None
-            last = slots.last()
+            anchors = slots.anchors()
             if K:
                 u = None
                 if sampling is not None:  # each slot's K uniforms for its drafts
@@ -286,12 +286,13 @@ class Engine:
                         if live[b]:
                             u[b] = torch.rand(K, generator=rng[b], dtype=torch.float32)
                 drafts, q = slots.draft(seqs, live, u)
-                block = torch.cat([last[:, None], drafts.to(dev)], dim=1)
+                block = torch.cat([anchors, drafts.to(dev)], dim=1)
             else:
-                block = last[:, None]
+                block = anchors
             out = slots.verify(block, room)
             if sampling is None:  # one device->host copy per round: every slot's drafts and argmaxes
-                host = torch.cat([block[:, 1:], out.logits.argmax(-1)], dim=1).cpu().tolist()
+                argmaxes = out.logits.argmax(-1)
+                host = (torch.cat([block[:, 1:], argmaxes], dim=1) if K else argmaxes).cpu().tolist()
             else:
                 host, warped = self._judge_sampled(block, out.logits, q, room, [r if x else None for r, x in zip(rng, live)])
             kept, advance, appended = [1] * B, [0] * B, [[] for _ in range(B)]

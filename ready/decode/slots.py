@@ -109,9 +109,9 @@ class SingleSlot:
         self.tokens[0, self.t] = first
         self.t += 1
 
-    def last(self) -> torch.Tensor:
-        """Each slot's last committed token [B] (on the device)."""
-        return self.tokens[:, self.t - 1]
+    def anchors(self) -> torch.Tensor:
+        """Each slot's last committed token, the next block's first, [B, 1] (on the device)."""
+        return self.tokens[:, self.t - 1:self.t]
 
     # --- a round -----------------------------------------------------------------------------------
     def draft(self, seqs: list[list[int]], live: list[bool],
@@ -129,8 +129,9 @@ class SingleSlot:
     def verify(self, block: torch.Tensor, room: list[int]) -> Any:
         """The target's pass over the anchor and the first room[0] drafts of `block` [1, K+1] (a round never
         verifies drafts past the budget, so the cache never holds more than prompt + budget tokens)."""
-        block = block[:, :room[0] + 1]
-        t = block.shape[1]
+        t = room[0] + 1
+        if t < block.shape[1]:
+            block = block[:, :t]
         if self.graphs is not None and t == self.k + 1:
             return self.graphs.verify(block, self.cache)
         if (self.graphs is not None and self.exact and t < self.k + 1
@@ -148,9 +149,11 @@ class SingleSlot:
             self._store_features(self.cache.length, out.hidden[:, :kept[0]])
         self.target.commit(self.cache, kept[0])
         n = len(appended[0])
-        if n:
+        if n == 1:  # (the AR step: a scalar write, no host->device copy)
+            self.tokens[0, self.t] = appended[0][0]
+        elif n:
             self.tokens[0, self.t:self.t + n] = torch.tensor(appended[0], dtype=torch.long, device=self.device)
-            self.t += n
+        self.t += n
 
     # --- donors (the state placebo) ----------------------------------------------------------------
     def donor_layers(self) -> list[int]:
@@ -238,9 +241,9 @@ class RaggedSlots:
         self._last[b] = first
         self._last_host[b] = first
 
-    def last(self) -> torch.Tensor:
-        """Each row's last committed token [B] (on the device)."""
-        return self._last
+    def anchors(self) -> torch.Tensor:
+        """Each row's last committed token, the next block's first, [B, 1] (on the device)."""
+        return self._last[:, None]
 
     # --- a round -----------------------------------------------------------------------------------
     def _row_step(self, b: int, seq: list[int]) -> DraftStep:
