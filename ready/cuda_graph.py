@@ -7,7 +7,7 @@ autotuning: everything that must not happen inside a capture), then captures one
 the outputs after it. With `fallback` (the default) a capture that fails warns once, naming `what`,
 and returns (None, None): the caller runs `fn` eagerly, slower but with the same numbers.
 
-Used by the target's graphed verify (`ready.target.graphs`, `ready.target.ragged`), the drafter's
+Used by the target's graphed verify (`ready.target.graphs`, one sequence or a ragged batch), the drafter's
 draft step (`ready.drafter.model`), the batched draft step (`ready.decode.batch_draft`) and the benchmarks.
 """
 

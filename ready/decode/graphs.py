@@ -21,10 +21,13 @@ from ready.target import GraphedVerify
 
 
 class GraphRunner:
-    """verify/step for one engine: one captured graph per block length, per cache."""
+    """verify/step for one engine: one captured graph per block length, per cache (one sequence's static
+    cache, or a ragged cache of B rows: `ready.target.ragged`)."""
 
-    def __init__(self, target: Any, capture_layers: list[int]) -> None:
-        self.target, self.capture = target, list(capture_layers)
+    def __init__(self, target: Any, capture_layers: list[int], short_rounds: bool = True) -> None:
+        """`short_rounds`: the engine also verifies shorter blocks eagerly (one sequence's last round at
+        its budget), so capturing a block length warms those up too."""
+        self.target, self.capture, self.short_rounds = target, list(capture_layers), short_rounds
         self.graphs: dict[int, GraphedVerify] = {}
         self.cache_id: Optional[int] = None
 
@@ -52,7 +55,7 @@ class GraphRunner:
         """Run the eager verify once for every shorter block (2..t-1 tokens: the last round at the
         token budget) and drop the result, so the Triton kernels specialised on the block length
         compile here, in the warm-up that captures the graph, not inside a timed generation."""
-        if cache.key.device.type != "cuda" or cache.pending:
+        if not self.short_rounds or cache.key.device.type != "cuda" or cache.pending:
             return
         for s in range(2, t):
             if cache.length + s > cache.max_len:

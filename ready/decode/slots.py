@@ -5,8 +5,8 @@ what depends on how the slots are laid out in memory: admit a prompt into a slot
 every decoding slot, verify a [B, K+1] block, commit what each slot kept, and put donor states where the
 drafter reads them (the state placebo). Two stores:
 
-- `RaggedSlots` (any B): a `RaggedCache`, one committed length per row; verify is one ragged pass
-  (`ready.target.ragged`, replayed from a CUDA graph per block length on CUDA); a DSpark / ReaDy drafter
+- `RaggedSlots` (any B): a `RaggedCache`, one committed length per row; verify is the target's pass with
+  per-row positions (`ready.target.ragged`; on CUDA replayed from `GraphRunner`'s graph of the block length); a DSpark / ReaDy drafter
   drafts every row in one `BatchDraft` step, any other drafter is asked row by row.
 - `SingleSlot` (B = 1, the paper's latency setting): the static `HybridCache` of one sequence, whose
   passes run the batch-1 kernels (the fused decode layer of the AR step, the fused GDN verify, the
@@ -29,9 +29,7 @@ from ready.decode.graphs import GraphRunner
 from ready.decode.protocol import DraftStep, Drafter
 from ready.decode.rounds import check_drafts, sampled_draft, target_device
 from ready.decode.sampling import SamplingParams
-from ready.target.ragged import (
-    RaggedCache, RaggedGraphedVerify, new_ragged_cache, prefill_row, ragged_commit, ragged_verify
-)
+from ready.target.ragged import RaggedCache, new_ragged_cache, prefill_row, ragged_commit, ragged_verify
 
 EXACT_PAD = 15  # exact mode with graphs: spare cache positions of every single-slot engine (>= K of any drafter)
 
@@ -187,7 +185,8 @@ class RaggedSlots:
         self.batch_size = int(batch_size)
         self.k = drafter.proposals if drafter is not None else 0
         self.device = target_device(target)
-        self.graphs = graphs
+        # one captured verify per block length (on CPU the same objects run eagerly); every block is K+1
+        self.graphs: Optional[GraphRunner] = GraphRunner(target, capture, short_rounds=False) if graphs else None
         self.block_drafter = drafter is not None and is_block_drafter(drafter)
         self.cache: Optional[RaggedCache] = None
         self.features: Optional[torch.Tensor] = None
@@ -195,7 +194,6 @@ class RaggedSlots:
         self.donor_ssm: Optional[torch.Tensor] = None  # the states a donor-reading draft step reads
         self.donor_draft: Optional[BatchDraft] = None
         self.reads_donor = False
-        self.verifiers: dict[int, RaggedGraphedVerify] = {}
         self._last = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
         self._last_host = [0] * self.batch_size
 
@@ -212,13 +210,15 @@ class RaggedSlots:
             return
         self.cache = new_ragged_cache(self.target, self.batch_size, need, max_verify=self.k + 1, spare=self.k + 1)
         self.features, self.draft_step, self.donor_ssm, self.donor_draft = None, None, None, None
-        self.verifiers = {}
+        if self.graphs is not None:
+            self.graphs.prepare(self.cache)  # (a new cache: its graphs are captured afresh)
         if self.capture:
             cfg = self.target.config
             self.features = torch.zeros(self.batch_size, need, len(self.capture), cfg.hidden_size,
                                         dtype=self.target.dtype, device=self.device)
         if self.block_drafter:
-            self.draft_step = BatchDraft(self.drafter, self.cache, self.features, self.graphs, mode=self._mode())
+            self.draft_step = BatchDraft(self.drafter, self.cache, self.features, self.graphs is not None,
+                                         mode=self._mode())
 
     def _draft_step(self) -> Optional[BatchDraft]:
         return self.donor_draft if self.reads_donor else self.draft_step
@@ -277,13 +277,9 @@ class RaggedSlots:
 
     def verify(self, block: torch.Tensor, room: list[int]) -> Any:
         """One ragged pass over the whole [B, K+1] block (drafts past a row's budget are verified, never kept)."""
-        t = block.shape[1]
-        v = self.verifiers.get(t)
-        if v is None and self.graphs:
-            v = self.verifiers[t] = RaggedGraphedVerify(self.target, self.cache, t, self.capture)
-        if v is None:
+        if self.graphs is None:
             return ragged_verify(self.target, block, self.cache, self.capture)
-        return v(block)
+        return self.graphs.verify(block, self.cache)
 
     def commit(self, out: Any, kept: list[int], advance: list[int], appended: list[list[int]]) -> None:
         """Row b keeps its first kept[b] verified tokens and its length moves by advance[b] (0: a row with
@@ -313,8 +309,8 @@ class RaggedSlots:
         """The draft step reads the donor state buffer from now until the next `prepare`."""
         if self.donor_draft is None:
             self.donor_ssm = torch.zeros_like(self.cache.ssm)
-            self.donor_draft = BatchDraft(self.drafter, self.cache, self.features, self.graphs, states=self.donor_ssm,
-                                          mode=self._mode())
+            self.donor_draft = BatchDraft(self.drafter, self.cache, self.features, self.graphs is not None,
+                                          states=self.donor_ssm, mode=self._mode())
         self.reads_donor = True
 
     def read_donor(self, b: int, states: torch.Tensor, at: int, slots: Sequence[int], length: int) -> None:

@@ -202,21 +202,29 @@ def rotary(positions: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dty
     return _elementwise(torch.cos, emb, exact).to(dtype), _elementwise(torch.sin, emb, exact).to(dtype)
 
 
-# A pass's rotary inputs, shared by its attention layers: positions [T], cos and sin [T, rot_dim]
+# A pass's rotary inputs, shared by its attention layers: positions [T] (or [B, T], one row per sequence of
+# a ragged batch), cos and sin [T, rot_dim] (or [B, 1, T, rot_dim])
 Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def rope_base(start: int, cache: Optional[KVSlot]) -> torch.Tensor | int:
-    """Where a pass's positions start: a static cache's device counter (CUDA graphs), else `start`."""
+    """Where a pass's positions start: a static cache's device counter (CUDA graphs; [B] per row in a
+    ragged cache), else `start`."""
     return cache.length_t if cache is not None and cache.static else start
 
 
 def pass_rope(base: torch.Tensor | int, T: int, rot_dim: int, theta: float, dtype: torch.dtype,
               device: torch.device, exact: bool = False) -> Rope:
-    """Positions base + 0..T-1 (`base`: a static cache's device counter, or the committed length) with
-    their cos / sin, computed once per pass: inside every layer's fused kernels the transcendentals
-    cost the 27B verify(8) ~0.2 ms on the H200 (docs/benchmarks.md)."""
-    pos = base + torch.arange(T, device=device)
+    """Positions base + 0..T-1 (`base`: a static cache's device counter, one per row [B] in a ragged cache,
+    or the committed length) with their cos / sin, computed once per pass: inside every layer's fused
+    kernels the transcendentals cost the 27B verify(8) ~0.2 ms on the H200 (docs/benchmarks.md)."""
+    steps = torch.arange(T, device=device)
+    if isinstance(base, torch.Tensor) and base.dim() == 1:  # per-row lengths: positions [B, T]
+        pos = base[:, None] + steps
+        cos, sin = rotary(pos.reshape(-1), rot_dim, theta, dtype, exact)
+        shape = (pos.shape[0], 1, T, cos.shape[-1])
+        return pos, cos.view(shape), sin.view(shape)
+    pos = base + steps
     cos, sin = rotary(pos, rot_dim, theta, dtype, exact)
     return pos, cos, sin
 
@@ -288,8 +296,15 @@ class Attention(nn.Module):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         if cache.static:  # fixed shapes: write at device positions, attend over the whole buffer
-            cache.key.index_copy_(2, pos, k)
-            cache.value.index_copy_(2, pos, v)
+            if pos.dim() == 2:  # a ragged batch: row b at its own positions (past the buffer: its last slot,
+                # beyond every live row's committed length)
+                B, L = q.shape[0], cache.key.shape[2]
+                idx = pos.clamp(max=L - 1)[:, None, :, None].expand(B, self.n_kv, T, self.hd)
+                cache.key.scatter_(2, idx, k)
+                cache.value.scatter_(2, idx, v)
+            else:
+                cache.key.index_copy_(2, pos, k)
+                cache.value.index_copy_(2, pos, v)
             return self.attention(q, cache.key, cache.value, pos, exact)
         cache.key[:, :, start : start + T] = k
         cache.value[:, :, start : start + T] = v
