@@ -61,6 +61,8 @@ a run cut by a time limit still shows what it measured. Its keys:
   `ready_over_dspark`, `reader` (the readers' own µs at that batch, CUDA) and `reader_share_direct` =
   those µs / ReaDy round µs. CUDA graphs per batch size
   (verify per block length, the batched draft step). `--batch-only` skips the single-sequence sections.
+  `--slots ragged` decodes B = 1 through the ragged slot store as well (`ready.decode.slots`; by default one
+  slot is `SingleSlot`): beside the single-sequence sections, the cost of a batch of one on the ragged path.
   `--temperature T` (> 0): every method samples (one seed per prompt) under the real acceptance rule, so
   with random weights few drafts survive: the figures are the cost of the batched sampling path.
 """
