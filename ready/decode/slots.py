@@ -6,15 +6,18 @@ every decoding slot, verify a [B, K+1] block, commit what each slot kept, and pu
 drafter reads them (the state placebo). Two stores:
 
 - `RaggedSlots` (any B): a `RaggedCache`, one committed length per row; verify is the target's pass with
-  per-row positions (`ready.target.ragged`; on CUDA replayed from `GraphRunner`'s graph of the block length); a DSpark / ReaDy drafter
-  drafts every row in one `BatchDraft` step, any other drafter is asked row by row.
-- `SingleSlot` (B = 1, the paper's latency setting): the static `HybridCache` of one sequence, whose
-  passes run the batch-1 kernels (the fused decode layer of the AR step, the fused GDN verify, the
-  split-KV decode attention) from `GraphRunner`'s graphs, and the drafter's own draft step (with its own
-  CUDA graph). Its last round verifies only the drafts the budget can keep.
+  per-row positions (`ready.target.ragged`; on CUDA replayed from `GraphRunner`'s graph of the block
+  length) over the whole [B, K+1] block; a DSpark / ReaDy drafter drafts every row in one `BatchDraft`
+  step, any other drafter is asked row by row.
+- `SingleSlot` (B = 1, the paper's latency setting): the static `HybridCache` of one sequence. The target
+  pass is the same (`HybridLM._run`, the same kernels), but the drafter runs its own draft step (with its
+  own CUDA graph, any drafter), and the last round verifies only the drafts the budget can keep, so the
+  cache never holds more than prompt + budget tokens.
 
 The engine takes `SingleSlot` for one slot and `RaggedSlots` for more (`Engine(..., slots=...)` forces
-either). Both produce the same tokens: tests/test_engine_batch.py decodes every prompt through both.
+either; `python -m ready.bench.engine --batch 1 --slots ragged` times a batch of one on the ragged store
+beside the single-slot sections). Both produce the same tokens: tests/test_engine_batch.py decodes every
+prompt through both.
 """
 
 from __future__ import annotations
