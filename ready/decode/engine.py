@@ -68,7 +68,8 @@ from ready.decode.donor import donor_states, read_lengths
 from ready.decode.errors import DecodeError
 from ready.decode.protocol import Drafter
 from ready.decode.rounds import (
-    AcceptFn, Generation, RoundTrace, as_prompt, check_drafter, check_prompt, pick, settle_round, sync, target_device
+    AcceptFn, Generation, RoundTrace, as_prompt, check_drafter, check_prompt, greedy_count, pick, settle_round, sync,
+    target_device
 )
 from ready.decode.sampling import SamplingParams, draw, speculative_rounds, warp
 from ready.decode.slots import RaggedSlots, SingleSlot
@@ -95,13 +96,6 @@ class BatchResult:
     def tokens_per_s(self) -> float:
         """Throughput at concurrency B: every committed token / the call's wall time."""
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-
-def _greedy_count(drafted: list[int], argmax: list[int]) -> int:
-    a = 0
-    while a < len(drafted) and drafted[a] == argmax[a]:
-        a += 1
-    return a
 
 
 class Engine:
@@ -316,7 +310,7 @@ class Engine:
                 else:
                     argmax = host[b][K:K + n + 1]
                     if self.accept_fn is None:
-                        raw = _greedy_count(drafted, argmax)
+                        raw = greedy_count(drafted, argmax)
                     else:
                         raw = min(int(self.accept_fn(torch.tensor(drafted), torch.tensor(argmax))), n)
                     res = settle_round(drafted, argmax, raw, remaining, self.eos)

@@ -56,11 +56,17 @@ class RoundTrace:
     accepted: int  # A (raw, before the horizon cap)
 
 
+def greedy_count(drafts: Sequence[int], argmax: Sequence[int]) -> int:
+    """Length of the longest prefix of `drafts` [K] equal to the target argmaxes `argmax[:K]` (host lists)."""
+    a = 0
+    while a < len(drafts) and drafts[a] == argmax[a]:
+        a += 1
+    return a
+
+
 def greedy_accept(drafts: torch.Tensor, argmax: torch.Tensor) -> int:
-    """Length of the longest prefix of `drafts` [K] equal to the target argmaxes `argmax[:K]`."""
-    k = drafts.shape[-1]
-    match = (drafts == argmax[:k]).to(torch.int32)
-    return int(match.cumprod(0).sum())
+    """`greedy_count` of tensors (an `AcceptFn`)."""
+    return greedy_count(drafts.tolist(), argmax.tolist())
 
 
 @dataclass
