@@ -54,7 +54,7 @@ def replayed(model: HybridLM, c, T: int):
     states, conv = [], []
     for n in range(1, T + 1):
         s, w = c.ssm.clone(), c.conv.clone()
-        commit_gdn(s, w, c.pending_inputs, c.pending_conv, n, bool(model.exact))
+        commit_gdn(s, w, c.pending_inputs, c.pending_conv, n, bool(model.exact), c.pending_states)
         states.append(s[:, 0])
         conv.append(w[:, 0])
     return torch.stack(states, 1), torch.stack(conv, 1)

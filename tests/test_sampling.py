@@ -126,7 +126,8 @@ def test_a_rejected_draft_left_in_the_states_fails_the_distribution_check(target
 
     def leaky_commit(self, cache, n):  # the GDN state after the first rejected draft is kept: it leaves a trace
         pending, leaked = cache.pending, cache.ssm.clone()
-        commit_gdn(leaked, cache.conv.clone(), cache.pending_inputs, cache.pending_conv, min(n + 1, pending))
+        commit_gdn(leaked, cache.conv.clone(), cache.pending_inputs, cache.pending_conv, min(n + 1, pending),
+                   pending_states=cache.pending_states)
         real_commit(self, cache, n)
         if n < pending:
             cache.ssm.copy_(leaked)

@@ -2,15 +2,17 @@
 
 Everything is preallocated once, so shapes never change between decoding rounds (CUDA-graph
 friendly). `verify` writes each token's GDN inputs (k, v, decay, beta) and conv window into the
-`pending_*` buffers and attention KV past `length`; `commit(n)` replays the first n verified tokens
-on the live GDN states (kernels/gdn_verify.py `gdn_commit`: cheaper than keeping 8 fp32 states a
-layer), installs the n-th window and moves `length`, so rejected tokens leave no trace.
+`pending_*` buffers and attention KV past `length`; `commit(n)` installs the GDN state after the n-th
+verified token and its window and moves `length`, so rejected tokens leave no trace. On CUDA the commit
+replays the first n tokens on the live states (kernels/gdn_verify.py `gdn_commit`: cheaper in memory
+than keeping every token's fp32 state); elsewhere the verify keeps the state after every token in
+`pending_states` and the commit copies one (a replay would cost a third of the verify on CPU).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -24,6 +26,7 @@ class GDNSlot(NamedTuple):
     conv: torch.Tensor  # [B, conv_dim, kernel-1]
     pending_inputs: torch.Tensor  # [B, max_verify, H_v, d_k + d_v + 2]: k | v | g | beta per token and head
     pending_conv: torch.Tensor  # [B, max_verify, conv_dim, kernel-1]
+    pending_states: Optional[torch.Tensor] = None  # [max_verify, B, H_v, d_k, d_v] fp32, where kept
 
 
 class KVSlot(NamedTuple):
@@ -49,10 +52,14 @@ class HybridCache:
     # static: attention reads the whole preallocated KV with a mask from `length_t`, so every
     # pass has fixed shapes and can be captured once in a CUDA graph and replayed at any length
     static: bool = False
+    # the GDN state after each verified token [L_gdn, max_verify, B, H_v, d_k, d_v] fp32 (token-major), kept where the
+    # commit has no replay kernel (`ready.target.layers.keeps_verify_states`); None elsewhere
+    pending_states: Optional[torch.Tensor] = None
     gdn_slots: list[GDNSlot] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        self.gdn_slots = [GDNSlot(*t) for t in zip(self.ssm, self.conv, self.pending_inputs, self.pending_conv)]
+        states = [None] * len(self.ssm) if self.pending_states is None else self.pending_states
+        self.gdn_slots = [GDNSlot(*t) for t in zip(self.ssm, self.conv, self.pending_inputs, self.pending_conv, states)]
 
     def kv_slot(self, i: int) -> KVSlot:
         return KVSlot(self.key[i], self.value[i], self.length_t, self.static)
@@ -78,7 +85,10 @@ class HybridCache:
         max_verify: int = 16,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        keep_states: bool = True,
     ) -> "HybridCache":
+        """Zeroed buffers; `keep_states`: allocate `pending_states` (needed wherever the commit has no
+        replay kernel)."""
         Lg, La = len(cfg.gdn_layer_ids), len(cfg.attn_layer_ids)
         H, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         w = cfg.linear_conv_kernel_dim - 1
@@ -91,6 +101,8 @@ class HybridCache:
             pending_inputs=torch.zeros(Lg, batch_size, max_verify, H, dk + dv + 2, device=device, dtype=torch.float32),
             pending_conv=torch.zeros(Lg, batch_size, max_verify, cfg.gdn_conv_dim, w, device=device, dtype=dtype),
             length_t=torch.zeros((), dtype=torch.long, device=device),
+            pending_states=(torch.zeros(Lg, max_verify, batch_size, H, dk, dv, device=device, dtype=torch.float32)
+                            if keep_states else None),
         )
 
     def reset(self) -> None:

@@ -28,27 +28,26 @@ def recurrent_gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     initial_state: Optional[torch.Tensor] = None,
-    all_states: bool = False,
+    out_states: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token recurrence (verify and decode; the reference for the chunked form).
 
-    Returns o [B, H, T, d_v] and either the final state [B, H, d_k, d_v] or, with
-    `all_states`, the state after every token [B, T, H, d_k, d_v].
+    Returns o [B, H, T, d_v] and the final state [B, H, d_k, d_v]; writes the state after every
+    token into `out_states` [T, B, H, d_k, d_v] when given (what a commit installs; token-major, so
+    each step's sum lands in place).
     """
     B, H, T, dk = k.shape
     dv = v.shape[-1]
     S = q.new_zeros(B, H, dk, dv) if initial_state is None else initial_state.float()
-    outs, states = [], []
+    outs = []
     for t in range(T):
         S = S * g[:, :, t].exp()[..., None, None]
         kt = k[:, :, t]
         delta = (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", S, kt)) * beta[:, :, t, None]
-        S = S + kt[..., :, None] * delta[..., None, :]
+        # the new state goes straight into out_states when given (the same sum, no extra copy)
+        S = torch.add(S, kt[..., :, None] * delta[..., None, :], out=None if out_states is None else out_states[t])
         outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))
-        if all_states:
-            states.append(S)
-    o = torch.stack(outs, dim=2)
-    return o, (torch.stack(states, dim=1) if all_states else S)
+    return torch.stack(outs, dim=2), S
 
 
 def chunk_gated_delta_rule(

@@ -12,7 +12,7 @@ from torch import nn
 
 from ready import fastops
 from ready.target.cache import GDNSlot, KVSlot
-from ready.target.config import HybridConfig
+from ready.target.config import HybridConfig, TargetError
 from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
 
 
@@ -507,7 +507,8 @@ class GatedDeltaNet(nn.Module):
         at = None
         if mode == "verify":
             T = x.shape[1]
-            o = _verify_outputs(q, k, v, g, beta, init, cache.pending_inputs[:, :T], exact)
+            states = None if cache.pending_states is None else cache.pending_states[:T]
+            o = _verify_outputs(q, k, v, g, beta, init, cache.pending_inputs[:, :T], exact, states)
             windows = full.unfold(-1, self.kernel - 1, 1)[:, :, 1:]  # window after each token
             cache.pending_conv[:, :T] = windows.permute(0, 2, 1, 3)
         else:
@@ -534,9 +535,17 @@ def verify_rule(device: torch.device, exact: bool) -> str:
     return "exact" if exact else "torch"
 
 
-def _verify_outputs(q, k, v, g, beta, init, out_inputs: torch.Tensor, exact: bool = False) -> torch.Tensor:
+def keeps_verify_states(device: torch.device) -> bool:
+    """Whether a cache on `device` must keep the GDN state after every verified token: wherever a
+    verify or its commit has no Triton kernel, the commit installs a kept state instead of replaying."""
+    return verify_rule(device, False) != "kernel" or verify_rule(device, True) != "kernel"
+
+
+def _verify_outputs(q, k, v, g, beta, init, out_inputs: torch.Tensor, exact: bool = False,
+                    out_states: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Outputs [B,H,T,dv] of the recurrence over the verified tokens (head-major fp32 inputs); writes each
-    token's replay inputs [k | v | g | beta] into out_inputs [B,T,H,dk+dv+2] for the commit. On CUDA the
+    token's replay inputs [k | v | g | beta] into out_inputs [B,T,H,dk+dv+2] for the commit's kernel and,
+    where the commit has none, the state after each token into out_states [T,B,H,dk,dv]. On CUDA the
     Triton kernel runs the recurrence (kernels/gdn_verify.py); its token step is one fixed sequence of
     operations whatever T, so it serves exact mode too. Elsewhere, exact mode runs `_exact_recurrence`."""
     out_inputs.copy_(torch.cat([k, v, g[..., None], beta[..., None]], dim=-1).transpose(1, 2))
@@ -546,40 +555,35 @@ def _verify_outputs(q, k, v, g, beta, init, out_inputs: torch.Tensor, exact: boo
         o, _ = GDN_VERIFY_KERNEL(t(q), t(k), t(v), t(g), t(beta), init, 1.0, keep_states=False)
         return o.transpose(1, 2)
     if rule == "exact":
-        return _exact_recurrence(q, k, v, g, beta, init)
-    return recurrent_gated_delta_rule(q, k, v, g, beta, init)[0]
+        return _exact_recurrence(q, k, v, g, beta, init, out_states)
+    return recurrent_gated_delta_rule(q, k, v, g, beta, init, out_states)[0]
 
 
 def commit_gdn(ssm: torch.Tensor, conv: torch.Tensor, pending_inputs: torch.Tensor, pending_conv: torch.Tensor,
-               n: int | torch.Tensor, exact: bool = False) -> None:
+               n: int | torch.Tensor, exact: bool = False, pending_states: Optional[torch.Tensor] = None) -> None:
     """Install the GDN states and conv windows after the first n verified tokens (an int, or an integer
-    tensor [B] per row) into the live cache tensors [L, B, ...]: the verify's token step replayed from
-    the live states over the kept tokens' inputs, with the arithmetic `verify_rule` says the verify ran,
-    so the state has the bits the verify's chain had."""
+    tensor [B] per row) into the live cache tensors [L, B, ...]. With the Triton kernels: the verify's
+    token step replayed from the live states over the kept tokens' inputs (the bits the verify's chain
+    had); elsewhere the state the verify kept after token n (`pending_states` [L, T, B, ...])."""
     if verify_rule(ssm.device, exact) == "kernel":  # one launch over every layer
         GDN_COMMIT_KERNEL(ssm, pending_inputs, n, conv, pending_conv)
         return
+    if pending_states is None:
+        raise TargetError("commit without kept GDN states: this cache was allocated with keep_states=False, "
+                         f"but a verify on {ssm.device} in {'exact' if exact else 'default'} mode has no replay "
+                         "kernel; allocate it through the model (new_cache) or with keep_states=True")
     B = ssm.shape[1]
     counts = n.to(ssm.device).long() if isinstance(n, torch.Tensor) else torch.full((B,), int(n), device=ssm.device)
-    m, rows, dk, dv = int(counts.max()), torch.arange(B, device=ssm.device), ssm.shape[3], ssm.shape[4]
-    for l in range(ssm.shape[0]):  # per layer: the verify's shapes, so the same kernels round alike
-        inp = pending_inputs[l, :, :m].transpose(1, 2)  # [B, H, m, width], head-major like the verify
-        k, v, g, beta = inp[..., :dk], inp[..., dk:dk + dv], inp[..., dk + dv], inp[..., dk + dv + 1]
-        if exact:
-            states = torch.empty(B, m, *ssm.shape[2:], device=ssm.device, dtype=torch.float32)
-            _exact_recurrence(k, k, v, g, beta, ssm[l], states)
-        else:
-            states = recurrent_gated_delta_rule(k, k, v, g, beta, ssm[l], all_states=True)[1]
-        ssm[l] = states[rows, counts - 1]
+    rows = torch.arange(B, device=ssm.device)
+    ssm.copy_(pending_states[:, counts - 1, rows])
     conv.copy_(pending_conv[:, rows, counts - 1])
-
 
 
 def _exact_recurrence(q, k, v, g, beta, init, out_states: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The gated delta rule one token at a time on same-shaped contiguous slices, with tree sums
     over d_k: token t's arithmetic is the same whatever T (head-major inputs as in
     `recurrent_gated_delta_rule`; float32). Writes the state after every token into out_states
-    [B, T, H, dk, dv] when given (the commit's replay)."""
+    [T, B, H, dk, dv] when given (what the commit installs)."""
     tree_sum = _exact_ops()[2]
     B, H, T, dk = k.shape
     S = q.new_zeros(B, H, dk, v.shape[-1]) if init is None else init.float()
@@ -593,7 +597,7 @@ def _exact_recurrence(q, k, v, g, beta, init, out_states: Optional[torch.Tensor]
         S = S + kt[..., :, None] * delta[..., None, :]
         outs.append(tree_sum((S * qt[..., :, None]).transpose(-1, -2))[..., 0])  # S^T q
         if out_states is not None:
-            out_states[:, t] = S
+            out_states[t] = S
     return torch.stack(outs, dim=2)
 
 

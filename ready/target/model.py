@@ -16,8 +16,8 @@ from torch import nn
 from ready import fastops
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, HybridConfig, TargetError
-from ready.target.layers import (DecoderLayer, RMSNorm, Rope, commit_gdn, decoder_layer_forward, init_weights, lin,
-                                 pass_rope, rope_base)
+from ready.target.layers import (DecoderLayer, RMSNorm, Rope, commit_gdn, decoder_layer_forward, init_weights,
+                                 keeps_verify_states, lin, pass_rope, rope_base)
 
 
 def _inductor_pdl(device: torch.device) -> dict:
@@ -157,7 +157,8 @@ class HybridLM(nn.Module):
             raise TargetError(
                 f"max_len {max_len} exceeds the target's context of {self.config.max_position_embeddings} tokens"
             )
-        return HybridCache.allocate(self.config, batch_size, max_len, max_verify, self.device, self.dtype)
+        return HybridCache.allocate(self.config, batch_size, max_len, max_verify, self.device, self.dtype,
+                                    keeps_verify_states(self.device))
 
     def committed_states(self, cache: HybridCache, layer_ids: Sequence[int]) -> torch.Tensor:
         """Committed GDN states of `layer_ids`: [len, B, H_v, d_k, d_v] (a view when contiguous ids)."""
@@ -287,11 +288,12 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def commit(self, cache: HybridCache, n: int) -> None:
-        """Keep the first n verified tokens: live state = state after the n-th (replayed), KV truncated to match."""
+        """Keep the first n verified tokens: live state = state after the n-th, KV truncated to match."""
         if not 1 <= n <= cache.pending:
             raise TargetError(f"commit(n={n}) but {cache.pending} tokens are pending; expected 1..{cache.pending}")
-        # the GDN states: the verify's token step replayed over the n kept tokens (one launch on CUDA)
-        commit_gdn(cache.ssm, cache.conv, cache.pending_inputs, cache.pending_conv, n, bool(self.exact))
+        # the GDN states: replayed over the n kept tokens (one launch on CUDA), or the one the verify kept
+        commit_gdn(cache.ssm, cache.conv, cache.pending_inputs, cache.pending_conv, n, bool(self.exact),
+                   cache.pending_states)
         cache.advance(n)
         cache.pending = 0
 

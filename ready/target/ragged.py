@@ -66,6 +66,7 @@ class RaggedCache(HybridCache):
         s = slice(b, b + 1)
         return HybridCache(ssm=self.ssm[:, s], conv=self.conv[:, s], key=self.key[:, s], value=self.value[:, s],
                            pending_inputs=self.pending_inputs[:, s], pending_conv=self.pending_conv[:, s],
+                           pending_states=None if self.pending_states is None else self.pending_states[:, :, s],
                            length_t=torch.zeros((), dtype=torch.long, device=self.ssm.device))
 
 
@@ -78,7 +79,8 @@ def new_ragged_cache(model: Any, batch_size: int, max_len: int, max_verify: int 
                           f"{model.config.max_position_embeddings} tokens")
     if batch_size < 1:
         raise TargetError(f"batch_size {batch_size}; expected an integer >= 1")
-    return RaggedCache.allocate(model.config, batch_size, max_len, max_verify, model.device, model.dtype)
+    return RaggedCache.allocate(model.config, batch_size, max_len, max_verify, model.device, model.dtype,
+                                _layers.keeps_verify_states(model.device))
 
 
 @torch.no_grad()
@@ -110,10 +112,10 @@ def ragged_verify(model: Any, ids: torch.Tensor, cache: RaggedCache, capture_lay
 @torch.no_grad()
 def ragged_commit(model: Any, cache: RaggedCache, n: torch.Tensor, advance: Optional[torch.Tensor] = None) -> None:
     """Row b keeps the state after its n[b]-th verified token (1..T; LongTensor [B] on the device),
-    replayed with the arithmetic of `model`'s verify (its exact mode), and its length moves by
+    (`commit_gdn`: replayed with the arithmetic of `model`'s verify, or the state it kept), and its length moves by
     advance[b] (default n). KV past a row's length needs no truncation: the attention mask never
     reads beyond it."""
     _layers.commit_gdn(cache.ssm, cache.conv, cache.pending_inputs, cache.pending_conv, n,
-                       bool(getattr(model, "exact", False)))
+                       bool(getattr(model, "exact", False)), cache.pending_states)
     cache.lengths_t += n if advance is None else advance
     cache.pending = 0
