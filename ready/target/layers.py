@@ -479,11 +479,15 @@ class GatedDeltaNet(nn.Module):
 
     def fused_verify(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: GDNSlot) -> torch.Tensor:
         """The verify pass's conv, SiLU, norms, gates and recurrence in one kernel (kernels/gdn_fused.py):
-        each token's replay inputs and window into cache.pending_*; returns the outputs [B, T, H, dv] (float32)."""
+        each token's window into cache.pending_conv and its replay inputs into cache.pending_inputs (or,
+        where the cache keeps states, its state into cache.pending_states); returns the outputs
+        [B, T, H, dv] (float32)."""
         T = qkv.shape[1]
+        kept = cache.pending_states is not None
         o, _, _ = GDN_FUSED_KERNEL(qkv, b, a, cache.conv, self.conv1d.weight[:, 0], self.A_log, self.dt_bias,
                                    cache.ssm, self.nk, self.dk, out_windows=cache.pending_conv[:, :T],
-                                   out_inputs=cache.pending_inputs[:, :T])
+                                   out_states=cache.pending_states[:T].transpose(0, 1) if kept else None,
+                                   out_inputs=None if kept else cache.pending_inputs[:, :T])
         return o
 
     def forward(
