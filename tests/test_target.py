@@ -190,6 +190,36 @@ def test_commit_outside_pending_range_is_rejected(model):
         model.commit(cache, 4)
 
 
+def test_a_cpu_commit_installs_the_state_a_replay_of_the_kept_tokens_reaches(model):
+    """Without the Triton kernels the verify keeps each token's state and the commit copies the one
+    after row b's n[b]-th token: the state the kernels' replay reference reaches from the live state."""
+    from ready.target.ragged import new_ragged_cache, prefill_row, ragged_commit, ragged_verify
+    from ready_kernels.gdn_verify import gdn_commit_reference
+
+    cache = new_ragged_cache(model, 3, 64, max_verify=8)
+    assert cache.pending_states is not None
+    for b, n in enumerate((5, 9, 7)):
+        prefill_row(model, cache, b, torch.randint(0, 97, (n,)))
+    ragged_verify(model, torch.randint(0, 97, (3, 5)), cache)
+    counts = torch.tensor([1, 3, 5])
+    want_ssm, want_conv = cache.ssm.clone(), cache.conv.clone()
+    gdn_commit_reference(want_ssm, cache.pending_inputs, counts, want_conv, cache.pending_conv)
+    ragged_commit(model, cache, counts)
+    torch.testing.assert_close(cache.ssm, want_ssm, rtol=1e-5, atol=1e-6)
+    assert torch.equal(cache.conv, want_conv)
+
+
+def test_a_cache_without_kept_states_cannot_commit_where_there_is_no_replay_kernel():
+    from ready.target.cache import HybridCache
+
+    m = random_model()
+    cache = HybridCache.allocate(m.config, 1, 32, 4, keep_states=False)
+    m.prefill(torch.randint(0, 97, (1, 4)), cache)
+    m.verify(torch.randint(0, 97, (1, 3)), cache)
+    with pytest.raises(TargetError, match="keep_states=True"):
+        m.commit(cache, 2)
+
+
 def test_prompt_longer_than_cache_is_rejected(model):
     cache = model.new_cache(max_len=8)
     with pytest.raises(TargetError, match="exceed the cache's 8-token context"):
