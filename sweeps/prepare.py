@@ -10,6 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator
 
+from ready.allocator import keep_freed_memory
 from sweeps.spec import Sweep
 
 
@@ -18,6 +19,7 @@ def _prepare_one(runner: str, cfg, methods: list[str], threads: int) -> tuple[in
     import torch
 
     torch.set_num_threads(threads)
+    keep_freed_memory()  # the build's training steps reuse their pages (ready.allocator)
     t0 = time.time()
     importlib.import_module(runner.partition(":")[0]).prepare_shared(cfg, methods, progress=False)
     return int(cfg.train.base_seed), time.time() - t0

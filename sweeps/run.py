@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ready.allocator import keep_freed_memory
 from ready.config import length_mismatch
 from sweeps import study as st
 from sweeps import tracking
@@ -332,11 +333,13 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     status = "FINISHED"
     try:
         if todo:
+            keep_freed_memory()  # this process's training steps reuse their pages (ready.allocator)
             prepare_artifacts(args.runner, sweep, progress=not args.quiet, workers=args.workers,
                               threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1), gpus=bool(gpu_ids()))
             if args.workers == 1:
                 code = st.worker_main(sweep, args.storage, run_dir, ctx)
             else:
+                keep_freed_memory(False)  # the shared artifacts' heap goes back before the workers start
                 code = spawn_workers(args, sweep, run_dir, uri, experiment_id, parent_id)
         tracking.log_relative_metrics(c, experiment_id, sweep.setting)
     except KeyboardInterrupt:

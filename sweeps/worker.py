@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ready.allocator import keep_freed_memory
 from sweeps import study as st
 from sweeps.run import _signals_as_interrupt
 from sweeps.spec import load_sweep
@@ -32,6 +33,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            index=args.index)
 
     _signals_as_interrupt()
+    keep_freed_memory()  # a row's training steps reuse their pages (ready.allocator)
     try:
         return st.worker_main(sweep, args.storage or None, Path(args.run_dir), ctx)
     except KeyboardInterrupt:
