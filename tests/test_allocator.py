@@ -8,7 +8,8 @@ import torch
 
 from ready.allocator import _libc, keep_freed_memory
 
-glibc = pytest.mark.skipif(_libc() is None, reason="needs glibc's mallopt (Linux)")
+glibc = pytest.mark.skipif(_libc() is None or not hasattr(_libc(), "mallinfo2"),
+                           reason="needs glibc's mallopt and mallinfo2 (Linux, glibc >= 2.33)")
 
 
 class _MallInfo2(ctypes.Structure):
@@ -18,7 +19,7 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _mallinfo() -> _MallInfo2:
-    libc = ctypes.CDLL("libc.so.6")
+    libc = _libc()
     libc.mallinfo2.restype = _MallInfo2
     return libc.mallinfo2()
 
