@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -611,9 +612,10 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
           breakdown: bool = False, profile: bool = False, first_later: bool = False,
           batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False,
           pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT, temperature: float = 0.0,
-          slots: Optional[str] = None) -> dict[str, Any]:
+          slots: Optional[str] = None, on_length: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
     """Every section at one prompt length, or, for a list, the sections at each length in turn over one
-    loaded target (`{"prompt_lens": [...], "by_prompt_len": [one result per length]}`)."""
+    loaded target (`{"prompt_lens": [...], "by_prompt_len": [one result per length]}`). `on_length` gets the
+    results so far after each length, so a run cut short keeps the lengths it finished."""
     lens = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
@@ -631,14 +633,22 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
                           f"{ctx} tokens")
     if compile_layers is not None:  # None: the default (compiled layers inside CUDA graphs on CUDA)
         target.compile_layers(compile_layers)
-    runs = [bench_at(target, target_spec, dtype, n, new_tokens, block_size, dists_parsed, repeats, verify_iters,
-                     bandwidth, cuda_graphs, compile_layers, seed, preset, drafters, verify_tokens, breakdown, profile,
-                     first_later and i == 0, batches, waves, batch_only, pairs, tolerance_pct, temperature, slots)
-            for i, n in enumerate(lens)]
-    if len(runs) == 1:
-        return runs[0]
-    return {"target": target_spec, "device": str(target.device), "dtype": dtype, "prompt_lens": lens,
-            "new_tokens": new_tokens, "by_prompt_len": runs}
+    runs: list[dict[str, Any]] = []
+
+    def result() -> dict[str, Any]:
+        if len(lens) == 1:
+            return runs[0]
+        return {"target": target_spec, "device": str(target.device), "dtype": dtype, "prompt_lens": lens[:len(runs)],
+                "new_tokens": new_tokens, "by_prompt_len": runs}
+
+    for i, n in enumerate(lens):
+        runs.append(bench_at(target, target_spec, dtype, n, new_tokens, block_size, dists_parsed, repeats,
+                             verify_iters, bandwidth, cuda_graphs, compile_layers, seed, preset, drafters,
+                             verify_tokens, breakdown, profile, first_later and i == 0, batches, waves, batch_only,
+                             pairs, tolerance_pct, temperature, slots))
+        if on_length is not None:
+            on_length(result())
+    return result()
 
 
 def kv_bytes(target: Any, context: int) -> int:
@@ -746,6 +756,14 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     return out
 
 
+def _write_atomically(path: str, text: str) -> None:
+    """Write `text` to `path` through a temporary file, so a reader never sees half a JSON."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ready.bench.engine", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="tiny", help="preset or checkpoint directory (default tiny)")
@@ -825,7 +843,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
                         batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct,
-                        temperature=a.temperature, slots=a.slots)
+                        temperature=a.temperature, slots=a.slots,
+                        on_length=(lambda r: _write_atomically(a.out, json.dumps(r))) if a.out else None)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise
@@ -833,8 +852,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     text = json.dumps(res, indent=None if a.json else 2)
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+        _write_atomically(a.out, text)
     print(text)
     bad = [r for one in res.get("by_prompt_len", [res]) for r in one.get("drafters", {}).get("runs", [])
            if not r.get("consistency", {"consistent": True})["consistent"]]
