@@ -86,6 +86,18 @@ def test_prefill_then_steps_equal_one_full_forward(model):
     assert cache.length == 30
 
 
+def test_a_prefill_asked_for_the_last_logits_only_returns_those_and_the_same_cache(model):
+    ids = torch.randint(0, 97, (2, 21))
+    with torch.no_grad():
+        full_cache, last_cache = model.new_cache(batch_size=2, max_len=32), model.new_cache(batch_size=2, max_len=32)
+        full = model.prefill(ids, full_cache, capture_layers=[1])
+        last = model.prefill(ids, last_cache, capture_layers=[1], last_logits_only=True)
+    assert last.logits.shape == (2, 1, 97)
+    assert torch.allclose(last.logits[:, 0], full.logits[:, -1], atol=1e-5)
+    assert torch.equal(last.hidden, full.hidden)
+    assert torch.equal(last_cache.ssm, full_cache.ssm) and last_cache.length == full_cache.length == 21
+
+
 @pytest.mark.parametrize("k", range(0, 6))
 def test_verify_then_commit_k_equals_forward_over_accepted_prefix(model, k):
     K = 5

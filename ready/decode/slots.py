@@ -101,7 +101,7 @@ class SingleSlot:
         self.t = p
         if self.drafter is not None:
             self.drafter.begin(ids[None])
-        out = self.target.prefill(ids[None], self.cache, capture_layers=self.capture)
+        out = self.target.prefill(ids[None], self.cache, capture_layers=self.capture, last_logits_only=True)
         self._store_features(0, out.hidden)
         return out
 
@@ -231,7 +231,7 @@ class RaggedSlots:
         """Forget row b and prefill prompt `ids` [P] into it."""
         if self.drafter is not None and not self.block_drafter:
             self.drafter.begin(ids[None])
-        out = prefill_row(self.target, self.cache, b, ids, self.capture)
+        out = prefill_row(self.target, self.cache, b, ids, self.capture, last_logits_only=True)
         if self.capture:
             self.features[b, :ids.numel()] = out.hidden[0]
             step = self._draft_step()

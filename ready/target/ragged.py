@@ -85,13 +85,13 @@ def new_ragged_cache(model: Any, batch_size: int, max_len: int, max_verify: int 
 
 @torch.no_grad()
 def prefill_row(model: Any, cache: RaggedCache, b: int, ids: torch.Tensor,
-                capture_layers: Sequence[int] = ()) -> Any:
+                capture_layers: Sequence[int] = (), last_logits_only: bool = False) -> Any:
     """Forget row b and run a prompt `ids` [P] (or [1, P]) through it: the batch-1 prefill on the row's
     view, so the row's states, KV and outputs are those of the single-sequence engine."""
     ids = ids.reshape(1, -1)
     view = cache.row_view(b)
     view.reset()  # zero the row's GDN state and conv window (prefill starts from them)
-    out = model.prefill(ids, view, capture_layers)
+    out = model.prefill(ids, view, capture_layers, last_logits_only)
     cache.lengths_t[b] = ids.shape[1]
     return out
 

@@ -102,7 +102,7 @@ def _greedy_batch(target: Any, prompts: torch.Tensor, response_len: int) -> torc
     out = torch.empty(B, P + response_len, dtype=torch.long)
     out[:, :P] = prompts
     cache = target.new_cache(batch_size=B, max_len=P + response_len)
-    logits = target.prefill(ids, cache).logits[:, -1]
+    logits = target.prefill(ids, cache, last_logits_only=True).logits[:, -1]
     for t in range(response_len):
         nxt = logits.argmax(-1)
         out[:, P + t] = nxt.cpu()
