@@ -15,8 +15,10 @@ CHUNK keys), takes the G*T query rows of that KV head through its chunk in block
 `tl.dot` for the scores, one for the values) with a float32 online softmax, and writes the chunk's
 max, sum and weighted values; chunks past every row's position, or wholly before every row's window,
 exit at once, so a long static buffer costs only empty programs. `_combine_kernel`, one program per
-(b, KV head), rescales each row's chunks to a common max and adds them. A buffer of one chunk is
-written directly, one kernel. On the H200 (27B, 256-token context) the pair takes 5.4 + 5.0 µs per
+(b, KV head, query row), rescales the row's chunks to their common max and adds them, COMBINE_CHUNKS
+chunks a step. A buffer of one chunk is written directly, one kernel. Chunks hold CHUNK keys up to
+MAX_CHUNKS chunks a head and grow past that (`chunk_for`), so a 32k context is a few dozen chunks,
+not 500. On the H200 (27B, 256-token context) the pair takes 5.4 + 5.0 µs per
 layer against cuDNN SDPA's 14 µs; one program walking the whole buffer took 14.2 µs (serial load
 latency).
 
@@ -37,6 +39,9 @@ from .exact_attention import check_attention_inputs, exact_attention_reference
 
 BLOCK_N = 64  # keys per step of a program's loop
 CHUNK = 64  # keys per program (H200 A/B: 64 > 128 > the whole buffer in one program, kernels/NOTES.md)
+MAX_CHUNKS = 32  # chunks per (batch row, KV head) before chunks grow: every buffer up to 2,048 keys keeps CHUNK
+PROGRAMS = 256  # or as many as fill the GPU: ~2 programs per SM of a 132-SM H100 / H200
+COMBINE_CHUNKS = 16  # chunks a combine program reads per step
 MAX_ROWS = 64  # G * T query rows of one KV head in one tile (the 27B verify block: 6 heads x 8 tokens = 48)
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (no bf16 dot): interpreted runs upcast first
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -126,37 +131,58 @@ if HAS_TRITON:
     def _combine_kernel(pos_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
                         o_b, o_h, o_t, pos_b, pos_t,
                         HKV, G, T, WINDOW, S,
-                        DV: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, CHUNK: tl.constexpr):
-        """Program b * HKV + hk: each row's chunks [lo // CHUNK, ceil(n / CHUNK)) rescaled and summed."""
+                        DV: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, CHUNK: tl.constexpr,
+                        SB: tl.constexpr):
+        """Program (b * HKV + hk, r): query row r's chunks [lo // CHUNK, ceil(n / CHUNK)) rescaled to their
+        common max and summed, SB chunks per step (a long context's many chunks in few dependent steps)."""
         pid = tl.program_id(0)
+        r = tl.program_id(1)
         b = pid // HKV
         hk = pid % HKV
-        r, live, t, n, lo = _rows(pos_ptr, pos_b, pos_t, b, T, G * T, WINDOW, BM)
+        t = r % T
+        n = tl.load(pos_ptr + b * pos_b + t * pos_t).to(tl.int32) + 1
+        lo = tl.where(WINDOW > 0, tl.maximum(n - WINDOW, 0), 0)
         first = lo // CHUNK
-        last = tl.where(live, (n + CHUNK - 1) // CHUNK, 0)  # one past the row's last chunk
+        last = (n + CHUNK - 1) // CHUNK  # one past the row's last chunk
+        offs_s = tl.arange(0, SB)
         offs_dv = tl.arange(0, BDV)
-        m_run = tl.full([BM], float("-inf"), tl.float32)
-        l_run = tl.zeros([BM], dtype=tl.float32)
-        acc = tl.zeros([BM, BDV], dtype=tl.float32)
-        for s in range(tl.min(tl.where(live, first, S), 0), tl.max(last, 0)):
-            use = (s >= first) & (s < last)
-            part = pid.to(tl.int64) * S + s
-            m_s = tl.load(m_ptr + part * BM + r, mask=use, other=float("-inf"))
-            l_s = tl.load(l_ptr + part * BM + r, mask=use, other=0.0)
-            a_s = tl.load(acc_ptr + (part * BM + r[:, None]) * BDV + offs_dv[None, :], mask=use[:, None], other=0.0)
-            m_new = tl.maximum(m_run, m_s)
-            m_ok = tl.where(m_new == float("-inf"), 0.0, m_new)
-            old = tl.exp(m_run - m_ok)  # exp(-inf) = 0 before a row's first block
-            new = tl.exp(m_s - m_ok)
-            l_run = l_run * old + l_s * new
-            acc = acc * old[:, None] + a_s * new[:, None]
-            m_run = m_new
-        _store_out(o_ptr, acc, l_run, b, hk * G + r // T, t, live, offs_dv, o_b, o_h, o_t, DV)
+        row = pid.to(tl.int64) * S
+        m_top = tl.full([SB], float("-inf"), tl.float32)
+        for s0 in range(first, last, SB):
+            s = s0 + offs_s
+            m_top = tl.maximum(m_top, tl.load(m_ptr + (row + s) * BM + r, mask=s < last, other=float("-inf")))
+        m_all = tl.max(m_top, 0)
+        m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+        l_sum = tl.zeros([SB], dtype=tl.float32)
+        acc = tl.zeros([BDV], dtype=tl.float32)
+        for s0 in range(first, last, SB):
+            s = s0 + offs_s
+            use = s < last
+            w = tl.exp(tl.load(m_ptr + (row + s) * BM + r, mask=use, other=float("-inf")) - m_all)
+            l_sum += w * tl.load(l_ptr + (row + s) * BM + r, mask=use, other=0.0)
+            a = tl.load(acc_ptr + ((row + s)[:, None] * BM + r) * BDV + offs_dv[None, :], mask=use[:, None],
+                        other=0.0)
+            acc += tl.sum(w[:, None] * a, 0)
+        l = tl.sum(l_sum, 0)
+        out = tl.where(l > 0, acc / tl.maximum(l, 1e-30), 0.0)
+        o = o_ptr + b.to(tl.int64) * o_b + (hk * G + r // T).to(tl.int64) * o_h + t * o_t + offs_dv
+        tl.store(o, out.to(o_ptr.dtype.element_ty), mask=offs_dv < DV)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
     """Validate; returns pos as [B, T] (a [T] tensor is shared by every batch row)."""
     return check_attention_inputs("decode_attention", q, k, v, pos, "pos", window)
+
+
+def chunk_for(keys: int, heads: int, block_n: int = BLOCK_N) -> int:
+    """Keys per program for a buffer of `keys` positions and `heads` = batch rows x KV heads: CHUNK, or at
+    long contexts the smallest multiple of `block_n` that keeps the chunks per head within
+    max(MAX_CHUNKS, PROGRAMS / heads). With fixed 64-key chunks a 32k context is 500+ chunks a head, whose
+    partials the combine walked one at a time: the 27B's AR step took 27.9 ms at 32k against 18.3 ms at
+    256 on an H100, where the extra KV it reads is ~0.7 ms (issue 46; not traced kernel by kernel)."""
+    most = max(MAX_CHUNKS, -(-PROGRAMS // max(heads, 1)))
+    chunk = max(CHUNK, -(-keys // most))
+    return -(-chunk // block_n) * block_n
 
 
 def fits(n_heads: int, n_kv_heads: int, n_queries: int) -> bool:
@@ -190,7 +216,7 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         return o.transpose(1, 2)
     BM, BD, BDV = max(16, next_pow2(G * T)), max(16, next_pow2(D)), max(16, next_pow2(DV))
     num_warps = num_warps or (8 if BM * BDV >= 64 * 256 else 4)  # the [BM, d_v] fp32 accumulator in registers
-    chunk = chunk or CHUNK
+    chunk = chunk or chunk_for(L, B * HKV, block_n)
     require(chunk % block_n == 0, f"decode_attention: chunk ({chunk}) must be a multiple of block_n ({block_n})")
     S = triton.cdiv(L, chunk)
     direct = S == 1
@@ -208,9 +234,9 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         IEEE=ieee, num_warps=num_warps, num_stages=2,
     )
     if not direct:
-        _combine_kernel[(B * HKV,)](
+        _combine_kernel[(B * HKV, G * T)](
             pos, m, lsum, acc, o, o.stride(0), o.stride(2), o.stride(1), pos.stride(0), pos.stride(1),
-            HKV, G, T, int(window), S, DV=DV, BDV=BDV, BM=BM, CHUNK=chunk, num_warps=num_warps,
+            HKV, G, T, int(window), S, DV=DV, BDV=BDV, BM=BM, CHUNK=chunk, SB=COMBINE_CHUNKS, num_warps=4,
         )
     return o.transpose(1, 2)
 

@@ -69,6 +69,26 @@ def test_ragged_rows_and_a_sliding_window():
             assert rel_err(got, masked_sdpa(q, k, v, pos, window)) < 1e-5, (chunk, window)
 
 
+def test_long_buffers_take_bigger_chunks_and_short_ones_keep_the_default():
+    assert da.chunk_for(400, 4) == da.chunk_for(2048, 64) == da.CHUNK  # every measured short-context shape
+    for keys, heads in ((32_896, 4), (8_320, 4), (32_896, 256), (2_560, 8)):
+        chunk = da.chunk_for(keys, heads)
+        assert chunk % da.BLOCK_N == 0 and chunk > da.CHUNK
+        assert -(-keys // chunk) <= max(da.MAX_CHUNKS, -(-da.PROGRAMS // heads)), (keys, heads)
+
+
+@pytest.mark.parametrize("HKV,chunk,window", [(2, 64, 0), (2, 64, 300), (8, None, 0)])
+def test_many_chunks_combine_to_the_softmax_over_all_keys(HKV, chunk, window):
+    """More chunks than one combine step reads (COMBINE_CHUNKS), ragged rows, a window; with eight KV
+    heads the default chunk grows (2,560 keys: 20 chunks of 128)."""
+    L = 2560
+    q, k, v = make(2 if HKV == 2 else 1, 8, HKV, 2, L, 16, torch.float32)
+    pos = torch.tensor([[L - 2, L - 1], [500, 501]], device=DEVICE)[: q.shape[0]]
+    assert -(-L // (chunk or da.chunk_for(L, q.shape[0] * HKV))) > da.COMBINE_CHUNKS
+    got = da.decode_attention_triton(q, k, v, pos, window=window, chunk=chunk)
+    assert rel_err(got, masked_sdpa(q, k, v, pos, window)) < 1e-5
+
+
 def test_keys_past_every_query_are_never_read():
     """Stale or uninitialised cache rows (NaN, inf) past the last position leave the output finite."""
     q, k, v = make(1, 4, 2, 2, 100, 32, torch.float32)
@@ -104,7 +124,7 @@ def test_fits_and_bad_inputs_are_one_clear_error():
 @pytest.mark.cuda
 @pytest.mark.parametrize("T", [1, 8])
 def test_cuda_27b_shapes_match_sdpa(T):
-    for L in (600, 3000):
+    for L in (600, 3000, 33_000):  # 64-key chunks; 576-key chunks (a 32k context)
         q, k, v = make(1, 24, 4, T, L, 256, torch.bfloat16, device="cuda")
         pos = torch.arange(L // 2, L // 2 + T, device="cuda")
         got = da.decode_attention(q, k, v, pos)
