@@ -70,6 +70,7 @@ a run cut by a time limit still shows what it measured. Its keys:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -519,7 +520,8 @@ def _batch_summary(results: list[Any]) -> dict[str, Any]:
 
 def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, dist: Optional[tuple[str, dict]],
                   prompt_len: int, new_tokens: int, batches: list[int], waves: int, repeats: int, graphs: bool,
-                  seed: int, temperature: float = 0.0, slots: Optional[str] = None) -> dict[str, Any]:
+                  seed: int, temperature: float = 0.0, slots: Optional[str] = None,
+                  one_at_a_time: bool = False) -> dict[str, Any]:
     """AR, DSpark and ReaDy through an `Engine` of B slots at each batch size (concurrency):
     `waves` x B prompts of `prompt_len` random tokens per timed call (slots are refilled as rows end), TPS =
     all new tokens / wall time. The drafters decode under forced acceptance (`dist`, reseeded per call, so
@@ -527,21 +529,30 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
     (per-round medians, CUDA events), `ready_over_dspark` = ReaDy TPS / DSpark TPS. `temperature` > 0: every
     method samples (one seed per prompt) and the drafters' rounds follow the real acceptance rule, not `dist`
     (random weights: few drafts survive), so the figures are the cost of the batched sampling path. `slots`:
-    the engine's slot store (`ready.decode.slots`; default single at B = 1, ragged above)."""
-    drafters = {k: build_drafter(target, k, preset, block_size, seed) for k in kinds}
+    the engine's slot store (`ready.decode.slots`; default single at B = 1, ragged above).
+    The methods' timed calls are interleaved over engines held together, so drifts of the device hit them
+    alike; `one_at_a_time` builds, times and frees one method's drafter and engine after another instead,
+    for batch sizes whose three caches do not fit beside the target (B = 32 of the 27B on an 80 GB card)."""
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = target.config.vocab_size
     out: dict[str, Any] = {"batches": list(batches), "waves": waves, "temperature": temperature, "slots": slots or "auto",
                            "accept_dist": None if dist is None or temperature > 0 else dist[1],
-                           "spec": None if dist is None else dist[0], "runs": []}
+                           "spec": None if dist is None else dist[0], "one_at_a_time": one_at_a_time, "runs": []}
+    sampling = SamplingParams(temperature, 1.0, seed) if temperature > 0 else None
+    methods = ["ar"] + (list(kinds) if dist is not None or sampling is not None else [])
+    held = {} if one_at_a_time else {k: build_drafter(target, k, preset, block_size, seed) for k in kinds}
+
+    def engine(k: str, B: int) -> Engine:
+        d = None if k == "ar" else (held[k] if k in held else build_drafter(target, k, preset, block_size, seed))
+        return Engine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling, slots=slots)
+
+    def free() -> None:  # a dropped engine's cache and graphs back to the device before the next one
+        gc.collect()
+        if target.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     for B in batches:
         prompts = [torch.randint(0, vocab, (prompt_len,), generator=gen) for _ in range(B * waves)]
-        sampling = SamplingParams(temperature, 1.0, seed) if temperature > 0 else None
-        engines = {"ar": Engine(target, None, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling,
-                                  slots=slots)}
-        if dist is not None or sampling is not None:
-            engines.update({k: Engine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs,
-                                      sampling=sampling, slots=slots) for k, d in drafters.items()})
 
         def call(k: str, e: Any) -> Any:
             if sampling is not None:
@@ -550,21 +561,46 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
                 e.accept_fn = forced_acceptance(dist[1], seed)  # the same accepted lengths for both drafters
             return e.decode(prompts, new_tokens)
 
-        for k, e in engines.items():  # warm-up: allocation, graph capture, compile, kernel tuning
+        def warm(k: str, e: Any) -> None:  # allocation, graph capture, compile, kernel tuning
             e.reserve(prompt_len + new_tokens)
             call(k, e)
-        timed: dict[str, list] = {k: [] for k in engines}
-        for _ in range(repeats):  # interleaved, so drifts of the device hit every method alike
+
+        def breakdown(k: str, e: Any) -> dict[str, Any]:
+            with _Timed(e) as t:
+                call(k, e)
+            return t.summary()
+
+        timed: dict[str, list] = {k: [] for k in methods}
+        parts: dict[str, dict] = {}
+        readers: dict[str, Any] = {}
+        if one_at_a_time:
+            for k in methods:
+                e = engine(k, B)
+                warm(k, e)
+                timed[k] = [call(k, e) for _ in range(repeats)]
+                if k != "ar":
+                    parts[k] = breakdown(k, e)
+                if k == "ready" and "dspark" in methods:
+                    readers = time_readers(e.drafter, e.slots.cache, batch=B)
+                del e
+                free()
+        else:
+            engines = {k: engine(k, B) for k in methods}
             for k, e in engines.items():
-                timed[k].append(call(k, e))
+                warm(k, e)
+            for _ in range(repeats):  # interleaved, so drifts of the device hit every method alike
+                for k, e in engines.items():
+                    timed[k].append(call(k, e))
+            parts = {k: breakdown(k, e) for k, e in engines.items() if k != "ar"}
+            if "dspark" in engines and "ready" in engines:
+                readers = time_readers(engines["ready"].drafter, engines["ready"].slots.cache, batch=B)
+            del engines
+            free()
         run: dict[str, Any] = {"batch": B, **{k: _batch_summary(v) for k, v in timed.items()}}
         ar_tps = run["ar"]["decode_tokens_per_s"]
-        for k in drafters if dist is not None or sampling is not None else []:
+        for k in methods[1:]:
             run[k]["decode_speedup_vs_ar"] = run[k]["decode_tokens_per_s"] / ar_tps if ar_tps else None
-            with _Timed(engines[k]) as t:
-                call(k, engines[k])
-            run[k]["breakdown"] = t.summary()
-            t.engine = None  # the engine (and its graphs' memory) goes with `engines` below
+            run[k]["breakdown"] = parts[k]
         if "dspark" in timed and "ready" in timed:
             a, b = run["dspark"], run["ready"]
             run["same_rounds"] = [r.rounds for r in timed["dspark"]] == [r.rounds for r in timed["ready"]]
@@ -573,14 +609,11 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
             if "round_us" in bd:
                 run["reader_extra_draft_us"] = round(bd["draft_us"] - ba["draft_us"], 1)
                 run["reader_share"] = (bd["draft_us"] - ba["draft_us"]) / bd["round_us"]
-            run["reader"] = time_readers(engines["ready"].drafter, engines["ready"].slots.cache, batch=B)
-            if run["reader"].get("readers_us") and bd.get("round_us"):  # the readers' own µs (CUDA graph) / round
-                run["reader_share_direct"] = run["reader"]["readers_us"] / bd["round_us"]
+            run["reader"] = readers
+            if readers.get("readers_us") and bd.get("round_us"):  # the readers' own µs (CUDA graph) / round
+                run["reader_share_direct"] = readers["readers_us"] / bd["round_us"]
         out["runs"].append(run)
         progress(f"batch {B}: decode tok/s " + ", ".join(f"{k} {run[k]['decode_tokens_per_s']:.1f}" for k in timed))
-        del engines
-        if target.device.type == "cuda":
-            torch.cuda.empty_cache()
     return out
 
 
@@ -612,7 +645,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
           breakdown: bool = False, profile: bool = False, first_later: bool = False,
           batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False,
           pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT, temperature: float = 0.0,
-          slots: Optional[str] = None, on_length: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
+          slots: Optional[str] = None, on_length: Optional[Callable[[dict[str, Any]], None]] = None,
+          one_at_a_time: bool = False) -> dict[str, Any]:
     """Every section at one prompt length, or, for a list, the sections at each length in turn over one
     loaded target (`{"prompt_lens": [...], "by_prompt_len": [one result per length]}`). `on_length` gets the
     results so far after each length, so a run cut short keeps the lengths it finished."""
@@ -645,7 +679,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
         runs.append(bench_at(target, target_spec, dtype, n, new_tokens, block_size, dists_parsed, repeats,
                              verify_iters, bandwidth, cuda_graphs, compile_layers, seed, preset, drafters,
                              verify_tokens, breakdown, profile, first_later and i == 0, batches, waves, batch_only,
-                             pairs, tolerance_pct, temperature, slots))
+                             pairs, tolerance_pct, temperature, slots, one_at_a_time=one_at_a_time))
         if on_length is not None:
             on_length(result())
     return result()
@@ -663,7 +697,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
              cuda_graphs: Optional[bool], compile_layers: Optional[bool], seed: int, preset: str,
              drafters: tuple[str, ...], verify_tokens: Optional[list[int]], breakdown: bool, profile: bool,
              first_later: bool, batches: Optional[list[int]], waves: int, batch_only: bool, pairs: int,
-             tolerance_pct: float, temperature: float, slots: Optional[str] = None) -> dict[str, Any]:
+             tolerance_pct: float, temperature: float, slots: Optional[str] = None,
+             one_at_a_time: bool = False) -> dict[str, Any]:
     """Every section of the benchmark at one prompt length (module docstring)."""
     dev = target.device
     graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
@@ -675,7 +710,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     if batches:  # first, so its timings are not taken after the single-sequence sections warmed other shapes
         kinds = [d for d in drafters if d in ("dspark", "ready")]
         batched = bench_batched(target, kinds, preset, block_size, dists_parsed[0] if dists_parsed else None,
-                                prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature, slots)
+                                prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature, slots,
+                                one_at_a_time)
         if batch_only:
             return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
                     "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
@@ -810,6 +846,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch-only", action="store_true", help="with --batch: skip the single-sequence sections")
     ap.add_argument("--slots", choices=("single", "ragged"), default=None,
                     help="with --batch: the engine's slot store (ready.decode.slots; default single at B = 1, ragged above)")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="with --batch: build, time and free one method's engine after another instead of holding "
+                         "AR, DSpark and ReaDy together (not interleaved; for caches that do not fit together)")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -843,7 +882,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
                         batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct,
-                        temperature=a.temperature, slots=a.slots,
+                        temperature=a.temperature, slots=a.slots, one_at_a_time=a.one_at_a_time,
                         on_length=(lambda r: _write_atomically(a.out, json.dumps(r))) if a.out else None)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
