@@ -2,7 +2,8 @@
 it reads the states of the cache it is handed, never those of the cache a graph was made for.
 
 On CPU `cuda_graphs=True` runs the static path eagerly (fixed shapes, the whole context buffer with
-a length mask, the last K+1 context rows re-projected in place); the `cuda` tests capture and replay.
+a length mask, the last K+1 context rows re-projected in place); the `cuda` tests capture and replay,
+and in bf16 attend with the split-key kernel over keys < n + N only.
 """
 
 import pytest
@@ -59,6 +60,29 @@ def test_static_draft_equals_eager_draft_round_after_round(target, head, positio
     for (te, le), (ts, ls) in _rounds(target, [eager, static]):
         torch.testing.assert_close(ls, le, rtol=1e-4, atol=1e-4)
         assert torch.equal(ts, te)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_split_key_attention_over_the_buffer_equals_the_eager_draft(target, monkeypatch, window):
+    """Where the split-key kernel serves the block (16-bit CUDA), the static step writes the block after the
+    context and reads keys < n + N only; here its reference (plain torch, the kernel's semantics) stands in."""
+    import importlib
+
+    import ready.drafter.model as drafter_model
+
+    reference = importlib.import_module("ready_kernels.decode_attention").decode_attention_reference
+    chosen = []
+
+    def use_reference(*args):
+        chosen.append(args)
+        return reference
+
+    monkeypatch.setattr(drafter_model, "split_kv_attention", use_reference)
+    eager, static = _pair(target, context_window=window, inject_layers=[0, -1])
+    for (te, le), (ts, ls) in _rounds(target, [eager, static]):
+        torch.testing.assert_close(ls, le, rtol=1e-4, atol=1e-4)
+        assert torch.equal(ts, te)
+    assert chosen  # the static step asked for the split-key path
 
 
 def test_static_draft_equals_teacher_forced_training(target):
@@ -136,6 +160,26 @@ def test_captured_draft_step_replays_the_eager_numbers(head):
     for (te, le), (ts, ls) in _rounds(tgt, [eager, static]):
         torch.testing.assert_close(ls, le, rtol=1e-4, atol=1e-4)
     assert static._graphs and all(g.graph is not None for g in static._graphs)
+
+
+@pytest.mark.cuda
+def test_captured_bf16_step_with_split_key_attention_matches_the_masked_buffer(monkeypatch):
+    """In bf16 on CUDA the captured step attends with the split-key kernel (keys < n + N only); it agrees
+    with SDPA over the masked whole buffer to bf16 rounding."""
+    import ready.drafter.model as drafter_model
+    from ready.drafter.layers import split_kv_attention
+
+    tgt = tiny_target().cuda().to(torch.bfloat16)
+    split, masked = (drafter_for(tgt, inject_layers=[0, -1]).cuda().to(torch.bfloat16) for _ in range(2))
+    masked.load_state_dict(split.state_dict())
+    attn = split.layers[0].self_attn
+    assert split_kv_attention(torch.bfloat16, torch.device("cuda"), attn.num_heads, attn.num_kv_heads,
+                              split.block_size) is not None
+    got = [ls for (_, ls), in _rounds(tgt, [split])]
+    monkeypatch.setattr(drafter_model, "split_kv_attention", lambda *a: None)
+    want = [ls for (_, ls), in _rounds(tgt, [masked])]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), rtol=3e-2, atol=3e-2)
 
 
 def test_buffers_made_in_inference_mode_serve_later_drafts_outside_it(target):

@@ -89,6 +89,21 @@ def test_many_chunks_combine_to_the_softmax_over_all_keys(HKV, chunk, window):
     assert rel_err(got, masked_sdpa(q, k, v, pos, window)) < 1e-5
 
 
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_a_draft_block_sees_its_context_and_the_whole_block(window):
+    """The drafter's call (ready.drafter.layers.BufferedContext): the block's N keys written after n context
+    keys, every query at position n + N - 1 (a stride-0 pos), window W + N for a W-position context window."""
+    n, N, L = 70, 5, 128
+    q, k, v = make(2, 4, 2, N, L, 32, torch.float32)
+    last = torch.tensor(n + N - 1, device=DEVICE).reshape(1).expand(N)
+    got = da.decode_attention_triton(q, k, v, last, window=window + N if window else 0)
+    j = torch.arange(L, device=DEVICE)
+    seen = (j < n + N) & ((j >= n - window) if window else True)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=seen.expand(N, L),
+                                          enable_gqa=True)
+    assert rel_err(got, want) < 1e-5
+
 def test_keys_past_every_query_are_never_read():
     """Stale or uninitialised cache rows (NaN, inf) past the last position leave the output finite."""
     q, k, v = make(1, 4, 2, 2, 100, 32, torch.float32)

@@ -11,15 +11,57 @@ input before attention (`pre`) or after attention, at the post-attention norm, b
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import ready.target.layers as _target_layers
 from ready.target.layers import MLP as SwiGLU  # the target's SwiGLU block, same parameter names
 
 Hook = Callable[[torch.Tensor], torch.Tensor]
+SplitKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def split_kv_attention(q_dtype: torch.dtype, device: torch.device, num_heads: int, num_kv_heads: int,
+                       block: int) -> Optional[SplitKV]:
+    """The target's split-key decode attention (kernels/decode_attention.py) where it serves a draft
+    block: 16-bit CUDA, the block's query rows per KV head within its tile. None elsewhere."""
+    kernel = _target_layers.DECODE_ATTENTION
+    if (kernel is None or device.type != "cuda" or q_dtype == torch.float32
+            or not kernel.fits(num_heads, num_kv_heads, block)):
+        return None
+    return kernel.decode_attention
+
+
+@dataclass
+class BufferedContext:
+    """One layer's context K/V for the fixed-shape (CUDA-graph) draft step: static buffers
+    [B, H_kv, cap, hd] whose first `n` rows (a device scalar) are the committed context, with room for
+    the block at n..n+N-1. With `split_kv` the block's K/V are written there and one split-key pass
+    reads keys < n + N only, so the cost follows the context, not the buffer; otherwise (CPU, fp32)
+    SDPA runs over buffer ++ block under `mask` [B, 1, N, cap + N]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    n: torch.Tensor
+    window: int = 0  # the last `window` context positions only (0: all)
+    mask: Optional[torch.Tensor] = None
+    split_kv: Optional[SplitKV] = None
+
+    def attend(self, q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, gqa: bool) -> torch.Tensor:
+        """The block's queries q [B, H, N, hd] over the context and the whole block -> [B, H, N, hd]."""
+        N = q.shape[2]
+        if self.split_kv is None:
+            k, v = torch.cat([self.k, kb], dim=2), torch.cat([self.v, vb], dim=2)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
+        rows = self.n + torch.arange(N, device=q.device)  # past the context: rewritten once committed
+        self.k.index_copy_(2, rows, kb)
+        self.v.index_copy_(2, rows, vb)
+        last = (self.n + (N - 1)).reshape(1).expand(N)  # every query sees keys 0 .. n + N - 1
+        return self.split_kv(q, self.k, self.v, last, self.window + N if self.window else 0)
 
 
 class RMSNorm(nn.Module):
@@ -103,15 +145,21 @@ class ContextAttention(nn.Module):
         return apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                context_kv: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """x [B, N, D] block inputs; context_kv from `kv` of the context; mask [B, 1, N, T+N] bool or None."""
+                context_kv: Union[tuple[torch.Tensor, torch.Tensor], BufferedContext],
+                mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """x [B, N, D] block inputs; context_kv from `kv` of the context, or the static step's
+        `BufferedContext`; mask [B, 1, N, T+N] bool or None (a BufferedContext carries its own)."""
         B, N, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         kb, vb = self.kv(x, cos, sin)
-        k = torch.cat([context_kv[0], kb], dim=2)
-        v = torch.cat([context_kv[1], vb], dim=2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        gqa = self.num_heads != self.num_kv_heads
+        if isinstance(context_kv, BufferedContext):
+            o = context_kv.attend(q, kb, vb, gqa)
+        else:
+            k = torch.cat([context_kv[0], kb], dim=2)
+            v = torch.cat([context_kv[1], vb], dim=2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.o_proj(o.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim))
 
 
@@ -126,7 +174,8 @@ class DraftLayer(nn.Module):
         self.mlp = SwiGLU(hidden, intermediate)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                context_kv: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor] = None,
+                context_kv: Union[tuple[torch.Tensor, torch.Tensor], BufferedContext],
+                mask: Optional[torch.Tensor] = None,
                 pre: Optional[Hook] = None, post: Optional[Hook] = None) -> torch.Tensor:
         h = self.input_layernorm(x)
         if pre is not None:

@@ -26,7 +26,7 @@ from ready.config import DrafterConfig, ReaderConfig
 from ready.cuda_graph import capture
 from ready.drafter.heads import ConfidenceHead, build_head
 from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
-from ready.drafter.layers import DraftLayer, RMSNorm, Rotary, rope_type
+from ready.drafter.layers import BufferedContext, DraftLayer, RMSNorm, Rotary, rope_type, split_kv_attention
 from ready.reader import StateReader, StateSource
 from ready.target.layers import linear
 
@@ -292,8 +292,9 @@ class DSparkDrafter(nn.Module):
     # --- drafting ---------------------------------------------------------------------------
     # The context K/V of the committed features lives in static per-layer buffers (`_ctx`), filled
     # incrementally: only rows not projected before are projected. On CUDA the whole draft step
-    # (the last K+1 = block_size context rows re-projected in place, backbone over the whole buffer with a
-    # length mask, reader, sequence head) is one CUDA graph per target cache (`_DraftGraph`); it is
+    # (the last K+1 = block_size context rows re-projected in place; backbone attention over the
+    # committed rows only with the split-key kernel in 16-bit, else over the whole buffer with a length
+    # mask; reader, sequence head) is one CUDA graph per target cache (`_DraftGraph`); it is
     # replayed only for the cache it was captured on, so a step that hands another cache (the
     # state placebo's donor) never replays a graph that reads the wrong states. `cuda_graphs`
     # None = on CUDA; True on CPU runs the same static path eagerly (tests).
@@ -472,17 +473,21 @@ class DSparkDrafter(nn.Module):
             k, v = layer.self_attn.kv(ctx, cos, sin)
             c["k"][i].index_copy_(2, rows, k)
             c["v"][i].index_copy_(2, rows, v)
-        at = torch.arange(c["cap"], device=dev)
-        sees = at < g.n
-        if self.context_window:  # the last W context positions, as forward_train masks them
-            sees = sees & (at >= g.n - self.context_window)
-        mask = torch.cat([sees, torch.ones(Bk, dtype=torch.bool, device=dev)]).expand(B, 1, Bk, c["cap"] + Bk)
+        attn = self.layers[0].self_attn
+        split_kv = split_kv_attention(c["k"][0].dtype, dev, attn.num_heads, attn.num_kv_heads, Bk)
+        mask = None
+        if split_kv is None:  # SDPA over the whole buffer ++ the block, keys past the context masked
+            at = torch.arange(c["cap"], device=dev)
+            sees = at < g.n
+            if self.context_window:  # the last W context positions, as forward_train masks them
+                sees = sees & (at >= g.n - self.context_window)
+            mask = torch.cat([sees, torch.ones(Bk, dtype=torch.bool, device=dev)]).expand(B, 1, Bk, c["cap"] + Bk)
         read = None
         if self.reader_enabled:
             read = lambda reader, h: reader(h, g.src)  # noqa: E731
         cos, sin = self._rope((g.n + torch.arange(Bk, device=dev)).expand(B, Bk))
-        context_kv = list(zip(c["k"], c["v"]))
-        h = self._backbone(self._block_input(g.tok), cos, sin, context_kv, mask, read)[:, 1:]
+        context_kv = [BufferedContext(k, v, g.n, self.context_window, mask, split_kv) for k, v in zip(c["k"], c["v"])]
+        h = self._backbone(self._block_input(g.tok), cos, sin, context_kv, None, read)[:, 1:]
         return self._finish(self._logits(h), g.tok, h, g.mode, g.u)
 
 
