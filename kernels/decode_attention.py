@@ -143,7 +143,7 @@ if HAS_TRITON:
         n = tl.load(pos_ptr + b * pos_b + t * pos_t).to(tl.int32) + 1
         lo = tl.where(WINDOW > 0, tl.maximum(n - WINDOW, 0), 0)
         first = lo // CHUNK
-        last = (n + CHUNK - 1) // CHUNK  # one past the row's last chunk
+        last = tl.minimum((n + CHUNK - 1) // CHUNK, S)  # one past the row's last chunk
         offs_s = tl.arange(0, SB)
         offs_dv = tl.arange(0, BDV)
         row = pid.to(tl.int64) * S

@@ -100,6 +100,18 @@ def test_ragged_forced_acceptance_equals_batch_one(target, kind, batch_size):
     assert accepted == {0, 1, 2, 3}
 
 
+def test_ragged_draft_step_through_split_key_attention_equals_batch_one(target, monkeypatch):
+    """Where the split-key kernel serves the draft block (16-bit CUDA), the batched step writes each row's
+    block after its own context and reads keys < n[b] + N; the kernel's reference stands in here."""
+    import importlib
+
+    import ready.drafter.model as drafter_model
+
+    reference = importlib.import_module("ready_kernels.decode_attention").decode_attention_reference
+    monkeypatch.setattr(drafter_model, "split_kv_attention", lambda *a: reference)
+    check_equal(target, make_drafter(target, "ready"), 4, prompts(1), BUDGETS, accept_fn=content_accept)
+
+
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, seed=0)
 SEEDS = [11, 12, 13, 14, 15, 16]
 

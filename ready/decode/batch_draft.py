@@ -30,7 +30,8 @@ class BatchDraft:
     rows are projected when it is admitted (`admit`), and every step re-projects its last K+1 rows
     (no row gains more per round), as the single-sequence static draft step does. The block (anchor +
     K mask rows, `block_size` = K+1) sits at positions n[b] .. n[b]+K, attends to context rows < n[b] (the last `context_window` of them
-    when set) through a per-row mask, and the reader reads row b of the target cache. The same
+    when set; `DSparkDrafter.buffered_context`: the split-key kernel in 16-bit on CUDA, else a per-row
+    mask), and the reader reads row b of the target cache. The same
     drafter weights and pieces as `DSparkDrafter.draft`; one CUDA graph per engine (batch size)."""
 
     def __init__(self, drafter: Any, cache: RaggedCache, features: torch.Tensor, cuda_graphs: bool,
@@ -52,8 +53,6 @@ class BatchDraft:
             self.tok = torch.zeros(B, dtype=torch.long, device=dev)
             self.rows_b = torch.arange(B, device=dev)
             self.ar_r = torch.arange(self.K + 1, device=dev)
-            self.ar_cap = torch.arange(cap, device=dev)
-            self.ones = torch.ones(B, self.K + 1, dtype=torch.bool, device=dev)
             self.u = torch.zeros(B, self.K, dtype=torch.float32, device=dev)  # sampling: a static input
         ssm = cache.ssm if states is None else states
         self.src = StateSource.from_cache(ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
@@ -87,16 +86,13 @@ class BatchDraft:
             k, v = layer.self_attn.kv(ctx, cos, sin)
             self.k[i].scatter_(2, idx, k)
             self.v[i].scatter_(2, idx, v)
-        sees = self.ar_cap[None, :] < n[:, None]
-        if d.context_window:  # the last W context positions, as forward_train masks them
-            sees = sees & (self.ar_cap[None, :] >= (n - d.context_window)[:, None])
-        mask = torch.cat([sees, self.ones], dim=-1)[:, None, None, :].expand(B, 1, K + 1, self.cap + K + 1)
         read = None
         if self.src is not None:
             src = self.src
             read = lambda reader, h: reader(h, src)  # noqa: E731
         cos, sin = d._rope(n[:, None] + self.ar_r)
-        h = d._backbone(d._block_input(self.tok), cos, sin, list(zip(self.k, self.v)), mask, read)[:, 1:]
+        context = d.buffered_context(self.k, self.v, n)  # row b's block after its n[b] context rows
+        h = d._backbone(d._block_input(self.tok), cos, sin, context, None, read)[:, 1:]
         return d._finish(d._logits(h), self.tok, h, self.mode, self.u)
 
     def _capture(self, warmup: int = 2) -> None:

@@ -38,11 +38,11 @@ def split_kv_attention(q_dtype: torch.dtype, device: torch.device, num_heads: in
 
 @dataclass
 class BufferedContext:
-    """One layer's context K/V for the fixed-shape (CUDA-graph) draft step: static buffers
-    [B, H_kv, cap, hd] whose first `n` rows (a device scalar) are the committed context, with room for
-    the block at n..n+N-1. With `split_kv` the block's K/V are written there and one split-key pass
-    reads keys < n + N only, so the cost follows the context, not the buffer; otherwise (CPU, fp32)
-    SDPA runs over buffer ++ block under `mask` [B, 1, N, cap + N]."""
+    """One layer's context K/V for the fixed-shape (CUDA-graph) draft steps: static buffers
+    [B, H_kv, cap, hd] whose first `n` rows are the committed context (`n` a device scalar, or [B] per
+    row in the batched step), with room for the block at n..n+N-1. With `split_kv` the block's K/V are
+    written there and one split-key pass reads keys < n + N only, so the cost follows the context, not
+    the buffer; otherwise (CPU, fp32) SDPA runs over buffer ++ block under `mask` [B, 1, N, cap + N]."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -57,11 +57,18 @@ class BufferedContext:
         if self.split_kv is None:
             k, v = torch.cat([self.k, kb], dim=2), torch.cat([self.v, vb], dim=2)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
-        rows = self.n + torch.arange(N, device=q.device)  # past the context: rewritten once committed
-        self.k.index_copy_(2, rows, kb)
-        self.v.index_copy_(2, rows, vb)
-        last = (self.n + (N - 1)).reshape(1).expand(N)  # every query sees keys 0 .. n + N - 1
-        return self.split_kv(q, self.k, self.v, last, self.window + N if self.window else 0)
+        cap = self.k.shape[2]
+        rows = (self.n.reshape(-1, 1) + torch.arange(N, device=q.device)).clamp(max=cap - 1)  # [1 or B, N]
+        if self.n.dim() == 0:  # past the context: rewritten once committed
+            self.k.index_copy_(2, rows[0], kb)
+            self.v.index_copy_(2, rows[0], vb)
+        else:
+            idx = rows[:, None, :, None].expand(kb.shape)
+            self.k.scatter_(2, idx, kb)
+            self.v.scatter_(2, idx, vb)
+        last = rows[:, -1:].expand(-1, N)  # every query sees keys 0 .. n + N - 1
+        return self.split_kv(q, self.k, self.v, last[0] if self.n.dim() == 0 else last,
+                             self.window + N if self.window else 0)
 
 
 class RMSNorm(nn.Module):

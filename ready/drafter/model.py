@@ -462,6 +462,24 @@ class DSparkDrafter(nn.Module):
         self._graphs = ([g] + self._graphs)[: self.MAX_GRAPHS]  # the least recently used one goes
         return g
 
+    def buffered_context(self, ks: list[torch.Tensor], vs: list[torch.Tensor], n: torch.Tensor) -> list[BufferedContext]:
+        """The fixed-shape draft steps' per-layer context: buffers ks/vs [B, H_kv, cap, hd] whose first n rows
+        (a device scalar, or [B] per row) are committed, the block after them. The split-key kernel where it
+        serves the block (16-bit CUDA), else SDPA over buffer ++ block with keys past the context masked
+        (and before the last `context_window` of it, as forward_train masks them)."""
+        attn, Bk = self.layers[0].self_attn, self.block_size
+        B, cap, dev = ks[0].shape[0], ks[0].shape[2], ks[0].device
+        split_kv = split_kv_attention(ks[0].dtype, dev, attn.num_heads, attn.num_kv_heads, Bk)
+        mask = None
+        if split_kv is None:
+            at, ends = torch.arange(cap, device=dev), n.reshape(-1, 1)
+            sees = at < ends
+            if self.context_window:
+                sees = sees & (at >= ends - self.context_window)
+            block = torch.ones(sees.shape[0], Bk, dtype=torch.bool, device=dev)
+            mask = torch.cat([sees, block], dim=-1)[:, None, None, :].expand(B, 1, Bk, cap + Bk)
+        return [BufferedContext(k, v, n, self.context_window, mask, split_kv) for k, v in zip(ks, vs)]
+
     def _static_body(self, g: "_DraftGraph") -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed-shape draft: inputs g.feats (the last R context rows), g.tok (anchor), g.n (context length)."""
         c, Bk, (B, R) = self._ctx, self.block_size, g.feats.shape[:2]
@@ -473,21 +491,12 @@ class DSparkDrafter(nn.Module):
             k, v = layer.self_attn.kv(ctx, cos, sin)
             c["k"][i].index_copy_(2, rows, k)
             c["v"][i].index_copy_(2, rows, v)
-        attn = self.layers[0].self_attn
-        split_kv = split_kv_attention(c["k"][0].dtype, dev, attn.num_heads, attn.num_kv_heads, Bk)
-        mask = None
-        if split_kv is None:  # SDPA over the whole buffer ++ the block, keys past the context masked
-            at = torch.arange(c["cap"], device=dev)
-            sees = at < g.n
-            if self.context_window:  # the last W context positions, as forward_train masks them
-                sees = sees & (at >= g.n - self.context_window)
-            mask = torch.cat([sees, torch.ones(Bk, dtype=torch.bool, device=dev)]).expand(B, 1, Bk, c["cap"] + Bk)
         read = None
         if self.reader_enabled:
             read = lambda reader, h: reader(h, g.src)  # noqa: E731
         cos, sin = self._rope((g.n + torch.arange(Bk, device=dev)).expand(B, Bk))
-        context_kv = [BufferedContext(k, v, g.n, self.context_window, mask, split_kv) for k, v in zip(c["k"], c["v"])]
-        h = self._backbone(self._block_input(g.tok), cos, sin, context_kv, None, read)[:, 1:]
+        h = self._backbone(self._block_input(g.tok), cos, sin, self.buffered_context(c["k"], c["v"], g.n), None,
+                           read)[:, 1:]
         return self._finish(self._logits(h), g.tok, h, g.mode, g.u)
 
 
