@@ -553,6 +553,8 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
 
     for B in batches:
         prompts = [torch.randint(0, vocab, (prompt_len,), generator=gen) for _ in range(B * waves)]
+        if target.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(target.device)
 
         def call(k: str, e: Any) -> Any:
             if sampling is not None:
@@ -597,6 +599,8 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
             del engines
             free()
         run: dict[str, Any] = {"batch": B, **{k: _batch_summary(v) for k, v in timed.items()}}
+        if target.device.type == "cuda":  # the high-water mark of this batch size, weights included
+            run["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated(target.device) / 1e9, 2)
         ar_tps = run["ar"]["decode_tokens_per_s"]
         for k in methods[1:]:
             run[k]["decode_speedup_vs_ar"] = run[k]["decode_tokens_per_s"] / ar_tps if ar_tps else None
@@ -701,6 +705,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
              one_at_a_time: bool = False) -> dict[str, Any]:
     """Every section of the benchmark at one prompt length (module docstring)."""
     dev = target.device
+    if dev.type == "cuda":  # `peak_gpu_gb`: this length's high-water mark, the target's weights included
+        torch.cuda.reset_peak_memory_stats(dev)
     graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
     vocab = target.config.vocab_size
     prompt = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed))
@@ -779,6 +785,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
             out["fused_gemv"] = {"tuned": layers.FUSED_GEMV.TUNER.report()}
     except ImportError:  # pragma: no cover
         pass
+    if dev.type == "cuda":
+        out["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 2)
     out["source"] = {"ready": str(Path(ready.__file__).resolve().parent.parent),
                      "ready_kernels": [str(Path(p).resolve()) for p in ready_kernels.__path__][:1]}
     if bandwidth > 0:
