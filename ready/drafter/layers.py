@@ -57,18 +57,13 @@ class BufferedContext:
         if self.split_kv is None:
             k, v = torch.cat([self.k, kb], dim=2), torch.cat([self.v, vb], dim=2)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
-        cap = self.k.shape[2]
-        rows = (self.n.reshape(-1, 1) + torch.arange(N, device=q.device)).clamp(max=cap - 1)  # [1 or B, N]
-        if self.n.dim() == 0:  # past the context: rewritten once committed
-            self.k.index_copy_(2, rows[0], kb)
-            self.v.index_copy_(2, rows[0], vb)
-        else:
-            idx = rows[:, None, :, None].expand(kb.shape)
-            self.k.scatter_(2, idx, kb)
-            self.v.scatter_(2, idx, vb)
-        last = rows[:, -1:].expand(-1, N)  # every query sees keys 0 .. n + N - 1
-        return self.split_kv(q, self.k, self.v, last[0] if self.n.dim() == 0 else last,
-                             self.window + N if self.window else 0)
+        # the block's rows, past the context (rewritten once committed): [1 or B, N]
+        rows = (self.n.reshape(-1, 1) + torch.arange(N, device=q.device)).clamp(max=self.k.shape[2] - 1)
+        idx = rows[:, None, :, None].expand(kb.shape)
+        self.k.scatter_(2, idx, kb)
+        self.v.scatter_(2, idx, vb)
+        last = rows[:, -1:].expand(q.shape[0], N)  # every query sees keys 0 .. n + N - 1
+        return self.split_kv(q, self.k, self.v, last, self.window + N if self.window else 0)
 
 
 class RMSNorm(nn.Module):
