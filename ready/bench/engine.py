@@ -73,7 +73,6 @@ import argparse
 import gc
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -86,6 +85,7 @@ import torch
 import ready
 import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
 import ready_kernels
+from ready.artifacts import atomic_write_text
 from ready.config import ConfigError, load_config
 from ready.cuda_graph import capture, replay_us
 from ready.decode.engine import Engine
@@ -800,14 +800,6 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     return out
 
 
-def _write_atomically(path: str, text: str) -> None:
-    """Write `text` to `path` through a temporary file, so a reader never sees half a JSON."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ready.bench.engine", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="tiny", help="preset or checkpoint directory (default tiny)")
@@ -891,7 +883,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
                         batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct,
                         temperature=a.temperature, slots=a.slots, one_at_a_time=a.one_at_a_time,
-                        on_length=(lambda r: _write_atomically(a.out, json.dumps(r))) if a.out else None)
+                        on_length=(lambda r: atomic_write_text(a.out, json.dumps(r) + "\n")) if a.out else None)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise
@@ -899,7 +891,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     text = json.dumps(res, indent=None if a.json else 2)
     if a.out:
-        _write_atomically(a.out, text)
+        atomic_write_text(a.out, text + "\n")
     print(text)
     bad = [r for one in res.get("by_prompt_len", [res]) for r in one.get("drafters", {}).get("runs", [])
            if not r.get("consistency", {"consistent": True})["consistent"]]
