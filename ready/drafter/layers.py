@@ -18,22 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import ready.target.layers as _target_layers
 from ready.target.layers import MLP as SwiGLU  # the target's SwiGLU block, same parameter names
+from ready.target.layers import SplitKV, split_kv_attention  # noqa: F401  (the drafter's steps ask there too)
 
 Hook = Callable[[torch.Tensor], torch.Tensor]
-SplitKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
-
-
-def split_kv_attention(q_dtype: torch.dtype, device: torch.device, num_heads: int, num_kv_heads: int,
-                       block: int) -> Optional[SplitKV]:
-    """The target's split-key decode attention (kernels/decode_attention.py) where it serves a draft
-    block: 16-bit CUDA, the block's query rows per KV head within its tile. None elsewhere."""
-    kernel = _target_layers.DECODE_ATTENTION
-    if (kernel is None or device.type != "cuda" or q_dtype == torch.float32
-            or not kernel.fits(num_heads, num_kv_heads, block)):
-        return None
-    return kernel.decode_attention
 
 
 @dataclass

@@ -324,10 +324,10 @@ class Attention(nn.Module):
         a query at p sees keys 0..p (the last `window` of them with a window). Output [B, H, T, hd]."""
         if exact:  # fixed key-block order over keys 0..p: the same bits whatever the buffer or T
             return exact_attention(q, keys, values, pos + 1, self.window)
-        if (DECODE_ATTENTION is not None and q.is_cuda and q.dtype != torch.float32
-                and DECODE_ATTENTION.fits(self.n_heads, self.n_kv, q.shape[2])):
+        split_kv = split_kv_attention(q.dtype, q.device, self.n_heads, self.n_kv, q.shape[2])
+        if split_kv is not None:
             # decode / verify queries: split over key blocks (kernels/decode_attention.py), not SDPA's prefill tiles
-            return DECODE_ATTENTION.decode_attention(q, keys, values, pos, self.window or 0)
+            return split_kv(q, keys, values, pos, self.window or 0)
         mask = visible_keys(pos, keys.shape[2], self.window)  # [T, L] or [B, T, L]
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask if mask.dim() == 2 else mask[:, None],
                                               enable_gqa=True)
@@ -367,6 +367,18 @@ def _decode_attention_kernel():
 
 
 DECODE_ATTENTION = _decode_attention_kernel()
+SplitKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def split_kv_attention(dtype: torch.dtype, device: torch.device, num_heads: int, num_kv_heads: int,
+                       queries: int) -> Optional[SplitKV]:
+    """kernels/decode_attention.py's split-key attention where it serves `queries` query positions: 16-bit
+    CUDA, one KV head's query rows within its tile. None elsewhere (SDPA). The target's cached attention
+    and the drafter's fixed-shape draft steps both ask here."""
+    if (DECODE_ATTENTION is None or device.type != "cuda" or dtype == torch.float32
+            or not DECODE_ATTENTION.fits(num_heads, num_kv_heads, queries)):
+        return None
+    return DECODE_ATTENTION.decode_attention
 
 
 @functools.lru_cache(maxsize=None)
