@@ -42,14 +42,19 @@ def read_states_torch(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.T
     """
     B, P, M, r = z.shape
     d_k, d_v = ssm.shape[-2:]
-    S = ssm.index_select(0, layer_idx).index_select(1, slots)  # [Ls, B, H, d_k, d_v]
-    S = S.transpose(0, 1).reshape(B, M, d_k, d_v).float()
-    rms = torch.sqrt(S.pow(2).mean(dim=(-2, -1)) + eps)  # [B, M]
-    S_bar = S / rms[..., None, None]
-    T = torch.einsum("mvr,bmkv->bmrk", V.float(), S_bar)  # V^T S̄^T: [B, M, r, d_k]
-    q = torch.einsum("bpmr,mrk->bpmk", z.float(), U.float())  # U^T z: [B, P, M, d_k]
-    u = torch.einsum("bmrk,bpmk->bpmr", T, q) / math.sqrt(d_k)
+    S = ssm if _whole(layer_idx, ssm.shape[0]) else ssm.index_select(0, layer_idx)
+    S = S if _whole(slots, ssm.shape[1]) else S.index_select(1, slots)  # [Ls, B, H, d_k, d_v]
+    S = S.transpose(0, 1).reshape(B, M, d_k, d_v).float()  # a view for training's teacher states
+    rms = torch.sqrt(torch.linalg.vector_norm(S, dim=(-2, -1)).square() / (d_k * d_v) + eps)  # [B, M]
+    q = torch.einsum("bpmr,mrk->bmpk", z.float(), U.float())  # U^T z: [B, M, P, d_k]
+    w = torch.matmul(q, S)  # S^T q: [B, M, P, d_v]; u = V^T S̄^T q / sqrt(d_k), each state read in place
+    u = torch.einsum("bmpv,mvr->bpmr", w, V.float()) / (rms * math.sqrt(d_k))[:, None, :, None]
     return torch.cat([u.reshape(B, P, M * r), rms.log()[:, None, :].expand(B, P, M)], dim=-1)
+
+
+def _whole(idx: torch.Tensor, n: int) -> bool:
+    """`idx` is 0..n-1 in order (checked on the host, so CPU only)."""
+    return idx.device.type == "cpu" and idx.numel() == n and bool(torch.equal(idx, torch.arange(n)))
 
 
 _FUSED: Any = None
