@@ -125,3 +125,22 @@ def test_torch_path_gives_the_fused_ops_numbers_exactly():
         z = torch.randn(2, 5, M, r, generator=g)
         U, V = torch.randn(M, r, DK, generator=g), torch.randn(M, DV, r, generator=g)
         assert torch.equal(op(ssm, idx, slots, z, U, V, eps=1e-6), read_states_torch(ssm, idx, slots, z, U, V, 1e-6))
+
+
+def test_training_states_read_in_place_give_the_numbers_of_a_gathered_copy():
+    """Teacher states [B, A, Ls, H, d_k, d_v] are read where they lie (every layer and block in order):
+    the same features, bit for bit, as the same states read by index out of a larger cache."""
+    g = torch.Generator().manual_seed(2)
+    B, A, Ls, P, r = 2, 3, 2, 4, 3
+    M = Ls * H
+    states = torch.randn(B, A, Ls, H, DK, DV, generator=g)
+    src = StateSource.from_training(states)
+    cache = torch.randn(Ls + 1, B * A + 2, H, DK, DV, generator=g)
+    cache[1:, 2:] = states.flatten(0, 1).transpose(0, 1)
+    z = torch.randn(B * A, P, M, r, generator=g)
+    U, V = torch.randn(M, r, DK, generator=g), torch.randn(M, DV, r, generator=g)
+    in_place = read_states_torch(src.ssm, src.layer_idx, src.slots, z, U, V)
+    gathered = read_states_torch(cache, torch.arange(1, Ls + 1), torch.arange(2, B * A + 2), z, U, V)
+    assert torch.equal(in_place, gathered)
+    op = fused_state_reader()
+    assert torch.equal(op(src.ssm, src.layer_idx, src.slots, z, U, V, eps=1e-6), in_place)
