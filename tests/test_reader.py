@@ -142,5 +142,11 @@ def test_training_states_read_in_place_give_the_numbers_of_a_gathered_copy():
     in_place = read_states_torch(src.ssm, src.layer_idx, src.slots, z, U, V)
     gathered = read_states_torch(cache, torch.arange(1, Ls + 1), torch.arange(2, B * A + 2), z, U, V)
     assert torch.equal(in_place, gathered)
+    # every layer and slot, but out of order: read by index, never in place
+    layers, slots = torch.tensor([1, 0]), torch.randperm(B * A, generator=g)
+    shuffled = torch.empty_like(src.ssm)
+    shuffled[layers[:, None], slots[None, :]] = src.ssm
+    assert torch.equal(read_states_torch(shuffled, layers, slots, z, U, V), in_place)
     op = fused_state_reader()
     assert torch.equal(op(src.ssm, src.layer_idx, src.slots, z, U, V, eps=1e-6), in_place)
+    assert torch.equal(op(shuffled, layers, slots, z, U, V, eps=1e-6), in_place)
