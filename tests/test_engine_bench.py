@@ -236,3 +236,25 @@ def test_several_prompt_lengths_in_one_process_each_with_its_kv_bound(capsys):
     assert long["step_ms_with_kv"] > short["step_ms_with_kv"] > short["step_ms"]
     assert main(["--target", "tiny", "--device", "cpu", "--prompt-len", "8,x"]) == 2
     assert "--prompt-len '8,x': expected a number or a comma list" in capsys.readouterr().err
+
+
+def test_prefill_chunk_prefills_long_prompts_in_pieces_and_is_recorded(capsys, monkeypatch):
+    from ready.target.model import HybridLM
+
+    pieces = []
+    run = HybridLM._run
+
+    def counting(self, ids, mode, *args, **kw):
+        if mode == "prefill":
+            pieces.append(ids.shape[1])
+        return run(self, ids, mode, *args, **kw)
+
+    monkeypatch.setattr(HybridLM, "_run", counting)
+    code = main(["--target", "tiny", "--device", "cpu", "--prompt-len", "24", "--new-tokens", "6", "-k", "3",
+                 "--accept-dist", "0:1,3:1", "--repeats", "1", "--verify-iters", "1", "--verify-tokens", "",
+                 "--prefill-chunk", "10", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["prefill_chunk"] == 10
+    assert pieces and max(pieces) <= 10 and 4 in pieces  # 24 tokens: 10 + 10 + 4
+    assert main(["--target", "tiny", "--device", "cpu", "--prefill-chunk", "-8"]) == 2
+    assert "--prefill-chunk -8: expected 0 (one pass) or a number of tokens >= 1" in capsys.readouterr().err

@@ -98,6 +98,43 @@ def test_a_prefill_asked_for_the_last_logits_only_returns_those_and_the_same_cac
     assert torch.equal(last_cache.ssm, full_cache.ssm) and last_cache.length == full_cache.length == 21
 
 
+@pytest.mark.parametrize("static", [False, True])  # the dynamic cache and the CUDA-graph layout
+@pytest.mark.parametrize("last_only", [False, True])
+def test_a_prefill_in_chunks_gives_the_cache_and_outputs_of_one_pass(model, static, last_only):
+    """`prefill_chunk`: a long prompt as consecutive continuations (the last piece shorter) leaves the
+    cache one pass leaves, returns the same logits and features, and the next step sees the same."""
+    ids = torch.randint(0, 97, (2, 45))
+    runs = []
+    try:
+        for chunk in (0, 16):
+            model.prefill_chunk = chunk
+            cache = model.new_cache(batch_size=2, max_len=64)
+            cache.static = static
+            with torch.no_grad():
+                out = model.prefill(ids, cache, capture_layers=[1, 3], last_logits_only=last_only)
+                step = model.step(torch.randint(0, 97, (2, 1), generator=torch.Generator().manual_seed(0)), cache)
+            runs.append((out, cache, step))
+    finally:
+        model.prefill_chunk = 0
+    (one, c1, s1), (chunked, c2, s2) = runs
+    assert chunked.logits.shape == one.logits.shape == (2, 1 if last_only else 45, 97)
+    assert torch.allclose(chunked.logits, one.logits, atol=1e-5)
+    assert torch.allclose(chunked.hidden, one.hidden, atol=1e-5)
+    assert c1.length == c2.length == 46
+    for a, b in ((c1.ssm, c2.ssm), (c1.conv, c2.conv), (c1.key[:, :, :, :46], c2.key[:, :, :, :46]),
+                 (c1.value[:, :, :, :46], c2.value[:, :, :, :46]), (s1.logits, s2.logits)):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_negative_prefill_chunk_is_one_clear_error(model):
+    model.prefill_chunk = -1
+    try:
+        with pytest.raises(TargetError, match=r"prefill_chunk=-1; expected 0 \(one pass\) or a number of tokens >= 1"):
+            model.prefill(torch.randint(0, 97, (1, 5)), model.new_cache(max_len=8))
+    finally:
+        model.prefill_chunk = 0
+
+
 @pytest.mark.parametrize("k", range(0, 6))
 def test_verify_then_commit_k_equals_forward_over_accepted_prefix(model, k):
     K = 5

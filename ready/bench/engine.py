@@ -650,10 +650,11 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
           batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False,
           pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT, temperature: float = 0.0,
           slots: Optional[str] = None, on_length: Optional[Callable[[dict[str, Any]], None]] = None,
-          one_at_a_time: bool = False) -> dict[str, Any]:
+          one_at_a_time: bool = False, prefill_chunk: int = 0) -> dict[str, Any]:
     """Every section at one prompt length, or, for a list, the sections at each length in turn over one
     loaded target (`{"prompt_lens": [...], "by_prompt_len": [one result per length]}`). `on_length` gets the
-    results so far after each length, so a run cut short keeps the lengths it finished."""
+    results so far after each length, so a run cut short keeps the lengths it finished. `prefill_chunk` > 0:
+    every prefill in pieces of at most that many tokens (`HybridLM.prefill_chunk`)."""
     lens = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
@@ -671,6 +672,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
                           f"{ctx} tokens")
     if compile_layers is not None:  # None: the default (compiled layers inside CUDA graphs on CUDA)
         target.compile_layers(compile_layers)
+    target.prefill_chunk = prefill_chunk
     runs: list[dict[str, Any]] = []
 
     def result() -> dict[str, Any]:
@@ -684,6 +686,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
                              verify_iters, bandwidth, cuda_graphs, compile_layers, seed, preset, drafters,
                              verify_tokens, breakdown, profile, first_later and i == 0, batches, waves, batch_only,
                              pairs, tolerance_pct, temperature, slots, one_at_a_time=one_at_a_time))
+        runs[-1]["prefill_chunk"] = prefill_chunk
         if on_length is not None:
             on_length(result())
     return result()
@@ -849,6 +852,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="with --batch: build, time and free one method's engine after another instead of holding "
                          "AR, DSpark and ReaDy together (not interleaved; for caches that do not fit together)")
+    ap.add_argument("--prefill-chunk", type=int, default=0,
+                    help="prefill prompts in pieces of at most this many tokens (0: one pass); bounds a long "
+                         "prompt's activations, e.g. 8192 for 32k prompts on an 80 GB card")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -871,6 +877,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             batches = [int(b) for b in a.batch.split(",") if b.strip()] if a.batch is not None else None
         except ValueError:
             raise DecodeError(f"--batch {a.batch!r}: expected a comma list of batch sizes, e.g. 1,2,4,8,16") from None
+        if a.prefill_chunk < 0:
+            raise DecodeError(f"--prefill-chunk {a.prefill_chunk}: expected 0 (one pass) or a number of tokens >= 1")
         if not a.temperature >= 0:
             raise DecodeError(f"--temperature {a.temperature}: expected a number >= 0 (0 = greedy)")
         if batches is not None and (not batches or min(batches) < 1 or a.waves < 1):
@@ -883,7 +891,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
                         batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct,
                         temperature=a.temperature, slots=a.slots, one_at_a_time=a.one_at_a_time,
-                        on_length=(lambda r: atomic_write_text(a.out, json.dumps(r) + "\n")) if a.out else None)
+                        prefill_chunk=a.prefill_chunk, on_length=(lambda r: atomic_write_text(a.out, json.dumps(r) + "\n")) if a.out else None)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise

@@ -71,6 +71,9 @@ class HybridLM(nn.Module):
         # None = auto: the CUDA-graphed passes (GraphedVerify) run compiled layers on CUDA; True / False
         # force it (compile_layers sets True; `target.compile` in a run's config)
         self.compile_in_graphs: Optional[bool] = None
+        # > 0: `prefill` runs a longer prompt in pieces of at most this many tokens, so a long context's
+        # activations are those of one piece beside the weights (`ready.bench.engine --prefill-chunk`)
+        self.prefill_chunk: int = 0
 
     def compile_layers(self, enable: bool = True) -> None:
         """torch.compile the per-layer forward (CUDA) for the CUDA-graphed passes: fuses the many
@@ -272,12 +275,31 @@ class HybridLM(nn.Module):
                 last_logits_only: bool = False) -> TargetOutput:
         """Run a prompt (or any committed continuation) through the target and commit it. `last_logits_only`:
         logits [B, 1, V] of the last position alone; decoding needs no more, and at long prompts the logits
-        of every position are the largest tensor of the pass (32k tokens x a 248k vocabulary: 16 GB in bf16)."""
+        of every position are the largest tensor of the pass (32k tokens x a 248k vocabulary: 16 GB in bf16).
+        With `prefill_chunk` > 0 a longer prompt runs as consecutive continuations of at most that many
+        tokens (the same K/V, states and outputs up to rounding; a multiple of 64 keeps the chunked GDN's
+        blocks where one pass puts them)."""
         self._check_room(cache, ids.shape[1])
-        out = self._run(ids, "prefill", cache, capture_layers,
-                        logits_from=ids.shape[1] - 1 if last_logits_only else 0)
-        cache.advance(ids.shape[1])
-        return out
+        T, step = ids.shape[1], int(self.prefill_chunk)
+        if step < 0:
+            raise TargetError(f"prefill_chunk={step}; expected 0 (one pass) or a number of tokens >= 1")
+        if step == 0 or T <= step:
+            out = self._run(ids, "prefill", cache, capture_layers, logits_from=T - 1 if last_logits_only else 0)
+            cache.advance(T)
+            return out
+        logits, hidden = [], []
+        for s in range(0, T, step):
+            piece = ids[:, s:s + step]
+            n = piece.shape[1]
+            last = s + n == T
+            out = self._run(piece, "prefill", cache, capture_layers,
+                            logits_from=(n - 1 if last else None) if last_logits_only else 0)
+            cache.advance(n)
+            if out.logits is not None:
+                logits.append(out.logits)
+            if out.hidden is not None:
+                hidden.append(out.hidden)
+        return TargetOutput(logits=torch.cat(logits, dim=1), hidden=torch.cat(hidden, dim=1) if hidden else None)
 
     @torch.no_grad()
     def verify(self, block: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int] = ()) -> TargetOutput:
