@@ -283,23 +283,18 @@ class HybridLM(nn.Module):
         T, step = ids.shape[1], int(self.prefill_chunk)
         if step < 0:
             raise TargetError(f"prefill_chunk={step}; expected 0 (one pass) or a number of tokens >= 1")
-        if step == 0 or T <= step:
-            out = self._run(ids, "prefill", cache, capture_layers, logits_from=T - 1 if last_logits_only else 0)
-            cache.advance(T)
-            return out
-        logits, hidden = [], []
-        for s in range(0, T, step):
-            piece = ids[:, s:s + step]
-            n = piece.shape[1]
-            last = s + n == T
-            out = self._run(piece, "prefill", cache, capture_layers,
-                            logits_from=(n - 1 if last else None) if last_logits_only else 0)
+        pieces = ids.split(step, dim=1) if 0 < step < T else (ids,)
+        outs = []
+        for i, piece in enumerate(pieces):
+            n, last = piece.shape[1], i == len(pieces) - 1
+            outs.append(self._run(piece, "prefill", cache, capture_layers,
+                                  logits_from=(n - 1 if last else None) if last_logits_only else 0))
             cache.advance(n)
-            if out.logits is not None:
-                logits.append(out.logits)
-            if out.hidden is not None:
-                hidden.append(out.hidden)
-        return TargetOutput(logits=torch.cat(logits, dim=1), hidden=torch.cat(hidden, dim=1) if hidden else None)
+        if len(outs) == 1:
+            return outs[0]
+        hidden = [o.hidden for o in outs if o.hidden is not None]
+        return TargetOutput(logits=torch.cat([o.logits for o in outs if o.logits is not None], dim=1),
+                            hidden=torch.cat(hidden, dim=1) if hidden else None)
 
     @torch.no_grad()
     def verify(self, block: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int] = ()) -> TargetOutput:
