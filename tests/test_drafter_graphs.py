@@ -167,7 +167,7 @@ def test_captured_bf16_step_with_split_key_attention_matches_the_masked_buffer(m
     """In bf16 on CUDA the captured step attends with the split-key kernel (keys < n + N only); it agrees
     with SDPA over the masked whole buffer to bf16 rounding."""
     import ready.drafter.model as drafter_model
-    from ready.drafter.layers import split_kv_attention
+    from ready.target.layers import split_kv_attention
 
     tgt = tiny_target().cuda().to(torch.bfloat16)
     split, masked = (drafter_for(tgt, inject_layers=[0, -1]).cuda().to(torch.bfloat16) for _ in range(2))

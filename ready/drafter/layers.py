@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ready.target.layers import MLP as SwiGLU  # the target's SwiGLU block, same parameter names
-from ready.target.layers import SplitKV, split_kv_attention  # noqa: F401  (the drafter's steps ask there too)
+from ready.target.layers import SplitKV
 
 Hook = Callable[[torch.Tensor], torch.Tensor]
 

@@ -26,9 +26,9 @@ from ready.config import DrafterConfig, ReaderConfig
 from ready.cuda_graph import capture
 from ready.drafter.heads import ConfidenceHead, build_head
 from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
-from ready.drafter.layers import BufferedContext, DraftLayer, RMSNorm, Rotary, rope_type, split_kv_attention
+from ready.drafter.layers import BufferedContext, DraftLayer, RMSNorm, Rotary, rope_type
 from ready.reader import StateReader, StateSource
-from ready.target.layers import linear
+from ready.target.layers import linear, split_kv_attention
 
 FINGERPRINT_FIELDS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads",
