@@ -100,3 +100,28 @@ def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
                                  "us_first": 29.0, "us_last": 8 * 29.0}
     single = step_trace.trace_step("x", "bfloat16", [8], 16, 2, 0)
     assert single["tokens"] == 8 and "difference" not in single and len(single["by_kernel"]) == 25
+
+
+def test_the_draft_replayer_repeats_the_batched_draft_step_and_its_bound_counts_weights_and_lm_head():
+    import torch
+
+    from ready.bench.step_trace import draft_replayer, draft_stream_bytes
+    from ready.target import load_target
+
+    torch.manual_seed(0)
+    target = load_target("tiny", device="cpu", dtype="float32")
+    replay, drafter = draft_replayer(target, "ready", "tiny", batch=2, prompt_len=8, block_size=3, seed=0)
+    for _ in range(3):  # the batched step's body (eager off CUDA) over the same rows each time
+        replay()
+    tables = sum(m.weight.numel() for m in drafter.modules() if isinstance(m, torch.nn.Embedding))  # rows looked up
+    params = sum(p.numel() for p in drafter.parameters())  # the shared embedding and LM head are not the drafter's
+    assert tables > 0 and drafter.readers
+    assert draft_stream_bytes(drafter) == 4 * (params - tables + target.lm_head.weight.numel())
+
+
+def test_bad_draft_batches_are_refused(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main(["--draft", "dspark", "--batch", "0"]) == 2
+    assert "--batch must be sizes >= 1" in capsys.readouterr().err

@@ -16,6 +16,12 @@ The profiler itself may lengthen gaps a little: compare `span_ms` with `replay_m
 µs and calls of the last size minus the first, largest change first, so where verify(8)'s extra
 time goes reads off one list (a kernel the sizes dispatch differently shows as one row down and
 another up).
+
+`--draft dspark|ready --batch 1,32` traces the drafter's graphed draft step instead (the paper-size,
+public-DSpark-shaped drafter of `ready.bench.engine`, random weights), for B rows at each batch size
+(B = 1: the single-sequence step; above: the engine's batched step, `ready.decode.batch_draft`), after
+a short decode has captured it; `bound_ms` is the time to stream the drafter's weights and the LM head
+(every position's logits need every row) at `--bandwidth`, the goal's yardstick (issue 46 item 2).
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ from typing import Any, Optional
 
 import torch
 
+from ready.bench.engine import build_drafter, forced_acceptance
+from ready.decode.engine import Engine
 from ready.decode.graphs import GraphRunner
-from ready.target import load_target
+from ready.target import PRESETS, load_target
+
+H200_COPY_BYTES_PER_S = 4.27e12  # the H200's measured device-to-device copy rate (docs/benchmarks.md)
 
 # gaps longer than this lie between replays (host launches the next graph), not inside one
 REPLAY_BREAK_US = 50.0
@@ -110,6 +120,40 @@ def step_replayer(target: Any, tokens: int, prompt_len: int) -> Any:
     return replay
 
 
+def draft_replayer(target: Any, kind: str, preset: str, batch: int, prompt_len: int, block_size: int,
+                   seed: int) -> tuple[Any, Any]:
+    """(a callable that replays the drafter's captured draft step for `batch` rows once, the drafter);
+    the drafter of `preset`'s shape proposing `block_size` tokens.
+    A short decode of `batch` prompts (forced acceptance of every draft) tunes, compiles and captures it;
+    the engine stays alive with the replayer, so the graph's buffers and cache stay valid. Each replay
+    rewrites the same context rows, so every replay sees the same inputs."""
+    drafter = build_drafter(target, kind, preset, block_size, seed)
+    engine = Engine(target, drafter, batch_size=batch, eos_token_id=-1, cuda_graphs=True,
+                    accept_fn=forced_acceptance({drafter.proposals: 1.0}, seed))
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen) for _ in range(batch)]
+    engine.decode(prompts, 4 * block_size)
+    step = getattr(engine.slots, "draft_step", None)  # the batched step (B > 1), else the single-sequence one
+    graph = step.graph if step is not None else (drafter._graphs[0].graph if drafter._graphs else None)
+    eager = step._body if step is not None and target.device.type != "cuda" else None  # off CUDA (tests)
+    if graph is None and eager is None:
+        raise SystemExit(f"step_trace: the {kind} drafter's draft step at batch {batch} was not captured in a CUDA graph")
+    run = graph.replay if graph is not None else eager
+
+    def replay() -> None:
+        engine  # noqa: B018  (held: the graph reads its cache and buffers)
+        run()
+
+    return replay, drafter
+
+
+def draft_stream_bytes(drafter: Any) -> int:
+    """Bytes a draft step must stream at least: every drafter weight but embedding tables (a few rows
+    read), plus the target's LM head (the drafted positions' logits read every row)."""
+    tables = sum(m.weight.nbytes for m in drafter.modules() if isinstance(m, torch.nn.Embedding))
+    return sum(p.nbytes for p in drafter.parameters()) - tables + drafter._shared[1].weight.nbytes
+
+
 def trace_replay(replay: Any, replays: int, by_grid: bool = False) -> dict[str, Any]:
     """Warm `replay` up (tuning, compiling, capturing), then time it with CUDA events and trace it
     with torch.profiler: `replay_ms` and `summarize`'s figures, every kernel row kept."""
@@ -172,6 +216,27 @@ def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, 
     return {**head, "steps": cut, "difference": kernel_difference(steps[0], steps[-1], top)}
 
 
+def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], prompt_len: int, replays: int,
+                seed: int, block_size: int, bandwidth: float, by_grid: bool = False) -> dict[str, Any]:
+    """The trace of the draft step at each batch size on one loaded target, against its stream bound."""
+    torch.manual_seed(seed)
+    target = load_target(target_spec, device="cuda", dtype=dtype)
+    preset = target_spec if target_spec in PRESETS else "qwen3_5_27b"
+    top = 40 if by_grid else 25
+    steps, stream = [], 0
+    for B in batches:
+        replay, drafter = draft_replayer(target, kind, preset, B, prompt_len, block_size, seed)
+        stream = draft_stream_bytes(drafter)
+        st = trace_replay(replay, replays, by_grid)
+        steps.append({"batch": B, **st, "over_bound": round(st["replay_ms"] / (stream / bandwidth * 1e3), 3),
+                      "by_kernel": st["by_kernel"][:top]})
+        del replay, drafter
+        torch.cuda.empty_cache()
+    return {"target": target_spec, "dtype": dtype, "drafter": kind, "proposals": block_size, "prompt_len": prompt_len,
+            "replays": replays, "stream_gb": round(stream / 1e9, 3), "bandwidth": bandwidth,
+            "bound_ms": round(stream / bandwidth * 1e3, 4), "steps": steps}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ready.bench.step_trace", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen3_5_27b", help="preset name or checkpoint directory")
@@ -181,6 +246,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--draft", choices=("dspark", "ready"), default=None,
+                    help="trace this drafter's graphed draft step instead of the verify (see --batch)")
+    ap.add_argument("--batch", default="1", help="with --draft: rows per draft step, a comma list (e.g. 1,32)")
+    ap.add_argument("-k", "--proposals", dest="block_size", type=int, default=7, help="with --draft: K, tokens proposed per round (default 7)")
+    ap.add_argument("--bandwidth", type=float, default=H200_COPY_BYTES_PER_S, help="bytes/s of the draft's stream bound")
     ap.add_argument("--by-grid", action="store_true", help="split each kernel's rows by launch grid (its shapes)")
     ap.add_argument("--json", action="store_true", help="print JSON (the default output)")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
@@ -196,7 +266,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"step_trace: --tokens must be sizes >= 1 (e.g. 1 or 1,8) and --replays >= 1, got {a.tokens!r} and "
               f"{a.replays}", file=sys.stderr)
         return 2
-    out = trace_step(a.target, a.dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)
+    if a.draft is not None:
+        try:
+            batches = [int(b) for b in a.batch.split(",") if b.strip()]
+        except ValueError:
+            batches = []
+        if not batches or min(batches) < 1 or a.block_size < 1:
+            print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32) and -k >= 1, got {a.batch!r} and {a.block_size}",
+                  file=sys.stderr)
+            return 2
+        out = trace_draft(a.target, a.dtype, a.draft, batches, a.prompt_len, a.replays, a.seed, a.block_size,
+                          a.bandwidth, a.by_grid)
+    else:
+        out = trace_step(a.target, a.dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:
