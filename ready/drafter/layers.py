@@ -30,7 +30,9 @@ class BufferedContext:
     [B, H_kv, cap, hd] whose first `n` rows are the committed context (`n` a device scalar, or [B] per
     row in the batched step), with room for the block at n..n+N-1. With `split_kv` the block's K/V are
     written there and one split-key pass reads keys < n + N only, so the cost follows the context, not
-    the buffer; otherwise (CPU, fp32) SDPA runs over buffer ++ block under `mask` [B, 1, N, cap + N]."""
+    the buffer; otherwise (CPU, fp32) SDPA runs over buffer ++ block under `mask` [B, 1, N, cap + N].
+    `rows` [1 or B, N]: the block's rows n..n+N-1 in the buffers (with `split_kv`), one tensor that every
+    layer of the step shares."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -38,6 +40,7 @@ class BufferedContext:
     window: int = 0  # the last `window` context positions only (0: all)
     mask: Optional[torch.Tensor] = None
     split_kv: Optional[SplitKV] = None
+    rows: Optional[torch.Tensor] = None
 
     def attend(self, q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, gqa: bool) -> torch.Tensor:
         """The block's queries q [B, H, N, hd] over the context and the whole block -> [B, H, N, hd]."""
@@ -45,12 +48,10 @@ class BufferedContext:
         if self.split_kv is None:
             k, v = torch.cat([self.k, kb], dim=2), torch.cat([self.v, vb], dim=2)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
-        # the block's rows, past the context (rewritten once committed): [1 or B, N]
-        rows = (self.n.reshape(-1, 1) + torch.arange(N, device=q.device)).clamp(max=self.k.shape[2] - 1)
-        idx = rows[:, None, :, None].expand(kb.shape)
+        idx = self.rows[:, None, :, None].expand(kb.shape)  # past the context (rewritten once committed)
         self.k.scatter_(2, idx, kb)
         self.v.scatter_(2, idx, vb)
-        last = rows[:, -1:].expand(q.shape[0], N)  # every query sees keys 0 .. n + N - 1
+        last = self.rows[:, -1:].expand(q.shape[0], N)  # every query sees keys 0 .. n + N - 1
         return self.split_kv(q, self.k, self.v, last, self.window + N if self.window else 0)
 
 

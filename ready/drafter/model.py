@@ -470,15 +470,17 @@ class DSparkDrafter(nn.Module):
         attn, Bk = self.layers[0].self_attn, self.block_size
         B, cap, dev = ks[0].shape[0], ks[0].shape[2], ks[0].device
         split_kv = split_kv_attention(ks[0].dtype, dev, attn.num_heads, attn.num_kv_heads, Bk)
-        mask = None
-        if split_kv is None:
+        mask = rows = None
+        if split_kv is not None:  # the block's rows after the context, computed once for every layer
+            rows = (n.reshape(-1, 1) + torch.arange(Bk, device=dev)).clamp(max=cap - 1)
+        else:
             at, ends = torch.arange(cap, device=dev), n.reshape(-1, 1)
             sees = at < ends
             if self.context_window:
                 sees = sees & (at >= ends - self.context_window)
             block = torch.ones(sees.shape[0], Bk, dtype=torch.bool, device=dev)
             mask = torch.cat([sees, block], dim=-1)[:, None, None, :].expand(B, 1, Bk, cap + Bk)
-        return [BufferedContext(k, v, n, self.context_window, mask, split_kv) for k, v in zip(ks, vs)]
+        return [BufferedContext(k, v, n, self.context_window, mask, split_kv, rows) for k, v in zip(ks, vs)]
 
     def _static_body(self, g: "_DraftGraph") -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed-shape draft: inputs g.feats (the last R context rows), g.tok (anchor), g.n (context length)."""
