@@ -49,8 +49,7 @@ a run cut by a time limit still shows what it measured. Its keys:
 - `first_vs_later` (`--first-later`): before anything else in the process, two engines with the
   ReaDy drafter, each warmed up as `ready.decode.evaluate` does (reserve + one generation), then timed.
 - `profile` (`--profile`): the top device kernels of a few DSpark and ReaDy rounds (torch.profiler)
-  and the kernels whose time differs most between them; with `--batch`, of one more batched call per
-  drafter at each batch size (`batched.runs[i].<drafter>.profile`, µs per round of the whole batch).
+  and the kernels whose time differs most between them.
 - `small_m`: the shapes the small-M linear tuned and what each picked (CUDA); `fused_gemv`: the same
   for the AR step's fused projections (kernels/fused_gemv.py).
 - `source`: the source tree whose `ready` and `ready_kernels` ran (`ready.bench.ab --tree` A/Bs trees).
@@ -89,7 +88,7 @@ import ready_kernels
 from ready.artifacts import atomic_write_text
 from ready.config import ConfigError, load_config
 from ready.cuda_graph import capture, replay_us
-from ready.decode.engine import BatchResult, Engine
+from ready.decode.engine import Engine
 from ready.decode.errors import DecodeError
 from ready.decode.evaluate import _warm_up
 from ready.decode.graphs import GraphRunner
@@ -318,16 +317,15 @@ def time_readers(drafter: Any, cache: Any, iters: int = 20, batch: int = 1) -> d
             "state_dtype": str(cache.ssm.dtype).replace("torch.", "")}
 
 
-def _profile_rounds(engine: Engine, gen: Callable[[], Any]) -> dict[str, Any]:
-    """Top device kernels (µs per round) of one generation (a `Generation`) or one batched decode (a
-    `BatchResult`: per round of the whole batch)."""
+def _profile_rounds(engine: Engine, gen: Callable[[], Generation]) -> dict[str, Any]:
+    """Top device kernels (µs per round) of one generation, and the host time of the draft calls."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         g = gen()
         _sync(engine.device)
-    rounds = max(1, g.rounds if isinstance(g, BatchResult) else len(g.accepted))
+    rounds = max(1, len(g.accepted))
     key = "device_time_total" if engine.device.type == "cuda" else "cpu_time_total"
     rows = {}
     for e in prof.key_averages():
@@ -523,7 +521,7 @@ def _batch_summary(results: list[Any]) -> dict[str, Any]:
 def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, dist: Optional[tuple[str, dict]],
                   prompt_len: int, new_tokens: int, batches: list[int], waves: int, repeats: int, graphs: bool,
                   seed: int, temperature: float = 0.0, slots: Optional[str] = None,
-                  one_at_a_time: bool = False, profile: bool = False) -> dict[str, Any]:
+                  one_at_a_time: bool = False) -> dict[str, Any]:
     """AR, DSpark and ReaDy through an `Engine` of B slots at each batch size (concurrency):
     `waves` x B prompts of `prompt_len` random tokens per timed call (slots are refilled as rows end), TPS =
     all new tokens / wall time. The drafters decode under forced acceptance (`dist`, reseeded per call, so
@@ -534,9 +532,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
     the engine's slot store (`ready.decode.slots`; default single at B = 1, ragged above).
     The methods' timed calls are interleaved over engines held together, so drifts of the device hit them
     alike; `one_at_a_time` builds, times and frees one method's drafter and engine after another instead,
-    for batch sizes whose three caches do not fit beside the target (B = 32 of the 27B on an 80 GB card).
-    `profile`: after the timed calls, the top device kernels per round of one more call of each drafter
-    (`_profile_rounds`; a round is the whole batch's)."""
+    for batch sizes whose three caches do not fit beside the target (B = 32 of the 27B on an 80 GB card)."""
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = target.config.vocab_size
     out: dict[str, Any] = {"batches": list(batches), "waves": waves, "temperature": temperature, "slots": slots or "auto",
@@ -578,7 +574,6 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
 
         timed: dict[str, list] = {k: [] for k in methods}
         parts: dict[str, dict] = {}
-        profs: dict[str, dict] = {}
         readers: dict[str, Any] = {}
         if one_at_a_time:
             for k in methods:
@@ -587,8 +582,6 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
                 timed[k] = [call(k, e) for _ in range(repeats)]
                 if k != "ar":
                     parts[k] = breakdown(k, e)
-                    if profile:
-                        profs[k] = _profile_rounds(e, lambda: call(k, e))
                 if k == "ready" and "dspark" in methods:
                     readers = time_readers(e.drafter, e.slots.cache, batch=B)
                 del e
@@ -601,8 +594,6 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
                 for k, e in engines.items():
                     timed[k].append(call(k, e))
             parts = {k: breakdown(k, e) for k, e in engines.items() if k != "ar"}
-            if profile:
-                profs = {k: _profile_rounds(e, lambda k=k, e=e: call(k, e)) for k, e in engines.items() if k != "ar"}
             if "dspark" in engines and "ready" in engines:
                 readers = time_readers(engines["ready"].drafter, engines["ready"].slots.cache, batch=B)
             del engines
@@ -614,8 +605,6 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
         for k in methods[1:]:
             run[k]["decode_speedup_vs_ar"] = run[k]["decode_tokens_per_s"] / ar_tps if ar_tps else None
             run[k]["breakdown"] = parts[k]
-            if k in profs:
-                run[k]["profile"] = {"rounds": profs[k]["rounds"], "top": profs[k]["top"]}
         if "dspark" in timed and "ready" in timed:
             a, b = run["dspark"], run["ready"]
             run["same_rounds"] = [r.rounds for r in timed["dspark"]] == [r.rounds for r in timed["ready"]]
@@ -731,7 +720,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
         kinds = [d for d in drafters if d in ("dspark", "ready")]
         batched = bench_batched(target, kinds, preset, block_size, dists_parsed[0] if dists_parsed else None,
                                 prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature, slots,
-                                one_at_a_time, profile)
+                                one_at_a_time)
         if batch_only:
             return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
                     "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
