@@ -332,3 +332,27 @@ def test_graphed_verify_replays_match_eager_on_cuda():
     m.prefill(prompt, cache)
     graphed = GraphedVerify(m, cache, tokens=4)
     assert torch.allclose(graphed(block).logits, ref, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_a_prefill_in_chunks_on_cuda_in_bf16_is_as_close_to_fp32_as_one_pass():
+    """On CUDA in bf16 the prefill runs fla's chunked GDN (where installed) from the cache's state for every
+    piece after the first: the chunked prefill is no farther from the fp32 one-pass reference than the bf16
+    one pass is (a piece that ignored the state before it would be far off)."""
+    torch.manual_seed(0)
+    ref_model = random_model().cuda()
+    ids = torch.randint(0, 97, (2, 200), device="cuda")
+    with torch.no_grad():
+        ref_cache = ref_model.new_cache(batch_size=2, max_len=256)
+        ref = ref_model.prefill(ids, ref_cache, last_logits_only=True).logits
+        m = ref_model.to(torch.bfloat16)
+        errs = []
+        for chunk in (0, 64):
+            m.prefill_chunk = chunk
+            cache = m.new_cache(batch_size=2, max_len=256)
+            out = m.prefill(ids, cache, last_logits_only=True).logits
+            errs.append(((out.float() - ref).abs().max().item(), (cache.ssm.float() - ref_cache.ssm.float()).abs().max().item()))
+        m.prefill_chunk = 0
+    (one_logits, one_ssm), (chunk_logits, chunk_ssm) = errs
+    assert chunk_logits <= 2 * one_logits + 1e-2, errs
+    assert chunk_ssm <= 2 * one_ssm + 1e-2, errs
