@@ -2,7 +2,7 @@
 
     python -m ready.bench.engine         # decoding engine: AR, verify cost, paper-size rounds (forced acceptance)
     python -m ready.bench.target         # the target's decode step against its memory-bandwidth bound
-    python -m ready.bench.step_trace     # one graphed AR step: kernel time vs gaps, per kernel
+    python -m ready.bench.step_trace     # one graphed AR step (or draft step): kernel time vs gaps, per kernel
     python -m ready.bench.ab             # env switches A/B over fresh engine-benchmark processes
     python -m ready.bench.train          # taus of trained drafters on the embedded default (CPU)
     python -m ready.bench.train_scale    # regeneration, prefill and training rates at paper size; the recipe's wall time
@@ -15,3 +15,5 @@
 They sit above the library (they import `ready` and `ready_kernels`; nothing in either imports them)
 beside the diagnostics (`ready.diagnostics`); the import contract in pyproject.toml keeps it so.
 """
+
+H200_COPY_BYTES_PER_S = 4.27e12  # the H200's measured device-to-device copy rate: the bounds' default on CUDA

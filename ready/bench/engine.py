@@ -86,6 +86,7 @@ import ready
 import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
 import ready_kernels
 from ready.artifacts import atomic_write_text
+from ready.bench import H200_COPY_BYTES_PER_S
 from ready.config import ConfigError, load_config
 from ready.cuda_graph import capture, replay_us
 from ready.decode.engine import Engine
@@ -863,7 +864,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
-    bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
+    bw = a.bandwidth if a.bandwidth is not None else (H200_COPY_BYTES_PER_S if a.device.startswith("cuda") else 0.0)
     dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if a.block_size == 7 else [])
     try:
         try:

@@ -36,12 +36,11 @@ from typing import Any, Optional
 
 import torch
 
+from ready.bench import H200_COPY_BYTES_PER_S
 from ready.bench.engine import build_drafter, forced_acceptance
 from ready.decode.engine import Engine
 from ready.decode.graphs import GraphRunner
 from ready.target import PRESETS, load_target
-
-H200_COPY_BYTES_PER_S = 4.27e12  # the H200's measured device-to-device copy rate (docs/benchmarks.md)
 
 # gaps longer than this lie between replays (host launches the next graph), not inside one
 REPLAY_BREAK_US = 50.0

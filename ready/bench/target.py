@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ready.bench import H200_COPY_BYTES_PER_S
 from ready.target import GraphedVerify, load_target
 
 
@@ -112,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile each layer's forward first (CUDA)")
     a = ap.parse_args(argv)
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
-    bw = a.bandwidth if a.bandwidth is not None else (4.27e12 if a.device.startswith("cuda") else 0.0)
+    bw = a.bandwidth if a.bandwidth is not None else (H200_COPY_BYTES_PER_S if a.device.startswith("cuda") else 0.0)
     torch.set_grad_enabled(False)
     res = bench(a.preset, a.device, dtype, a.prompt_len, a.decode_steps, bw, a.profile, a.compile)
     print(json.dumps(res, indent=None if a.json else 2))
