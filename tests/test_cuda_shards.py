@@ -48,3 +48,10 @@ def test_a_malformed_durations_file_is_one_clear_error(tmp_path):
         assert str(bad) in str(e) and "node id: seconds" in str(e)
     else:
         raise AssertionError("a malformed durations file was accepted")
+
+
+def test_only_files_that_mark_cuda_tests_are_collected():
+    files = cs.marked_files(["tests"])
+    assert "tests/test_kernels_decode_attention.py" in files and "tests/test_target.py" in files
+    assert "tests/test_sweeps_study.py" not in files  # imports optuna, which a GPU image may lack
+    assert cs.marked_files(["tests/test_sweeps_study.py"]) == []
