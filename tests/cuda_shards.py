@@ -9,7 +9,11 @@ Each shard runs in its own pytest process (CUDA state does not leak between shar
     python tests/cuda_shards.py --list                 # the plan: shards, files, estimated seconds
     python tests/cuda_shards.py                        # every shard, one pass/fail line each
     python tests/cuda_shards.py --shard 2              # one shard (e.g. one device call per shard)
+    python tests/cuda_shards.py --shard 2 --timeout 540  # stopped past 540 s: TIMEOUT, with the tests it finished
     python tests/cuda_shards.py --record tests/cuda_durations.json --json $OUT/cuda.json
+
+Run shards one after another (or one per device call): shards sharing one GPU ran past their estimates
+(6 Dec, an H100, three at once: 371 s for a shard estimated at 355 s, another past 480 s).
 
 Exit status 0 only when every shard that ran passed (a skipped test is not a pass: on a machine
 without CUDA every test skips, and the line says so).
@@ -124,23 +128,46 @@ def _junit(path: Path) -> list[dict]:
     return cases
 
 
-def run_shard(index: int, total: int, shard: Shard, extra: list[str]) -> dict:
-    """Run one shard in its own pytest process; print its line; return its record."""
+_OUTCOMES = {"PASSED": "passed", "FAILED": "failed", "ERROR": "failed", "SKIPPED": "skipped"}
+
+
+def _verbose_outcomes(text: str) -> list[dict]:
+    """(node id, outcome) of the tests a `pytest -v` run reported before it was stopped."""
+    cases = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and "::" in parts[0] and parts[1] in _OUTCOMES:
+            cases.append({"id": parts[0], "outcome": _OUTCOMES[parts[1]], "seconds": 0.0})
+    return cases
+
+
+def run_shard(index: int, total: int, shard: Shard, extra: list[str], timeout: float | None = None) -> dict:
+    """Run one shard in its own pytest process; print its line; return its record. Past `timeout`
+    seconds the process is stopped and the line says TIMEOUT, with the tests it finished."""
+    timed_out = False
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", f"--junitxml={xml}", "-o", "junit_family=xunit1", *extra,
-                               *shard.items], cwd=ROOT, capture_output=True, text=True)
+        cmd = [sys.executable, "-m", "pytest", "-v", "-m", "cuda", f"--junitxml={xml}", "-o", "junit_family=xunit1",
+               *extra, *shard.items]
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+            out, err, code = proc.stdout, proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            timed_out = True
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+            code = -1
         wall = time.perf_counter() - start
-        cases = _junit(xml) if xml.is_file() else []
+        cases = _junit(xml) if xml.is_file() and not timed_out else _verbose_outcomes(out)
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
-    ok = proc.returncode == 0 and counts["failed"] == 0 and counts["passed"] > 0
-    verdict = "PASS" if ok else ("SKIP" if proc.returncode == 0 and counts["passed"] == 0 else "FAIL")
+    ok = code == 0 and counts["failed"] == 0 and counts["passed"] > 0
+    verdict = "TIMEOUT" if timed_out else "PASS" if ok else ("SKIP" if code == 0 and counts["passed"] == 0 else "FAIL")
     print(f"shard {index}/{total}: {verdict} {counts['passed']} passed, {counts['failed']} failed, "
           f"{counts['skipped']} skipped in {wall:.0f} s (estimated {shard.seconds:.0f} s): {' '.join(shard.items)}",
           flush=True)
-    if verdict == "FAIL":
-        print(proc.stdout[-4000:] + proc.stderr[-2000:], flush=True)
+    if verdict in ("FAIL", "TIMEOUT"):
+        print(out[-4000:] + err[-2000:], flush=True)
     return {"shard": index, "verdict": verdict, "wall_s": round(wall, 1), "estimated_s": round(shard.seconds, 1),
             "items": shard.items, **counts, "cases": cases}
 
@@ -154,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard", type=int, help="run only this shard (1-based)")
     ap.add_argument("--record", type=Path, help="write the measured durations here (merged with --durations)")
     ap.add_argument("--json", type=Path, help="write every shard's record here")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds a shard may run; past it the shard stops and its line says TIMEOUT")
     a, extra = ap.parse_known_args(argv)
     if a.budget <= 0:
         raise SystemExit(f"error: --budget must be > 0 seconds, got {a.budget}")
@@ -167,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.shard is not None and not 1 <= a.shard <= len(shards):
         raise SystemExit(f"error: --shard must be 1..{len(shards)}, got {a.shard}")
     chosen = [a.shard] if a.shard else list(range(1, len(shards) + 1))
-    records = [run_shard(i, len(shards), shards[i - 1], extra) for i in chosen]
+    if a.timeout is not None and a.timeout <= 0:
+        raise SystemExit(f"error: --timeout must be > 0 seconds, got {a.timeout}")
+    records = [run_shard(i, len(shards), shards[i - 1], extra, a.timeout) for i in chosen]
 
     if a.record:
         measured = {c["id"]: c["seconds"] for r in records for c in r["cases"] if c["outcome"] != "skipped"}

@@ -55,3 +55,23 @@ def test_only_files_that_mark_cuda_tests_are_collected():
     assert "tests/test_kernels_decode_attention.py" in files and "tests/test_target.py" in files
     assert "tests/test_sweeps_study.py" not in files  # imports optuna, which a GPU image may lack
     assert cs.marked_files(["tests/test_sweeps_study.py"]) == []
+
+
+def test_a_shard_past_its_timeout_says_timeout_with_the_tests_it_finished(tmp_path, capsys, monkeypatch):
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time, pytest\n\n"
+                    "@pytest.mark.cuda\ndef test_quick():\n    pass\n\n"
+                    "@pytest.mark.cuda\ndef test_slow():\n    time.sleep(60)\n")
+    monkeypatch.setattr(cs, "ROOT", tmp_path)
+    record = cs.run_shard(1, 1, cs.Shard([str(slow)], 1.0), ["-p", "no:cacheprovider", "--override-ini", "markers=cuda"],
+                          timeout=8)
+    line = capsys.readouterr().out.splitlines()[0]
+    assert record["verdict"] == "TIMEOUT" and line.startswith("shard 1/1: TIMEOUT 1 passed, 0 failed")
+    assert [c["id"].split("::")[1] for c in record["cases"]] == ["test_quick"]
+
+
+def test_verbose_lines_become_outcomes():
+    text = ("tests/a.py::test_x PASSED      [ 50%]\ntests/a.py::test_y[1] FAILED   [100%]\n"
+            "tests/a.py::test_z SKIPPED (no GPU)  [100%]\nnoise PASSED\n")
+    assert [(c["id"], c["outcome"]) for c in cs._verbose_outcomes(text)] == [
+        ("tests/a.py::test_x", "passed"), ("tests/a.py::test_y[1]", "failed"), ("tests/a.py::test_z", "skipped")]
