@@ -125,3 +125,15 @@ def test_bad_draft_batches_are_refused(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert main(["--draft", "dspark", "--batch", "0"]) == 2
     assert "--batch must be sizes >= 1" in capsys.readouterr().err
+
+
+def test_the_bounds_default_to_the_copy_rate_of_the_gpu_by_name(monkeypatch):
+    import torch
+
+    from ready.bench import COPY_BYTES_PER_S, copy_rate
+
+    assert copy_rate("cpu") == 0.0
+    for name, rate in (("NVIDIA H100 80GB HBM3", COPY_BYTES_PER_S["H100"]), ("NVIDIA H200", COPY_BYTES_PER_S["H200"]),
+                       ("NVIDIA A100-SXM4-80GB", 0.0)):  # a GPU with no measured rate gets no bound
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert copy_rate("cuda:0") == rate

@@ -16,4 +16,17 @@ They sit above the library (they import `ready` and `ready_kernels`; nothing in 
 beside the diagnostics (`ready.diagnostics`); the import contract in pyproject.toml keeps it so.
 """
 
-H200_COPY_BYTES_PER_S = 4.27e12  # the H200's measured device-to-device copy rate: the bounds' default on CUDA
+# device-to-device copy rates (bytes read and written per second) measured on the lent machines: the
+# memory bounds' yardsticks. H200: this project's measurement; H100 80GB: the device lender's (KINDS.md, 13 Nov).
+COPY_BYTES_PER_S = {"H200": 4.27e12, "H100": 3.0e12}
+
+
+def copy_rate(device: str) -> float:
+    """The bounds' default bytes/s on `device`: the copy rate of its GPU (by name), 0 (no bound) on CPU
+    and on a GPU not in COPY_BYTES_PER_S (a wrong yardstick would be worse than none)."""
+    if not str(device).startswith("cuda"):
+        return 0.0
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device))
+    return next((rate for gpu, rate in COPY_BYTES_PER_S.items() if gpu in name), 0.0)

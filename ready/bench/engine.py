@@ -22,9 +22,10 @@ a run cut by a time limit still shows what it measured. Its keys:
   with that acceptance; the output is of course not lossless). `ideal_speedup` =
   tau * step_ms / verify_ms is what a zero-overhead engine would reach; `engine_efficiency`
   = measured decode speedup / ideal.
-- `bound`: weight bytes streamed per step / memory bandwidth (given by --bandwidth; default the
-  measured H200 copy rate 4.27e12 B/s on CUDA, none on CPU); `step_ms_with_kv` adds the K/V bytes the
-  full-attention layers read at the decode's mean context (prompt + new tokens / 2).
+- `bound`: weight bytes streamed per step / memory bandwidth (given by --bandwidth; default the GPU's
+    measured copy rate, `ready.bench.COPY_BYTES_PER_S`: 4.27e12 B/s on an H200, 3.0e12 on an H100; none on
+  CPU or another GPU); `step_ms_with_kv` adds the K/V bytes the full-attention layers read at the decode's
+  mean context (prompt + new tokens / 2).
 - `--prompt-len 1024,8192,32768`: every section at each length in turn, one loaded target:
   `{"prompt_lens": [...], "by_prompt_len": [the result at each length]}`.
 - `drafters` (`--drafter dspark,ready`): real DSpark drafters with random weights (the drafter
@@ -86,7 +87,7 @@ import ready
 import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
 import ready_kernels
 from ready.artifacts import atomic_write_text
-from ready.bench import H200_COPY_BYTES_PER_S
+from ready.bench import copy_rate
 from ready.config import ConfigError, load_config
 from ready.cuda_graph import capture, replay_us
 from ready.decode.engine import Engine
@@ -825,8 +826,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tolerance-pct", type=float, default=TOLERANCE_PCT,
                     help=f"with --breakdown: the TPS-ratio / breakdown disagreement (%%) that fails the run (default {TOLERANCE_PCT})")
     ap.add_argument("--verify-iters", type=int, default=20)
-    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the bound (default 4.27e12 on CUDA: the H200's measured copy "
-                    "rate; pass your GPU's for another card, whose name the JSON's `gpu` records)")
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the bound (default: the GPU's measured copy rate, "
+                    "ready.bench.COPY_BYTES_PER_S; no bound for a card not listed there unless given)")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--compile", action="store_true", default=None,
                     help="torch.compile the target layers inside CUDA graphs (the default on CUDA; see --no-compile)")
@@ -864,7 +865,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
-    bw = a.bandwidth if a.bandwidth is not None else (H200_COPY_BYTES_PER_S if a.device.startswith("cuda") else 0.0)
+    bw = a.bandwidth if a.bandwidth is not None else copy_rate(a.device)
     dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if a.block_size == 7 else [])
     try:
         try:

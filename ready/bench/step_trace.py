@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 import torch
 
-from ready.bench import H200_COPY_BYTES_PER_S
+from ready.bench import copy_rate
 from ready.bench.engine import build_drafter, forced_acceptance
 from ready.decode.engine import Engine
 from ready.decode.graphs import GraphRunner
@@ -249,7 +249,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="trace this drafter's graphed draft step instead of the verify (see --batch)")
     ap.add_argument("--batch", default="1", help="with --draft: rows per draft step, a comma list (e.g. 1,32)")
     ap.add_argument("-k", "--proposals", dest="block_size", type=int, default=7, help="with --draft: K, tokens proposed per round (default 7)")
-    ap.add_argument("--bandwidth", type=float, default=H200_COPY_BYTES_PER_S, help="bytes/s of the draft's stream bound")
+    ap.add_argument("--bandwidth", type=float, default=None,
+                    help="bytes/s of the draft's stream bound (default: the GPU's copy rate, ready.bench.COPY_BYTES_PER_S)")
     ap.add_argument("--by-grid", action="store_true", help="split each kernel's rows by launch grid (its shapes)")
     ap.add_argument("--json", action="store_true", help="print JSON (the default output)")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
@@ -274,8 +275,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32) and -k >= 1, got {a.batch!r} and {a.block_size}",
                   file=sys.stderr)
             return 2
+        bandwidth = a.bandwidth or copy_rate("cuda")
+        if bandwidth <= 0:
+            print(f"step_trace: no copy rate known for {torch.cuda.get_device_name()}; pass --bandwidth BYTES_PER_S",
+                  file=sys.stderr)
+            return 2
         out = trace_draft(a.target, a.dtype, a.draft, batches, a.prompt_len, a.replays, a.seed, a.block_size,
-                          a.bandwidth, a.by_grid)
+                          bandwidth, a.by_grid)
     else:
         out = trace_step(a.target, a.dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)
     text = json.dumps(out, indent=1)

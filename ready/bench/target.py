@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ready.bench import H200_COPY_BYTES_PER_S
+from ready.bench import copy_rate
 from ready.target import GraphedVerify, load_target
 
 
@@ -107,13 +107,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--bandwidth", type=float, default=None,
-                    help="bytes/s for the bound (default: 4.27e12 on CUDA = measured H200 copy rate; none on CPU)")
+                    help="bytes/s for the bound (default: the GPU's measured copy rate, ready.bench.COPY_BYTES_PER_S; "
+                         "none on CPU or another GPU)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--profile", action="store_true", help="add the top kernels of one eager decode step")
     ap.add_argument("--compile", action="store_true", help="torch.compile each layer's forward first (CUDA)")
     a = ap.parse_args(argv)
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
-    bw = a.bandwidth if a.bandwidth is not None else (H200_COPY_BYTES_PER_S if a.device.startswith("cuda") else 0.0)
+    bw = a.bandwidth if a.bandwidth is not None else copy_rate(a.device)
     torch.set_grad_enabled(False)
     res = bench(a.preset, a.device, dtype, a.prompt_len, a.decode_steps, bw, a.profile, a.compile)
     print(json.dumps(res, indent=None if a.json else 2))
