@@ -23,7 +23,7 @@ a run cut by a time limit still shows what it measured. Its keys:
   tau * step_ms / verify_ms is what a zero-overhead engine would reach; `engine_efficiency`
   = measured decode speedup / ideal.
 - `bound`: weight bytes streamed per step / memory bandwidth (given by --bandwidth; default the GPU's
-    measured copy rate, `ready.bench.COPY_BYTES_PER_S`: 4.27e12 B/s on an H200, 3.0e12 on an H100; none on
+  measured copy rate, `ready.bench.COPY_BYTES_PER_S`: 4.27e12 B/s on an H200, 3.0e12 on an H100; none on
   CPU or another GPU); `step_ms_with_kv` adds the K/V bytes the full-attention layers read at the decode's
   mean context (prompt + new tokens / 2).
 - `--prompt-len 1024,8192,32768`: every section at each length in turn, one loaded target:
