@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     records = [run_shard(i, len(shards), shards[i - 1], extra, a.timeout) for i in chosen]
 
     if a.record:
-        measured = {c["id"]: c["seconds"] for r in records for c in r["cases"] if c["outcome"] != "skipped"}
+        measured = {c["id"]: c["seconds"] for r in records if r["verdict"] != "TIMEOUT"  # (no seconds in -v lines)
+                    for c in r["cases"] if c["outcome"] != "skipped"}
         a.record.write_text(json.dumps({"device": _device(), "tests": dict(sorted({**durations, **measured}.items()))},
                                        indent=1) + "\n")
     if a.json:
