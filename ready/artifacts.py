@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from ready.config import config_hash
+from ready.threads import cpu_threads
 
 DONE = "DONE"
 MARKER_FORMAT = "ready-artifact/2"
@@ -228,14 +229,20 @@ def atomic_dir(final: str | os.PathLike, spec: Any = None) -> Iterator[Path]:
 
 
 def cached(root: str | os.PathLike, kind: str, spec: Any, build: Callable[[Path], None]) -> Path:
-    """Return the finished, verified artifact for `spec`, (re)building it with `build(tmp_dir)` if needed."""
+    """Return the finished, verified artifact for `spec`, (re)building it with `build(tmp_dir)` if needed.
+    A spec's `threads` is the torch CPU thread count the build runs on (`ready.threads`)."""
     final = artifact_dir(root, kind, spec)
     if intact(final, spec, label=f"{kind}/{final.name}"):
         return final
-    with atomic_dir(final, spec=spec) as tmp:
+    with atomic_dir(final, spec=spec) as tmp, cpu_threads(spec_threads(spec)):
         (tmp / "spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True, default=str))
         build(tmp)
     return final
+
+
+def spec_threads(spec: Any) -> Optional[int]:
+    """The torch CPU thread count a spec names (`threads`), or None."""
+    return int(spec["threads"]) if isinstance(spec, dict) and spec.get("threads") is not None else None
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -306,6 +306,18 @@ class EvalConfig:
 
 
 @dataclass
+class ThreadsConfig:
+    """torch's CPU threads: CPU sums add in an order that depends on them, so they are part of the numbers."""
+
+    # what every row of a sweep shares: the target's pretraining, AR generations, regenerated data, the
+    # teacher store. Hashed into each of them; the machine's load never changes it (docs/sweeps.md "Threads")
+    shared: int = 2
+    # the base drafters and every row's training stages and evaluation (one process per row; a sweep runs
+    # as many rows side by side as the idle cores hold). Hashed likewise
+    drafters: int = 1
+
+
+@dataclass
 class Config:
     """A resolved ReaDy run: one variant of one sweep, for one seed."""
 
@@ -322,6 +334,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     bench: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig)
 
 
 class ConfigError(ValueError):
@@ -394,6 +407,9 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.samples_per_prompt", c.eval.samples_per_prompt >= 1, "an integer >= 1"),
         ("eval.check_rounds", c.eval.check_rounds >= 0, "an integer >= 0 (0 = no distribution check)"),
         ("eval.concurrency", c.eval.concurrency >= 1, "an integer >= 1 (sequences decoded together)"),
+        ("threads.shared", c.threads.shared >= 1, "an integer >= 1 (torch CPU threads of the shared builds)"),
+        ("threads.drafters", c.threads.drafters >= 1, "an integer >= 1 (torch CPU threads of drafter training "
+                                                      "and evaluation)"),
         ("target.dtype", c.target.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
         ("target.device", c.target.device in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
         ("target.compile", str(c.target.compile).lower() in COMPILE_VALUES, "auto, on or off"),

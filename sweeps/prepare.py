@@ -7,18 +7,13 @@ import importlib
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
-from typing import Iterator
 
 from ready.allocator import keep_freed_memory
 from sweeps.spec import Sweep
 
 
-def _prepare_one(runner: str, cfg, methods: list[str], threads: int) -> tuple[int, float]:
+def _prepare_one(runner: str, cfg, methods: list[str]) -> tuple[int, float]:
     """`prepare_shared` of one base seed in a pool process: (base seed, seconds)."""
-    import torch
-
-    torch.set_num_threads(threads)
     keep_freed_memory()  # the build's training steps reuse their pages (ready.allocator)
     t0 = time.time()
     importlib.import_module(runner.partition(":")[0]).prepare_shared(cfg, methods, progress=False)
@@ -32,31 +27,12 @@ def builds_at_once(builds: int, workers: int) -> int:
     return builds if builds <= 2 * workers else workers
 
 
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch's CPU threads set to `n` inside the block, restored after it."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def prepare_artifacts(runner: str, sweep: Sweep, progress: bool, workers: int = 1, threads: int = 1,
-                      gpus: bool = False) -> None:
+def prepare_artifacts(runner: str, sweep: Sweep, progress: bool, workers: int = 1, gpus: bool = False) -> None:
     """Build the shared artifacts before the rows run. Each base seed's drafter is its own build: with
     several workers on CPU they are built side by side, one process each (`builds_at_once`), after the
-    artifacts every seed shares (the runner's `prepare_common`, when it has one). Nothing else runs
-    while the shared artifacts build, so they get every worker's threads (the embedded target's
-    pretraining took 11 min on one thread of an idle 2-core machine, 7 min on two)."""
-    with torch_threads(workers * threads):
-        _prepare(runner, sweep, progress, workers, threads, gpus)
-
-
-def _prepare(runner: str, sweep: Sweep, progress: bool, workers: int, threads: int, gpus: bool) -> None:
+    artifacts every seed shares (the runner's `prepare_common`, when it has one). Each build runs on the
+    torch CPU threads its config names (`threads.shared`, `threads.drafters`; `ready.threads`), so
+    neither the worker count nor the machine's load changes what it builds."""
     module = importlib.import_module(runner.partition(":")[0])
     prepare = getattr(module, "prepare_shared", None)
     if prepare is None:
@@ -76,5 +52,5 @@ def _prepare(runner: str, sweep: Sweep, progress: bool, workers: int, threads: i
     print(f"[sweeps] building {len(configs)} base drafters, {n} at a time", flush=True)
     with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
         for seed, secs in pool.map(_prepare_one, [runner] * len(configs), list(configs.values()),
-                                   [methods] * len(configs), [threads] * len(configs)):
+                                   [methods] * len(configs)):
             print(f"[sweeps] base drafter of base seed {seed}: ready ({secs:.0f} s)", flush=True)

@@ -44,6 +44,7 @@ from ready.drafter.checkpoint import has_markov_head, is_drafter_folder
 from ready.health import HealthError, check_target, generations_problem
 from ready.loading import LoadedTarget, PipelineConfigError, load_configured_target
 from ready.metrics import Metrics, overall
+from ready.threads import cpu_threads
 from ready.train import ensure_base_drafter, train_variant
 from ready.train.conversations import load_counts
 from ready.train.regen import build_regen_data, build_validation_data, regen_artifact
@@ -196,7 +197,8 @@ def ar_generations(cfg: DictConfig, loaded: LoadedTarget, suites: dict[str, list
             "max_new_tokens": budget, "warmup": int(cfg.eval.warmup_rounds),
             "eos": loaded.eos, **({"sampling": sampling_spec(cfg)} if sampling_spec(cfg) else {}),
             **({"concurrency": concurrency(cfg)} if concurrency(cfg) > 1 else {}),
-            **({"exact": True} if exact_mode(cfg) else {})}  # 16-bit AR tokens differ by mode; earlier caches were fast
+            **({"exact": True} if exact_mode(cfg) else {}),  # 16-bit AR tokens differ by mode; earlier caches were fast
+            "threads": int(cfg.threads.shared)}
 
     def build(tmp: Path) -> None:
         out = {}
@@ -335,7 +337,8 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
                      "rank_requested": requested_rank, "rank": int(cfg.reader.rank)})
 
     if method == "ar":  # the AR row times its own decoding, every time
-        record, reused = _evaluate(cfg, method, loaded, None, suites, ar, progress), False
+        with cpu_threads(int(cfg.threads.drafters)):
+            record, reused = _evaluate(cfg, method, loaded, None, suites, ar, progress), False
     else:
         record, reused = _cached_evaluation(cfg, method, loaded, drafter, Path(folder), suites, ar, progress)
     resolved["evaluation_reused"] = reused
@@ -420,7 +423,7 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, draft
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "eval": evals, "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),
-            "eos": loaded.eos}
+            "eos": loaded.eos, "threads": int(cfg.threads.drafters)}
     built = []
 
     def build(tmp: Path) -> None:

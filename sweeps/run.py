@@ -49,9 +49,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--reports-dir", default="reports/out", help="where the tables go (default reports/out, as python -m reports.build)")
     p.add_argument("--no-report", action="store_true", help="skip reports.build_reports at the end")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads per process (default: the idle cores shared among the workers, "
-                        "at least 1; $OMP_NUM_THREADS when set)")
+    p.add_argument("--threads", default=None, help=argparse.SUPPRESS)  # gone: the config's threads.* (a clear error)
     return p.parse_intermixed_args(argv)
 
 
@@ -93,15 +91,11 @@ def idle_cores() -> int:
     return max(1, min(cores, round(cores - busy)))
 
 
-def default_threads(workers: int, idle: Optional[int] = None) -> int:
-    """CPU threads per process when --threads is not given: the idle cores shared among the workers."""
-    return max(1, (idle or idle_cores()) // max(1, workers))
-
-
-def default_workers(idle: Optional[int] = None) -> int:
-    """Workers when --workers is not given: one per idle core without GPUs (the embedded default's
-    rows are small: one process per core beats one process with several threads), else 1."""
-    return 1 if gpu_ids() else (idle or idle_cores())
+def default_workers(idle: Optional[int] = None, threads: int = 1) -> int:
+    """Workers when --workers is not given: as many rows of `threads` torch threads each as the idle
+    cores hold without GPUs (the embedded default's rows are small: one process per core beats one
+    process with several threads), else 1."""
+    return 1 if gpu_ids() else max(1, (idle or idle_cores()) // max(1, threads))
 
 
 def dry_run_table(sweep: Sweep) -> str:
@@ -261,8 +255,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.workers is not None and args.workers < 1:
         print(f"error: --workers {args.workers}: expected an integer >= 1", file=sys.stderr)
         return 2
-    if args.threads is not None and args.threads < 1:
-        print(f"error: --threads {args.threads}: expected an integer >= 1", file=sys.stderr)
+    if args.threads is not None:
+        print(f"error: --threads {args.threads}: the torch thread counts are the config keys threads.shared=K (the shared "
+              "builds) and threads.drafters=K (each row), hashed because they change the numbers", file=sys.stderr)
         return 2
     try:
         sweep = load_sweep(args.name, args.overrides, Path(args.experiments_dir))
@@ -277,18 +272,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     _signals_as_interrupt()
     idle = idle_cores()
+    shared, per_row = int(sweep.common.threads.shared), max(int(v.cfg.threads.drafters) for v in sweep.rows)
     if args.workers is None:
-        args.workers = max(1, min(default_workers(idle), len(sweep.jobs())))
-    threads = args.threads or (int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit()
-                               else default_threads(args.workers, idle))
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # worker processes read it when torch starts
-    import torch
-
-    # this process builds the shared artifacts alone before any worker starts: it may use every worker's threads
-    torch.set_num_threads(threads if args.workers == 1 else min(idle, threads * args.workers))
+        args.workers = max(1, min(default_workers(idle, per_row), len(sweep.jobs())))
+    os.environ["OMP_NUM_THREADS"] = str(per_row)  # worker processes start torch with a row's threads
+    wanted = max(shared, per_row * args.workers)
+    if wanted > idle:  # threads beyond the idle cores would spin against the other jobs: let them sleep instead
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when torch starts, which it has not here yet
+        print(f"[sweeps] {idle} idle core(s) for up to {wanted} torch threads: slower, the same numbers",
+              file=sys.stderr, flush=True)
     if not args.quiet:
-        print(f"[sweeps] {threads} CPU thread(s) per process, {args.workers} worker(s) (--threads, --workers to change)",
-              flush=True)
+        print(f"[sweeps] {args.workers} worker(s); torch CPU threads: {shared} for the shared builds, {per_row} per row "
+              "(threads.shared, threads.drafters: they change the numbers, so they are config keys)", flush=True)
     try:
         return run_sweep(sweep, args)
     except KeyboardInterrupt:
@@ -334,8 +329,7 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     try:
         if todo:
             keep_freed_memory()  # this process's training steps reuse their pages (ready.allocator)
-            prepare_artifacts(args.runner, sweep, progress=not args.quiet, workers=args.workers,
-                              threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1), gpus=bool(gpu_ids()))
+            prepare_artifacts(args.runner, sweep, progress=not args.quiet, workers=args.workers, gpus=bool(gpu_ids()))
             if args.workers == 1:
                 code = st.worker_main(sweep, args.storage, run_dir, ctx)
             else:

@@ -32,7 +32,7 @@ def _one_sweep_worker(monkeypatch):
         import sweeps.run
     except ImportError:  # an image without the sweep stack (optuna, mlflow): no sweep test runs there
         return
-    monkeypatch.setattr(sweeps.run, "default_workers", lambda idle=None: 1)
+    monkeypatch.setattr(sweeps.run, "default_workers", lambda idle=None, threads=1: 1)
 
 
 @pytest.fixture(autouse=True)

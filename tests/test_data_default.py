@@ -109,6 +109,9 @@ def test_cache_key_follows_what_the_target_is_built_from(tmp_path: Path) -> None
     more_vocab = small_cfg(tmp_path)
     more_vocab.corpus.vocab_size = 600
     assert target_spec(more_vocab)["architecture"]["vocab_size"] == 600
+    one_thread = small_cfg(tmp_path)
+    one_thread.threads.shared = 1  # pretraining adds in another order on one thread: another target
+    assert target_spec(base)["threads"] == 2 and target_spec(one_thread)["threads"] == 1
 
 
 def test_a_checkpoint_path_is_not_something_the_default_builder_pretrains(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ def children(uri: str, sweep: str = "inject_pos") -> list:
 def probe_args(tmp_path: Path, *args: str) -> list[str]:
     """The probe's own store and run folder (neither may exist after a refused command)."""
     return [*args, "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--run-dir", str(tmp_path / "run"),
-            "--workers", "1", "--threads", "1", "--quiet"]
+            "--workers", "1", "--quiet"]
 
 
 def nothing_written(tmp_path: Path) -> bool:
@@ -142,7 +142,7 @@ def test_two_sweeps_with_their_own_run_dirs_run_each_row_once(tmp_path: Path) ->
     env = fake_runner_env(log, 1.5)
     procs = [subprocess.Popen([sys.executable, "-m", "sweeps.run", "main", "profile=smoke", "--runner",
                                "test_sweeps_fake_runner", "--tracking-uri", uri, "--run-dir", str(tmp_path / f"run-{i}"),
-                               "--workers", "1", "--threads", "1", "--no-report", "--quiet"],
+                               "--workers", "1", "--no-report", "--quiet"],
                               env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]

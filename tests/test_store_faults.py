@@ -215,7 +215,14 @@ def test_empty_bench_suites_is_refused_at_resolve_time(capsys) -> None:
     assert "'bench.suites'" in line
 
 
-@pytest.mark.parametrize("threads", ["0", "-2"])
-def test_threads_below_one_is_refused(threads: str, capsys) -> None:
-    assert main(["rank", "--threads", threads, "--dry-run"]) == 2
-    assert errors(capsys.readouterr().err) == [f"error: --threads {threads}: expected an integer >= 1"]
+@pytest.mark.parametrize("key", ["threads.shared", "threads.drafters"])
+def test_threads_below_one_is_refused(key: str, capsys) -> None:
+    assert main(["rank", f"{key}=0", "--dry-run"]) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert f"bad value at key '{key}': 0; expected an integer >= 1" in line
+
+
+def test_the_threads_option_points_to_the_config_keys_that_replace_it(capsys) -> None:
+    assert main(["rank", "--threads", "2", "--dry-run"]) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert line.startswith("error: --threads 2:") and "threads.shared=K" in line and "threads.drafters=K" in line

@@ -212,17 +212,26 @@ def test_training_and_evaluation_positions_that_do_not_overlap_are_reported(caps
     assert "warning: the drafter is trained on other positions" in capsys.readouterr().err
 
 
-def test_default_threads_use_the_idle_cores_shared_among_workers(monkeypatch):
+def test_workers_are_the_idle_cores_divided_by_a_rows_threads(monkeypatch):
     from sweeps import run
 
+    monkeypatch.undo()  # conftest pins tests to one worker; this test checks the CLI's own default
     monkeypatch.setattr(run.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(run, "gpu_ids", lambda: [])
     monkeypatch.setattr(run, "_busy_cpus", lambda: 0.1)
-    assert run.default_threads(1) == 4 and run.default_threads(2) == 2 and run.default_threads(8) == 1
+    assert [run.default_workers(threads=t) for t in (1, 2, 3, 8)] == [4, 2, 1, 1]
     monkeypatch.setattr(run, "_busy_cpus", lambda: 3.2)  # another job holds 3 cores
-    assert run.default_threads(1) == 1
+    assert run.default_workers(threads=1) == 1
     monkeypatch.setattr(run, "_busy_cpus", lambda: None)  # no /proc/stat: the load average decides
     monkeypatch.setattr(run.os, "getloadavg", lambda: (2.0, 0.0, 0.0))
-    assert run.default_threads(1) == 2
+    assert run.default_workers(threads=1) == 2
+
+
+def test_a_rows_thread_count_is_part_of_its_hash():
+    """Another thread count adds CPU sums in another order: another run, never the stored one."""
+    one, two = load_sweep("rank", ["seeds=[0]"]), load_sweep("rank", ["seeds=[0]", "threads.drafters=2"])
+    assert not {j.config_hash for j in one.jobs()} & {j.config_hash for j in two.jobs()}
+    assert one.setting != load_sweep("rank", ["seeds=[0]", "threads.shared=1"]).setting
 
 
 def test_busy_cpus_reads_this_machines_cpu_time():
@@ -241,7 +250,7 @@ def test_without_gpus_a_sweep_takes_one_worker_per_idle_core_and_one_with_gpus(m
     monkeypatch.setattr(run.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(run, "_busy_cpus", lambda: 0.2)
     monkeypatch.setattr(run, "gpu_ids", lambda: [])
-    assert run.default_workers() == 2 and run.default_threads(run.default_workers()) == 1
+    assert run.default_workers() == 2
     monkeypatch.setattr(run, "_busy_cpus", lambda: 1.4)  # another job holds a core
     assert run.default_workers() == 1
     monkeypatch.setattr(run, "_busy_cpus", lambda: 0.0)

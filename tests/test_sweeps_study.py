@@ -328,14 +328,3 @@ def test_relative_metrics_pair_each_drafting_run_with_the_references_of_its_seed
     assert "overall/tau_gain_pct_lo" in ft0 and "overall/tau_gain_vs_ft_pct" not in ft0  # never against itself
     assert not any(k.endswith("_lo") for k in c.get_run(ids["dspark", 0]).data.metrics)  # the reference itself
     assert tracking.log_relative_metrics(c, exp, "S") == 0  # idempotent: same data, same interval
-
-
-def test_shared_artifacts_build_on_every_workers_threads_and_rows_get_theirs_back():
-    import torch
-
-    from sweeps.prepare import torch_threads
-
-    before = torch.get_num_threads()
-    with torch_threads(before + 1):
-        assert torch.get_num_threads() == before + 1
-    assert torch.get_num_threads() == before

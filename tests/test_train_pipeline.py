@@ -92,6 +92,34 @@ def test_variant_trains_base_then_both_stages_and_reuses_everything_on_a_rerun(t
         assert log["steps"] == read_train_log(next((tmp_path / "v_ready").glob(f"{stage}-*")) / "drafter")["steps"]
 
 
+def test_each_build_runs_on_the_threads_its_config_names_and_the_count_keys_its_folder(tmp_path, target, monkeypatch):
+    """CPU sums add in a thread-dependent order, so the counts are config keys, not the process's:
+    the regenerated data on threads.shared, the base drafter and the stages on threads.drafters."""
+    import ready.train.regen as regen
+
+    cfg = micro_cfg(tmp_path)
+    cfg.threads.shared, cfg.threads.drafters = 3, 2
+    before = torch.get_num_threads()
+    seen = {"regen": set(), "train": set()}
+    greedy = regen.greedy_responses
+
+    def recording_greedy(*a, **k):
+        seen["regen"].add(torch.get_num_threads())
+        return greedy(*a, **k)
+
+    monkeypatch.setattr(regen, "greedy_responses", recording_greedy)
+    train_variant(cfg, target, None, None, tmp_path / "v", callback=lambda *a: seen["train"].add(torch.get_num_threads()),
+                  prompts=P)
+    assert seen == {"regen": {3}, "train": {2}} and torch.get_num_threads() == before
+    (data_spec,) = [json.loads(f.read_text()) for f in (tmp_path / "artifacts" / "regen").glob("*/spec.json")]
+    assert data_spec["threads"] == 3
+
+    cfg.threads.drafters = 1  # another count: another base drafter, never the one built on 2 threads
+    train_variant(cfg, target, None, None, tmp_path / "v1", prompts=P)
+    bases = [p for p in (tmp_path / "artifacts" / "drafter_base").iterdir() if not p.name.startswith(".")]
+    assert sorted(json.loads((b / "spec.json").read_text())["threads"] for b in bases) == [1, 2]
+
+
 def test_a_killed_variant_resumes_its_stage_from_the_checkpoint(tmp_path, target):
     cfg = micro_cfg(tmp_path)
     base = ensure_base_drafter(cfg, target, None, prompts=P, progress=False)

@@ -1,10 +1,11 @@
 """Build (or find in the cache) the embedded default target and print its metrics as JSON.
 
     python -m ready.data.build                       # the default config
-    python -m ready.data.build pretrain.steps=100 artifacts_dir=/tmp/art --threads 1
+    python -m ready.data.build pretrain.steps=100 artifacts_dir=/tmp/art threads.shared=1
 
 Prints one JSON object: the target folder, whether it was a cache hit, the wall time of this
-call, and the build's metrics.json (held-out loss, train time, tokens seen, a greedy sample).
+call, and the build's metrics.json (held-out loss, train time, tokens seen, a greedy sample). The build
+runs on `threads.shared` torch threads, which its hash includes.
 """
 
 from __future__ import annotations
@@ -22,14 +23,9 @@ from ready.data.default import default_metrics, default_target_dir, ensure_defau
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="config overrides a.b=v")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     cfg = load_config(overrides=args.overrides)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     hit = (default_target_dir(cfg) / "DONE").is_file()
     t0 = time.perf_counter()
     out = ensure_default_target(cfg, progress=not args.quiet)

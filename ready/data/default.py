@@ -113,7 +113,7 @@ def target_spec(cfg: Any, tokenizer_dir: Optional[Path] = None) -> dict:
     tok_dir = tokenizer_dir or ensure_tokenizer(cfg, progress=False)
     arch = preset_config(preset, _arch_overrides(cfg, tok_dir)).to_hf_dict()
     return {"version": TARGET_BUILD_VERSION, "tokenizer": tokenizer_spec(cfg), "preset": preset,
-            "architecture": arch, "pretrain": _pretrain_spec(cfg.pretrain)}
+            "architecture": arch, "pretrain": _pretrain_spec(cfg.pretrain), "threads": int(cfg.threads.shared)}
 
 
 def _pretrain_spec(pretrain: Any) -> dict:

@@ -42,12 +42,13 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from ready.artifacts import artifact_dir, cached, intact
+from ready.artifacts import artifact_dir, cached, intact, spec_threads
 from ready.config import config_hash, to_container
 from ready.data.chat import prompt_ids, render
 from ready.data.training_chats import conversations_for, source_key
 from ready.decode.engine import Engine
 from ready.decode.sampling import params_from
+from ready.threads import cpu_threads
 from ready.train import distributed
 from ready.train.regen_chunks import map_chunks, work_folder
 from ready.train.regen_data import DATA_FILE, RegenData, RegenError, target_fingerprint
@@ -124,6 +125,7 @@ def conversation_spec(cfg: Any, target: Any, tokenizer: Any, split: str = "train
         "thinking": bool(cfg.bench.thinking),
         "template": hashlib.sha256(template.encode()).hexdigest()[:16],
         "target": target_fingerprint(target) if cfg.data.responses == "regenerate" else None,
+        "threads": int(cfg.threads.shared),
     }
 
 
@@ -146,10 +148,11 @@ def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: boo
         messages, loaded = conversations_for(cfg, tokenizer, split, n)
         work = work_folder(folder)
         if cfg.data.responses == "regenerate":
-            messages = regenerate_in_chunks(target, tokenizer, messages, lambda m: prompt_ids(tokenizer, m, thinking),
-                                            int(cfg.regen.response_len), int(cfg.regen.batch_size), work,
-                                            config_hash(spec), float(cfg.regen.temperature), float(cfg.regen.top_p),
-                                            int(cfg.regen.seed), progress)
+            with cpu_threads(spec_threads(spec)):
+                messages = regenerate_in_chunks(target, tokenizer, messages, lambda m: prompt_ids(tokenizer, m, thinking),
+                                                int(cfg.regen.response_len), int(cfg.regen.batch_size), work,
+                                                config_hash(spec), float(cfg.regen.temperature), float(cfg.regen.top_p),
+                                                int(cfg.regen.seed), progress)
         rows, truncated = [], 0
         for m in messages:
             sample = render(tokenizer, m, thinking, max_len=max_len, truncate="right")

@@ -39,9 +39,10 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
-from ready.artifacts import artifact_dir, atomic_dir, intact
+from ready.artifacts import artifact_dir, atomic_dir, intact, spec_threads
 from ready.config import config_hash, to_container
 from ready.drafter import DSparkDrafter, load_drafter, save_drafter
+from ready.threads import cpu_threads
 from ready.train import distributed, torchrun
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.regen import RegenData, build_regen_data, regen_artifact
@@ -100,8 +101,9 @@ def _run_cached_stage(
                             f"processes load from the config (target.source={cfg.target.source!r})")
     work = final.parent / f"{final.name}.work"
     drafter = make_drafter()
-    result = train_stage(stage, drafter, target, data, cfg, work, callback=callback, progress=progress,
-                         store=store() if store is not None else None)
+    with cpu_threads(spec_threads(spec)):
+        result = train_stage(stage, drafter, target, data, cfg, work, callback=callback, progress=progress,
+                             store=store() if store is not None else None)
     if has_lora(drafter):
         merge_lora_(drafter)
     for p in drafter.parameters():
@@ -135,6 +137,7 @@ def base_spec(cfg: Any, data_id: str) -> dict:
         "loss": _plain(cfg.train.loss),
         "seed": int(cfg.train.base_seed),
         "data": data_id,
+        "threads": int(cfg.threads.drafters),
     }
     return _with_buckets(spec, cfg)
 
@@ -194,6 +197,7 @@ def stage_spec(cfg: Any, stage: str, start_id: str, data_id: str) -> dict:
         "loss": _plain(cfg.train.loss),
         "seed": int(cfg.seed),
         "data": data_id,
+        "threads": int(cfg.threads.drafters),
     }, cfg)
 
 

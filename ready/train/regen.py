@@ -27,8 +27,9 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from ready.artifacts import artifact_dir, cached, intact
+from ready.artifacts import artifact_dir, cached, intact, spec_threads
 from ready.config import to_container
+from ready.threads import cpu_threads
 from ready.train import distributed
 from ready.train.conversations import build_conversation_data, conversation_spec
 from ready.train.regen_data import DATA_FILE, RegenData, RegenError, target_fingerprint
@@ -123,6 +124,7 @@ def regen_spec(cfg: Any, target: Any, prompts: torch.Tensor) -> dict:
         "prompts": prompt_hash,
         "num_prompts": int(prompts.shape[0]),
         "target": target_fingerprint(target),
+        "threads": int(cfg.threads.shared),
     }
 
 
@@ -151,7 +153,8 @@ def build_regen_data(
 
         folder = cached(cfg.artifacts_dir, "regen", spec, build)
     elif not distributed.main_decides(lambda: intact(folder, spec, label=f"regen/{folder.name}")):
-        data = greedy_responses(target, prompts, int(cfg.regen.response_len), eos_id, batch, progress)  # sharded
+        with cpu_threads(spec_threads(spec)):
+            data = greedy_responses(target, prompts, int(cfg.regen.response_len), eos_id, batch, progress)  # sharded
         if distributed.world().main:
             cached(cfg.artifacts_dir, "regen", spec, lambda tmp: data.save(tmp / DATA_FILE))
         distributed.barrier()  # the others read what rank 0 wrote

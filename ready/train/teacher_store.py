@@ -194,7 +194,8 @@ def ensure_teacher_store(cfg: Any, target: nn.Module, tokenizer: Any, progress: 
     first = first_anchor(data.trainable())
     if N * (T * len(capture) + T - first) * int(target.config.hidden_size) * target.dtype.itemsize > MAX_STORE_BYTES:
         return None
-    spec = {"kind": KIND, "data": folder.name, "target": key, "capture": list(capture), "batch": batch, "first": first}
+    spec = {"kind": KIND, "data": folder.name, "target": key, "capture": list(capture), "batch": batch, "first": first,
+            "threads": int(cfg.threads.shared)}
     store_dir = artifact_dir(cfg.artifacts_dir, KIND, spec)
     held = _LOADED.get(_file_key(store_dir / STORE_FILE))
     if held is not None:  # verified and loaded by this process from this very file
