@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 import sys
 from types import ModuleType
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -59,3 +59,17 @@ def _warn_once(name: str, err: BaseException) -> None:
     print(f"WARNING (ready): {where}the fused kernel module `{name}` cannot be imported "
           f"({type(err).__name__}: {reason}); falling back to the torch paths, which are much slower. "
           f"Fix: {FIX}.", file=sys.stderr, flush=True)
+
+
+_DRAFTING: Any = None
+
+
+def drafting_ops() -> Optional[tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]]:
+    """(rms_norm, small-M linear) of the kernels package for the drafter's and the reader's no-grad
+    CUDA path, or None. Each dispatches to its Triton kernel or to torch: in the draft step's graph one
+    norm kernel replaces about eight torch kernels, and the tuned small-M GEMM serves the block's few rows."""
+    global _DRAFTING
+    if _DRAFTING is None:
+        rn, sm = load_kernel("rmsnorm"), load_kernel("small_m_gemm")
+        _DRAFTING = (rn.rms_norm, sm.small_m_linear) if rn is not None and sm is not None else False
+    return _DRAFTING or None

@@ -79,20 +79,6 @@ def read_states(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor,
     return read_states_torch(ssm, layer_idx, slots, z, U, V, eps)
 
 
-_DRAFTING: Any = None
-
-
-def _drafting_ops() -> Optional[tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]]:
-    """(rms_norm, small-M linear) of the kernels package for the reader's no-grad CUDA path, or None.
-    Each dispatches to its Triton kernel or to torch; together they replace ~8 small kernels of the
-    norm and query with 2 in the draft step's graph (issue 17)."""
-    global _DRAFTING
-    if _DRAFTING is None:
-        rn, sm = fastops.load_kernel("rmsnorm"), fastops.load_kernel("small_m_gemm")
-        _DRAFTING = (rn.rms_norm, sm.small_m_linear) if rn is not None and sm is not None else False
-    return _DRAFTING or None
-
-
 @dataclass
 class StateSource:
     """Where the reader finds the committed states: rows `slots` of GDN indices `layer_idx` of `ssm`."""
@@ -155,7 +141,7 @@ class StateReader(nn.Module):
     def _z(self, h: torch.Tensor) -> torch.Tensor:
         """z = W_q RMSNorm(h) for h [N, P, D] -> [N, P, M, r]."""
         N, P, _ = h.shape
-        fast = _drafting_ops() if (h.is_cuda and not torch.is_grad_enabled() and type(self.query) is nn.Linear) else None
+        fast = fastops.drafting_ops() if (h.is_cuda and not torch.is_grad_enabled() and type(self.query) is nn.Linear) else None
         if fast is not None:  # drafting on CUDA: one fused norm kernel and the small-M linear, same numbers
             rms_norm, linear = fast
             z = linear(rms_norm(h, self.norm_weight, 1e-6, 0.0), self.query.weight)

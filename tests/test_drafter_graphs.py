@@ -182,6 +182,30 @@ def test_captured_bf16_step_with_split_key_attention_matches_the_masked_buffer(m
         torch.testing.assert_close(g.float(), w.float(), rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.cuda
+def test_bf16_draft_on_the_small_m_gemm_and_triton_norms_matches_the_torch_ops(monkeypatch):
+    """Drafting on CUDA the draft layers' projections run the small-M GEMM (`triton` mode: always its
+    kernel) and their norms one Triton kernel each; the proposals' logits agree with the torch ops' to
+    bf16 rounding, captured and eager alike."""
+    from ready import fastops
+
+    sm = fastops.load_kernel("small_m_gemm")
+    tgt = tiny_target().cuda().to(torch.bfloat16)
+    fast, plain = (drafter_for(tgt, inject_layers=[0, -1]).cuda().to(torch.bfloat16) for _ in range(2))
+    plain.load_state_dict(fast.state_dict())
+    fast.cuda_graphs = None  # captured
+    assert fastops.drafting_ops() is not None
+    monkeypatch.setattr(sm, "_MODE", "triton")
+    got = [ls for (_, ls), in _rounds(tgt, [fast])]
+    monkeypatch.setattr(sm, "_MODE", "torch")
+    monkeypatch.setattr(fastops, "_DRAFTING", False)
+    plain.cuda_graphs = False
+    want = [ls for (_, ls), in _rounds(tgt, [plain])]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), rtol=3e-2, atol=3e-2)
+    assert fast._graphs and all(g.graph is not None for g in fast._graphs)
+
+
 def test_buffers_made_in_inference_mode_serve_later_drafts_outside_it(target):
     """The engine drafts under inference mode; tests and tools also draft outside it."""
     eager, static = _pair(target)

@@ -34,6 +34,37 @@ def test_matches_reference(shape, dtype, offset):
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
+def qwen3_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Qwen3's RMSNorm (DSpark's draft layers'): weight * (x / rms(x)).to(dtype), two roundings."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_cast_first_is_qwen3s_norm(dtype, offset):
+    x = (torch.randn(5, 96, device=DEVICE) * 3).to(dtype)
+    w = (torch.randn(96, device=DEVICE) * 0.1 + (1 - offset)).to(dtype)
+    want = qwen3_norm(x, offset + w)
+    assert torch.equal(rn.rms_norm_reference(x, w, 1e-6, offset, cast_first=True), want)
+    got = rn.rms_norm_triton(x, w, 1e-6, offset, cast_first=True)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # the row sums in another order (the interpreter truncates bf16)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    with pytest.raises(KernelInputError, match="cast_first scales in x's dtype"):
+        rn.rms_norm(x, w.float() if dtype == torch.bfloat16 else w.bfloat16(), cast_first=True)
+
+
+@pytest.mark.cuda
+def test_cast_first_rounds_twice_as_qwen3_does_on_cuda():
+    x = torch.randn(64, 5120, device="cuda", dtype=torch.bfloat16) * 3
+    w = (1 + torch.randn(5120, device="cuda") * 0.1).bfloat16()
+    want = qwen3_norm(x, w)
+    same = (rn.rms_norm_triton(x, w, 1e-6, 0.0, cast_first=True) == want).float().mean().item()
+    once = (rn.rms_norm_triton(x, w, 1e-6, 0.0) == want).float().mean().item()
+    assert same > 0.995 and once < same  # only the row sum's order differs; one rounding differs more
+
+
 def test_reference_is_the_qwen_formula():
     x, w = torch.randn(2, 6), torch.randn(6)
     want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * (1 + w)

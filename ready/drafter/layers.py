@@ -7,6 +7,9 @@ committed prefix (the "context", shared by every layer but projected by each lay
 maps) and the block itself, bidirectionally. A layer can carry a hook that edits its normed
 input before attention (`pre`) or after attention, at the post-attention norm, before the MLP
 (`post`); that is where the ReaDy reader is injected.
+
+Drafting on CUDA (no autograd), the projections run the tuned small-M GEMM and the norms one Triton
+kernel each (`ready.fastops.drafting_ops`); training and CPU run the torch ops.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ready.target.layers import MLP as SwiGLU  # the target's SwiGLU block, same parameter names
-from ready.target.layers import SplitKV
+from ready import fastops
+from ready.target.layers import SplitKV, linear
 
 Hook = Callable[[torch.Tensor], torch.Tensor]
 
@@ -55,6 +58,15 @@ class BufferedContext:
         return self.split_kv(q, self.k, self.v, last, self.window + N if self.window else 0)
 
 
+def project(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x through a projection: a plain bias-free nn.Linear through the small-M linear (its tuned Triton
+    GEMM while drafting on CUDA; F.linear, the same as the module, otherwise and under autograd), any
+    other layer (a LoRA-wrapped one in training) called as it is."""
+    if type(layer) is nn.Linear and layer.bias is None:
+        return linear(x, layer.weight)
+    return layer(x)
+
+
 class RMSNorm(nn.Module):
     """y = weight * (x / rms(x)): normalised in fp32, scaled in x's dtype (as Qwen3's RMSNorm)."""
 
@@ -64,6 +76,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fast = fastops.drafting_ops() if x.is_cuda and not torch.is_grad_enabled() and x.dtype == self.weight.dtype else None
+        if fast is not None:  # one kernel that rounds as the two lines below do
+            return fast[0](x, self.weight, self.eps, 0.0, cast_first=True)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * y.to(x.dtype)
@@ -131,8 +146,8 @@ class ContextAttention(nn.Module):
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of x [B, N, D] -> two [B, H_kv, N, hd] (keys rotated)."""
         B, N, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(B, N, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        k = self.k_norm(project(self.k_proj, x).view(B, N, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = project(self.v_proj, x).view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -141,7 +156,7 @@ class ContextAttention(nn.Module):
         """x [B, N, D] block inputs; context_kv from `kv` of the context, or the static step's
         `BufferedContext`; mask [B, 1, N, T+N] bool or None (a BufferedContext carries its own)."""
         B, N, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = self.q_norm(project(self.q_proj, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         kb, vb = self.kv(x, cos, sin)
         gqa = self.num_heads != self.num_kv_heads
@@ -151,7 +166,20 @@ class ContextAttention(nn.Module):
             k = torch.cat([context_kv[0], kb], dim=2)
             v = torch.cat([context_kv[1], vb], dim=2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        return self.o_proj(o.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim))
+        return project(self.o_proj, o.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """The draft layers' feed-forward: down(silu(gate(x)) * up(x)) (Hugging Face names)."""
+
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return project(self.down_proj, F.silu(project(self.gate_proj, x)) * project(self.up_proj, x))
 
 
 class DraftLayer(nn.Module):

@@ -26,7 +26,7 @@ from ready.config import DrafterConfig, ReaderConfig
 from ready.cuda_graph import capture
 from ready.drafter.heads import ConfidenceHead, build_head
 from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
-from ready.drafter.layers import BufferedContext, DraftLayer, RMSNorm, Rotary, rope_type
+from ready.drafter.layers import BufferedContext, DraftLayer, RMSNorm, Rotary, project, rope_type
 from ready.reader import StateReader, StateSource
 from ready.target.layers import linear, split_kv_attention
 
@@ -207,7 +207,7 @@ class DSparkDrafter(nn.Module):
         if feats.dim() != 4 or feats.shape[2] != C or feats.shape[3] != self.hidden_size:
             raise DrafterError(f"target features have shape {tuple(feats.shape)}; expected [B, T, {C}, "
                                f"{self.hidden_size}] (one slice per capture layer {self.capture_layers})")
-        return self.hidden_norm(self.fc(feats.flatten(2).to(self.fc.weight.dtype)))
+        return self.hidden_norm(project(self.fc, feats.flatten(2).to(self.fc.weight.dtype)))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(positions, self.fc.weight.dtype)

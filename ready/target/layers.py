@@ -158,19 +158,6 @@ class GatedRMSNorm(nn.Module):
         return (self.weight * y * F.silu(gate.float())).to(dtype)
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward."""
-
-    def __init__(self, hidden: int, inner: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class FusedMLP(nn.Module):
     """The target's SwiGLU with gate and up projections in one GEMM (`gate_up_proj`); state dicts
     keep the Hugging Face names gate_proj / up_proj / down_proj."""
