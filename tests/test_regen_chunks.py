@@ -49,9 +49,11 @@ def chat(tmp_path_factory):
 
 
 def config(root: Path, data_file: Path):
+    # one thread: the gloo test forks its ranks, and a forked child cannot start an OpenMP team once the
+    # parent has used one (libgomp is not fork-safe; torchrun starts fresh processes)
     return OmegaConf.merge(schema(), {"artifacts_dir": str(root / "artifacts"), "data": {"path": str(data_file)},
                                       "regen": {"num_samples": 7, "prompt_len": 96, "response_len": 5,
-                                                "batch_size": 2}})
+                                                "batch_size": 2}, "threads": {"shared": 1}})
 
 
 def data_file(tmp_path: Path) -> Path:
