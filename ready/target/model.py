@@ -278,23 +278,32 @@ class HybridLM(nn.Module):
         of every position are the largest tensor of the pass (32k tokens x a 248k vocabulary: 16 GB in bf16).
         With `prefill_chunk` > 0 a longer prompt runs as consecutive continuations of at most that many
         tokens (the same K/V, states and outputs up to rounding; a multiple of 64 keeps the chunked GDN's
-        blocks where one pass puts them)."""
+        blocks where one pass puts them); each piece's outputs are copied into the whole's as it ends, so
+        all-position logits peak at the whole's and one piece's, not twice the whole's."""
         self._check_room(cache, ids.shape[1])
         T, step = ids.shape[1], int(self.prefill_chunk)
         if step < 0:
             raise TargetError(f"prefill_chunk={step}; expected 0 (one pass) or a number of tokens >= 1")
         pieces = ids.split(step, dim=1) if 0 < step < T else (ids,)
-        outs = []
+        whole: dict[str, torch.Tensor] = {}  # the pieces' outputs, written in place as they come
+        at = 0
         for i, piece in enumerate(pieces):
             n, last = piece.shape[1], i == len(pieces) - 1
-            outs.append(self._run(piece, "prefill", cache, capture_layers,
-                                  logits_from=(n - 1 if last else None) if last_logits_only else 0))
+            out = self._run(piece, "prefill", cache, capture_layers,
+                            logits_from=(n - 1 if last else None) if last_logits_only else 0)
             cache.advance(n)
-        if len(outs) == 1:
-            return outs[0]
-        hidden = [o.hidden for o in outs if o.hidden is not None]
-        return TargetOutput(logits=torch.cat([o.logits for o in outs if o.logits is not None], dim=1),
-                            hidden=torch.cat(hidden, dim=1) if hidden else None)
+            if len(pieces) == 1:
+                return out
+            for name in ("logits", "hidden"):
+                part = getattr(out, name)
+                if part is None:
+                    continue
+                one_row = name == "logits" and last_logits_only  # the last piece's last position only
+                if name not in whole:
+                    whole[name] = part.new_empty(part.shape[0], 1 if one_row else T, *part.shape[2:])
+                whole[name][:, (0 if one_row else at):(0 if one_row else at) + part.shape[1]] = part
+            at += n
+        return TargetOutput(logits=whole.get("logits"), hidden=whole.get("hidden"))
 
     @torch.no_grad()
     def verify(self, block: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int] = ()) -> TargetOutput:
