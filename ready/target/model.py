@@ -301,7 +301,8 @@ class HybridLM(nn.Module):
                 one_row = name == "logits" and last_logits_only  # the last piece's last position only
                 if name not in whole:
                     whole[name] = part.new_empty(part.shape[0], 1 if one_row else T, *part.shape[2:])
-                whole[name][:, (0 if one_row else at):(0 if one_row else at) + part.shape[1]] = part
+                start = 0 if one_row else at
+                whole[name][:, start:start + part.shape[1]] = part
             at += n
         return TargetOutput(logits=whole.get("logits"), hidden=whole.get("hidden"))
 
