@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 import sys
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -61,15 +61,25 @@ def _warn_once(name: str, err: BaseException) -> None:
           f"Fix: {FIX}.", file=sys.stderr, flush=True)
 
 
+class DraftingOps(NamedTuple):
+    """The kernels package's ops for the drafter's and the reader's no-grad CUDA path (each dispatches to
+    its Triton kernel or to torch)."""
+
+    rms_norm: Callable[..., torch.Tensor]
+    linear: Callable[..., torch.Tensor]  # the small-M linear
+    norm_rope: Callable[..., torch.Tensor]  # a head's RMSNorm then its rotary
+
+
 _DRAFTING: Any = None
 
 
-def drafting_ops() -> Optional[tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]]:
-    """(rms_norm, small-M linear) of the kernels package for the drafter's and the reader's no-grad
-    CUDA path, or None. Each dispatches to its Triton kernel or to torch: in the draft step's graph one
-    norm kernel replaces about eight torch kernels, and the tuned small-M GEMM serves the block's few rows."""
+def drafting_ops() -> Optional[DraftingOps]:
+    """The drafting ops, or None when the kernels package cannot be imported. In the draft step's graph
+    one norm kernel replaces about eight torch kernels, one norm-and-rotary kernel about fourteen, and the
+    tuned small-M GEMM serves the block's few rows."""
     global _DRAFTING
     if _DRAFTING is None:
-        rn, sm = load_kernel("rmsnorm"), load_kernel("small_m_gemm")
-        _DRAFTING = (rn.rms_norm, sm.small_m_linear) if rn is not None and sm is not None else False
+        rn, sm, nr = load_kernel("rmsnorm"), load_kernel("small_m_gemm"), load_kernel("norm_rope")
+        _DRAFTING = (DraftingOps(rn.rms_norm, sm.small_m_linear, nr.norm_rope)
+                     if rn is not None and sm is not None and nr is not None else False)
     return _DRAFTING or None

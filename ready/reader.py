@@ -143,8 +143,7 @@ class StateReader(nn.Module):
         N, P, _ = h.shape
         fast = fastops.drafting_ops() if (h.is_cuda and not torch.is_grad_enabled() and type(self.query) is nn.Linear) else None
         if fast is not None:  # drafting on CUDA: one fused norm kernel and the small-M linear, same numbers
-            rms_norm, linear = fast
-            z = linear(rms_norm(h, self.norm_weight, 1e-6, 0.0), self.query.weight)
+            z = fast.linear(fast.rms_norm(h, self.norm_weight, 1e-6, 0.0), self.query.weight)
         else:
             hf = h.float()
             hn = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight.float()).to(h.dtype)

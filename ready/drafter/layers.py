@@ -8,8 +8,9 @@ maps) and the block itself, bidirectionally. A layer can carry a hook that edits
 input before attention (`pre`) or after attention, at the post-attention norm, before the MLP
 (`post`); that is where the ReaDy reader is injected.
 
-Drafting on CUDA (no autograd), the projections run the tuned small-M GEMM and the norms one Triton
-kernel each (`ready.fastops.drafting_ops`); training and CPU run the torch ops.
+Drafting on CUDA (no autograd), the projections run the tuned small-M GEMM, the norms one Triton
+kernel each and the queries' and keys' norm and rotary one kernel (`ready.fastops.drafting_ops`);
+training and CPU run the torch ops.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fast = fastops.drafting_ops() if x.is_cuda and not torch.is_grad_enabled() and x.dtype == self.weight.dtype else None
         if fast is not None:  # one kernel that rounds as the two lines below do
-            return fast[0](x, self.weight, self.eps, 0.0, cast_first=True)
+            return fast.rms_norm(x, self.weight, self.eps, 0.0, cast_first=True)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * y.to(x.dtype)
@@ -143,12 +144,24 @@ class ContextAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
+    def _rotated(self, proj: nn.Linear, norm: RMSNorm, x: torch.Tensor, heads: int, cos: torch.Tensor,
+                 sin: torch.Tensor) -> torch.Tensor:
+        """x [B, N, D] projected to `heads` heads, each normed and rotated -> [B, heads, N, hd]: one
+        norm-and-rotary kernel while drafting on CUDA, the torch ops (same roundings) otherwise."""
+        B, N, _ = x.shape
+        h = project(proj, x).view(B, N, heads, self.head_dim)
+        fast = (fastops.drafting_ops() if h.is_cuda and not torch.is_grad_enabled()
+                and h.dtype == norm.weight.dtype == cos.dtype else None)
+        if fast is not None:
+            return fast.norm_rope(h, norm.weight, cos, sin, norm.eps).transpose(1, 2)
+        return apply_rope(norm(h).transpose(1, 2), cos, sin)
+
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of x [B, N, D] -> two [B, H_kv, N, hd] (keys rotated)."""
         B, N, _ = x.shape
-        k = self.k_norm(project(self.k_proj, x).view(B, N, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        k = self._rotated(self.k_proj, self.k_norm, x, self.num_kv_heads, cos, sin)
         v = project(self.v_proj, x).view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(k, cos, sin), v
+        return k, v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 context_kv: Union[tuple[torch.Tensor, torch.Tensor], BufferedContext],
@@ -156,8 +169,7 @@ class ContextAttention(nn.Module):
         """x [B, N, D] block inputs; context_kv from `kv` of the context, or the static step's
         `BufferedContext`; mask [B, 1, N, T+N] bool or None (a BufferedContext carries its own)."""
         B, N, _ = x.shape
-        q = self.q_norm(project(self.q_proj, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
+        q = self._rotated(self.q_proj, self.q_norm, x, self.num_heads, cos, sin)
         kb, vb = self.kv(x, cos, sin)
         gqa = self.num_heads != self.num_kv_heads
         if isinstance(context_kv, BufferedContext):
