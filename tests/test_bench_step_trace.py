@@ -2,7 +2,7 @@
 
 import pytest
 
-from ready.bench.step_trace import kernel_difference, kernel_events, main, summarize
+from ready.bench.step_trace import kernel_difference, kernel_events, kernel_part, main, summarize
 
 
 def test_kernel_events_keeps_device_kernels_in_start_order():
@@ -48,6 +48,25 @@ def test_overlapping_kernels_are_charged_only_what_they_add_to_the_timeline():
     assert [r["kernel"] for r in s["by_kernel"]] == ["a", "b", "c"]  # by advance + gap
     inside = summarize([(0.0, 10.0, "a"), (2.0, 3.0, "b")], replays=1)  # b ends before a: adds nothing
     assert {r["kernel"]: r["advance_us"] for r in inside["by_kernel"]} == {"a": 10.0, "b": 0.0}
+
+
+def test_kernels_are_summed_per_part_of_the_step():
+    names = {  # names as the H100 trace of the draft step recorded them (docs/data/draft_trace_h100_2026-12-06_*)
+        "_small_m_kernel": "projections", "nvjet_sm90_tst_512x8_64x3_2x1_v_bz_TNT": "projections",
+        "_norm_rope_kernel": "norms and rotary", "_attend_kernel": "attention", "_gdn_fused_kernel": "GDN",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, uns": "argmax",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::Opaqu":
+            "copies and indexing",
+        "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::neg_kerne":
+            "elementwise",
+    }
+    assert {n: kernel_part(n) for n in names} == names
+    events = [(0.0, 10.0, "_small_m_kernel"), (10.0, 2.0, "_norm_rope_kernel"), (13.0, 4.0, "nvjet_x"),
+              (18.0, 1.0, "_rms_norm_kernel")]
+    parts = {r["part"]: r for r in summarize(events, replays=1)["by_part"]}
+    assert parts["projections"]["advance_us"] == 14.0 and parts["projections"]["calls"] == 2
+    assert parts["norms and rotary"]["us"] == 3.0 and parts["norms and rotary"]["gap_before_us"] == 1.0
+    assert list(parts) == ["projections", "norms and rotary"]
 
 
 def test_no_kernels_is_a_clear_error():

@@ -9,7 +9,9 @@ replays, so every replay sees the same context) and reports:
   per replay), `busy_ms` (sum of kernel durations), `gap_ms` (time between consecutive kernels of
   a replay with no kernel running), `kernels` per replay, and per kernel name its µs, calls, the
   gaps before it and `advance_us`, what it adds to the timeline when kernels overlap under
-  programmatic dependent launch (`by_kernel`, largest advance + gap first).
+  programmatic dependent launch (`by_kernel`, largest advance + gap first), and the same summed per
+  part of the step (`by_part`: projections, norms and rotary, attention, GDN, state reader, argmax,
+  copies and indexing, elementwise; `kernel_part` names each kernel's part).
 The profiler itself may lengthen gaps a little: compare `span_ms` with `replay_ms`. CUDA only.
 
 `--tokens 1,8` traces each size on one loaded target and adds `difference`: per kernel name the
@@ -59,6 +61,37 @@ def kernel_events(trace: dict, by_grid: bool = False) -> list[tuple[float, float
     return sorted(evs)
 
 
+# a kernel's part of the step, by the first pattern its name contains (lower case); the rest is "elementwise"
+PARTS = (
+    ("projections", ("_small_m_kernel", "_split_sum_kernel", "_gemv_kernel", "_fused_gemv_kernel", "nvjet", "gemm",
+                     "cutlass", "xmma")),
+    ("norms and rotary", ("_rms_norm_kernel", "_norm_rope_kernel", "_row_norm_kernel")),
+    ("attention", ("_attend_kernel", "_combine_kernel", "_exact_attention_kernel", "flash", "fmha", "attention")),
+    ("GDN", ("_gdn_", "_window_copy_kernel", "chunk_", "fused_recurrent")),
+    ("state reader", ("_state_reader",)),
+    ("argmax", ("argmax",)),
+    ("copies and indexing", ("copy", "cat", "scatter", "gather", "index", "fill")),
+)
+
+
+def kernel_part(name: str) -> str:
+    """The step's part a kernel belongs to (`PARTS`), from its name."""
+    low = name.lower()
+    return next((part for part, keys in PARTS if any(k in low for k in keys)), "elementwise")
+
+
+def by_part(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`by_kernel` rows summed per part of the step (`kernel_part`), largest advance + gap first."""
+    parts: dict[str, dict[str, float]] = defaultdict(lambda: {"us": 0.0, "advance_us": 0.0, "calls": 0.0,
+                                                              "gap_before_us": 0.0})
+    for r in rows:
+        acc = parts[kernel_part(r["kernel"])]
+        for key in acc:
+            acc[key] += r[key]
+    out = [{"part": k, **{key: round(v, 2) for key, v in acc.items()}} for k, acc in parts.items()]
+    return sorted(out, key=lambda r: -(r["advance_us"] + r["gap_before_us"]))
+
+
 def summarize(events: list[tuple[float, float, str]], replays: int, top: Optional[int] = 25) -> dict[str, Any]:
     """Span, busy and gap time per replay, and per kernel name (the `top` largest; None: all), from
     ordered kernel events.
@@ -93,11 +126,12 @@ def summarize(events: list[tuple[float, float, str]], replays: int, top: Optiona
     span = (prev_end - events[0][0]) - between
     by = sorted(rows.items(), key=lambda kv: -(kv[1]["advance_us"] + kv[1]["gap_before_us"]))
     per = lambda v: round(v / replays, 2)  # noqa: E731
+    every = [{"kernel": k, "us": per(v["us"]), "advance_us": per(v["advance_us"]), "calls": per(v["calls"]),
+              "gap_before_us": per(v["gap_before_us"])} for k, v in by]
     return {
         "span_ms": round(span / replays / 1e3, 4), "busy_ms": round(busy / replays / 1e3, 4),
         "gap_ms": round(gap / replays / 1e3, 4), "kernels": len(events) / replays,
-        "by_kernel": [{"kernel": k, "us": per(v["us"]), "advance_us": per(v["advance_us"]), "calls": per(v["calls"]),
-                       "gap_before_us": per(v["gap_before_us"])} for k, v in by[:top]],
+        "by_part": by_part(every), "by_kernel": every[:top],
     }
 
 
