@@ -32,9 +32,9 @@ if HAS_TRITON:
         n = (pid // H) % N
         cols = tl.arange(0, BLOCK)
         mask = cols < D
-        half: tl.constexpr = D // 2
-        partner = tl.where(cols < half, cols + half, cols - half)  # rotate_half's source channel
-        sign = tl.where(cols < half, -1.0, 1.0)
+        lower = cols < D // 2
+        partner = tl.where(lower, cols + D // 2, cols - D // 2)  # rotate_half's source channel
+        sign = tl.where(lower, -1.0, 1.0)
         xrow = x_ptr + b * xs_b + n * xs_n + h * xs_h
         x = tl.load(xrow + cols, mask=mask, other=0.0).to(tl.float32)
         xp = tl.load(xrow + partner, mask=mask, other=0.0).to(tl.float32)
