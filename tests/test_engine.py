@@ -186,6 +186,20 @@ def test_ar_engine_equals_greedy_by_full_forwards(target, ar_refs):
         assert ar_refs[tuple(p)] == reference_greedy(target, p, N_NEW)
 
 
+def test_the_greedy_ar_step_commits_before_the_host_reads_its_token(target, ar_refs, monkeypatch):
+    """Each AR step's commit is queued right behind its pass, before the device->host read of the token
+    (the read waits for the device; a commit after it would wait for the host), with the same tokens."""
+    events: list[str] = []
+    commit, tolist = target.commit, torch.Tensor.tolist
+    monkeypatch.setattr(target, "commit", lambda cache, n: (events.append("commit"), commit(cache, n))[1])
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: (events.append("read"), tolist(t))[1])
+    p = prompts(1)[0]
+    gen = Engine(target).generate(p, 6)
+    assert gen.tokens == ar_refs[tuple(p)][:6]
+    steps = events[events.index("commit"):]  # from the first step on (the prompt's own read comes before)
+    assert steps == ["commit", "read"] * 5
+
+
 @pytest.mark.parametrize("k", [1, 3, 7])
 @pytest.mark.parametrize("kind", ["ngram", "oracle", "wrong", "noisy"])
 def test_speculative_equals_ar_greedy(target, ar_refs, k, kind):
