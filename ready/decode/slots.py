@@ -80,6 +80,7 @@ class SingleSlot:
         if self.graphs is not None:
             self.graphs.prepare(self.cache)  # static cache mode from the prefill on
         self.reads_donor = False
+        self._ahead = False
 
     def _store_features(self, start: int, hidden: Optional[torch.Tensor]) -> None:
         if not self.capture:
@@ -145,7 +146,7 @@ class SingleSlot:
             return type(out)(logits=out.logits[:, :t], hidden=None if out.hidden is None else out.hidden[:, :t])
         return self.target.verify(block, self.cache, capture_layers=self.capture)  # the last, shortened round
 
-    def commit_ahead(self, argmaxes: torch.Tensor) -> bool:
+    def commit_ahead(self, argmaxes: torch.Tensor) -> None:
         """The greedy AR step's commit, issued before the host reads the token: the one verified token is
         always kept, and its argmax `argmaxes` [1, 1] goes into the committed tokens on the device, so the
         commit's launches queue behind the pass instead of following the host's read (the two-engine loop's
@@ -154,7 +155,6 @@ class SingleSlot:
         self.target.commit(self.cache, 1)
         self.tokens[:, self.t:self.t + 1].copy_(argmaxes)
         self._ahead = True
-        return True
 
     def commit(self, out: Any, kept: list[int], advance: list[int], appended: list[list[int]]) -> None:
         """Keep the first kept[0] verified tokens' states and features; append the round's tokens."""
@@ -300,9 +300,8 @@ class RaggedSlots:
             return ragged_verify(self.target, block, self.cache, self.capture)
         return self.graphs.verify(block, self.cache)
 
-    def commit_ahead(self, argmaxes: torch.Tensor) -> bool:
-        """No early commit for a batch (False): the rows' lengths and anchors move in `commit`'s one copy."""
-        return False
+    def commit_ahead(self, argmaxes: torch.Tensor) -> None:
+        """Nothing ahead for a batch: the rows' lengths and anchors move in `commit`'s one copy a round."""
 
     def commit(self, out: Any, kept: list[int], advance: list[int], appended: list[list[int]]) -> None:
         """Row b keeps its first kept[b] verified tokens and its length moves by advance[b] (0: a row with
