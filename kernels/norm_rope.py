@@ -25,7 +25,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, H, N, xs_b, xs_n, xs_h, cs_b, cs_n, ss_b, ss_n,
-                          ys_b, ys_n, ys_h, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+                          ys_b, ys_n, ys_h, n_cols, eps, D: tl.constexpr, BLOCK: tl.constexpr):
         pid = tl.program_id(0).to(tl.int64)  # one program per (row b, token n, head h)
         h = pid % H
         b = pid // H // N
@@ -43,7 +43,7 @@ if HAS_TRITON:
         c = tl.load(cos_ptr + b * cs_b + n * cs_n + cols, mask=mask, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + b * ss_b + n * ss_n + cols, mask=mask, other=0.0).to(tl.float32)
         out_ty = y_ptr.dtype.element_ty
-        inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / n_cols + eps)  # as rmsnorm's kernel: the same bits
         y = (x * inv).to(out_ty).to(tl.float32) * w  # the norm: two roundings (Qwen3)
         y = y.to(out_ty).to(tl.float32)
         yp = (xp * inv).to(out_ty).to(tl.float32) * wp
@@ -94,12 +94,14 @@ def norm_rope_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, s
     B, N, H, D = x.shape
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     rows = B * N * H
+    block = max(16, next_pow2(D))
+    warps = 4 if block <= 2048 else (8 if block <= 8192 else 16)  # rmsnorm's layout, so its row sum's order
     if rows:
         cb = cos.stride(0) if cos.shape[0] > 1 else 0
         sb = sin.stride(0) if sin.shape[0] > 1 else 0
         _norm_rope_kernel[(rows,)](x, weight.contiguous(), cos, sin, y, H, N, x.stride(0), x.stride(1), x.stride(2),
                                    cb, cos.stride(1), sb, sin.stride(1), y.stride(0), y.stride(1), y.stride(2),
-                                   float(eps), D=D, BLOCK=max(16, next_pow2(D)), num_warps=1 if D <= 256 else 4)
+                                   D, float(eps), D=D, BLOCK=block, num_warps=warps)
     return y
 
 

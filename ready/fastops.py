@@ -67,7 +67,6 @@ class DraftingOps(NamedTuple):
 
     rms_norm: Callable[..., torch.Tensor]
     linear: Callable[..., torch.Tensor]  # the small-M linear
-    norm_rope: Callable[..., torch.Tensor]  # a head's RMSNorm then its rotary
 
 
 _DRAFTING: Any = None
@@ -75,11 +74,10 @@ _DRAFTING: Any = None
 
 def drafting_ops() -> Optional[DraftingOps]:
     """The drafting ops, or None when the kernels package cannot be imported. In the draft step's graph
-    one norm kernel replaces about eight torch kernels, one norm-and-rotary kernel about fourteen, and the
-    tuned small-M GEMM serves the block's few rows."""
+    one norm kernel replaces about eight torch kernels, and the tuned small-M GEMM serves the block's few
+    rows."""
     global _DRAFTING
     if _DRAFTING is None:
-        rn, sm, nr = load_kernel("rmsnorm"), load_kernel("small_m_gemm"), load_kernel("norm_rope")
-        _DRAFTING = (DraftingOps(rn.rms_norm, sm.small_m_linear, nr.norm_rope)
-                     if rn is not None and sm is not None and nr is not None else False)
+        rn, sm = load_kernel("rmsnorm"), load_kernel("small_m_gemm")
+        _DRAFTING = DraftingOps(rn.rms_norm, sm.small_m_linear) if rn is not None and sm is not None else False
     return _DRAFTING or None

@@ -8,9 +8,8 @@ maps) and the block itself, bidirectionally. A layer can carry a hook that edits
 input before attention (`pre`) or after attention, at the post-attention norm, before the MLP
 (`post`); that is where the ReaDy reader is injected.
 
-Drafting on CUDA (no autograd), the projections run the tuned small-M GEMM, the norms one Triton
-kernel each and the queries' and keys' norm and rotary one kernel (`ready.fastops.drafting_ops`);
-training and CPU run the torch ops.
+Drafting on CUDA (no autograd), the projections run the tuned small-M GEMM and the norms one Triton
+kernel each (`ready.fastops.drafting_ops`); training and CPU run the torch ops.
 """
 
 from __future__ import annotations
@@ -146,14 +145,10 @@ class ContextAttention(nn.Module):
 
     def _rotated(self, proj: nn.Linear, norm: RMSNorm, x: torch.Tensor, heads: int, cos: torch.Tensor,
                  sin: torch.Tensor) -> torch.Tensor:
-        """x [B, N, D] projected to `heads` heads, each normed and rotated -> [B, heads, N, hd]: one
-        norm-and-rotary kernel while drafting on CUDA, the torch ops (same roundings) otherwise."""
+        """x [B, N, D] projected to `heads` heads, each normed and rotated -> [B, heads, N, hd]
+        (`kernels/norm_rope.py` is this in one kernel, not used until its CUDA test passes: kernels/NOTES.md)."""
         B, N, _ = x.shape
         h = project(proj, x).view(B, N, heads, self.head_dim)
-        fast = (fastops.drafting_ops() if h.is_cuda and not torch.is_grad_enabled()
-                and h.dtype == norm.weight.dtype == cos.dtype else None)
-        if fast is not None:
-            return fast.norm_rope(h, norm.weight, cos, sin, norm.eps).transpose(1, 2)
         return apply_rope(norm(h).transpose(1, 2), cos, sin)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
