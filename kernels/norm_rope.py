@@ -7,9 +7,9 @@ the sum, as the torch ops do. `rotate_half(y) = [-y2, y1]` for the halves y1, y2
 tables `cos`, `sin` [B, N, head_dim] (one row per token, shared by the heads) already carry any
 scaling (yarn's attention factor).
 
-In the draft step's graph one launch replaces about fourteen torch kernels per rotation (the norm's
-and the rotation's); the drafter uses it while drafting on CUDA (no autograd), the torch ops
-otherwise (ready.drafter.layers).
+In the draft step's graph one launch would replace about fourteen torch kernels per rotation (the
+norm's and the rotation's). Nothing calls it yet: its CUDA test failed on an H100 (kernels/NOTES.md
+says what changed since and what to run before the drafter's `ContextAttention._rotated` uses it).
 """
 
 from __future__ import annotations
