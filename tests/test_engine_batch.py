@@ -88,6 +88,22 @@ def test_batched_greedy_equals_batch_one(target, kind, batch_size):
         assert any(a > 0 for g in want for a in g.accepted)
 
 
+def test_the_greedy_ar_round_commits_before_the_host_reads_its_tokens(target, monkeypatch):
+    """As with one slot (tests/test_engine.py): each batched AR round's commit is queued right behind its
+    pass, before the device->host read of the rows' tokens, and the rows' tokens are batch one's."""
+    from ready.decode import slots
+
+    want = [Engine(target).generate(p, m) for p, m in zip(prompts(), BUDGETS)]
+    events: list[str] = []
+    commit, tolist = slots.ragged_commit, torch.Tensor.tolist
+    monkeypatch.setattr(slots, "ragged_commit", lambda *a, **k: (events.append("commit"), commit(*a, **k))[1])
+    monkeypatch.setattr(torch.Tensor, "tolist",  # a round's read is [B, 1]; a prompt's is one row
+                        lambda t: (events.append("read") if t.dim() == 2 else None, tolist(t))[1])
+    res = Engine(target, batch_size=4, slots="ragged").decode(prompts(), list(BUDGETS))
+    assert [fields(g) for g in res.generations] == [fields(g) for g in want]
+    assert events == ["commit", "read"] * res.rounds
+
+
 @pytest.mark.parametrize("batch_size", [2, 4, 8])
 @pytest.mark.parametrize("kind", ["dspark", "ready", "ready_embed"])
 def test_ragged_forced_acceptance_equals_batch_one(target, kind, batch_size):

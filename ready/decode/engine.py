@@ -287,7 +287,7 @@ class Engine:
             if sampling is None:  # one device->host copy per round: every slot's drafts and argmaxes
                 argmaxes = out.logits.argmax(-1)
                 if not K:  # the greedy AR step keeps its one token whatever it is: commit before the read
-                    slots.commit_ahead(argmaxes)
+                    slots.commit_ahead(argmaxes, live)
                 host = (torch.cat([block[:, 1:], argmaxes], dim=1) if K else argmaxes).cpu().tolist()
             else:
                 host, warped = self._judge_sampled(block, out.logits, q, room, [r if x else None for r, x in zip(rng, live)])

@@ -146,12 +146,12 @@ class SingleSlot:
             return type(out)(logits=out.logits[:, :t], hidden=None if out.hidden is None else out.hidden[:, :t])
         return self.target.verify(block, self.cache, capture_layers=self.capture)  # the last, shortened round
 
-    def commit_ahead(self, argmaxes: torch.Tensor) -> None:
+    def commit_ahead(self, argmaxes: torch.Tensor, live: list[bool]) -> None:
         """The greedy AR step's commit, issued before the host reads the token: the one verified token is
         always kept, and its argmax `argmaxes` [1, 1] goes into the committed tokens on the device, so the
         commit's launches queue behind the pass instead of following the host's read (the two-engine loop's
         order; after the read they added ~0.1-0.4 ms to each 18 ms H100 step, docs/benchmarks.md). The
-        round's `commit` then only counts the token."""
+        round's `commit` then only counts the token. (`live`: the one slot decodes.)"""
         self.target.commit(self.cache, 1)
         self.tokens[:, self.t:self.t + 1].copy_(argmaxes)
         self._ahead = True
@@ -215,6 +215,7 @@ class RaggedSlots:
         self.reads_donor = False
         self._last = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
         self._last_host = [0] * self.batch_size
+        self._ahead = False  # this round was committed by `commit_ahead`
 
     def _mode(self) -> Optional[tuple[float, float]]:
         return None if self.sampling is None else (float(self.sampling.temperature), float(self.sampling.top_p))
@@ -223,6 +224,7 @@ class RaggedSlots:
     def prepare(self, max_len: int) -> None:
         """A cache and buffers for sequences of up to `max_len` tokens (reused, and reset, when large enough)."""
         self.reads_donor = False
+        self._ahead = False
         need = max_len + self.k + 1  # room for a block verified past the budget (never committed)
         if self.cache is not None and self.cache.max_len >= need:
             self.cache.reset()
@@ -300,12 +302,25 @@ class RaggedSlots:
             return ragged_verify(self.target, block, self.cache, self.capture)
         return self.graphs.verify(block, self.cache)
 
-    def commit_ahead(self, argmaxes: torch.Tensor) -> None:
-        """Nothing ahead for a batch: the rows' lengths and anchors move in `commit`'s one copy a round."""
+    def commit_ahead(self, argmaxes: torch.Tensor, live: list[bool]) -> None:
+        """The greedy AR round's commit before the host read (as `SingleSlot.commit_ahead`): every decoding
+        row keeps its one verified token and moves by one, the others stay; each decoding row's anchor
+        becomes its argmax (`argmaxes` [B, 1]) on the device. The round's `commit` then only notes the
+        anchors on the host."""
+        moves = torch.tensor(live, dtype=torch.long).to(self.device)
+        ragged_commit(self.target, self.cache, torch.ones_like(moves), moves)
+        self._last.copy_(torch.where(moves.bool(), argmaxes[:, 0], self._last))
+        self._ahead = True
 
     def commit(self, out: Any, kept: list[int], advance: list[int], appended: list[list[int]]) -> None:
         """Row b keeps its first kept[b] verified tokens and its length moves by advance[b] (0: a row with
         nothing to decode); the features of the verified tokens go in before the lengths move."""
+        if self._ahead:  # committed by `commit_ahead`: the host's copy of the anchors catches up
+            self._ahead = False
+            for b, toks in enumerate(appended):
+                if toks:
+                    self._last_host[b] = toks[-1]
+            return
         if self.capture:
             B, T = out.hidden.shape[:2]
             pos = (self.cache.lengths_t[:, None] + torch.arange(T, device=self.device)).clamp(max=self.features.shape[1] - 1)
