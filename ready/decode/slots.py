@@ -315,19 +315,16 @@ class RaggedSlots:
     def commit(self, out: Any, kept: list[int], advance: list[int], appended: list[list[int]]) -> None:
         """Row b keeps its first kept[b] verified tokens and its length moves by advance[b] (0: a row with
         nothing to decode); the features of the verified tokens go in before the lengths move."""
-        if self._ahead:  # committed by `commit_ahead`: the host's copy of the anchors catches up
+        for b, toks in enumerate(appended):
+            if toks:
+                self._last_host[b] = toks[-1]
+        if self._ahead:  # committed by `commit_ahead`: only the host's copy of the anchors had to catch up
             self._ahead = False
-            for b, toks in enumerate(appended):
-                if toks:
-                    self._last_host[b] = toks[-1]
             return
         if self.capture:
             B, T = out.hidden.shape[:2]
             pos = (self.cache.lengths_t[:, None] + torch.arange(T, device=self.device)).clamp(max=self.features.shape[1] - 1)
             self.features[torch.arange(B, device=self.device)[:, None], pos] = out.hidden
-        for b, toks in enumerate(appended):
-            if toks:
-                self._last_host[b] = toks[-1]
         upd = torch.tensor([kept, advance, self._last_host], dtype=torch.long).to(self.device)  # one copy a round
         ragged_commit(self.target, self.cache, upd[0], upd[1])
         self._last.copy_(upd[2])
