@@ -82,18 +82,13 @@ def exact_attention_cases():
 
 def norm_cases():
     """RMSNorm (offset weights; the draft layers' cast-first) and the row norm, with and without a weight, at
-    the hidden size; the draft layers' per-head norm and rotary (the public-DSpark shape: 32 query heads of
-    dim 128, 8 block rows)."""
-    from ready_kernels.norm_rope import norm_rope_triton
+    the hidden size."""
     from ready_kernels.rmsnorm import rms_norm_triton
     from ready_kernels.row_norm import row_norm_triton
 
     x, w = torch.zeros(8, 5120, dtype=torch.bfloat16), torch.zeros(5120, dtype=torch.bfloat16)
     yield "rms_norm", lambda: rms_norm_triton(x, w)
     yield "rms_norm cast_first", lambda: rms_norm_triton(x, w, offset=0.0, cast_first=True)
-    q, wq, cs = (torch.zeros(1, 8, 32, 128, dtype=torch.bfloat16), torch.zeros(128, dtype=torch.bfloat16),
-                 torch.zeros(1, 8, 128, dtype=torch.bfloat16))
-    yield "norm_rope", lambda: norm_rope_triton(q, wq, cs, cs)
     yield "row_norm", lambda: row_norm_triton(x, w)
     yield "row_norm without weight", lambda: row_norm_triton(x, None, out_dtype=torch.float32)
 

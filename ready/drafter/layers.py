@@ -145,8 +145,8 @@ class ContextAttention(nn.Module):
 
     def _rotated(self, proj: nn.Linear, norm: RMSNorm, x: torch.Tensor, heads: int, cos: torch.Tensor,
                  sin: torch.Tensor) -> torch.Tensor:
-        """x [B, N, D] projected to `heads` heads, each normed and rotated -> [B, heads, N, hd]
-        (`kernels/norm_rope.py` is this in one kernel, not used until its CUDA test passes: kernels/NOTES.md)."""
+        """x [B, N, D] projected to `heads` heads, each normed and rotated -> [B, heads, N, hd] (a fused
+        kernel for this was tried and removed: kernels/NOTES.md)."""
         B, N, _ = x.shape
         h = project(proj, x).view(B, N, heads, self.head_dim)
         return apply_rope(norm(h).transpose(1, 2), cos, sin)
