@@ -129,9 +129,10 @@ def test_the_draft_replayer_repeats_the_batched_draft_step_and_its_bound_counts_
 
     torch.manual_seed(0)
     target = load_target("tiny", device="cpu", dtype="float32")
-    replay, drafter = draft_replayer(target, "ready", "tiny", batch=2, prompt_len=8, block_size=3, seed=0)
+    replay, drafter, body = draft_replayer(target, "ready", "tiny", batch=2, prompt_len=8, block_size=3, seed=0)
     for _ in range(3):  # the batched step's body (eager off CUDA) over the same rows each time
         replay()
+    body()  # the body alone, as `--ops` runs it under the profiler
     tables = sum(m.weight.numel() for m in drafter.modules() if isinstance(m, torch.nn.Embedding))  # rows looked up
     params = sum(p.numel() for p in drafter.parameters())  # the shared embedding and LM head are not the drafter's
     assert tables > 0 and drafter.readers
@@ -156,3 +157,19 @@ def test_the_bounds_default_to_the_copy_rate_of_the_gpu_by_name(monkeypatch):
                        ("NVIDIA A100-SXM4-80GB", 0.0)):  # a GPU with no measured rate gets no bound
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
         assert copy_rate("cuda:0") == rate
+
+
+@pytest.mark.cuda
+def test_op_times_charge_each_kernel_to_the_op_and_shapes_that_launched_it():
+    import torch
+
+    from ready.bench.step_trace import op_times
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.randn(2048, 4096, device="cuda")
+    rows = op_times(lambda: (x.t().contiguous(), x * 2.0))
+    by_op = {r["op"]: r for r in rows}
+    assert {"aten::copy_", "aten::mul"} <= set(by_op), [r["op"] for r in rows]
+    assert "[2048, 4096]" in by_op["aten::mul"]["shapes"] and by_op["aten::mul"]["calls"] == 1
+    assert all(r["device_us"] > 0 for r in rows)

@@ -24,11 +24,15 @@ public-DSpark-shaped drafter of `ready.bench.engine`, random weights), for B row
 (B = 1: the single-sequence step; above: the engine's batched step, `ready.decode.batch_draft`), after
 a short decode has captured it; `bound_ms` is the time to stream the drafter's weights and the LM head
 (every position's logits need every row) at `--bandwidth`, the goal's yardstick (issue 46 item 2).
+`--ops` adds `by_op`: the step's body run once eagerly (the same kernels as the graph, launched one by
+one) under torch.profiler, its device time per torch op and input shapes, so a kernel of the graphed
+trace (names only) is traced back to the line of code whose op launched it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -154,8 +158,9 @@ def step_replayer(target: Any, tokens: int, prompt_len: int) -> Any:
 
 
 def draft_replayer(target: Any, kind: str, preset: str, batch: int, prompt_len: int, block_size: int,
-                   seed: int) -> tuple[Any, Any]:
-    """(a callable that replays the drafter's captured draft step for `batch` rows once, the drafter);
+                   seed: int) -> tuple[Any, Any, Any]:
+    """(a callable that replays the drafter's captured draft step for `batch` rows once, the drafter, a
+    callable that runs the step's body eagerly, outside the graph: `op_times`);
     the drafter of `preset`'s shape proposing `block_size` tokens.
     A short decode of `batch` prompts (forced acceptance of every draft) tunes, compiles and captures it;
     the engine stays alive with the replayer, so the graph's buffers and cache stay valid. Each replay
@@ -172,12 +177,18 @@ def draft_replayer(target: Any, kind: str, preset: str, batch: int, prompt_len: 
     if graph is None and eager is None:
         raise SystemExit(f"step_trace: the {kind} drafter's draft step at batch {batch} was not captured in a CUDA graph")
     run = graph.replay if graph is not None else eager
+    body = step._body if step is not None else functools.partial(drafter._static_body, drafter._graphs[0])
 
     def replay() -> None:
         engine  # noqa: B018  (held: the graph reads its cache and buffers)
         run()
 
-    return replay, drafter
+    def eager_body() -> None:
+        engine  # noqa: B018
+        with torch.no_grad():
+            body()
+
+    return replay, drafter, eager_body
 
 
 def draft_stream_bytes(drafter: Any) -> int:
@@ -218,6 +229,25 @@ def trace_replay(replay: Any, replays: int, by_grid: bool = False) -> dict[str, 
     return {"replay_ms": round(replay_ms, 4), **summarize(kernel_events(trace, by_grid), replays, top=None)}
 
 
+def op_times(body: Any, top: int = 25) -> list[dict[str, Any]]:
+    """Device µs per call of `body` (run once eagerly after a warm call) per torch op and input shapes,
+    the `top` largest first: the profiler charges each kernel to the op that launched it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    body()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        body()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        us = float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0))
+        if us > 0:
+            rows.append({"op": e.key, "shapes": str(e.input_shapes)[:200], "device_us": round(us, 2),
+                         "calls": int(e.count)})
+    return sorted(rows, key=lambda r: -r["device_us"])[:top]
+
+
 def kernel_difference(first: dict[str, Any], last: dict[str, Any], top: int = 25) -> list[dict[str, Any]]:
     """Per kernel name, `last` minus `first` in µs and calls per replay (a kernel missing from one
     counts as 0 there), the `top` largest changes in either direction first."""
@@ -250,20 +280,22 @@ def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, 
 
 
 def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], prompt_len: int, replays: int,
-                seed: int, block_size: int, bandwidth: float, by_grid: bool = False) -> dict[str, Any]:
-    """The trace of the draft step at each batch size on one loaded target, against its stream bound."""
+                seed: int, block_size: int, bandwidth: float, by_grid: bool = False,
+                ops: bool = False) -> dict[str, Any]:
+    """The trace of the draft step at each batch size on one loaded target, against its stream bound;
+    `ops`: each step's `by_op` too (`op_times`)."""
     torch.manual_seed(seed)
     target = load_target(target_spec, device="cuda", dtype=dtype)
     preset = target_spec if target_spec in PRESETS else "qwen3_5_27b"
     top = 40 if by_grid else 25
     steps, stream = [], 0
     for B in batches:
-        replay, drafter = draft_replayer(target, kind, preset, B, prompt_len, block_size, seed)
+        replay, drafter, body = draft_replayer(target, kind, preset, B, prompt_len, block_size, seed)
         stream = draft_stream_bytes(drafter)
         st = trace_replay(replay, replays, by_grid)
         steps.append({"batch": B, **st, "over_bound": round(st["replay_ms"] / (stream / bandwidth * 1e3), 3),
-                      "by_kernel": st["by_kernel"][:top]})
-        del replay, drafter
+                      "by_kernel": st["by_kernel"][:top], **({"by_op": op_times(body, top)} if ops else {})})
+        del replay, drafter, body
         torch.cuda.empty_cache()
     return {"target": target_spec, "dtype": dtype, "drafter": kind, "proposals": block_size, "prompt_len": prompt_len,
             "replays": replays, "stream_gb": round(stream / 1e9, 3), "bandwidth": bandwidth,
@@ -286,6 +318,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--bandwidth", type=float, default=None,
                     help="bytes/s of the draft's stream bound (default: the GPU's copy rate, ready.bench.COPY_BYTES_PER_S)")
     ap.add_argument("--by-grid", action="store_true", help="split each kernel's rows by launch grid (its shapes)")
+    ap.add_argument("--ops", action="store_true", help="with --draft: also the device time per torch op and "
+                    "input shapes of the step's body run eagerly (`by_op`)")
     ap.add_argument("--json", action="store_true", help="print JSON (the default output)")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     a = ap.parse_args(argv)
@@ -315,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                   file=sys.stderr)
             return 2
         out = trace_draft(a.target, a.dtype, a.draft, batches, a.prompt_len, a.replays, a.seed, a.block_size,
-                          bandwidth, a.by_grid)
+                          bandwidth, a.by_grid, a.ops)
     else:
         out = trace_step(a.target, a.dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)
     text = json.dumps(out, indent=1)
