@@ -103,3 +103,29 @@ def test_no_head_is_dflash_the_backbone_logits_unchanged():
         want = warp(base[:, j], 0.7, 0.9)
         torch.testing.assert_close(q[:, j], want)
         assert torch.equal(toks[:, j], draw(want, u[:, j]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotary_gives_the_bits_and_gradients_of_rotate_half_with_the_sign_in_its_table(dtype):
+    """apply_rope folds rotate_half's negation into the sin table (one kernel less per rotation); the
+    result must be the plain x cos + [-x2, x1] sin to the bit, forward and backward."""
+    from ready.drafter.layers import Rotary, apply_rope
+
+    torch.manual_seed(0)
+    rotary = Rotary(64, 1e6)
+    pos = torch.randint(0, 40000, (2, 5))
+    cos, signed_sin = rotary(pos, dtype)
+    ang = pos.float().unsqueeze(-1) * rotary.inv_freq
+    ang = torch.cat([ang, ang], dim=-1)
+    plain_cos, plain_sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    assert torch.equal(cos, plain_cos)
+
+    x = torch.randn(2, 3, 5, 64, dtype=dtype, requires_grad=True)
+    x1, x2 = x.chunk(2, dim=-1)
+    want = x * plain_cos.unsqueeze(1) + torch.cat([-x2, x1], dim=-1) * plain_sin.unsqueeze(1)
+    got = apply_rope(x, cos, signed_sin)
+    assert torch.equal(got, want)
+    g = torch.randn_like(want)
+    (grad_want,) = torch.autograd.grad(want, x, g)
+    (grad_got,) = torch.autograd.grad(got, x, g)
+    assert torch.equal(grad_got, grad_want)

@@ -117,17 +117,20 @@ class Rotary(nn.Module):
         self.attention_factor = float(factor)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Integer `positions` [B, N] -> cos, sin [B, N, head_dim] in `dtype`."""
+        """Integer `positions` [B, N] -> the tables `apply_rope` takes, [B, N, head_dim] in `dtype`: cos,
+        and sin with its first half negated (the sign that rotate-half puts on x's second half, so each
+        rotation needs no negation of its own)."""
         ang = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)
-        ang = torch.cat([ang, ang], dim=-1)
-        return (ang.cos() * self.attention_factor).to(dtype), (ang.sin() * self.attention_factor).to(dtype)
+        cos = (ang.cos() * self.attention_factor).to(dtype)
+        sin = (ang.sin() * self.attention_factor).to(dtype)
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, N, hd] by the tables [B, N, hd]."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, N, hd] by `Rotary`'s tables [B, N, hd]: x cos + rotate_half(x) sin, where
+    rotate_half(x) = [-x2, x1]; the sign lives in the table (x2 (-sin) and (-x2) sin are the same bits)."""
     x1, x2 = x.chunk(2, dim=-1)
-    rot = torch.cat([-x2, x1], dim=-1)
-    return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
+    return x * cos.unsqueeze(1) + torch.cat([x2, x1], dim=-1) * signed_sin.unsqueeze(1)
 
 
 class ContextAttention(nn.Module):
