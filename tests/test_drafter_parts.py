@@ -81,6 +81,23 @@ def test_greedy_drafting_is_teacher_forcing_on_its_own_tokens(kind):
     torch.testing.assert_close(head.block_logits(base, prev, hid), logits)
 
 
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_a_bf16_head_over_fp32_logits_gives_the_bits_of_the_bias_cast_then_added(kind):
+    """The drafting head adds its bf16 bias to the fp32 base logits with the cast folded into the add and
+    writes each position's logits in place: the bits of `base + bias.float()` position by position."""
+    head, base, _, hid = _inputs(kind, V=300)
+    head = head.to(torch.bfloat16)
+    first = torch.tensor([3, 7])
+    toks, logits = head.greedy(base, first, hid.to(torch.bfloat16))
+    state, prev = head.init_state(hid[:, 0].to(torch.bfloat16)), first
+    for j in range(base.shape[1]):
+        state, bias = head.step(state, prev, hid[:, j].to(torch.bfloat16))
+        want = base[:, j] + bias.to(torch.float32)
+        assert logits.dtype == torch.float32 and torch.equal(logits[:, j], want), j
+        prev = want.argmax(-1)
+        assert torch.equal(toks[:, j], prev)
+
+
 def test_a_fresh_head_adds_nothing():
     head = build_head("gated", 11, 3, 6)
     base = torch.randn(1, 4, 11)

@@ -57,26 +57,27 @@ class VanillaHead(nn.Module):
         return state, self.markov_w2(self.markov_w1(prev))
 
     def block_logits(self, base: torch.Tensor, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced: base [..., K, V], prev [..., K] (x_{j-1} per position), hidden [..., K, D]."""
+        """Teacher-forced: base [..., K, V] (fp32 logits), prev [..., K] (x_{j-1} per position), hidden [..., K, D]."""
         state = self.init_state(hidden[..., 0, :])
         out = []
         for j in range(base.shape[-2]):
             state, bias = self.step(state, prev[..., j], hidden[..., j, :])
-            out.append(base[..., j, :] + bias.to(base.dtype))
+            out.append(base[..., j, :] + bias)  # bias promoted to base's dtype on load (no copy of its own)
         return torch.stack(out, dim=-2)
 
     @torch.no_grad()
     def greedy(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft greedily: base [B, K, V], first_prev [B] (the anchor token), hidden [B, K, D]
+        """Draft greedily: base [B, K, V] (fp32 logits), first_prev [B] (the anchor token), hidden [B, K, D]
         -> (tokens [B, K], the corrected logits they were drawn from [B, K, V])."""
         state = self.init_state(hidden[:, 0])
-        prev, toks, logits = first_prev, [], []
+        prev, toks = first_prev, []
+        logits = torch.empty_like(base)  # each position's sum lands here: no stack of B x K x V logits
         for j in range(base.shape[1]):
             state, bias = self.step(state, prev, hidden[:, j])
-            logits.append(base[:, j] + bias.to(base.dtype))
-            prev = logits[-1].argmax(-1)
+            torch.add(base[:, j], bias, out=logits[:, j])  # bias promoted on load, as in block_logits
+            prev = logits[:, j].argmax(-1)
             toks.append(prev)
-        return torch.stack(toks, dim=1), torch.stack(logits, dim=1)
+        return torch.stack(toks, dim=1), logits
 
     @torch.no_grad()
     def sample(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor, temperature: float,
@@ -87,7 +88,7 @@ class VanillaHead(nn.Module):
         prev, toks, probs = first_prev, [], []
         for j in range(base.shape[1]):
             state, bias = self.step(state, prev, hidden[:, j])
-            probs.append(warp(base[:, j] + bias.to(base.dtype), temperature, top_p))
+            probs.append(warp(base[:, j] + bias, temperature, top_p))
             prev = draw(probs[-1], uniforms[:, j])
             toks.append(prev)
         return torch.stack(toks, dim=1), torch.stack(probs, dim=1)
