@@ -149,7 +149,8 @@ def run_shard(index: int, total: int, shard: Shard, extra: list[str], timeout: f
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
         start = time.perf_counter()
-        cmd = [sys.executable, "-m", "pytest", "-v", "-m", "cuda", f"--junitxml={xml}", "-o", "junit_family=xunit1",
+        # -vv: one line per test (what a stopped shard is read from) even under the project's addopts -q
+        cmd = [sys.executable, "-m", "pytest", "-vv", "-m", "cuda", f"--junitxml={xml}", "-o", "junit_family=xunit1",
                *extra, *shard.items]
         try:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)

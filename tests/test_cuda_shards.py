@@ -62,6 +62,7 @@ def test_a_shard_past_its_timeout_says_timeout_with_the_tests_it_finished(tmp_pa
     slow.write_text("import time, pytest\n\n"
                     "@pytest.mark.cuda\ndef test_quick():\n    pass\n\n"
                     "@pytest.mark.cuda\ndef test_slow():\n    time.sleep(60)\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-q"\n')  # as this project's
     monkeypatch.setattr(cs, "ROOT", tmp_path)
     record = cs.run_shard(1, 1, cs.Shard([str(slow)], 1.0), ["-p", "no:cacheprovider", "--override-ini", "markers=cuda"],
                           timeout=8)
