@@ -9,7 +9,7 @@ Each shard runs in its own pytest process (CUDA state does not leak between shar
     python tests/cuda_shards.py --list                 # the plan: shards, files, estimated seconds
     python tests/cuda_shards.py                        # every shard, one pass/fail line each
     python tests/cuda_shards.py --shard 2              # one shard (e.g. one device call per shard)
-    python tests/cuda_shards.py --shard 2 --timeout 540  # stopped past 540 s: TIMEOUT, with the tests it finished
+    python tests/cuda_shards.py --shard 2 --timeout 500  # past 500 s: Ctrl-C (<= 30 s more), TIMEOUT, the tests it finished
     python tests/cuda_shards.py --record tests/cuda_durations.json --json $OUT/cuda.json
 
 Run shards one after another (or one per device call): shards sharing one GPU ran past their estimates
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DURATIONS = Path(__file__).resolve().parent / "cuda_durations.json"
 BUDGET_S = 360.0  # ~6 minutes on the H200: a shard plus start-up fits one 10-minute device call
 DEFAULT_S = 30.0  # a test never timed counts this long
+INTERRUPT_GRACE_S = 30.0  # a shard past its timeout gets this long to stop after Ctrl-C before it is killed
 
 
 @dataclass
@@ -138,13 +140,14 @@ def _verbose_outcomes(text: str) -> list[dict]:
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 2 and "::" in parts[0] and parts[1] in _OUTCOMES:
-            cases.append({"id": parts[0], "outcome": _OUTCOMES[parts[1]], "seconds": 0.0})
+            cases.append({"id": parts[0], "outcome": _OUTCOMES[parts[1]], "seconds": None})  # not timed
     return cases
 
 
 def run_shard(index: int, total: int, shard: Shard, extra: list[str], timeout: float | None = None) -> dict:
     """Run one shard in its own pytest process; print its line; return its record. Past `timeout`
-    seconds the process is stopped and the line says TIMEOUT, with the tests it finished."""
+    seconds the process is interrupted (as by Ctrl-C, then killed if it does not stop) and the line says
+    TIMEOUT, with the tests it finished and, where pytest could still write its report, their seconds."""
     timed_out = False
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
@@ -152,16 +155,23 @@ def run_shard(index: int, total: int, shard: Shard, extra: list[str], timeout: f
         # -vv: one line per test (what a stopped shard is read from) even under the project's addopts -q
         cmd = [sys.executable, "-m", "pytest", "-vv", "-m", "cuda", f"--junitxml={xml}", "-o", "junit_family=xunit1",
                *extra, *shard.items]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-            out, err, code = proc.stdout, proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as e:
-            timed_out = True
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-            code = -1
+            out, err = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            timed_out, code = True, -1
+            proc.send_signal(signal.SIGINT)  # pytest stops as on Ctrl-C and still writes the JUnit XML (durations)
+            try:
+                out, err = proc.communicate(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:  # stuck where Ctrl-C is not seen (inside a CUDA call)
+                proc.kill()
+                out, err = proc.communicate()
         wall = time.perf_counter() - start
-        cases = _junit(xml) if xml.is_file() and not timed_out else _verbose_outcomes(out)
+        cases = _junit(xml) if xml.is_file() else []
+        if timed_out:  # the report lists the test Ctrl-C stopped as passed: keep those whose -vv line says how they ended
+            timed = {c["id"]: c["seconds"] for c in cases}
+            cases = [{**c, "seconds": timed.get(c["id"])} for c in _verbose_outcomes(out)]
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
     ok = code == 0 and counts["failed"] == 0 and counts["passed"] > 0
     verdict = "TIMEOUT" if timed_out else "PASS" if ok else ("SKIP" if code == 0 and counts["passed"] == 0 else "FAIL")
@@ -203,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     records = [run_shard(i, len(shards), shards[i - 1], extra, a.timeout) for i in chosen]
 
     if a.record:
-        measured = {c["id"]: c["seconds"] for r in records if r["verdict"] != "TIMEOUT"  # (no seconds in -v lines)
-                    for c in r["cases"] if c["outcome"] != "skipped"}
+        measured = {c["id"]: c["seconds"] for r in records  # a stopped shard's finished tests too, where timed
+                    for c in r["cases"] if c["outcome"] != "skipped" and c["seconds"] is not None}
         a.record.write_text(json.dumps({"device": _device(), "tests": dict(sorted({**durations, **measured}.items()))},
                                        indent=1) + "\n")
     if a.json:

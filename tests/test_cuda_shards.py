@@ -60,7 +60,7 @@ def test_only_files_that_mark_cuda_tests_are_collected():
 def test_a_shard_past_its_timeout_says_timeout_with_the_tests_it_finished(tmp_path, capsys, monkeypatch):
     slow = tmp_path / "test_slow.py"
     slow.write_text("import time, pytest\n\n"
-                    "@pytest.mark.cuda\ndef test_quick():\n    pass\n\n"
+                    "@pytest.mark.cuda\ndef test_quick():\n    time.sleep(0.3)\n\n"
                     "@pytest.mark.cuda\ndef test_slow():\n    time.sleep(60)\n")
     (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-q"\n')  # as this project's
     monkeypatch.setattr(cs, "ROOT", tmp_path)
@@ -69,6 +69,8 @@ def test_a_shard_past_its_timeout_says_timeout_with_the_tests_it_finished(tmp_pa
     line = capsys.readouterr().out.splitlines()[0]
     assert record["verdict"] == "TIMEOUT" and line.startswith("shard 1/1: TIMEOUT 1 passed, 0 failed")
     assert [c["id"].split("::")[1] for c in record["cases"]] == ["test_quick"]
+    assert record["cases"][0]["seconds"] >= 0.3  # interrupted, pytest still wrote its report: durations to record
+    assert record["wall_s"] < 30  # stopped at Ctrl-C, not after the sleep
 
 
 def test_verbose_lines_become_outcomes():
