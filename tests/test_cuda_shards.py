@@ -16,6 +16,15 @@ def test_files_are_packed_whole_under_the_budget_longest_first():
     assert all(s.seconds <= 250 for s in shards)
 
 
+def test_the_shards_greedy_packing_needs_are_filled_evenly():
+    lengths = {"a": 200, "b": 100, "c": 90, "d": 60, "e": 50}  # greedy under 300: 300 + 200
+    ids = [f"tests/{f}.py::t" for f in lengths]
+    shards = cs.plan(ids, {f"tests/{f}.py::t": v for f, v in lengths.items()}, budget=300)
+    assert sorted(s.seconds for s in shards) == [250, 250]
+    assert sorted(i for s in shards for i in s.items) == [f"tests/{f}.py" for f in sorted(lengths)]
+    assert cs.plan([], {}, budget=300) == []
+
+
 def test_a_file_longer_than_the_budget_is_split_by_test_and_unknown_tests_count_the_default():
     ids = ["tests/long.py::x", "tests/long.py::y", "tests/new.py::z"]
     shards = cs.plan(ids, {"tests/long.py::x": 200, "tests/long.py::y": 200}, budget=250)
