@@ -29,6 +29,7 @@ COMMANDS = {
     "sweep": "sweeps.run",
     "report": "reports.build",
     "findings": "reports.findings",
+    "lengths-figure": "reports.lengths",
     "generate": "ready.generate",
     "export": "ready.drafter.export",
     "launch": "ready.train.launch",
