@@ -112,8 +112,8 @@ def plot(points: list[LengthPoint], gpu: str, bandwidth: Optional[float], out_st
         us.plot(*zip(*readers), color="tab:blue", marker="D", label="readers alone (CUDA graph)")
     extra = [(p.prompt_len, p.extra_draft_us) for p in points if p.extra_draft_us is not None]
     if extra:
-        xs, (mean, lo, hi) = [x for x, _ in extra], zip(*[e for _, e in extra])
-        mean, lo, hi = list(mean), list(lo), list(hi)
+        xs = [x for x, _ in extra]
+        mean, lo, hi = ([e[i] for _, e in extra] for i in range(3))
         us.errorbar(xs, mean, yerr=[[m - a for m, a in zip(mean, lo)], [b - m for m, b in zip(mean, hi)]],
                     color="tab:red", marker="o", capsize=3, label="ReaDy - DSpark draft (95 %)")
     us.axhline(0.0, color="0.7", linewidth=0.8)
