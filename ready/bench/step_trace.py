@@ -231,7 +231,9 @@ def trace_replay(replay: Any, replays: int, by_grid: bool = False) -> dict[str, 
 
 def op_times(body: Any, top: int = 25) -> list[dict[str, Any]]:
     """Device µs per call of `body` (run once eagerly after a warm call) per torch op and input shapes,
-    the `top` largest first: the profiler charges each kernel to the op that launched it."""
+    the `top` largest first: the profiler charges each kernel to the op that launched it. The kernels
+    keep rows of their own too (input shapes []), so a Triton kernel launched outside any torch op (the
+    norms) still shows; an op's row and its kernel's row count the same time twice."""
     from torch.profiler import ProfilerActivity, profile
 
     body()
