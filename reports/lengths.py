@@ -43,9 +43,10 @@ class LengthPoint:
 def _entries(doc: Any, source: str) -> list[dict]:
     """The per-length entries of one engine JSON (a multi-length run keeps them under `by_prompt_len`)."""
     entries = doc.get("by_prompt_len", [doc]) if isinstance(doc, dict) else None
-    if not entries or not all(isinstance(e, dict) and "prompt_len" in e and "ar" in e for e in entries):
+    if not entries or not all(isinstance(e, dict) and "prompt_len" in e
+                              and "decode_tokens_per_s" in (e.get("ar") or {}) for e in entries):
         raise ReportError(f"{source}: not the JSON of `python -m ready.bench.engine` (expected `prompt_len` and "
-                          f"`ar` per length, or `by_prompt_len`)")
+                          f"`ar.decode_tokens_per_s` per length, or `by_prompt_len`)")
     return entries
 
 

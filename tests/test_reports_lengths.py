@@ -63,3 +63,6 @@ def test_files_of_two_gpus_or_a_length_twice_are_one_clear_error(tmp_path, capsy
     assert main([str(bad), "--out", str(tmp_path / "x")]) == 2
     assert "bad.json: not the JSON of `python -m ready.bench.engine`" in capsys.readouterr().err
     assert not list(tmp_path.glob("x.*"))  # nothing written
+    no_ar = write(tmp_path / "no_ar.json", {"prompt_len": 256, "ar": {}})
+    with pytest.raises(ReportError, match="no_ar.json: .*expected `prompt_len` and `ar.decode_tokens_per_s`"):
+        load_points([no_ar])
