@@ -87,6 +87,34 @@ def test_bad_requests_are_refused_with_one_message(tmp_path, capsys):
     assert not list(tmp_path.iterdir())  # nothing written for a refused request
 
 
+def test_pooled_calls_pair_within_each_round_and_refuse_foreign_folders(tmp_path, monkeypatch, capsys):
+    """Two device calls of two rounds each (ABBA, then ABBA again) summarize as one A/B of four rounds,
+    with the same differences as one call of those four rounds would give."""
+    tps = iter([70.0, 72.0, 72.5, 71.0, 69.0, 70.0, 71.5, 70.5])  # a, b | b, a | a, b | b, a
+    monkeypatch.setattr(ab, "run_process", lambda args, env, timeout: {"ar": {"decode_tokens_per_s": next(tps)}})
+    for call in ("call1", "call2"):
+        ab.run_ab({"a": {}, "b": {}}, ["--prompt-len", "256"], 2, tmp_path / call, dict(ab.METRICS))
+    assert ab.main(["--pool", str(tmp_path / "call1"), str(tmp_path / "call2"), "--out", str(tmp_path / "all")]) == 0
+    res = json.loads((tmp_path / "all" / "ab.json").read_text())
+    d = res["differences"]["ar_tok_s"]["b - a"]
+    assert d["rounds"] == [0, 1, 2, 3] and d["per_round"] == [2.0, 1.5, 1.0, 1.0]
+    assert d["interval"] == ab.paired_interval([2.0, 1.5, 1.0, 1.0])
+    assert [c["rounds"] for c in res["pooled"]] == [2, 2] and res["engine_args"] == ["--prompt-len", "256"]
+    capsys.readouterr()
+
+    (tmp_path / "other").mkdir()  # an A/B of another prompt length
+    (tmp_path / "other" / "ab.json").write_text(json.dumps({**res, "engine_args": ["--prompt-len", "8192"],
+                                                            "rounds_run": 0, "order": []}))
+    assert ab.main(["--pool", str(tmp_path / "call1"), str(tmp_path / "other"), "--out", str(tmp_path / "x")]) == 2
+    assert "engine arguments differ" in capsys.readouterr().err
+    assert ab.main(["--pool", str(tmp_path / "call1"), str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    assert "no ab.json there" in capsys.readouterr().err
+    assert ab.main(["--pool", str(tmp_path / "call1"), "--out", str(tmp_path / "call1")]) == 2
+    assert "would be overwritten" in capsys.readouterr().err
+    assert ab.main(["--pool", str(tmp_path / "call1"), "--variant", "a", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()  # nothing written for a refused request
+
+
 @pytest.mark.slow
 def test_two_trees_run_in_fresh_processes_on_cpu(tmp_path, capsys):
     torch.manual_seed(0)

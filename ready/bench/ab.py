@@ -27,6 +27,10 @@ as it ends, so a run stopped by a time limit keeps what finished.
 would end past it, judged by the slowest process so far, is not started, and the summary of the
 rounds that ran is written as usual (`stopped` says why it ended early).
 
+`--pool DIR [DIR ...]` writes one summary of several A/B folders of the same variants and engine arguments
+(e.g. one per device call, when a call holds only two rounds): their rounds in turn, each difference still
+paired within its round.
+
 `--tree NAME=PATH` runs variant NAME from another source tree of this project (another commit's
 `ready/` and `kernels/`, e.g. `git worktree add ../old HEAD~1` or a `git archive` of it): its processes
 import `ready` from PATH and `ready_kernels` from PATH/kernels (the engine JSON's `source` says which
@@ -202,8 +206,47 @@ def run_ab(variants: dict[str, dict[str, str]], engine_args: Sequence[str], roun
                       f"verify ratio {lookup(doc, METRICS['verify_ratio']) or float('nan'):.3f}, "
                       f"{walls[-1]:.0f} s")
             print(f"[{done}/{total}] round {r} {n}: {figure}", file=sys.stderr, flush=True)
-    res = {"engine_args": list(engine_args), "env": variants, "order": order, **summarize(names, runs, metrics),
-           "rounds_run": len(order), "stopped": stopped}
+    res = {"engine_args": list(engine_args), "env": variants, "order": order, "metrics": metrics,
+           **summarize(names, runs, metrics), "rounds_run": len(order), "stopped": stopped}
+    atomic_write_text(out / "ab.json", json.dumps(res, indent=1) + "\n")
+    return res
+
+
+def _process_json(path: Path) -> Optional[dict]:
+    """A process's JSON as run_ab wrote it; None where that process never ran."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ABError(f"--pool: {path} is not JSON ({e})") from None
+
+
+def pool(folders: Sequence[Path], out: Path, metrics: dict[str, str]) -> dict[str, Any]:
+    """One summary of A/B folders of the same variants and engine arguments: every folder's rounds in
+    turn (a difference stays paired within its round), written to `out`/ab.json."""
+    if any(f.resolve() == out.resolve() for f in folders):
+        raise ABError(f"--out {out}: one of the pooled folders (its ab.json would be overwritten); give a new folder")
+    names: Optional[list[str]] = None
+    engine_args: list[str] = []
+    runs: dict[str, list[Optional[dict]]] = {}
+    calls = []
+    for f in folders:
+        if not (f / "ab.json").is_file():
+            raise ABError(f"--pool {f}: no ab.json there (expected a folder written by python -m ready.bench.ab)")
+        doc = json.loads((f / "ab.json").read_text())
+        if names is None:
+            names, engine_args = list(doc["variants"]), list(doc["engine_args"])
+        elif list(doc["variants"]) != names or list(doc["engine_args"]) != engine_args:
+            raise ABError(f"--pool {f}: its variants or engine arguments differ from {folders[0]}'s "
+                          "(pool only runs of one A/B)")
+        metrics = {**doc.get("metrics", {}), **metrics}
+        for n in names:
+            runs.setdefault(n, []).extend(_process_json(f / f"{n}_{r}.json") for r in range(doc["rounds_run"]))
+        calls.append({"folder": str(f), "rounds": doc["rounds_run"], "order": doc["order"]})
+    assert names is not None  # argparse gives --pool at least one folder
+    res = {"engine_args": engine_args, "pooled": calls, "metrics": metrics, **summarize(names, runs, metrics)}
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "ab.json", json.dumps(res, indent=1) + "\n")
     return res
 
@@ -214,7 +257,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     own = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(prog="python -m ready.bench.ab", description=__doc__.splitlines()[0],
                                  epilog="Arguments after -- go to python -m ready.bench.engine.")
-    ap.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [VAR=value]",
+    ap.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME [VAR=value]",
                     help="a variant's name and environment (give two or more; the first is the reference)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per variant (default 2)")
     ap.add_argument("--out", required=True, help="folder for each process's JSON and ab.json")
@@ -227,8 +270,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                     help="run variant NAME from another source tree of this project (e.g. a worktree of an "
                          "earlier commit)")
+    ap.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
+                    help="summarize these A/B folders (of the same variants and engine arguments) as one A/B "
+                         "instead of running one")
     a = ap.parse_args(own)
     try:
+        metrics = dict(METRICS)
+        for spec in a.metric:
+            name, sep, path = spec.partition("=")
+            if not sep or not _NAME.match(name) or not path:
+                raise ABError(f"--metric {spec!r}: expected NAME=dotted.path, e.g. tps=forced.0.decode_tokens_per_s")
+            metrics[name] = path
+        if a.pool:
+            if a.variant or a.tree or engine_args:
+                raise ABError("--pool: give no --variant, --tree or engine arguments (the folders name them)")
+            res = pool(a.pool, Path(a.out), metrics)
+            print(json.dumps(res))
+            return 1 if res["failed"] else 0
         variants: dict[str, dict[str, str]] = {}
         for words in a.variant:
             name, env = parse_variant(words)
@@ -243,12 +301,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ABError(f"--budget {a.budget:g}: expected a positive number of seconds")
         if any(w == "--out" or w.startswith("--out=") for w in engine_args):
             raise ABError("engine arguments: leave out --out (each process's JSON goes to the A/B folder)")
-        metrics = dict(METRICS)
-        for spec in a.metric:
-            name, sep, path = spec.partition("=")
-            if not sep or not _NAME.match(name) or not path:
-                raise ABError(f"--metric {spec!r}: expected NAME=dotted.path, e.g. tps=forced.0.decode_tokens_per_s")
-            metrics[name] = path
         trees: dict[str, Path] = {}
         for spec in a.tree:
             name, sep, path = spec.partition("=")
