@@ -64,7 +64,7 @@ def test_a_budget_stops_before_a_round_that_cannot_finish_and_still_summarizes(t
     """Processes of 120 s under a 385 s budget (the 3 Dec H200 run): round 0 runs, round 1 would end
     at ~480 s and is not started, so no unpaired process is paid for; the summary is written."""
     now = [0.0]
-    monkeypatch.setattr(ab, "run_process", lambda args, env, timeout: (now.__setitem__(0, now[0] + 120.0),
+    monkeypatch.setattr(ab, "run_process", lambda args, env, timeout, bench: (now.__setitem__(0, now[0] + 120.0),
                                                                        {"ar": {"decode_tokens_per_s": float(env["R"])}})[1])
     res = ab.run_ab({"a": {"R": "70"}, "b": {"R": "72"}}, [], 3, tmp_path, dict(ab.METRICS), budget=385.0,
                     clock=lambda: now[0])
@@ -73,6 +73,28 @@ def test_a_budget_stops_before_a_round_that_cannot_finish_and_still_summarizes(t
     assert res["differences"]["ar_tok_s"]["b - a"]["per_round"] == [2.0]
     assert json.loads((tmp_path / "ab.json").read_text())["rounds_run"] == 1
     assert sorted(f.name for f in tmp_path.glob("*_*.json")) == ["a_0.json", "b_0.json"]
+
+
+def test_the_step_trace_is_ab_d_on_the_metrics_given(tmp_path, monkeypatch, capsys):
+    """`--bench step_trace` runs `python -m ready.bench.step_trace` in each process and compares only the
+    dotted paths given with --metric (the engine's figures do not exist there)."""
+    ran = []
+
+    def fake(args, env, timeout, bench):
+        ran.append((bench, list(args)))
+        return {"steps": [{"batch": 1, "replay_ms": 3.0 if env.get("V") == "a" else 2.9}]}
+
+    monkeypatch.setattr(ab, "run_process", fake)
+    assert ab.main(["--bench", "step_trace", "--variant", "a", "V=a", "--variant", "b", "V=b", "--rounds", "2",
+                    "--metric", "b1_ms=steps.0.replay_ms", "--out", str(tmp_path / "ab"), "--", "--draft", "dspark"]) == 0
+    assert ran == [("step_trace", ["--draft", "dspark"])] * 4
+    res = json.loads((tmp_path / "ab" / "ab.json").read_text())
+    assert res["bench"] == "step_trace" and list(res["differences"]) == ["b1_ms"]
+    assert res["differences"]["b1_ms"]["b - a"]["per_round"] == pytest.approx([-0.1, -0.1])
+    capsys.readouterr()
+    assert ab.main(["--bench", "step_trace", "--variant", "a", "--variant", "b", "--out", str(tmp_path / "x")]) == 2
+    assert "--bench step_trace: give at least one --metric" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_bad_requests_are_refused_with_one_message(tmp_path, capsys):
@@ -91,7 +113,7 @@ def test_pooled_calls_pair_within_each_round_and_refuse_foreign_folders(tmp_path
     """Two device calls of two rounds each (ABBA, then ABBA again) summarize as one A/B of four rounds,
     with the same differences as one call of those four rounds would give."""
     tps = iter([70.0, 72.0, 72.5, 71.0, 69.0, 70.0, 71.5, 70.5])  # a, b | b, a | a, b | b, a
-    monkeypatch.setattr(ab, "run_process", lambda args, env, timeout: {"ar": {"decode_tokens_per_s": next(tps)}})
+    monkeypatch.setattr(ab, "run_process", lambda args, env, timeout, bench: {"ar": {"decode_tokens_per_s": next(tps)}})
     for call in ("call1", "call2"):
         ab.run_ab({"a": {}, "b": {}}, ["--prompt-len", "256"], 2, tmp_path / call, dict(ab.METRICS))
     assert ab.main(["--pool", str(tmp_path / "call1"), str(tmp_path / "call2"), "--out", str(tmp_path / "all")]) == 0

@@ -1,5 +1,6 @@
 """Paired A/B of source trees (a code change against the code before it) over fresh engine-benchmark
-processes; a variant may also set environment variables of the stack below us (torch, Triton, CUDA).
+(or step-trace) processes; a variant may also set environment variables of the stack below us (torch,
+Triton, CUDA).
 
     git worktree add ../before HEAD~1
     python -m ready.bench.ab --variant before --tree before=../before --variant after \\
@@ -26,6 +27,13 @@ as it ends, so a run stopped by a time limit keeps what finished.
 `--budget SECONDS` bounds the whole A/B (e.g. a device command's limit less a margin): a round that
 would end past it, judged by the slowest process so far, is not started, and the summary of the
 rounds that ran is written as usual (`stopped` says why it ended early).
+
+`--bench step_trace` runs `python -m ready.bench.step_trace` instead of the engine benchmark (give the
+figures to compare with `--metric`), e.g. a change to the draft step, paired over fresh processes:
+
+    python -m ready.bench.ab --bench step_trace --variant after --variant before --tree before=../before \
+        --metric b1_ms=steps.0.replay_ms --metric b32_ms=steps.1.replay_ms --rounds 3 --out ab_draft \
+        -- --draft dspark --batch 1,32 --replays 10
 
 `--pool DIR [DIR ...]` writes one summary of several A/B folders of the same variants and engine arguments
 (e.g. one per device call, when a call holds only two rounds): their rounds in turn, each difference still
@@ -60,6 +68,7 @@ METRICS = {
     "verify_k_ms": "verify.verify_ms",
     "verify_ratio": "verify.ratio",
 }
+BENCHES = ("engine", "step_trace")  # `--bench`: the module of ready.bench each process runs
 # two-sided 95 % quantiles of Student's t by degrees of freedom; beyond 30 the normal 1.96 is close
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -135,9 +144,10 @@ def round_fits(elapsed: float, walls: Sequence[float], processes: int, budget: O
     return budget is None or not walls or elapsed + processes * max(walls) <= budget
 
 
-def run_process(engine_args: Sequence[str], env: dict[str, str], timeout: Optional[float]) -> dict[str, Any]:
-    """One engine benchmark in a fresh process: its JSON, or {"failed": why, "stderr": tail}."""
-    cmd = [sys.executable, "-m", "ready.bench.engine", *engine_args, "--json"]
+def run_process(engine_args: Sequence[str], env: dict[str, str], timeout: Optional[float],
+                bench: str = "engine") -> dict[str, Any]:
+    """One benchmark (`ready.bench.<bench>`) in a fresh process: its JSON, or {"failed": why, "stderr": tail}."""
+    cmd = [sys.executable, "-m", f"ready.bench.{bench}", *engine_args, "--json"]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
@@ -178,8 +188,9 @@ def summarize(names: Sequence[str], runs: dict[str, list[Optional[dict]]], metri
 
 def run_ab(variants: dict[str, dict[str, str]], engine_args: Sequence[str], rounds: int, out: Path,
            metrics: dict[str, str], timeout: Optional[float] = None, budget: Optional[float] = None,
-           clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """Run `rounds` rounds of every variant, writing each process's JSON and the summary under `out`.
+           clock: Callable[[], float] = time.perf_counter, bench: str = "engine") -> dict[str, Any]:
+    """Run `rounds` rounds of every variant (`ready.bench.<bench>` with `engine_args`), writing each
+    process's JSON and the summary under `out`.
     With `budget` (seconds), a round that would not end within it is not started (`round_fits`): an
     unpaired process costs device time and adds nothing, and the summary is written either way."""
     names = list(variants)
@@ -197,16 +208,14 @@ def run_ab(variants: dict[str, dict[str, str]], engine_args: Sequence[str], roun
         for n in order[-1]:
             done += 1
             t0 = clock()
-            doc = run_process(engine_args, variants[n], timeout)
+            doc = run_process(engine_args, variants[n], timeout, bench)
             walls.append(clock() - t0)
             runs[n][r] = doc
             atomic_write_text(out / f"{n}_{r}.json", json.dumps(doc, indent=1) + "\n")
-            figure = (f"failed: {doc['failed']}" if "failed" in doc else
-                      f"AR {lookup(doc, METRICS['ar_tok_s']) or float('nan'):.2f} tok/s, "
-                      f"verify ratio {lookup(doc, METRICS['verify_ratio']) or float('nan'):.3f}, "
-                      f"{walls[-1]:.0f} s")
+            shown = ", ".join(f"{m} {lookup(doc, path) or float('nan'):.4g}" for m, path in list(metrics.items())[:3])
+            figure = f"failed: {doc['failed']}" if "failed" in doc else f"{shown}, {walls[-1]:.0f} s"
             print(f"[{done}/{total}] round {r} {n}: {figure}", file=sys.stderr, flush=True)
-    res = {"engine_args": list(engine_args), "env": variants, "order": order, "metrics": metrics,
+    res = {"bench": bench, "engine_args": list(engine_args), "env": variants, "order": order, "metrics": metrics,
            **summarize(names, runs, metrics), "rounds_run": len(order), "stopped": stopped}
     atomic_write_text(out / "ab.json", json.dumps(res, indent=1) + "\n")
     return res
@@ -222,30 +231,35 @@ def _process_json(path: Path) -> Optional[dict]:
         raise ABError(f"--pool: {path} is not JSON ({e})") from None
 
 
-def pool(folders: Sequence[Path], out: Path, metrics: dict[str, str]) -> dict[str, Any]:
-    """One summary of A/B folders of the same variants and engine arguments: every folder's rounds in
-    turn (a difference stays paired within its round), written to `out`/ab.json."""
+def pool(folders: Sequence[Path], out: Path, extra: dict[str, str]) -> dict[str, Any]:
+    """One summary of A/B folders of the same variants, benchmark and arguments: every folder's rounds in
+    turn (a difference stays paired within its round), written to `out`/ab.json. The metrics are those
+    the folders recorded (the engine's defaults for a folder that predates the record) and `extra`."""
     if any(f.resolve() == out.resolve() for f in folders):
         raise ABError(f"--out {out}: one of the pooled folders (its ab.json would be overwritten); give a new folder")
     names: Optional[list[str]] = None
     engine_args: list[str] = []
+    bench = "engine"
     runs: dict[str, list[Optional[dict]]] = {}
     calls = []
+    metrics: dict[str, str] = {}
     for f in folders:
         if not (f / "ab.json").is_file():
             raise ABError(f"--pool {f}: no ab.json there (expected a folder written by python -m ready.bench.ab)")
         doc = json.loads((f / "ab.json").read_text())
         if names is None:
-            names, engine_args = list(doc["variants"]), list(doc["engine_args"])
-        elif list(doc["variants"]) != names or list(doc["engine_args"]) != engine_args:
-            raise ABError(f"--pool {f}: its variants or engine arguments differ from {folders[0]}'s "
+            names, engine_args, bench = list(doc["variants"]), list(doc["engine_args"]), doc.get("bench", "engine")
+        elif (list(doc["variants"]) != names or list(doc["engine_args"]) != engine_args
+              or doc.get("bench", "engine") != bench):
+            raise ABError(f"--pool {f}: its variants, benchmark or engine arguments differ from {folders[0]}'s "
                           "(pool only runs of one A/B)")
-        metrics = {**doc.get("metrics", {}), **metrics}
+        metrics = {**(doc.get("metrics") or (METRICS if bench == "engine" else {})), **metrics}
         for n in names:
             runs.setdefault(n, []).extend(_process_json(f / f"{n}_{r}.json") for r in range(doc["rounds_run"]))
         calls.append({"folder": str(f), "rounds": doc["rounds_run"], "order": doc["order"]})
     assert names is not None  # argparse gives --pool at least one folder
-    res = {"engine_args": engine_args, "pooled": calls, "metrics": metrics, **summarize(names, runs, metrics)}
+    metrics = {**metrics, **extra}
+    res = {"bench": bench, "engine_args": engine_args, "pooled": calls, "metrics": metrics, **summarize(names, runs, metrics)}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "ab.json", json.dumps(res, indent=1) + "\n")
     return res
@@ -256,9 +270,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     engine_args = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(prog="python -m ready.bench.ab", description=__doc__.splitlines()[0],
-                                 epilog="Arguments after -- go to python -m ready.bench.engine.")
+                                 epilog="Arguments after -- go to python -m ready.bench.<--bench>.")
     ap.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME [VAR=value]",
                     help="a variant's name and environment (give two or more; the first is the reference)")
+    ap.add_argument("--bench", choices=BENCHES, default="engine",
+                    help="the benchmark each process runs (default engine; step_trace: give --metric)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per variant (default 2)")
     ap.add_argument("--out", required=True, help="folder for each process's JSON and ab.json")
     ap.add_argument("--metric", action="append", default=[], metavar="NAME=PATH",
@@ -275,18 +291,22 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "instead of running one")
     a = ap.parse_args(own)
     try:
-        metrics = dict(METRICS)
+        extra: dict[str, str] = {}
         for spec in a.metric:
             name, sep, path = spec.partition("=")
             if not sep or not _NAME.match(name) or not path:
                 raise ABError(f"--metric {spec!r}: expected NAME=dotted.path, e.g. tps=forced.0.decode_tokens_per_s")
-            metrics[name] = path
+            extra[name] = path
         if a.pool:
             if a.variant or a.tree or engine_args:
                 raise ABError("--pool: give no --variant, --tree or engine arguments (the folders name them)")
-            res = pool(a.pool, Path(a.out), metrics)
+            res = pool(a.pool, Path(a.out), extra)
             print(json.dumps(res))
             return 1 if res["failed"] else 0
+        metrics = {**(METRICS if a.bench == "engine" else {}), **extra}
+        if not metrics:
+            raise ABError(f"--bench {a.bench}: give at least one --metric NAME=dotted.path of its JSON, "
+                          "e.g. b1_ms=steps.0.replay_ms")
         variants: dict[str, dict[str, str]] = {}
         for words in a.variant:
             name, env = parse_variant(words)
@@ -313,7 +333,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ABError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    res = run_ab(variants, engine_args, a.rounds, Path(a.out), metrics, a.timeout, a.budget)
+    res = run_ab(variants, engine_args, a.rounds, Path(a.out), metrics, a.timeout, a.budget, bench=a.bench)
     print(json.dumps(res))
     return 1 if res["failed"] else 0
 
