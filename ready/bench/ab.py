@@ -31,12 +31,12 @@ rounds that ran is written as usual (`stopped` says why it ended early).
 `--bench step_trace` runs `python -m ready.bench.step_trace` instead of the engine benchmark (give the
 figures to compare with `--metric`), e.g. a change to the draft step, paired over fresh processes:
 
-    python -m ready.bench.ab --bench step_trace --variant after --variant before --tree before=../before \
-        --metric b1_ms=steps.0.replay_ms --metric b32_ms=steps.1.replay_ms --rounds 3 --out ab_draft \
+    python -m ready.bench.ab --bench step_trace --variant after --variant before --tree before=../before \\
+        --metric b1_ms=steps.0.replay_ms --metric b32_ms=steps.1.replay_ms --rounds 3 --out ab_draft \\
         -- --draft dspark --batch 1,32 --replays 10
 
-`--pool DIR [DIR ...]` writes one summary of several A/B folders of the same variants and engine arguments
-(e.g. one per device call, when a call holds only two rounds): their rounds in turn, each difference still
+`--pool DIR [DIR ...]` writes one summary of several A/B folders of the same variants, benchmark and
+arguments (e.g. one per device call, when a call holds only two rounds): their rounds in turn, each difference still
 paired within its round.
 
 `--tree NAME=PATH` runs variant NAME from another source tree of this project (another commit's
