@@ -97,6 +97,17 @@ def test_the_step_trace_is_ab_d_on_the_metrics_given(tmp_path, monkeypatch, caps
     assert not (tmp_path / "x").exists()
 
 
+def test_a_process_output_is_read_as_one_line_or_one_indented_document():
+    """The engine prints its JSON on the last line after progress lines; step_trace prints one indented
+    document (on the H100 on 6 Dec every step_trace process was refused until this read it)."""
+    doc = {"steps": [{"batch": 1, "replay_ms": 2.88}], "bound_ms": 2.04}
+    assert ab.output_json("warming up\n" + json.dumps(doc) + "\n") == doc
+    assert ab.output_json(json.dumps(doc, indent=1) + "\n") == doc
+    assert ab.lookup(ab.output_json(json.dumps(doc, indent=1)), "steps.0.replay_ms") == 2.88
+    assert ab.output_json("done\n") is None
+    assert ab.output_json("[1, 2]\n") is None  # JSON, but not a benchmark's object
+
+
 def test_bad_requests_are_refused_with_one_message(tmp_path, capsys):
     assert ab.main(["--variant", "a", "--out", str(tmp_path)]) == 2
     assert "at least two variants" in capsys.readouterr().err

@@ -144,6 +144,20 @@ def round_fits(elapsed: float, walls: Sequence[float], processes: int, budget: O
     return budget is None or not walls or elapsed + processes * max(walls) <= budget
 
 
+def output_json(stdout: str) -> Optional[dict[str, Any]]:
+    """The JSON object a benchmark prints last: its last line (the engine's one-line --json) or the whole
+    output (step_trace's indented document); None when neither parses to an object."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    for text in (lines[-1] if lines else "", stdout):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return None
+
+
 def run_process(engine_args: Sequence[str], env: dict[str, str], timeout: Optional[float],
                 bench: str = "engine") -> dict[str, Any]:
     """One benchmark (`ready.bench.<bench>`) in a fresh process: its JSON, or {"failed": why, "stderr": tail}."""
@@ -158,10 +172,9 @@ def run_process(engine_args: Sequence[str], env: dict[str, str], timeout: Option
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode != 0 or not lines:
         return {"failed": f"exit code {proc.returncode}", "stderr": proc.stderr[-2000:]}
-    try:
-        doc = json.loads(lines[-1])
-    except json.JSONDecodeError:
-        return {"failed": "its last line of output is not JSON", "stderr": proc.stderr[-2000:]}
+    doc = output_json(proc.stdout)
+    if doc is None:
+        return {"failed": "its output does not end in a JSON object", "stderr": proc.stderr[-2000:]}
     doc["process_wall_s"] = wall
     return doc
 
