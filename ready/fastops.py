@@ -67,6 +67,7 @@ class DraftingOps(NamedTuple):
 
     rms_norm: Callable[..., torch.Tensor]
     linear: Callable[..., torch.Tensor]  # the small-M linear
+    add_argmax: Callable[..., torch.Tensor]  # the greedy Markov head's float32 add and argmax, one pass
 
 
 _DRAFTING: Any = None
@@ -74,10 +75,11 @@ _DRAFTING: Any = None
 
 def drafting_ops() -> Optional[DraftingOps]:
     """The drafting ops, or None when the kernels package cannot be imported. In the draft step's graph
-    one norm kernel replaces about eight torch kernels, and the tuned small-M GEMM serves the block's few
-    rows."""
+    one norm kernel replaces about eight torch kernels, the tuned small-M GEMM serves the block's few
+    rows, and the greedy Markov head adds its bias and takes the argmax in one pass over the logits."""
     global _DRAFTING
     if _DRAFTING is None:
-        rn, sm = load_kernel("rmsnorm"), load_kernel("small_m_gemm")
-        _DRAFTING = DraftingOps(rn.rms_norm, sm.small_m_linear) if rn is not None and sm is not None else False
+        rn, sm, aa = load_kernel("rmsnorm"), load_kernel("small_m_gemm"), load_kernel("add_argmax")
+        loaded = rn is not None and sm is not None and aa is not None
+        _DRAFTING = DraftingOps(rn.rms_norm, sm.small_m_linear, aa.add_argmax) if loaded else False
     return _DRAFTING or None

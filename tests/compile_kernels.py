@@ -156,6 +156,16 @@ def state_reader_cases():
         yield f"state_reader {precision}", lambda p=precision: state_reader_triton(*args, precision=p)
 
 
+def add_argmax_cases():
+    """The public-DSpark drafter's greedy Markov step: bf16 logits of a [B, 7, 248,320] block, one position."""
+    from ready_kernels.add_argmax import add_argmax_triton
+
+    for rows in (1, 32):
+        base, bias = torch.zeros(rows, 7, 248_320, dtype=torch.bfloat16), torch.zeros(rows, 248_320, dtype=torch.bfloat16)
+        out = torch.zeros(rows, 7, 248_320)
+        yield f"add_argmax B={rows}", lambda b=base, c=bias, o=out: add_argmax_triton(b[:, 3], c, o[:, 3])
+
+
 def canary_cases():
     """A kernel the CPU interpreter runs but the compiler refuses (a static_range over a runtime bound):
     the check of the check (not in the default list)."""
@@ -171,7 +181,7 @@ def canary_cases():
 
 
 CASES = {"decode_attention": decode_attention_cases, "exact_attention": exact_attention_cases, "norms": norm_cases,
-         "gemm": gemm_cases, "gdn": gdn_cases, "state_reader": state_reader_cases}
+         "gemm": gemm_cases, "gdn": gdn_cases, "state_reader": state_reader_cases, "add_argmax": add_argmax_cases}
 CHECKS = {"canary": canary_cases}
 
 

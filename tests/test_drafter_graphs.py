@@ -206,6 +206,30 @@ def test_bf16_draft_on_the_small_m_gemm_and_triton_norms_matches_the_torch_ops(m
     assert fast._graphs and all(g.graph is not None for g in fast._graphs)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_the_fused_greedy_head_gives_the_bits_of_the_torch_add_and_argmax(monkeypatch, head):
+    """The captured bf16 draft step's Markov head adds and takes the argmax in one kernel
+    (`ready_kernels.add_argmax`); with the torch add and argmax in its place the tokens and the float32
+    logits are the same bits, round after round."""
+    from ready import fastops
+
+    aa = fastops.load_kernel("add_argmax")
+    tgt = tiny_target().cuda().to(torch.bfloat16)
+    fused, plain = (drafter_for(tgt, head=head, inject_layers=[0, -1]).cuda().to(torch.bfloat16) for _ in range(2))
+    torch.nn.init.normal_(fused.markov_head.markov_w2.weight, std=0.5)  # a bias that changes tokens
+    plain.load_state_dict(fused.state_dict())
+    fused.cuda_graphs = plain.cuda_graphs = None  # captured
+    ops = fastops.drafting_ops()
+    assert ops is not None and ops.add_argmax is aa.add_argmax
+    got = list(_rounds(tgt, [fused]))
+    monkeypatch.setattr(fastops, "_DRAFTING", ops._replace(add_argmax=aa.add_argmax_reference))
+    want = list(_rounds(tgt, [plain]))
+    for ((tg, lg),), ((tw, lw),) in zip(got, want):
+        assert torch.equal(tg, tw) and torch.equal(lg, lw)
+    assert fused._graphs and all(g.graph is not None for g in fused._graphs)
+
+
 def test_buffers_made_in_inference_mode_serve_later_drafts_outside_it(target):
     """The engine drafts under inference mode; tests and tools also draft outside it."""
     eager, static = _pair(target)

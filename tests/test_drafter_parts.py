@@ -81,18 +81,21 @@ def test_greedy_drafting_is_teacher_forcing_on_its_own_tokens(kind):
     torch.testing.assert_close(head.block_logits(base, prev, hid), logits)
 
 
+@pytest.mark.parametrize("base_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
-def test_a_bf16_head_over_fp32_logits_gives_the_bits_of_the_bias_cast_then_added(kind):
-    """The drafting head adds its bf16 bias to the fp32 base logits with the cast folded into the add and
-    writes each position's logits in place: the bits of `base + bias.float()` position by position."""
+def test_a_bf16_head_gives_the_bits_of_the_float32_sum_of_base_and_bias(kind, base_dtype):
+    """The drafting head adds its bf16 bias to the LM head's logits (bf16 as the drafter hands them over,
+    or float32) in float32, writing each position's logits in place: the bits of
+    `base.float() + bias.float()` position by position, and their argmax."""
     head, base, _, hid = _inputs(kind, V=300)
+    base = base.to(base_dtype)
     head = head.to(torch.bfloat16)
     first = torch.tensor([3, 7])
     toks, logits = head.greedy(base, first, hid.to(torch.bfloat16))
     state, prev = head.init_state(hid[:, 0].to(torch.bfloat16)), first
     for j in range(base.shape[1]):
         state, bias = head.step(state, prev, hid[:, j].to(torch.bfloat16))
-        want = base[:, j] + bias.to(torch.float32)
+        want = base[:, j].float() + bias.to(torch.float32)
         assert logits.dtype == torch.float32 and torch.equal(logits[:, j], want), j
         prev = want.argmax(-1)
         assert torch.equal(toks[:, j], prev)
@@ -114,6 +117,8 @@ def test_no_head_is_dflash_the_backbone_logits_unchanged():
     assert head.block_logits(base, prev, hid) is base
     toks, logits = head.greedy(base, prev[:, 0], hid)
     assert torch.equal(toks, base.argmax(-1)) and torch.equal(logits, base)
+    toks, logits = head.greedy(base.bfloat16(), prev[:, 0], hid)  # the LM head's bf16 logits: float32 out
+    assert logits.dtype == torch.float32 and torch.equal(logits, base.bfloat16().float())
     u = torch.rand(2, 4)
     toks, q = head.sample(base, prev[:, 0], hid, 0.7, 0.9, u)
     for j in range(4):  # position by position, as the Markov heads draw

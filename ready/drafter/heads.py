@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ready import fastops
 from ready.decode.sampling import draw, warp
 
 MARKOV_TYPES = ("vanilla", "gated", "rnn")  # DSpark's Markov heads (`markov_head_type` of its config.json)
@@ -36,6 +37,17 @@ HEAD_TYPES = MARKOV_TYPES + ("none",)  # `drafter.head`; none = DFlash (no Marko
 
 class SequenceHeadError(ValueError):
     """An unknown head type or a bad rank."""
+
+
+def add_argmax(base: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """One greedy position: float32(base) + bias into `out` [B, V] and its argmax [B]. On CUDA the kernels
+    package's one pass over the logits (`ready_kernels.add_argmax`: the same sums, torch's argmax);
+    elsewhere, or without that package, the torch ops it replaces."""
+    fast = fastops.drafting_ops() if base.is_cuda else None
+    if fast is not None:
+        return fast.add_argmax(base, bias, out)
+    torch.add(base.float(), bias, out=out)  # float32(base) first: a bf16 + bf16 add would round to bf16
+    return out.argmax(-1)
 
 
 class VanillaHead(nn.Module):
@@ -67,15 +79,15 @@ class VanillaHead(nn.Module):
 
     @torch.no_grad()
     def greedy(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft greedily: base [B, K, V] (fp32 logits), first_prev [B] (the anchor token), hidden [B, K, D]
-        -> (tokens [B, K], the corrected logits they were drawn from [B, K, V])."""
+        """Draft greedily: base [B, K, V] (the LM head's logits, any float dtype), first_prev [B] (the anchor
+        token), hidden [B, K, D] -> (tokens [B, K], the float32 corrected logits they were drawn from
+        [B, K, V]; the same sums as block_logits over float32 base)."""
         state = self.init_state(hidden[:, 0])
         prev, toks = first_prev, []
-        logits = torch.empty_like(base)  # each position's sum lands here: no stack of B x K x V logits
+        logits = base.new_empty(base.shape, dtype=torch.float32)  # each position's sum lands here: no stack
         for j in range(base.shape[1]):
             state, bias = self.step(state, prev, hidden[:, j])
-            torch.add(base[:, j], bias, out=logits[:, j])  # bias promoted on load, as in block_logits
-            prev = logits[:, j].argmax(-1)
+            prev = add_argmax(base[:, j], bias, logits[:, j])
             toks.append(prev)
         return torch.stack(toks, dim=1), logits
 
@@ -139,8 +151,9 @@ class NoHead(nn.Module):
 
     @torch.no_grad()
     def greedy(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy draft: (argmax of base [B, K], base [B, K, V])."""
-        return base.argmax(-1), base
+        """Greedy draft: (argmax of base [B, K], base [B, K, V] in float32; the argmax of the LM head's
+        bf16 logits is that of their float32 values)."""
+        return base.argmax(-1), base.float()
 
     @torch.no_grad()
     def sample(self, base: torch.Tensor, first_prev: torch.Tensor, hidden: torch.Tensor, temperature: float,

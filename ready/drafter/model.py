@@ -191,15 +191,17 @@ class DSparkDrafter(nn.Module):
         return F.embedding(ids, emb.weight.detach()).to(self.fc.weight.dtype)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The LM head over h [..., D] as one 2-D product: a strided h (the draft step's h[:, 1:] of B > 1
-        rows) made F.linear run one product per row, each streaming the whole head (H100: 28 ms at B = 32)."""
+        """The LM head over h [..., D] in the head's dtype, as one 2-D product: a strided h (the draft step's
+        h[:, 1:] of B > 1 rows) made F.linear run one product per row, each streaming the whole head (H100:
+        28 ms at B = 32). Not converted to float32 here: the greedy head adds its bias in float32 in the same
+        pass as its argmax (`heads.add_argmax`)."""
         head = self._shared[1]
         w = head.weight.detach()
         b = head.bias.detach() if getattr(head, "bias", None) is not None else None
         x = h.to(w.dtype).reshape(-1, h.shape[-1])
         if b is None:  # the small-M linear when drafting on CUDA (F.linear otherwise, and under autograd)
-            return linear(x, w).float().view(*h.shape[:-1], -1)
-        return F.linear(x, w, b).float().view(*h.shape[:-1], -1)
+            return linear(x, w).view(*h.shape[:-1], -1)
+        return F.linear(x, w, b).view(*h.shape[:-1], -1)
 
     def _context(self, feats: torch.Tensor) -> torch.Tensor:
         """Target features [B, T, C, D] -> normalised context [B, T, D]."""
@@ -272,7 +274,7 @@ class DSparkDrafter(nn.Module):
         mask = torch.cat([sees_ctx, same_block], dim=-1).unsqueeze(1)
 
         h = self._backbone(x, cos, sin, context_kv, mask, read).view(B, A, R, D)[:, :, 1:]  # the proposals' rows
-        base = self._logits(h)
+        base = self._logits(h).float()
         labels = tokens.gather(1, (anchors.unsqueeze(-1) + torch.arange(1, K + 1, device=dev)).clamp(max=T - 1)
                                .view(B, A * K)).view(B, A, K)
         prev = torch.cat([first.unsqueeze(-1), labels[..., :-1]], dim=-1)
@@ -394,10 +396,11 @@ class DSparkDrafter(nn.Module):
 
     def _finish(self, base: torch.Tensor, first: torch.Tensor, h: torch.Tensor, mode: Optional[tuple],
                 uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sequence head over the backbone's logits: greedy (mode None) or sampled (mode = (T, top_p))."""
+        """The sequence head over the backbone's logits (in the LM head's dtype): greedy (mode None) or
+        sampled (mode = (T, top_p), over their float32 values)."""
         if mode is None:
             return self.markov_head.greedy(base, first, h)
-        return self.markov_head.sample(base, first, h, mode[0], mode[1], uniforms)
+        return self.markov_head.sample(base.float(), first, h, mode[0], mode[1], uniforms)
 
     @torch.no_grad()
     def draft(self, step: Any, sampling: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
