@@ -19,7 +19,8 @@ KERNEL_TEST_FILES = ("tests/test_kernels_state_reader.py", "tests/test_kernels_g
                      "tests/test_kernels_rmsnorm.py", "tests/test_kernels_small_m_gemm.py",
                      "tests/test_kernels_row_norm.py", "tests/test_kernels_exact_attention.py",
                      "tests/test_kernels_gdn_fused.py", "tests/test_kernels_decode_attention.py",
-                     "tests/test_kernels_fused_gemv.py", "tests/test_kernels_add_argmax.py")
+                     "tests/test_kernels_fused_gemv.py", "tests/test_kernels_add_argmax.py",
+                     "tests/test_kernels_rope.py")
 
 
 def interpreter_active() -> bool:

@@ -68,6 +68,7 @@ class DraftingOps(NamedTuple):
     rms_norm: Callable[..., torch.Tensor]
     linear: Callable[..., torch.Tensor]  # the small-M linear
     add_argmax: Callable[..., torch.Tensor]  # the greedy Markov head's float32 add and argmax, one pass
+    rope: Callable[..., torch.Tensor]  # the rotary of queries and keys in one launch, torch's roundings
 
 
 _DRAFTING: Any = None
@@ -76,10 +77,11 @@ _DRAFTING: Any = None
 def drafting_ops() -> Optional[DraftingOps]:
     """The drafting ops, or None when the kernels package cannot be imported. In the draft step's graph
     one norm kernel replaces about eight torch kernels, the tuned small-M GEMM serves the block's few
-    rows, and the greedy Markov head adds its bias and takes the argmax in one pass over the logits."""
+    rows, each rotary is one kernel instead of four, and the greedy Markov head adds its bias and takes the
+    argmax in one pass over the logits."""
     global _DRAFTING
     if _DRAFTING is None:
-        rn, sm, aa = load_kernel("rmsnorm"), load_kernel("small_m_gemm"), load_kernel("add_argmax")
-        loaded = rn is not None and sm is not None and aa is not None
-        _DRAFTING = DraftingOps(rn.rms_norm, sm.small_m_linear, aa.add_argmax) if loaded else False
+        rn, sm, aa, rp = (load_kernel(op) for op in ("rmsnorm", "small_m_gemm", "add_argmax", "rope"))
+        loaded = rn is not None and sm is not None and aa is not None and rp is not None
+        _DRAFTING = DraftingOps(rn.rms_norm, sm.small_m_linear, aa.add_argmax, rp.rope) if loaded else False
     return _DRAFTING or None

@@ -166,6 +166,17 @@ def add_argmax_cases():
         yield f"add_argmax B={rows}", lambda b=base, c=bias, o=out: add_argmax_triton(b[:, 3], c, o[:, 3])
 
 
+def rope_cases():
+    """The public-DSpark drafter's rotations: 32 query and 8 KV heads of 128 over a block of 8, and the
+    context keys of a short prompt, heads transposed out of [B, N, H, hd]."""
+    from ready_kernels.rope import rope_triton
+
+    for heads, rows in ((32, 8), (8, 8), (8, 292)):
+        x = torch.zeros(1, rows, heads, 128, dtype=torch.bfloat16).transpose(1, 2)
+        table = torch.zeros(1, rows, 128, dtype=torch.bfloat16)
+        yield f"rope H={heads} N={rows}", lambda x=x, t=table: rope_triton(x, t, t)
+
+
 def canary_cases():
     """A kernel the CPU interpreter runs but the compiler refuses (a static_range over a runtime bound):
     the check of the check (not in the default list)."""
@@ -181,7 +192,8 @@ def canary_cases():
 
 
 CASES = {"decode_attention": decode_attention_cases, "exact_attention": exact_attention_cases, "norms": norm_cases,
-         "gemm": gemm_cases, "gdn": gdn_cases, "state_reader": state_reader_cases, "add_argmax": add_argmax_cases}
+         "gemm": gemm_cases, "gdn": gdn_cases, "state_reader": state_reader_cases, "add_argmax": add_argmax_cases,
+         "rope": rope_cases}
 CHECKS = {"canary": canary_cases}
 
 

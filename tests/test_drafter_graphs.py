@@ -206,24 +206,45 @@ def test_bf16_draft_on_the_small_m_gemm_and_triton_norms_matches_the_torch_ops(m
     assert fast._graphs and all(g.graph is not None for g in fast._graphs)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("head", ["vanilla", "rnn"])
-def test_the_fused_greedy_head_gives_the_bits_of_the_torch_add_and_argmax(monkeypatch, head):
-    """The captured bf16 draft step's Markov head adds and takes the argmax in one kernel
-    (`ready_kernels.add_argmax`); with the torch add and argmax in its place the tokens and the float32
-    logits are the same bits, round after round."""
+def test_the_one_launch_rotary_serves_every_draft_path_with_the_torch_bits(target, monkeypatch):
+    """The rotary kernel's output (heads transposed out of [B, N, H, hd]) feeds the eager and the static
+    draft alike; in float32 (here through Triton's interpreter) the drafts are the torch ops' bits."""
+    import ready.drafter.layers as layers
     from ready import fastops
 
-    aa = fastops.load_kernel("add_argmax")
+    if fastops.load_kernel("rope") is None or DEVICE != "cpu":
+        pytest.skip("needs ready_kernels.rope on the CPU interpreter (the CUDA test below covers the GPU)")
+    from ready_kernels.rope import rope_triton
+
+    eager, static = _pair(target, inject_layers=[0, -1])
+    want = list(_rounds(target, [eager, static]))
+    monkeypatch.setattr(layers, "apply_rope", rope_triton)
+    got = list(_rounds(target, [eager, static]))
+    for rw, rg in zip(want, got):
+        for (tw, lw), (tg, lg) in zip(rw, rg):
+            assert torch.equal(tw, tg) and torch.equal(lw, lg)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", ["add_argmax", "rope"])
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_exact_drafting_kernels_give_the_bits_of_the_torch_ops(monkeypatch, head, op):
+    """Two of the captured bf16 draft step's kernels round exactly as the torch ops they replace: the
+    Markov head's add and argmax in one pass (`ready_kernels.add_argmax`) and each rotary in one launch
+    (`ready_kernels.rope`). With the torch ops in their place the tokens and the float32 logits are the
+    same bits, round after round."""
+    from ready import fastops
+
+    kernel = fastops.load_kernel(op)
     tgt = tiny_target().cuda().to(torch.bfloat16)
     fused, plain = (drafter_for(tgt, head=head, inject_layers=[0, -1]).cuda().to(torch.bfloat16) for _ in range(2))
     torch.nn.init.normal_(fused.markov_head.markov_w2.weight, std=0.5)  # a bias that changes tokens
     plain.load_state_dict(fused.state_dict())
     fused.cuda_graphs = plain.cuda_graphs = None  # captured
     ops = fastops.drafting_ops()
-    assert ops is not None and ops.add_argmax is aa.add_argmax
+    assert ops is not None and getattr(ops, op) is getattr(kernel, op)
     got = list(_rounds(tgt, [fused]))
-    monkeypatch.setattr(fastops, "_DRAFTING", ops._replace(add_argmax=aa.add_argmax_reference))
+    monkeypatch.setattr(fastops, "_DRAFTING", ops._replace(**{op: getattr(kernel, f"{op}_reference")}))
     want = list(_rounds(tgt, [plain]))
     for ((tg, lg),), ((tw, lw),) in zip(got, want):
         assert torch.equal(tg, tw) and torch.equal(lg, lw)

@@ -8,8 +8,8 @@ maps) and the block itself, bidirectionally. A layer can carry a hook that edits
 input before attention (`pre`) or after attention, at the post-attention norm, before the MLP
 (`post`); that is where the ReaDy reader is injected.
 
-Drafting on CUDA (no autograd), the projections run the tuned small-M GEMM and the norms one Triton
-kernel each (`ready.fastops.drafting_ops`); training and CPU run the torch ops.
+Drafting on CUDA (no autograd), the projections run the tuned small-M GEMM, and the norms and the
+rotations one Triton kernel each (`ready.fastops.drafting_ops`); training and CPU run the torch ops.
 """
 
 from __future__ import annotations
@@ -128,7 +128,11 @@ class Rotary(nn.Module):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [B, H, N, hd] by `Rotary`'s tables [B, N, hd]: x cos + rotate_half(x) sin, where
-    rotate_half(x) = [-x2, x1]; the sign lives in the table (x2 (-sin) and (-x2) sin are the same bits)."""
+    rotate_half(x) = [-x2, x1]; the sign lives in the table (x2 (-sin) and (-x2) sin are the same bits).
+    Drafting on CUDA, one kernel that rounds as these torch ops do (`ready_kernels.rope`)."""
+    fast = fastops.drafting_ops() if x.is_cuda and not torch.is_grad_enabled() and cos.dtype == x.dtype else None
+    if fast is not None:
+        return fast.rope(x, cos, signed_sin)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos.unsqueeze(1) + torch.cat([x2, x1], dim=-1) * signed_sin.unsqueeze(1)
 
@@ -148,8 +152,8 @@ class ContextAttention(nn.Module):
 
     def _rotated(self, proj: nn.Linear, norm: RMSNorm, x: torch.Tensor, heads: int, cos: torch.Tensor,
                  sin: torch.Tensor) -> torch.Tensor:
-        """x [B, N, D] projected to `heads` heads, each normed and rotated -> [B, heads, N, hd] (a fused
-        kernel for this was tried and removed: kernels/NOTES.md)."""
+        """x [B, N, D] projected to `heads` heads, each normed and rotated -> [B, heads, N, hd] (one kernel
+        for the norm and the rotation together was tried and removed: kernels/NOTES.md)."""
         B, N, _ = x.shape
         h = project(proj, x).view(B, N, heads, self.head_dim)
         return apply_rope(norm(h).transpose(1, 2), cos, sin)
