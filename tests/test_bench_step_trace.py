@@ -51,9 +51,11 @@ def test_overlapping_kernels_are_charged_only_what_they_add_to_the_timeline():
 
 
 def test_kernels_are_summed_per_part_of_the_step():
-    names = {  # names as the H100 trace of the draft step recorded them (docs/data/draft_trace_h100_2026-12-06_*)
+    names = {  # names as the H100 trace of the draft step recorded them (docs/data/draft_trace_h100_2026-12-06_*),
+        # and the Triton names of kernels built since (rope, add_argmax)
         "_small_m_kernel": "projections", "nvjet_sm90_tst_512x8_64x3_2x1_v_bz_TNT": "projections",
-        "_norm_rope_kernel": "norms and rotary", "_attend_kernel": "attention", "_gdn_fused_kernel": "GDN",
+        "_rope_kernel": "norms and rotary", "_add_argmax_partial": "argmax", "_attend_kernel": "attention",
+        "_gdn_fused_kernel": "GDN",
         "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, uns": "argmax",
         "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::Opaqu":
             "copies and indexing",
@@ -61,7 +63,7 @@ def test_kernels_are_summed_per_part_of_the_step():
             "elementwise",
     }
     assert {n: kernel_part(n) for n in names} == names
-    events = [(0.0, 10.0, "_small_m_kernel"), (10.0, 2.0, "_norm_rope_kernel"), (13.0, 4.0, "nvjet_x"),
+    events = [(0.0, 10.0, "_small_m_kernel"), (10.0, 2.0, "_rope_kernel"), (13.0, 4.0, "nvjet_x"),
               (18.0, 1.0, "_rms_norm_kernel")]
     parts = {r["part"]: r for r in summarize(events, replays=1)["by_part"]}
     assert parts["projections"]["advance_us"] == 14.0 and parts["projections"]["calls"] == 2

@@ -69,7 +69,7 @@ def kernel_events(trace: dict, by_grid: bool = False) -> list[tuple[float, float
 PARTS = (
     ("projections", ("_small_m_kernel", "_split_sum_kernel", "_gemv_kernel", "_fused_gemv_kernel", "nvjet", "gemm",
                      "cutlass", "xmma")),
-    ("norms and rotary", ("_rms_norm_kernel", "_norm_rope_kernel", "_row_norm_kernel")),
+    ("norms and rotary", ("_rms_norm_kernel", "_rope_kernel", "_row_norm_kernel")),
     ("attention", ("_attend_kernel", "_combine_kernel", "_exact_attention_kernel", "flash", "fmha", "attention")),
     ("GDN", ("_gdn_", "_window_copy_kernel", "chunk_", "fused_recurrent")),
     ("state reader", ("_state_reader",)),
