@@ -145,6 +145,9 @@ def test_pooled_calls_pair_within_each_round_and_refuse_foreign_folders(tmp_path
     assert ab.main(["--pool", str(tmp_path / "call1"), "--out", str(tmp_path / "call1")]) == 2
     assert "would be overwritten" in capsys.readouterr().err
     assert ab.main(["--pool", str(tmp_path / "call1"), "--variant", "a", "--out", str(tmp_path / "x")]) == 2
+    capsys.readouterr()
+    assert ab.main(["--pool", str(tmp_path / "call1"), "--bench", "step_trace", "--out", str(tmp_path / "x")]) == 2
+    assert "give no --variant, --tree, --bench" in capsys.readouterr().err  # the folders name their benchmark
     assert not (tmp_path / "x").exists()  # nothing written for a refused request
 
 

@@ -286,7 +286,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  epilog="Arguments after -- go to python -m ready.bench.<--bench>.")
     ap.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME [VAR=value]",
                     help="a variant's name and environment (give two or more; the first is the reference)")
-    ap.add_argument("--bench", choices=BENCHES, default="engine",
+    ap.add_argument("--bench", choices=BENCHES, default=None,
                     help="the benchmark each process runs (default engine; step_trace: give --metric)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per variant (default 2)")
     ap.add_argument("--out", required=True, help="folder for each process's JSON and ab.json")
@@ -311,14 +311,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                 raise ABError(f"--metric {spec!r}: expected NAME=dotted.path, e.g. tps=forced.0.decode_tokens_per_s")
             extra[name] = path
         if a.pool:
-            if a.variant or a.tree or engine_args:
-                raise ABError("--pool: give no --variant, --tree or engine arguments (the folders name them)")
+            if a.variant or a.tree or a.bench or engine_args:
+                raise ABError("--pool: give no --variant, --tree, --bench or engine arguments (the folders name them)")
             res = pool(a.pool, Path(a.out), extra)
             print(json.dumps(res))
             return 1 if res["failed"] else 0
-        metrics = {**(METRICS if a.bench == "engine" else {}), **extra}
+        bench = a.bench or "engine"
+        metrics = {**(METRICS if bench == "engine" else {}), **extra}
         if not metrics:
-            raise ABError(f"--bench {a.bench}: give at least one --metric NAME=dotted.path of its JSON, "
+            raise ABError(f"--bench {bench}: give at least one --metric NAME=dotted.path of its JSON, "
                           "e.g. b1_ms=steps.0.replay_ms")
         variants: dict[str, dict[str, str]] = {}
         for words in a.variant:
@@ -346,7 +347,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ABError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    res = run_ab(variants, engine_args, a.rounds, Path(a.out), metrics, a.timeout, a.budget, bench=a.bench)
+    res = run_ab(variants, engine_args, a.rounds, Path(a.out), metrics, a.timeout, a.budget, bench=bench)
     print(json.dumps(res))
     return 1 if res["failed"] else 0
 
