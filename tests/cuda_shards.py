@@ -10,6 +10,7 @@ Each shard runs in its own pytest process (CUDA state does not leak between shar
     python tests/cuda_shards.py                        # every shard, one pass/fail line each
     python tests/cuda_shards.py --shard 2              # one shard (e.g. one device call per shard)
     python tests/cuda_shards.py --shard 2 --timeout 500  # past 500 s: Ctrl-C (<= 30 s more), TIMEOUT, the tests it finished
+                                                         # (judged on its report if pytest had already summed up)
     python tests/cuda_shards.py --record tests/cuda_durations.json --json $OUT/cuda.json
 
 Run shards one after another (or one per device call): shards sharing one GPU ran past their estimates
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -142,6 +144,8 @@ def _junit(path: Path) -> list[dict]:
 
 
 _OUTCOMES = {"PASSED": "passed", "FAILED": "failed", "ERROR": "failed", "SKIPPED": "skipped"}
+_SUMMARY = re.compile(r"^=+ .* in [0-9.]+s\b.*=+$", re.M)  # pytest's closing line: "=== 23 passed ... in 271.82s ==="
+_INTERRUPTED = re.compile(r"^!+ KeyboardInterrupt !+$", re.M)  # what pytest prints when Ctrl-C stops its tests
 
 
 def _verbose_outcomes(text: str) -> list[dict]:
@@ -157,7 +161,9 @@ def _verbose_outcomes(text: str) -> list[dict]:
 def run_shard(index: int, total: int, shard: Shard, extra: list[str], timeout: float | None = None) -> dict:
     """Run one shard in its own pytest process; print its line; return its record. Past `timeout`
     seconds the process is interrupted (as by Ctrl-C, then killed if it does not stop) and the line says
-    TIMEOUT, with the tests it finished and, where pytest could still write its report, their seconds."""
+    TIMEOUT, with the tests it finished and, where pytest could still write its report, their seconds;
+    unless pytest had already printed its closing summary (every test had ended; the process was still
+    exiting), when the shard is judged on its report and the record says `ended_at_exit`."""
     timed_out = False
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
@@ -179,19 +185,24 @@ def run_shard(index: int, total: int, shard: Shard, extra: list[str], timeout: f
                 out, err = proc.communicate()
         wall = time.perf_counter() - start
         cases = _junit(xml) if xml.is_file() else []
-        if timed_out:  # the report lists the test Ctrl-C stopped as passed: keep those whose -vv line says how they ended
+        at_exit = (timed_out and xml.is_file() and _SUMMARY.search(out) is not None
+                   and _INTERRUPTED.search(out) is None)
+        if timed_out and not at_exit:  # the report lists the test Ctrl-C stopped as passed: keep the -vv lines' outcomes
             timed = {c["id"]: c["seconds"] for c in cases}
             cases = [{**c, "seconds": timed.get(c["id"])} for c in _verbose_outcomes(out)]
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
-    ok = code == 0 and counts["failed"] == 0 and counts["passed"] > 0
-    verdict = "TIMEOUT" if timed_out else "PASS" if ok else ("SKIP" if code == 0 and counts["passed"] == 0 else "FAIL")
+    clean = code == 0 or at_exit
+    ok = clean and counts["failed"] == 0 and counts["passed"] > 0
+    verdict = ("TIMEOUT" if timed_out and not at_exit else "PASS" if ok
+               else ("SKIP" if clean and counts["passed"] == 0 else "FAIL"))
+    late = f" (the {timeout:g} s limit came while pytest exited, after its summary)" if at_exit else ""
     print(f"shard {index}/{total}: {verdict} {counts['passed']} passed, {counts['failed']} failed, "
-          f"{counts['skipped']} skipped in {wall:.0f} s (estimated {shard.seconds:.0f} s): {' '.join(shard.items)}",
+          f"{counts['skipped']} skipped in {wall:.0f} s{late} (estimated {shard.seconds:.0f} s): {' '.join(shard.items)}",
           flush=True)
     if verdict in ("FAIL", "TIMEOUT"):
         print(out[-4000:] + err[-2000:], flush=True)
     return {"shard": index, "verdict": verdict, "wall_s": round(wall, 1), "estimated_s": round(shard.seconds, 1),
-            "items": shard.items, **counts, "cases": cases}
+            "items": shard.items, **counts, **({"ended_at_exit": True} if at_exit else {}), "cases": cases}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,6 +82,22 @@ def test_a_shard_past_its_timeout_says_timeout_with_the_tests_it_finished(tmp_pa
     assert record["wall_s"] < 30  # stopped at Ctrl-C, not after the sleep
 
 
+def test_a_shard_whose_tests_all_ended_before_the_limit_is_judged_on_its_report(tmp_path, capsys, monkeypatch):
+    """On an H100 (6 Dec) pytest printed "23 passed ... in 271.82s" and the process was still exiting
+    (CUDA teardown) when a 280 s limit came: the shard passed, and says the limit came at exit."""
+    slow_exit = tmp_path / "test_slow_exit.py"
+    slow_exit.write_text("import atexit, time, pytest\n\natexit.register(time.sleep, 60)\n\n"
+                         "@pytest.mark.cuda\ndef test_quick():\n    pass\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-q"\n')
+    monkeypatch.setattr(cs, "ROOT", tmp_path)
+    record = cs.run_shard(1, 1, cs.Shard([str(slow_exit)], 1.0),
+                          ["-p", "no:cacheprovider", "--override-ini", "markers=cuda"], timeout=8)
+    line = capsys.readouterr().out.splitlines()[0]
+    assert record["verdict"] == "PASS" and record["ended_at_exit"] and record["passed"] == 1
+    assert line.startswith("shard 1/1: PASS 1 passed, 0 failed") and "came while pytest exited" in line
+    assert record["wall_s"] < 40
+
+
 def test_verbose_lines_become_outcomes():
     text = ("tests/a.py::test_x PASSED      [ 50%]\ntests/a.py::test_y[1] FAILED   [100%]\n"
             "tests/a.py::test_z SKIPPED (no GPU)  [100%]\nnoise PASSED\n")
