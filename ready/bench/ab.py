@@ -69,9 +69,13 @@ METRICS = {
     "verify_ratio": "verify.ratio",
 }
 BENCHES = ("engine", "step_trace")  # `--bench`: the module of ready.bench each process runs
-# two-sided 95 % quantiles of Student's t by degrees of freedom; beyond 30 the normal 1.96 is close
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def default_metrics(bench: str) -> dict[str, str]:
+    """The figures compared without a --metric: the engine's METRICS; none for other benchmarks."""
+    return dict(METRICS) if bench == "engine" else {}
 
 
 class ABError(ValueError):
@@ -169,8 +173,7 @@ def run_process(engine_args: Sequence[str], env: dict[str, str], timeout: Option
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         return {"failed": f"timed out after {timeout:g} s", "stderr": err[-2000:]}
     wall = time.perf_counter() - start
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    if proc.returncode != 0 or not lines:
+    if proc.returncode != 0 or not proc.stdout.strip():
         return {"failed": f"exit code {proc.returncode}", "stderr": proc.stderr[-2000:]}
     doc = output_json(proc.stdout)
     if doc is None:
@@ -266,7 +269,7 @@ def pool(folders: Sequence[Path], out: Path, extra: dict[str, str]) -> dict[str,
               or doc.get("bench", "engine") != bench):
             raise ABError(f"--pool {f}: its variants, benchmark or engine arguments differ from {folders[0]}'s "
                           "(pool only runs of one A/B)")
-        metrics = {**(doc.get("metrics") or (METRICS if bench == "engine" else {})), **metrics}
+        metrics = {**(doc.get("metrics") or default_metrics(bench)), **metrics}
         for n in names:
             runs.setdefault(n, []).extend(_process_json(f / f"{n}_{r}.json") for r in range(doc["rounds_run"]))
         calls.append({"folder": str(f), "rounds": doc["rounds_run"], "order": doc["order"]})
@@ -317,7 +320,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(json.dumps(res))
             return 1 if res["failed"] else 0
         bench = a.bench or "engine"
-        metrics = {**(METRICS if bench == "engine" else {}), **extra}
+        metrics = {**default_metrics(bench), **extra}
         if not metrics:
             raise ABError(f"--bench {bench}: give at least one --metric NAME=dotted.path of its JSON, "
                           "e.g. b1_ms=steps.0.replay_ms")
