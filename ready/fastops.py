@@ -69,6 +69,7 @@ class DraftingOps(NamedTuple):
     linear: Callable[..., torch.Tensor]  # the small-M linear
     add_argmax: Callable[..., torch.Tensor]  # the greedy Markov head's float32 add and argmax, one pass
     rope: Callable[..., torch.Tensor]  # the rotary of queries and keys in one launch, torch's roundings
+    rope_store: Callable[..., None]  # the keys' rotary and both K and V written into the context buffers, one launch
 
 
 _DRAFTING: Any = None
@@ -77,11 +78,12 @@ _DRAFTING: Any = None
 def drafting_ops() -> Optional[DraftingOps]:
     """The drafting ops, or None when the kernels package cannot be imported. In the draft step's graph
     one norm kernel replaces about eight torch kernels, the tuned small-M GEMM serves the block's few
-    rows, each rotary is one kernel instead of four, and the greedy Markov head adds its bias and takes the
-    argmax in one pass over the logits."""
+    rows, each rotary is one kernel instead of four (the keys' also writes K and V into the context
+    buffers), and the greedy Markov head adds its bias and takes the argmax in one pass over the logits."""
     global _DRAFTING
     if _DRAFTING is None:
         rn, sm, aa, rp = (load_kernel(op) for op in ("rmsnorm", "small_m_gemm", "add_argmax", "rope"))
         loaded = rn is not None and sm is not None and aa is not None and rp is not None
-        _DRAFTING = DraftingOps(rn.rms_norm, sm.small_m_linear, aa.add_argmax, rp.rope) if loaded else False
+        _DRAFTING = (DraftingOps(rn.rms_norm, sm.small_m_linear, aa.add_argmax, rp.rope, rp.rope_store)
+                     if loaded else False)
     return _DRAFTING or None

@@ -168,13 +168,21 @@ def add_argmax_cases():
 
 def rope_cases():
     """The public-DSpark drafter's rotations: 32 query and 8 KV heads of 128 over a block of 8, and the
-    context keys of a short prompt, heads transposed out of [B, N, H, hd]."""
-    from ready_kernels.rope import rope_triton
+    context keys of a short prompt, heads transposed out of [B, N, H, hd]; and the keys' rotation with K
+    and V stored into context buffers of 308 rows, at the block's rows per batch row and at shared rows."""
+    from ready_kernels.rope import rope_store_triton, rope_triton
 
     for heads, rows in ((32, 8), (8, 8), (8, 292)):
         x = torch.zeros(1, rows, heads, 128, dtype=torch.bfloat16).transpose(1, 2)
         table = torch.zeros(1, rows, 128, dtype=torch.bfloat16)
         yield f"rope H={heads} N={rows}", lambda x=x, t=table: rope_triton(x, t, t)
+    for B, rows in ((2, 8), (1, 292)):
+        x = torch.zeros(B, rows, 8, 128, dtype=torch.bfloat16).transpose(1, 2)
+        table = torch.zeros(B, rows, 128, dtype=torch.bfloat16)
+        buf = torch.zeros(B, 8, 308, 128, dtype=torch.bfloat16)
+        at = torch.arange(rows)[None].expand(B, rows).contiguous()
+        yield (f"rope_store B={B} N={rows}",
+               lambda x=x, t=table, buf=buf, at=at: rope_store_triton(x, x, t, t, buf, buf, at))
 
 
 def canary_cases():

@@ -208,17 +208,19 @@ def test_bf16_draft_on_the_small_m_gemm_and_triton_norms_matches_the_torch_ops(m
 
 def test_the_one_launch_rotary_serves_every_draft_path_with_the_torch_bits(target, monkeypatch):
     """The rotary kernel's output (heads transposed out of [B, N, H, hd]) feeds the eager and the static
-    draft alike; in float32 (here through Triton's interpreter) the drafts are the torch ops' bits."""
+    draft alike, and its storing form writes the static draft's context keys and values into their
+    buffers; in float32 (here through Triton's interpreter) the drafts are the torch ops' bits."""
     import ready.drafter.layers as layers
     from ready import fastops
 
     if fastops.load_kernel("rope") is None or DEVICE != "cpu":
         pytest.skip("needs ready_kernels.rope on the CPU interpreter (the CUDA test below covers the GPU)")
-    from ready_kernels.rope import rope_triton
+    from ready_kernels.rope import rope_store_triton, rope_triton
 
     eager, static = _pair(target, inject_layers=[0, -1])
     want = list(_rounds(target, [eager, static]))
     monkeypatch.setattr(layers, "apply_rope", rope_triton)
+    monkeypatch.setattr(layers, "store_rotated", rope_store_triton)
     got = list(_rounds(target, [eager, static]))
     for rw, rg in zip(want, got):
         for (tw, lw), (tg, lg) in zip(rw, rg):
@@ -226,16 +228,17 @@ def test_the_one_launch_rotary_serves_every_draft_path_with_the_torch_bits(targe
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("op", ["add_argmax", "rope"])
+@pytest.mark.parametrize("op", ["add_argmax", "rope", "rope_store"])
 @pytest.mark.parametrize("head", ["vanilla", "rnn"])
 def test_exact_drafting_kernels_give_the_bits_of_the_torch_ops(monkeypatch, head, op):
-    """Two of the captured bf16 draft step's kernels round exactly as the torch ops they replace: the
-    Markov head's add and argmax in one pass (`ready_kernels.add_argmax`) and each rotary in one launch
-    (`ready_kernels.rope`). With the torch ops in their place the tokens and the float32 logits are the
-    same bits, round after round."""
+    """Three of the captured bf16 draft step's kernels round exactly as the torch ops they replace: the
+    Markov head's add and argmax in one pass (`ready_kernels.add_argmax`), each rotary in one launch
+    (`ready_kernels.rope`) and the keys' rotary with both K and V written into the context buffers
+    (`rope_store`). With the torch ops in their place the tokens and the float32 logits are the same
+    bits, round after round."""
     from ready import fastops
 
-    kernel = fastops.load_kernel(op)
+    kernel = fastops.load_kernel("rope" if op == "rope_store" else op)
     tgt = tiny_target().cuda().to(torch.bfloat16)
     fused, plain = (drafter_for(tgt, head=head, inject_layers=[0, -1]).cuda().to(torch.bfloat16) for _ in range(2))
     torch.nn.init.normal_(fused.markov_head.markov_w2.weight, std=0.5)  # a bias that changes tokens

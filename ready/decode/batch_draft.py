@@ -81,11 +81,8 @@ class BatchDraft:
         rows = rows.clamp(max=self.cap - 1)
         ctx = d._context(self.features[self.rows_b[:, None], rows])
         cos, sin = d._rope(rows)
-        idx = rows[:, None, :, None].expand(B, self.hkv, K + 1, self.hd)
         for i, layer in enumerate(d.layers):
-            k, v = layer.self_attn.kv(ctx, cos, sin)
-            self.k[i].scatter_(2, idx, k)
-            self.v[i].scatter_(2, idx, v)
+            layer.self_attn.store_kv(ctx, cos, sin, self.k[i], self.v[i], rows)
         read = None
         if self.src is not None:
             src = self.src

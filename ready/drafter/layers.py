@@ -45,17 +45,32 @@ class BufferedContext:
     split_kv: Optional[SplitKV] = None
     rows: Optional[torch.Tensor] = None
 
-    def attend(self, q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, gqa: bool) -> torch.Tensor:
-        """The block's queries q [B, H, N, hd] over the context and the whole block -> [B, H, N, hd]."""
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """With `split_kv`: the block's queries q [B, H, N, hd] over the buffers, which already hold the
+        block's K/V at `rows` (`ContextAttention.store_kv`): one split-key pass over keys < n + N."""
         N = q.shape[2]
-        if self.split_kv is None:
-            k, v = torch.cat([self.k, kb], dim=2), torch.cat([self.v, vb], dim=2)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
-        idx = self.rows[:, None, :, None].expand(kb.shape)  # past the context (rewritten once committed)
-        self.k.scatter_(2, idx, kb)
-        self.v.scatter_(2, idx, vb)
         last = self.rows[:, -1:].expand(q.shape[0], N)  # every query sees keys 0 .. n + N - 1
         return self.split_kv(q, self.k, self.v, last, self.window + N if self.window else 0)
+
+    def attend_masked(self, q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, gqa: bool) -> torch.Tensor:
+        """Without `split_kv`: SDPA of the block's queries over buffer ++ block (kb, vb [B, H_kv, N, hd])
+        under `mask`."""
+        k, v = torch.cat([self.k, kb], dim=2), torch.cat([self.v, vb], dim=2)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=gqa)
+
+
+def store_rotated(k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_buf: torch.Tensor,
+                  v_buf: torch.Tensor, rows: torch.Tensor) -> None:
+    """Rotate the keys k [B, H_kv, N, hd] and write them and the values v into the buffers [B, H_kv, cap, hd]
+    at rows [1 or B, N]. Drafting on CUDA, one kernel that also rotates (`ready_kernels.rope.rope_store`);
+    otherwise `apply_rope` and two scatters."""
+    fast = fastops.drafting_ops() if k.is_cuda and not torch.is_grad_enabled() and cos.dtype == k.dtype else None
+    if fast is not None:
+        fast.rope_store(k, v, cos, signed_sin, k_buf, v_buf, rows)
+        return
+    idx = rows[:, None, :, None].expand(k.shape)
+    k_buf.scatter_(2, idx, apply_rope(k, cos, signed_sin))
+    v_buf.scatter_(2, idx, v)
 
 
 def project(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -150,20 +165,27 @@ class ContextAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
-    def _rotated(self, proj: nn.Linear, norm: RMSNorm, x: torch.Tensor, heads: int, cos: torch.Tensor,
-                 sin: torch.Tensor) -> torch.Tensor:
-        """x [B, N, D] projected to `heads` heads, each normed and rotated -> [B, heads, N, hd] (one kernel
-        for the norm and the rotation together was tried and removed: kernels/NOTES.md)."""
+    def _normed(self, proj: nn.Linear, norm: RMSNorm, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """x [B, N, D] projected to `heads` heads, each normed -> [B, heads, N, hd] (one kernel for the norm
+        and the rotation together was tried and removed: kernels/NOTES.md)."""
         B, N, _ = x.shape
-        h = project(proj, x).view(B, N, heads, self.head_dim)
-        return apply_rope(norm(h).transpose(1, 2), cos, sin)
+        return norm(project(proj, x).view(B, N, heads, self.head_dim)).transpose(1, 2)
+
+    def _values(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        return project(self.v_proj, x).view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of x [B, N, D] -> two [B, H_kv, N, hd] (keys rotated)."""
-        B, N, _ = x.shape
-        k = self._rotated(self.k_proj, self.k_norm, x, self.num_kv_heads, cos, sin)
-        v = project(self.v_proj, x).view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return k, v
+        k = apply_rope(self._normed(self.k_proj, self.k_norm, x, self.num_kv_heads), cos, sin)
+        return k, self._values(x)
+
+    def store_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                 rows: torch.Tensor) -> None:
+        """The keys and values of x [B, N, D], as `kv` gives them, written into the buffers
+        [B, H_kv, cap, hd] at rows [1 or B, N] (`store_rotated`)."""
+        store_rotated(self._normed(self.k_proj, self.k_norm, x, self.num_kv_heads), self._values(x), cos, sin,
+                      k_buf, v_buf, rows)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 context_kv: Union[tuple[torch.Tensor, torch.Tensor], BufferedContext],
@@ -171,12 +193,16 @@ class ContextAttention(nn.Module):
         """x [B, N, D] block inputs; context_kv from `kv` of the context, or the static step's
         `BufferedContext`; mask [B, 1, N, T+N] bool or None (a BufferedContext carries its own)."""
         B, N, _ = x.shape
-        q = self._rotated(self.q_proj, self.q_norm, x, self.num_heads, cos, sin)
-        kb, vb = self.kv(x, cos, sin)
+        q = apply_rope(self._normed(self.q_proj, self.q_norm, x, self.num_heads), cos, sin)
         gqa = self.num_heads != self.num_kv_heads
-        if isinstance(context_kv, BufferedContext):
-            o = context_kv.attend(q, kb, vb, gqa)
+        if isinstance(context_kv, BufferedContext) and context_kv.split_kv is not None:
+            self.store_kv(x, cos, sin, context_kv.k, context_kv.v, context_kv.rows)  # past the context
+            o = context_kv.attend(q)
+        elif isinstance(context_kv, BufferedContext):
+            kb, vb = self.kv(x, cos, sin)
+            o = context_kv.attend_masked(q, kb, vb, gqa)
         else:
+            kb, vb = self.kv(x, cos, sin)
             k = torch.cat([context_kv[0], kb], dim=2)
             v = torch.cat([context_kv[1], vb], dim=2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)

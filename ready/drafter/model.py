@@ -496,9 +496,7 @@ class DSparkDrafter(nn.Module):
         ctx = self._context(g.feats)
         cos, sin = self._rope(rows.expand(B, R))
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.kv(ctx, cos, sin)
-            c["k"][i].index_copy_(2, rows, k)
-            c["v"][i].index_copy_(2, rows, v)
+            layer.self_attn.store_kv(ctx, cos, sin, c["k"][i], c["v"][i], rows[None])
         read = None
         if self.reader_enabled:
             read = lambda reader, h: reader(h, g.src)  # noqa: E731
