@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import HAS_TRITON, next_pow2, require, require_triton, use_triton
-from .gdn_verify import BLOCK_V, NUM_WARPS, gdn_verify_reference, input_width
+from .gdn_verify import BLOCK_V, NUM_WARPS, gdn_verify_reference, gdn_verify_triton, input_width
 
 if HAS_TRITON:
     import triton
@@ -136,6 +136,52 @@ if HAS_TRITON:
                 _store_inputs(in_base, t, in_t, k, v, g, beta, offs_k, offs_v, mask_k, mask_v, first, DK, DV)
             s = _token_step(s, t, q, k, v, g, beta, 1.0, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s,
                             STATES)
+
+
+    @triton.jit
+    def _gdn_front_kernel(
+        x_ptr, b_ptr, a_ptr, cs_ptr, w_ptr, alog_ptr, dtb_ptr, q_ptr, win_ptr, in_ptr,
+        x_b, x_t, b_b, b_t, a_b, a_t, cs_b, cs_c, w_c, q_b, q_t, q_h, win_b, win_t, win_c, in_b, in_t, in_h,
+        T, NK, REP, DK, DV, KEY_DIM,
+        Q_SCALE: tl.constexpr, EPS: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+        ROUND: tl.constexpr,
+    ):
+        """Program (b * T + t, j): for j < NK, key head j's q and k of token t (the same arithmetic as
+        `_front`), written for each of its REP value heads, and their conv windows; for j >= NK, value head
+        j - NK's v, g and beta and its windows. q goes to q_ptr, k | v | g | beta to the replay inputs."""
+        pid = tl.program_id(0)
+        j = tl.program_id(1)
+        b = (pid // T).to(tl.int64)
+        t = pid % T
+        x_base = x_ptr + b * x_b
+        cs_base = cs_ptr + b * cs_b
+        win_base = win_ptr + b * win_b
+        in_base = in_ptr + b * in_b + t * in_t
+        if j < NK:
+            offs_k = tl.arange(0, BK)
+            mask_k = offs_k < DK
+            q = _conv_silu(x_base, cs_base, w_ptr, win_base, t, j * DK + offs_k, mask_k, mask_k, x_t, cs_c, w_c,
+                           win_t, win_c, W, ROUND)
+            k = _conv_silu(x_base, cs_base, w_ptr, win_base, t, KEY_DIM + j * DK + offs_k, mask_k, mask_k, x_t,
+                           cs_c, w_c, win_t, win_c, W, ROUND)
+            q = q * tl.rsqrt(tl.sum(q * q) + EPS) * Q_SCALE
+            k = k * tl.rsqrt(tl.sum(k * k) + EPS)
+            for r in range(REP):
+                h = (j * REP + r).to(tl.int64)
+                tl.store(q_ptr + b * q_b + t * q_t + h * q_h + offs_k, q, mask=mask_k)
+                tl.store(in_base + h * in_h + offs_k, k, mask=mask_k)
+        else:
+            h = (j - NK).to(tl.int64)
+            offs_v = tl.arange(0, BV)
+            mask_v = offs_v < DV
+            v = _conv_silu(x_base, cs_base, w_ptr, win_base, t, 2 * KEY_DIM + h * DV + offs_v, mask_v, mask_v, x_t,
+                           cs_c, w_c, win_t, win_c, W, ROUND)
+            beta = tl.sigmoid(tl.load(b_ptr + b * b_b + t * b_t + h).to(tl.float32))
+            ga = tl.load(a_ptr + b * a_b + t * a_t + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
+            g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * tl.where(ga > 20.0, ga, tl.log(1.0 + tl.exp(ga)))
+            tl.store(in_base + h * in_h + DK + offs_v, v, mask=mask_v)
+            tl.store(in_base + h * in_h + DK + DV, g)
+            tl.store(in_base + h * in_h + DK + DV + 1, beta)
 
 
 def _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk, out_states, out_windows,
@@ -272,3 +318,53 @@ def gdn_fused_verify(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv
                                        out_states, out_windows, out_inputs)
     return gdn_fused_verify_reference(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
                                       out_states, out_windows, out_inputs)
+
+
+def gdn_two_pass_verify_triton(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
+                               conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                               initial_state: torch.Tensor, nk: int, dk: int, out_inputs: torch.Tensor,
+                               out_windows: Optional[torch.Tensor] = None,
+                               ) -> tuple[torch.Tensor, None, torch.Tensor]:
+    """The same verify as two launches: every token's front at once (`_gdn_front_kernel`, its q, k, v, g,
+    beta and windows; k | v | g | beta straight into out_inputs), then `gdn_verify`'s recurrence over
+    them. The fused kernel computes each token's front inside its serial token loop, which at T = 8 made
+    it 24 µs a layer against ~5 at T = 1 (kernels/NOTES.md); here only the recurrence is serial."""
+    require_triton()
+    require(out_inputs is not None, "gdn_two_pass_verify: out_inputs is required (the recurrence reads them)")
+    B, T, C, H, dv, W = _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
+                               None, out_windows, out_inputs)
+    for name, t in (("mixed", mixed), ("b", b), ("a", a), ("conv_state", conv_state), ("conv_weight", conv_weight)):
+        require(t.stride(-1) == 1 or t.shape[-1] == 1, f"gdn_two_pass_verify: {name}'s last dimension must be contiguous")
+    A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()
+    windows = out_windows if out_windows is not None else conv_state.new_empty(B, T, C, W)
+    require(windows.stride(-1) == 1, "gdn_two_pass_verify: out_windows' last dimension must be contiguous")
+    q = torch.empty(B, T, H, dk, device=mixed.device, dtype=torch.float32)
+    if B * T:
+        _gdn_front_kernel[(B * T, nk + H)](
+            mixed, b, a, conv_state, conv_weight, A_log, dt_bias, q, windows, out_inputs,
+            mixed.stride(0), mixed.stride(1), b.stride(0), b.stride(1), a.stride(0), a.stride(1),
+            conv_state.stride(0), conv_state.stride(1), conv_weight.stride(0), q.stride(0), q.stride(1), q.stride(2),
+            windows.stride(0), windows.stride(1), windows.stride(2),
+            out_inputs.stride(0), out_inputs.stride(1), out_inputs.stride(2),
+            T, nk, H // nk, dk, dv, nk * dk,
+            Q_SCALE=float(dk ** -0.5), EPS=1e-6, W=W, BK=max(16, next_pow2(dk)), BV=max(16, next_pow2(dv)),
+            ROUND=mixed.element_size() < 4, num_warps=NUM_WARPS,
+        )
+    k, v = out_inputs[..., :dk], out_inputs[..., dk:dk + dv]
+    g, beta = out_inputs[..., dk + dv], out_inputs[..., dk + dv + 1]
+    o, _ = gdn_verify_triton(q, k, v, g, beta, initial_state, 1.0, keep_states=False)
+    return o, None, windows
+
+
+def gdn_two_pass_verify(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
+                        conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                        initial_state: torch.Tensor, nk: int, dk: int, out_inputs: torch.Tensor,
+                        out_windows: Optional[torch.Tensor] = None,
+                        ) -> tuple[torch.Tensor, None, torch.Tensor]:
+    """(o [B,T,H,d_v] fp32, None, windows), the replay inputs written: two launches on CUDA, the torch
+    reference elsewhere."""
+    if use_triton(mixed, initial_state):
+        return gdn_two_pass_verify_triton(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
+                                          out_inputs, out_windows)
+    return gdn_fused_verify_reference(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,
+                                      None, out_windows, out_inputs)

@@ -116,9 +116,10 @@ def gemm_cases():
 
 def gdn_cases():
     """The 27B GDN layer (16 key heads, 48 value heads, d_k = d_v = 128) at verify(8), batch 2: the verify
-    recurrence with and without kept states, the fused conv + gates + recurrence, the commit's replay
+    recurrence with and without kept states, the fused conv + gates + recurrence, the two-pass verify
+    (every token's front, then the recurrence), the commit's replay
     (one count and per-row counts) and its conv-window copy."""
-    from ready_kernels.gdn_fused import gdn_fused_verify_triton
+    from ready_kernels.gdn_fused import gdn_fused_verify_triton, gdn_two_pass_verify_triton
     from ready_kernels.gdn_verify import gdn_commit_triton, gdn_verify_triton, input_width
 
     B, T, nk, H, d, W = 2, 8, 16, 48, 128, 3
@@ -135,6 +136,7 @@ def gdn_cases():
     pending = torch.zeros(B, T, H, input_width(d, d), dtype=f)
     yield "gdn_fused_verify kept states", lambda: gdn_fused_verify_triton(*fused)
     yield "gdn_fused_verify replay inputs", lambda: gdn_fused_verify_triton(*fused, out_inputs=pending)
+    yield "gdn_two_pass_verify", lambda: gdn_two_pass_verify_triton(*fused, pending)
     ssm = torch.zeros(3, B, H, d, d, dtype=f)
     pendings = torch.zeros(3, B, T, H, input_width(d, d), dtype=f)
     conv, pending_conv = torch.zeros(3, B, C, W, dtype=bf), torch.zeros(3, B, T, C, W, dtype=bf)

@@ -77,7 +77,7 @@ def test_fused_kernels_leave_the_greedy_tokens_unchanged_on_cuda(target, monkeyp
     fused = [Engine(tgt, drafter).generate(p, 40).tokens for p in prompts]
     autoregressive = [Engine(tgt).generate(p, 40).tokens for p in prompts]
 
-    for name in ("GDN_VERIFY_KERNEL", "GDN_COMMIT_KERNEL", "GDN_FUSED_KERNEL"):
+    for name in ("GDN_VERIFY_KERNEL", "GDN_COMMIT_KERNEL", "GDN_FUSED_KERNEL", "GDN_TWO_PASS_KERNEL"):
         monkeypatch.setattr(layers_mod, name, None)
     monkeypatch.setattr(reader_mod, "fused_state_reader", lambda: None)
     references = [Engine(tgt, drafter).generate(p, 40).tokens for p in prompts]

@@ -97,6 +97,44 @@ def test_replay_inputs_give_the_states_of_the_chain_bit_for_bit(dtype):
         assert torch.equal(ssm[0], states[:, n - 1]), n
 
 
+@pytest.mark.parametrize("B,T,nk,H,dk,dv,dtype", SHAPES)
+def test_the_two_pass_verify_computes_what_the_fused_kernel_does(B, T, nk, H, dk, dv, dtype):
+    """Every token's front in one parallel launch, then the recurrence: the same outputs, windows and
+    replay inputs as the fused kernel (float32: to rounding; the windows are copies), nothing written past
+    the block, the live cache untouched, and the commit's replay of its inputs gives the reference's
+    states."""
+    gv = importlib.import_module("ready_kernels.gdn_verify")
+    inputs = make_inputs(B, T, nk, H, dk, dv, dtype=dtype)
+    live_state, live_conv = inputs[7].clone(), inputs[3].clone()
+    pending = torch.full((B, T + 2, H, gv.input_width(dk, dv)), float("nan"), device=DEVICE)
+    o, none, windows = gf.gdn_two_pass_verify_triton(*inputs, nk, dk, pending[:, :T])
+    fused_inputs = torch.empty_like(pending[:, :T])
+    o_fused, _, w_fused = gf.gdn_fused_verify_triton(*inputs, nk, dk, out_inputs=fused_inputs)
+    want_inputs = torch.empty_like(fused_inputs)
+    o_ref, states_ref, _ = gf.gdn_fused_verify_reference(*inputs, nk, dk)
+    gf.gdn_fused_verify_reference(*inputs, nk, dk, out_inputs=want_inputs)
+    assert none is None and o.dtype == torch.float32 and torch.equal(windows, w_fused)
+    assert torch.isnan(pending[:, T:]).all(), "nothing past the block"
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert rel_err(o, o_fused) < tol and rel_err(o, o_ref) < tol
+    assert rel_err(pending[:, :T], fused_inputs) < tol and rel_err(pending[:, :T], want_inputs) < tol
+    ssm = inputs[7][None].clone()
+    gv.gdn_commit_triton(ssm, pending[None, :, :T], T)
+    assert rel_err(ssm[0], states_ref[:, T - 1]) < tol
+    assert torch.equal(inputs[7], live_state) and torch.equal(inputs[3], live_conv), "the live cache must stay untouched"
+
+
+def test_the_two_pass_verify_dispatches_to_the_reference_off_cuda_and_needs_its_inputs_buffer():
+    gv = importlib.import_module("ready_kernels.gdn_verify")
+    inputs = make_inputs(1, 3, 1, 2, 16, 16, device="cpu")
+    got, want = (torch.empty(1, 3, 2, gv.input_width(16, 16)) for _ in range(2))
+    o, _, w = gf.gdn_two_pass_verify(*inputs, 1, 16, got)
+    o_ref, _, w_ref = gf.gdn_fused_verify_reference(*inputs, 1, 16, out_inputs=want)
+    assert torch.equal(o, o_ref) and torch.equal(w, w_ref) and torch.equal(got, want)
+    with pytest.raises(KernelInputError, match="out_inputs is required"):
+        gf.gdn_two_pass_verify_triton(*inputs, 1, 16, None)
+
+
 def test_a_token_computes_the_same_whatever_the_block_length():
     """verify(T) then the state after token 1 == verify(1): the AR step and a verify block agree."""
     inputs = make_inputs(1, 4, 1, 2, 16, 16)
@@ -133,6 +171,43 @@ def test_reference_equals_the_target_layers_verify_pass():
     torch.testing.assert_close(slot.pending_inputs[:, :5], replay)
     assert torch.equal(slot.pending_conv[:, :5], windows)
     torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_the_layer_runs_one_launch_for_the_ar_step_and_two_passes_for_a_block(monkeypatch, T):
+    """`GatedDeltaNet.fused_verify` (the CUDA verify; here the Triton kernels through the interpreter) fills
+    the layer's pending buffers as its torch verify pass does, with the fused kernel at T = 1 and the
+    two-pass verify for a block."""
+    import copy
+
+    import ready.target.layers as layers
+    from ready.target.cache import HybridCache
+    from ready.target.config import HybridConfig
+
+    torch.manual_seed(0)
+    cfg = HybridConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                       linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                       full_attention_interval=4)
+    layer = layers.GatedDeltaNet(cfg)
+    cache = HybridCache.allocate(cfg, 1, 32, 8, torch.device("cpu"), torch.float32, keep_states=False)  # as on CUDA
+    slot = cache.gdn_slots[0]
+    slot.ssm.normal_()
+    slot.conv.normal_()
+    torch_slot = copy.deepcopy(slot)
+    ran = []
+    monkeypatch.setattr(layers, "GDN_FUSED_KERNEL", lambda *a, **k: ran.append("fused") or gf.gdn_fused_verify_triton(*a, **k))
+    monkeypatch.setattr(layers, "GDN_TWO_PASS_KERNEL",
+                        lambda *a, **k: ran.append("two_pass") or gf.gdn_two_pass_verify_triton(*a, **k))
+    x = torch.randn(1, T, 32)
+    with torch.no_grad():
+        want, _ = layer(x, "verify", torch_slot)  # CPU: the torch ops
+        qkv, z, b, a = torch.nn.functional.linear(x, layer.in_proj.weight).split(layer.split, dim=-1)
+        got = layer._output(layer.fused_verify(qkv, b, a, slot).transpose(1, 2), z)
+    assert ran == ["fused" if T == 1 else "two_pass"]
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(slot.pending_inputs[:, :T], torch_slot.pending_inputs[:, :T])
+    assert torch.equal(slot.pending_conv[:, :T], torch_slot.pending_conv[:, :T])
 
 
 def test_mismatched_shapes_are_one_clear_error():
@@ -173,3 +248,22 @@ def test_paper_size_replay_on_cuda(dtype):
         ssm = inputs[7][None].clone()
         gv.gdn_commit(ssm, pending[None], n)
         assert torch.equal(ssm[0], states[:, n - 1]), n
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_paper_size_two_pass_on_cuda(dtype):
+    """Compiled, at the 27B layer's size (batch 2, a block of 8): the two-pass verify's outputs and replay
+    inputs against the reference, and the commit's replay of each prefix against the reference's states."""
+    gv = importlib.import_module("ready_kernels.gdn_verify")
+    inputs = make_inputs(2, 8, 16, 48, 128, 128, dtype=dtype, device="cuda")
+    pending, want = (torch.empty(2, 8, 48, gv.input_width(128, 128), device="cuda") for _ in range(2))
+    o, _, windows = gf.gdn_two_pass_verify(*inputs, 16, 128, pending)
+    o_ref, states_ref, windows_ref = gf.gdn_fused_verify_reference(*inputs, 16, 128)
+    gf.gdn_fused_verify_reference(*inputs, 16, 128, out_inputs=want)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.equal(windows, windows_ref) and rel_err(o, o_ref) < tol and rel_err(pending, want) < tol
+    for n in (1, 4, 8):
+        ssm = inputs[7][None].clone()
+        gv.gdn_commit(ssm, pending[None], n)
+        assert rel_err(ssm[0], states_ref[:, n - 1]) < tol, n
