@@ -93,8 +93,8 @@ if HAS_TRITON:
         h0_b, h0_h, h0_k, h0_v,
         o_b, o_t, o_h,
         st_b, st_t, st_h, st_k,
-        H, DK, DV, scale,
-        T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STORE: tl.constexpr = True,
+        H, DK, DV,
+        SCALE: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STORE: tl.constexpr = True,
     ):
         """One program per (batch row, head, d_v block); S[:, block] stays in registers for all T
         tokens. Token t+1's inputs are loaded while token t is computed, so the per-token chain
@@ -126,7 +126,7 @@ if HAS_TRITON:
             # the prefetch after the last token wraps to token 0: in bounds, never used
             q_n, k_n, v_n, g_n, be_n = _load_token((t + 1) % T, q_base, k_base, v_base, g_base, be_base,
                                                    q_t, k_t, v_t, g_t, be_t, offs_k, offs_v, mask_k, mask_v)
-            s = _token_step(s, t, q, k, v, g, beta, scale, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s,
+            s = _token_step(s, t, q, k, v, g, beta, SCALE, o_base, st_base, o_t, st_t, offs_v, mask_v, mask_s,
                             STORE)
 
     @triton.jit(do_not_specialize=["n_all"])
@@ -260,8 +260,9 @@ def gdn_verify_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         *initial_state.stride(),
         o.stride(0), o.stride(1), o.stride(2),
         states.stride(0), states.stride(1), states.stride(2), states.stride(3),
-        H, dk, dv, float(scale),
-        T=T, BK=BK, BV=BV, STORE=keep_states, num_warps=num_warps or NUM_WARPS,
+        H, dk, dv,
+        # the scale as a constexpr: torch.compile passes a Python float to a Triton kernel as fp64
+        SCALE=float(scale), T=T, BK=BK, BV=BV, STORE=keep_states, num_warps=num_warps or NUM_WARPS,
     )
     return o, (states if keep_states else None)
 
