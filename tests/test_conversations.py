@@ -130,7 +130,7 @@ def test_a_bad_row_is_one_line_naming_file_row_and_expectation_and_skip_counts_i
 
 @pytest.mark.parametrize("name, content, expected", [
     ("empty.jsonl", "", r"empty\.jsonl: empty file; expected a JSON list of rows or JSON Lines"),
-    ("blank.json.gz", gzip.compress(b"\n  \n"), r"blank\.json\.gz: empty file"),
+    ("blank.json.gz", gzip.compress(b"\n  \n", mtime=0), r"blank\.json\.gz: empty file"),
     ("broken.json", '[{"messages": []},', r"broken\.json: not valid JSON \(.* at line 1 column \d+\); expected a "
      "JSON list of row objects"),
     ("object.json", '{\n "data": []\n}\n', r"object\.json: one JSON object \(keys \['data'\]\); expected a JSON list"),
