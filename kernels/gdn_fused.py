@@ -72,18 +72,30 @@ if HAS_TRITON:
         return y
 
     @triton.jit
+    def _qk_front(t, x_base, cs_base, w_ptr, win_base, q_chan, k_chan, mask_k, qk_store, x_t, cs_c, w_c, win_t, win_c,
+                  Q_SCALE: tl.constexpr, EPS: tl.constexpr, W: tl.constexpr, ROUND: tl.constexpr):
+        """Token t's q (L2-normed, scaled) and k (L2-normed) of one key head; writes their conv windows where
+        `qk_store`. The one definition the fused kernel and the two-pass front share, so both round alike."""
+        q = _conv_silu(x_base, cs_base, w_ptr, win_base, t, q_chan, mask_k, qk_store, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
+        k = _conv_silu(x_base, cs_base, w_ptr, win_base, t, k_chan, mask_k, qk_store, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
+        return q * tl.rsqrt(tl.sum(q * q) + EPS) * Q_SCALE, k * tl.rsqrt(tl.sum(k * k) + EPS)
+
+    @triton.jit
+    def _gates(t, b_base, a_base, b_t, a_t, neg_a, dt_bias):
+        """Token t's decay exponent g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) of one value head."""
+        beta = tl.sigmoid(tl.load(b_base + t * b_t).to(tl.float32))
+        ga = tl.load(a_base + t * a_t).to(tl.float32) + dt_bias
+        return neg_a * tl.where(ga > 20.0, ga, tl.log(1.0 + tl.exp(ga))), beta
+
+    @triton.jit
     def _front(t, x_base, cs_base, w_ptr, win_base, b_base, a_base, q_chan, k_chan, v_chan, mask_k, mask_v, qk_store,
                neg_a, dt_bias, x_t, cs_c, w_c, win_t, win_c, b_t, a_t,
                Q_SCALE: tl.constexpr, EPS: tl.constexpr, W: tl.constexpr, ROUND: tl.constexpr):
         """Token t's q, k, v, g and beta from the raw projections (writes its conv windows)."""
-        q = _conv_silu(x_base, cs_base, w_ptr, win_base, t, q_chan, mask_k, qk_store, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
-        k = _conv_silu(x_base, cs_base, w_ptr, win_base, t, k_chan, mask_k, qk_store, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
+        q, k = _qk_front(t, x_base, cs_base, w_ptr, win_base, q_chan, k_chan, mask_k, qk_store, x_t, cs_c, w_c, win_t,
+                         win_c, Q_SCALE, EPS, W, ROUND)
         v = _conv_silu(x_base, cs_base, w_ptr, win_base, t, v_chan, mask_v, mask_v, x_t, cs_c, w_c, win_t, win_c, W, ROUND)
-        q = q * tl.rsqrt(tl.sum(q * q) + EPS) * Q_SCALE
-        k = k * tl.rsqrt(tl.sum(k * k) + EPS)
-        beta = tl.sigmoid(tl.load(b_base + t * b_t).to(tl.float32))
-        ga = tl.load(a_base + t * a_t).to(tl.float32) + dt_bias
-        g = neg_a * tl.where(ga > 20.0, ga, tl.log(1.0 + tl.exp(ga)))
+        g, beta = _gates(t, b_base, a_base, b_t, a_t, neg_a, dt_bias)
         return q, k, v, g, beta
 
     @triton.jit
@@ -160,12 +172,8 @@ if HAS_TRITON:
         if j < NK:
             offs_k = tl.arange(0, BK)
             mask_k = offs_k < DK
-            q = _conv_silu(x_base, cs_base, w_ptr, win_base, t, j * DK + offs_k, mask_k, mask_k, x_t, cs_c, w_c,
-                           win_t, win_c, W, ROUND)
-            k = _conv_silu(x_base, cs_base, w_ptr, win_base, t, KEY_DIM + j * DK + offs_k, mask_k, mask_k, x_t,
-                           cs_c, w_c, win_t, win_c, W, ROUND)
-            q = q * tl.rsqrt(tl.sum(q * q) + EPS) * Q_SCALE
-            k = k * tl.rsqrt(tl.sum(k * k) + EPS)
+            q, k = _qk_front(t, x_base, cs_base, w_ptr, win_base, j * DK + offs_k, KEY_DIM + j * DK + offs_k, mask_k,
+                             mask_k, x_t, cs_c, w_c, win_t, win_c, Q_SCALE, EPS, W, ROUND)
             for r in range(REP):
                 h = (j * REP + r).to(tl.int64)
                 tl.store(q_ptr + b * q_b + t * q_t + h * q_h + offs_k, q, mask=mask_k)
@@ -176,9 +184,8 @@ if HAS_TRITON:
             mask_v = offs_v < DV
             v = _conv_silu(x_base, cs_base, w_ptr, win_base, t, 2 * KEY_DIM + h * DV + offs_v, mask_v, mask_v, x_t,
                            cs_c, w_c, win_t, win_c, W, ROUND)
-            beta = tl.sigmoid(tl.load(b_ptr + b * b_b + t * b_t + h).to(tl.float32))
-            ga = tl.load(a_ptr + b * a_b + t * a_t + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
-            g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * tl.where(ga > 20.0, ga, tl.log(1.0 + tl.exp(ga)))
+            g, beta = _gates(t, b_ptr + b * b_b + h, a_ptr + b * a_b + h, b_t, a_t,
+                             -tl.exp(tl.load(alog_ptr + h).to(tl.float32)), tl.load(dtb_ptr + h).to(tl.float32))
             tl.store(in_base + h * in_h + DK + offs_v, v, mask=mask_v)
             tl.store(in_base + h * in_h + DK + DV, g)
             tl.store(in_base + h * in_h + DK + DV + 1, beta)

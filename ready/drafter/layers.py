@@ -64,7 +64,7 @@ def store_rotated(k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, signed_si
     """Rotate the keys k [B, H_kv, N, hd] and write them and the values v into the buffers [B, H_kv, cap, hd]
     at rows [1 or B, N]. Drafting on CUDA, one kernel that also rotates (`ready_kernels.rope.rope_store`);
     otherwise `apply_rope` and two scatters."""
-    fast = fastops.drafting_ops() if k.is_cuda and not torch.is_grad_enabled() and cos.dtype == k.dtype else None
+    fast = _rotary_ops(k, cos)
     if fast is not None:
         fast.rope_store(k, v, cos, signed_sin, k_buf, v_buf, rows)
         return
@@ -141,11 +141,17 @@ class Rotary(nn.Module):
         return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
+def _rotary_ops(x: torch.Tensor, cos: torch.Tensor) -> Optional[fastops.DraftingOps]:
+    """The drafting kernels where the rotary of x may run as one launch: drafting (no autograd) on CUDA,
+    tables in x's dtype."""
+    return fastops.drafting_ops() if x.is_cuda and not torch.is_grad_enabled() and cos.dtype == x.dtype else None
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [B, H, N, hd] by `Rotary`'s tables [B, N, hd]: x cos + rotate_half(x) sin, where
     rotate_half(x) = [-x2, x1]; the sign lives in the table (x2 (-sin) and (-x2) sin are the same bits).
     Drafting on CUDA, one kernel that rounds as these torch ops do (`ready_kernels.rope`)."""
-    fast = fastops.drafting_ops() if x.is_cuda and not torch.is_grad_enabled() and cos.dtype == x.dtype else None
+    fast = _rotary_ops(x, cos)
     if fast is not None:
         return fast.rope(x, cos, signed_sin)
     x1, x2 = x.chunk(2, dim=-1)
