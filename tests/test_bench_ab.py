@@ -135,6 +135,13 @@ def test_pooled_calls_pair_within_each_round_and_refuse_foreign_folders(tmp_path
     assert [c["rounds"] for c in res["pooled"]] == [2, 2] and res["engine_args"] == ["--prompt-len", "256"]
     capsys.readouterr()
 
+    tps = iter([73.0, 70.0])  # a third call that opened with b: b, a
+    ab.run_ab({"b": {}, "a": {}}, ["--prompt-len", "256"], 1, tmp_path / "call3", dict(ab.METRICS))
+    assert ab.main(["--pool", *(str(tmp_path / c) for c in ("call1", "call2", "call3")),
+                    "--out", str(tmp_path / "all3")]) == 0
+    d3 = json.loads((tmp_path / "all3" / "ab.json").read_text())["differences"]["ar_tok_s"]["b - a"]
+    assert d3["per_round"] == [2.0, 1.5, 1.0, 1.0, 3.0]  # still b - a: the first folder names the reference
+
     (tmp_path / "other").mkdir()  # an A/B of another prompt length
     (tmp_path / "other" / "ab.json").write_text(json.dumps({**res, "engine_args": ["--prompt-len", "8192"],
                                                             "rounds_run": 0, "order": []}))

@@ -249,8 +249,10 @@ def _process_json(path: Path) -> Optional[dict]:
 
 def pool(folders: Sequence[Path], out: Path, extra: dict[str, str]) -> dict[str, Any]:
     """One summary of A/B folders of the same variants, benchmark and arguments: every folder's rounds in
-    turn (a difference stays paired within its round), written to `out`/ab.json. The metrics are those
-    the folders recorded (the engine's defaults for a folder that predates the record) and `extra`."""
+    turn (a difference stays paired within its round), written to `out`/ab.json. A folder may list the
+    variants in another order (a call that opened with the other variant, so drift falls on both alike
+    across calls); the first folder's first variant is the reference. The metrics are those the folders
+    recorded (the engine's defaults for a folder that predates the record) and `extra`."""
     if any(f.resolve() == out.resolve() for f in folders):
         raise ABError(f"--out {out}: one of the pooled folders (its ab.json would be overwritten); give a new folder")
     names: Optional[list[str]] = None
@@ -265,7 +267,7 @@ def pool(folders: Sequence[Path], out: Path, extra: dict[str, str]) -> dict[str,
         doc = json.loads((f / "ab.json").read_text())
         if names is None:
             names, engine_args, bench = list(doc["variants"]), list(doc["engine_args"]), doc.get("bench", "engine")
-        elif (list(doc["variants"]) != names or list(doc["engine_args"]) != engine_args
+        elif (sorted(doc["variants"]) != sorted(names) or list(doc["engine_args"]) != engine_args
               or doc.get("bench", "engine") != bench):
             raise ABError(f"--pool {f}: its variants, benchmark or engine arguments differ from {folders[0]}'s "
                           "(pool only runs of one A/B)")
