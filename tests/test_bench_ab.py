@@ -60,6 +60,16 @@ def test_a_round_is_started_only_when_it_fits_the_budget():
     assert ab.round_fits(1e9, [50.0], 2, None)
 
 
+def test_the_first_process_cold_caches_do_not_cost_a_round():
+    """The 7 Dec H100 call: a cold first process of 134 s, then 99 s; 233 + 2 x 99 = 431 fits a 442 s budget
+    (the next processes took 85 s), which counting the cold process (233 + 2 x 134 = 501) refused."""
+    assert ab.process_estimate([134.0]) == 134.0  # nothing else measured yet
+    assert ab.process_estimate([134.0, 99.0]) == 99.0
+    assert ab.process_estimate([134.0, 99.0, 120.0]) == 120.0  # a slow later process still counts
+    assert ab.round_fits(233.0, [134.0, 99.0], 2, 442.0)
+    assert not ab.round_fits(233.0, [134.0, 120.0], 2, 442.0)
+
+
 def test_a_budget_stops_before_a_round_that_cannot_finish_and_still_summarizes(tmp_path, monkeypatch):
     """Processes of 120 s under a 385 s budget (the 3 Dec H200 run): round 0 runs, round 1 would end
     at ~480 s and is not started, so no unpaired process is paid for; the summary is written."""
