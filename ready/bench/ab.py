@@ -41,9 +41,11 @@ arguments (e.g. one per device call, when a call holds only two rounds): their r
 paired within its round.
 
 `--tree NAME=PATH` runs variant NAME from another source tree of this project (another commit's
-`ready/` and `kernels/`, e.g. `git worktree add ../old HEAD~1` or a `git archive` of it): its processes
-import `ready` from PATH and `ready_kernels` from PATH/kernels (the engine JSON's `source` says which
-tree ran), so a code change is A/B'd against the code before it in the same paired rounds.
+`ready/`, `kernels/` and `experiments/`, e.g. `git worktree add ../old HEAD~1` or `git archive <commit> ready
+kernels experiments`): its processes import `ready` from PATH and `ready_kernels` from PATH/kernels, and read
+presets and base.yaml from PATH/experiments, whose keys follow that commit's config schema (the engine
+JSON's `source` says which tree ran), so a code change is A/B'd against the code before it in the same
+paired rounds.
 """
 
 from __future__ import annotations
