@@ -54,6 +54,12 @@ def test_benchmark_prints_consistent_json_on_cpu(tmp_path, capsys):
     # each finished section is announced on stderr, so a run cut by a time limit still shows its figures
     assert f"prompt 8: AR {res['ar']['decode_tokens_per_s']:.1f} decode tok/s" in printed.err
     assert f"verify(4) / AR step {res['verify']['ratio']:.3f}" in printed.err
+    # the JSON keeps the same marks, so where a process's minutes went survives without its stderr
+    marks = res["timeline_s"]
+    assert [m for _, m in marks][:3] == [f"target {path} loaded on cpu (float32)",
+                                         f"prompt 8: AR {res['ar']['decode_tokens_per_s']:.1f} decode tok/s",
+                                         f"prompt 8: verify(4) / AR step {res['verify']['ratio']:.3f}"]
+    assert [t for t, _ in marks] == sorted(t for t, _ in marks)
     assert res["ar"]["new_tokens"] == 40 and res["ar"]["tau"] == 1.0 and res["ar"]["tokens_per_s"] > 0
     assert res["verify"]["tokens"] == [1, 2, 4] and res["verify"]["ratio"] > 0
     always, never = res["forced"]
