@@ -16,12 +16,17 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig
 
+from ready.artifacts import content_id
 from ready.config import compile_in_graphs, exact_mode
 from ready.data import ensure_default_target
+from ready.data.corpus import load_corpus
 from ready.data.tokenizer import load_tokenizer
 from ready.memo import MEMO
 from ready.target import load_target
 from ready.target.config import PRESETS
+
+
+WEIGHT_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json")  # what decides a model's outputs
 
 
 class PipelineConfigError(ValueError):
@@ -68,6 +73,19 @@ def target_dir(cfg: DictConfig, progress: bool = True) -> str:
         raise PipelineConfigError(f"bad value at key 'target.source': {source!r} is neither a preset "
                                   f"({', '.join(sorted(PRESETS))}) nor a local checkpoint directory")
     return str(path)
+
+
+def inputs_identity(cfg: DictConfig) -> dict[str, str]:
+    """What decides a run's numbers beside its config: the corpus (the running interpreter's standard
+    library, from which the embedded target, its tokenizer, the default training prompts and the held-out
+    suite are made; Python 3.11 and 3.12 pretrain different targets from the same config) and, for a
+    checkpoint folder, its weights' content. A sweep setting includes it, so runs made from other
+    inputs are never reused or paired with these."""
+    out = {"corpus": load_corpus(cfg.corpus).fingerprint[:16]}
+    source = Path(str(cfg.target.source)).expanduser()
+    if str(cfg.target.source) not in PRESETS and source.is_dir():
+        out["target_weights"] = content_id(source, WEIGHT_FILES)
+    return out
 
 
 def load_configured_target(cfg: DictConfig, progress: bool = True) -> LoadedTarget:

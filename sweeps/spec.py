@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ready.config import (EXPERIMENTS_DIR, ConfigError, Layer, blame, clean_message, config_hash, exact_mode, layer_keys,
                           load_config, merge, nest, parse_override, read_yaml, to_container, yaml_problem)
+from ready.loading import inputs_identity
 
 METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
 # rows a sweep evaluates once per setting (and seed) beside its own rows: the references its
@@ -170,7 +171,7 @@ class Sweep:
     profile: Optional[str]
     seeds: list[int]
     common: DictConfig  # the config every row starts from (after CLI overrides)
-    setting: str  # hash of the common config: one Optuna study and one baseline set per setting
+    setting: str  # `setting_hash`: one Optuna study and one baseline set per setting
     baselines: list[Variant]
     variants: list[Variant]
     overrides: list[str]
@@ -231,6 +232,13 @@ _UNUSED_BY = {
     "placebo": (),
     "ready": (),
 }
+
+
+def setting_hash(name: str, cfg: DictConfig) -> str:
+    """A sweep setting: the sweep, its common config and what the runs are made from beside it (the corpus,
+    a checkpoint's weights: `ready.loading.inputs_identity`). Runs are reused and paired only within one
+    setting, so a table never mixes rows of two targets that one config built from two interpreters."""
+    return config_hash({"sweep": name, "common": canonical(cfg, "ready"), "made_from": inputs_identity(cfg)})
 
 
 def _drop(tree: dict, dotted: str) -> None:
@@ -490,7 +498,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
         raise SpecError(f"{spec_path}: declares no rows; expected a 'grid', 'variants' or 'search' section")
 
     return Sweep(name=name, spec=spec, preset=spec.preset, profile=profile_name, seeds=list(spec.seeds),
-                 common=cfg, setting=config_hash({"sweep": name, "common": canonical(cfg, "ready")}),
+                 common=cfg, setting=setting_hash(name, cfg),
                  baselines=baselines, variants=variants, overrides=list(overrides), inputs=inputs)
 
 

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import platform
 import socket
 import subprocess
 import tempfile
@@ -23,8 +24,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ready.loading import inputs_identity
 from ready.metrics import gain_pct, speedup
 from ready.mlflow_store import (
     TrackingError, _file_lock, _sqlite_file, check_server, client, ensure_experiment as _ensure_experiment,
@@ -57,6 +60,13 @@ def git_commit() -> str:
         return "unknown"
 
 
+def made_from_tags(cfg: DictConfig) -> dict[str, str]:
+    """What a run was made from beside its config, for the record: the inputs its setting hashes
+    (`ready.loading.inputs_identity`), the interpreter and torch."""
+    return {"ready.made_from": json.dumps(inputs_identity(cfg), sort_keys=True),
+            "ready.python": platform.python_version(), "ready.torch": torch.__version__}
+
+
 def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) -> str:
     """A parent run for this invocation; its children are the runs this invocation executes."""
     from mlflow.entities import Param
@@ -73,6 +83,7 @@ def start_parent(c, experiment_id: str, sweep, storage_desc: str, workers: int) 
         "ready.overrides": " ".join(sweep.overrides),
         "ready.storage": storage_desc,
         "ready.workers": str(workers),
+        **made_from_tags(sweep.common),
         # who runs it: the next invocation marks this run KILLED when that process is gone (reap_parents)
         "ready.host": socket.gethostname(),
         "ready.pid": str(os.getpid()),
@@ -122,6 +133,7 @@ def child_tags(job, sweep_name: str, table: str, setting: str) -> dict[str, str]
         "ready.config_hash": job.config_hash,
         "ready.model": str(cfg.target.source),
         "ready.seed": str(job.seed),
+        **made_from_tags(cfg),
         "ready.git_commit": git_commit(),
         "ready.host": os.uname().nodename,
         "ready.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),

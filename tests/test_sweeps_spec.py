@@ -300,3 +300,39 @@ def test_rows_hash_as_before_the_concurrency_key_unless_they_batch():
     assert "concurrency" not in canonical(one, "ready")["config"]["eval"]  # rows run before the key stay found
     assert job_hash(merge(one, {"eval": {"concurrency": 4}}), "ready") != job_hash(one, "ready")
     assert canonical(merge(schema(), {}), "ready")["config"]["eval"]["concurrency"] == 8  # today's default batches
+
+
+def _fake_stdlib(root: Path, flavour: str) -> Path:
+    """A standard library of 60 small modules; `flavour` changes one of them (another interpreter's)."""
+    for i in range(60):
+        (root / f"mod{i:02d}.py").parent.mkdir(parents=True, exist_ok=True)
+        (root / f"mod{i:02d}.py").write_text(f'"""Module {i}."""\n\nVALUE = {i}\n' + (flavour if i == 7 else ""))
+    return root
+
+
+def test_another_interpreters_standard_library_is_another_setting(tmp_path: Path, monkeypatch):
+    """The embedded target is pretrained on the running interpreter's standard library: one config on
+    Python 3.11 and 3.12 builds two targets, so their runs must never be reused or paired as one setting.
+    The rows' own hashes stay the config's."""
+    import ready.data.corpus as corpus
+
+    settings, hashes = [], []
+    for flavour in ("", "EXTRA = 1\n", ""):
+        monkeypatch.setattr(corpus, "stdlib_root", lambda f=flavour: _fake_stdlib(tmp_path / f"lib{len(f)}", f))
+        sweep = load_sweep("rank", ["seeds=[0]"])
+        settings.append(sweep.setting)
+        hashes.append([j.config_hash for j in sweep.jobs()])
+    assert settings[0] != settings[1] and settings[0] == settings[2]
+    assert hashes[0] == hashes[1] == hashes[2]
+
+
+def test_a_checkpoints_new_weights_are_another_setting(tmp_path: Path):
+    """A checkpoint folder is named by path in the config; its weights' content decides the setting too."""
+    ckpt = tmp_path / "target"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"weights one")
+    before = load_sweep("rank", ["seeds=[0]", f"target.source={ckpt}"]).setting
+    assert load_sweep("rank", ["seeds=[0]", f"target.source={ckpt}"]).setting == before
+    (ckpt / "model.safetensors").write_bytes(b"weights two, longer")
+    assert load_sweep("rank", ["seeds=[0]", f"target.source={ckpt}"]).setting != before

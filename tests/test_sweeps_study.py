@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
+from ready.loading import inputs_identity
 from sweeps import study as st
 from sweeps import tracking
 from sweeps.run import main
@@ -108,6 +111,9 @@ def test_child_runs_follow_the_mlflow_contract(ws: Path):
                 "ready.seed", "ready.git_commit", "ready.resolved_layers"):
         assert tags[key], key
     assert (tags["ready.table"], tags["ready.method"], tags["ready.order"]) == ("table3", "ready", "8")
+    made_from = json.loads(tags["ready.made_from"])  # what the setting hashes beside the config, for the record
+    assert made_from == inputs_identity(sweep.common) and len(made_from["corpus"]) == 16
+    assert tags["ready.python"] == platform.python_version() and tags["ready.torch"] == torch.__version__
     assert r128.data.params["reader.rank"] == "128" and r128.data.params["reader.layers"] == "[30, 62]"
     assert r128.data.params["reader.rank_resolved"] == "64" and tags["ready.resolved_rank"] == "64"
     m = r128.data.metrics
