@@ -17,8 +17,9 @@ import torch
 from omegaconf import DictConfig
 
 from ready.artifacts import content_id
-from ready.config import compile_in_graphs, exact_mode
+from ready.config import compile_in_graphs, config_hash, exact_mode
 from ready.data import ensure_default_target
+from ready.data.conversation_files import ConversationError, find_files
 from ready.data.corpus import load_corpus
 from ready.data.tokenizer import load_tokenizer
 from ready.memo import MEMO
@@ -79,13 +80,28 @@ def inputs_identity(cfg: DictConfig) -> dict[str, str]:
     """What decides a run's numbers beside its config: the corpus (the running interpreter's standard
     library, from which the embedded target, its tokenizer, the default training prompts and the held-out
     suite are made; Python 3.11 and 3.12 pretrain different targets from the same config) and, for a
-    checkpoint folder, its weights' content. A sweep setting includes it, so runs made from other
-    inputs are never reused or paired with these."""
+    checkpoint folder, its weights' content; a conversation dataset's (`data.path`) and benchmark files'
+    (`bench.paths`) stamps. A sweep setting includes it, so runs made from other inputs are never reused
+    or paired with these."""
     out = {"corpus": load_corpus(cfg.corpus).fingerprint[:16]}
     source = Path(str(cfg.target.source)).expanduser()
     if str(cfg.target.source) not in PRESETS and source.is_dir():
         out["target_weights"] = content_id(source, WEIGHT_FILES)
+    if cfg.data.path:
+        try:
+            out["data_files"] = _files_stamp(find_files(str(cfg.data.path)))
+        except ConversationError:
+            pass  # the row that reads it says what is wrong
+    bench = {name: _files_stamp([Path(p)]) for name, p in sorted(cfg.bench.paths.items()) if Path(p).is_file()}
+    if bench:
+        out["bench_files"] = config_hash(bench, length=16)
     return out
+
+
+def _files_stamp(files: list[Path]) -> str:
+    """Files by name, size and modification time: cheap on a dataset of gigabytes, and changed whenever a
+    file is rewritten (the artifacts built from them are keyed by their sha256)."""
+    return config_hash({str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, length=16)
 
 
 def load_configured_target(cfg: DictConfig, progress: bool = True) -> LoadedTarget:

@@ -336,3 +336,18 @@ def test_a_checkpoints_new_weights_are_another_setting(tmp_path: Path):
     assert load_sweep("rank", ["seeds=[0]", f"target.source={ckpt}"]).setting == before
     (ckpt / "model.safetensors").write_bytes(b"weights two, longer")
     assert load_sweep("rank", ["seeds=[0]", f"target.source={ckpt}"]).setting != before
+
+
+def test_a_rewritten_dataset_or_benchmark_file_is_another_setting(tmp_path: Path):
+    """`data.path` and `bench.paths` name files; a file rewritten under the same name is another setting."""
+    chats, prompts = tmp_path / "chats.jsonl", tmp_path / "prompts.jsonl"
+    chats.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    prompts.write_text('{"turns": ["What is 2 + 2?"]}\n')
+    args = ["seeds=[0]", f"data.path={chats}", f"bench.paths.mine={prompts}"]
+    before = load_sweep("rank", args).setting
+    assert load_sweep("rank", args).setting == before
+    assert load_sweep("rank", ["seeds=[0]", f"data.path={chats}"]).setting != before  # without the prompts file
+    chats.write_text(chats.read_text() * 2)
+    after_chats = load_sweep("rank", args).setting
+    prompts.write_text('{"turns": ["What is 30 + 30?"]}\n')
+    assert len({before, after_chats, load_sweep("rank", args).setting}) == 3
