@@ -92,16 +92,17 @@ def inputs_identity(cfg: DictConfig) -> dict[str, str]:
             out["data_files"] = _files_stamp(find_files(str(cfg.data.path)))
         except ConversationError:
             pass  # the row that reads it says what is wrong
-    bench = {name: _files_stamp([Path(p)]) for name, p in sorted(cfg.bench.paths.items()) if Path(p).is_file()}
+    bench = [Path(p) for p in cfg.bench.paths.values() if Path(p).is_file()]  # which suite reads which is config
     if bench:
-        out["bench_files"] = config_hash(bench, length=16)
+        out["bench_files"] = _files_stamp(bench)
     return out
 
 
 def _files_stamp(files: list[Path]) -> str:
     """Files by name, size and modification time: cheap on a dataset of gigabytes, and changed whenever a
     file is rewritten (the artifacts built from them are keyed by their sha256)."""
-    return config_hash({str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, length=16)
+    stats = {str(f): f.stat() for f in files}
+    return config_hash({name: [st.st_size, st.st_mtime_ns] for name, st in stats.items()}, length=16)
 
 
 def load_configured_target(cfg: DictConfig, progress: bool = True) -> LoadedTarget:
