@@ -137,6 +137,11 @@ def test_batched_benchmark_prints_json_for_each_batch_size(capsys):
     b = res["batched"]
     assert b["batches"] == [1, 2] and [r["batch"] for r in b["runs"]] == [1, 2]
     assert "batch 2: decode tok/s ar " in printed.err
+    # where a batch size's minutes go: building the engines, then warming up (capture, compile, tuning) each
+    marks = [m for _, m in res["timeline_s"]]
+    assert marks.index("batch 2: ar, dspark, ready built") < marks.index(
+        "batch 2: ready warmed up (graphs captured, layers compiled, kernels tuned)") < marks.index(
+        next(m for m in marks if m.startswith("batch 2: decode tok/s")))
     for run in b["runs"]:
         n = run["batch"] * b["waves"]
         for k in ("ar", "dspark", "ready"):
@@ -167,7 +172,10 @@ def test_batched_benchmark_one_engine_at_a_time_holds_one_and_runs_the_same_roun
             "--accept-dist", "0:1,3:1", "--drafter", "dspark,ready", "--batch", "2", "--batch-only",
             "--repeats", "1", "--json"]
     assert main(args + ["--one-at-a-time"]) == 0
-    one = json.loads(capsys.readouterr().out)["batched"]
+    out = json.loads(capsys.readouterr().out)
+    one = out["batched"]
+    assert [m for _, m in out["timeline_s"] if "built and warmed up" in m] == [
+        f"batch 2: {k} built and warmed up (graphs captured, layers compiled, kernels tuned)" for k in ("ar", "dspark", "ready")]
     assert one["one_at_a_time"] and most[0] == 1
     most[0] = 0
     assert main(args) == 0

@@ -586,6 +586,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
             for k in methods:
                 e = engine(k, B)
                 warm(k, e)
+                progress(f"batch {B}: {k} built and warmed up (graphs captured, layers compiled, kernels tuned)")
                 timed[k] = [call(k, e) for _ in range(repeats)]
                 if k != "ar":
                     parts[k] = breakdown(k, e)
@@ -595,8 +596,10 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
                 free()
         else:
             engines = {k: engine(k, B) for k in methods}
+            progress(f"batch {B}: {', '.join(methods)} built")
             for k, e in engines.items():
                 warm(k, e)
+                progress(f"batch {B}: {k} warmed up (graphs captured, layers compiled, kernels tuned)")
             for _ in range(repeats):  # interleaved, so drifts of the device hit every method alike
                 for k, e in engines.items():
                     timed[k].append(call(k, e))
