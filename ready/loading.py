@@ -30,6 +30,13 @@ from ready.target.config import PRESETS
 WEIGHT_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json")  # what decides a model's outputs
 
 
+def weights_id(path: str | Path) -> str:
+    """A model folder by the content of what decides its outputs (`WEIGHT_FILES`, not its build logs with
+    timings): a copied or moved folder keeps its id, rebuilt weights get another. A name that is no folder
+    (a preset) stands for itself."""
+    return content_id(path, WEIGHT_FILES) if Path(path).is_dir() else str(path)
+
+
 class PipelineConfigError(ValueError):
     """A run asks for something the pipeline cannot do; the message names the key."""
 
@@ -86,7 +93,7 @@ def inputs_identity(cfg: DictConfig) -> dict[str, str]:
     out = {"corpus": load_corpus(cfg.corpus).fingerprint[:16]}
     source = Path(str(cfg.target.source)).expanduser()
     if str(cfg.target.source) not in PRESETS and source.is_dir():
-        out["target_weights"] = content_id(source, WEIGHT_FILES)
+        out["target_weights"] = weights_id(source)
     if cfg.data.path:
         try:
             out["data_files"] = _files_stamp(find_files(str(cfg.data.path)))

@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ready.artifacts import cached, content_id
+from ready.artifacts import cached
 from ready.config import exact_mode, to_container
 from ready.data import load_suite
 from ready.decode.rounds import Generation
@@ -42,7 +42,7 @@ from ready.decode.sampling import params_from
 from ready.drafter import load_drafter
 from ready.drafter.checkpoint import has_markov_head, is_drafter_folder
 from ready.health import HealthError, check_target, generations_problem
-from ready.loading import WEIGHT_FILES, LoadedTarget, PipelineConfigError, load_configured_target
+from ready.loading import LoadedTarget, PipelineConfigError, load_configured_target, weights_id
 from ready.metrics import Metrics, overall
 from ready.threads import cpu_threads
 from ready.train import ensure_base_drafter, train_variant
@@ -189,7 +189,7 @@ def ar_generations(cfg: DictConfig, loaded: LoadedTarget, suites: dict[str, list
     probe = next((p for prompts in suites.values() for p in prompts), [])
     check_target(loaded.target, probe, what=f"target {loaded.target_path}")
     budget = int(cfg.eval.max_new_tokens)
-    target_id = content_id(loaded.target_path, WEIGHT_FILES) if Path(loaded.target_path).is_dir() else loaded.target_path
+    target_id = weights_id(loaded.target_path)
     spec = {"kind": "ar_generations", "version": AR_BUILD_VERSION,  # the target by content: a moved or
             "target_content": target_id, "checked": "health/1",        # copied artifacts_dir keeps its cache
             "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
@@ -407,8 +407,8 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, draft
     with the same drafter (r=64 and r=128 on a d_k=64 target; one configuration in several sweeps)
     are evaluated once. Returns (record, reused)."""
 
-    drafter_id = content_id(folder, WEIGHT_FILES)  # its weights: a rebuild that differs is evaluated anew
-    target_id = content_id(loaded.target_path, WEIGHT_FILES) if Path(loaded.target_path).is_dir() else loaded.target_path
+    drafter_id = weights_id(folder)  # its weights: a rebuild that differs is evaluated anew
+    target_id = weights_id(loaded.target_path)
     evals = to_container(cfg.eval)
     if sampling_params(cfg) is None:  # knobs of sampling cannot change a greedy evaluation: greedy caches stay valid
         for key in ("temperature", "top_p", "sample_seed", "samples_per_prompt", "check_rounds"):
