@@ -121,7 +121,7 @@ def test_a_killed_two_process_stage_resumes_in_one_process(tmp_path):
             p.kill()
         pytest.fail("the 2 ranks did not end within 120 s")
     assert ctx.processes[0].exitcode == -signal.SIGKILL
-    assert int(torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=False)["step"]) == 2
+    assert int(torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=True)["step"]) == 2
 
     target, cfg = micro_target(), micro_cfg(tmp_path, **BUDGET)
     data = greedy_responses(target, PROMPTS, 12, progress=False)

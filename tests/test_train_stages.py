@@ -199,3 +199,24 @@ def test_an_unreadable_resume_checkpoint_is_set_aside_and_the_stage_starts_over(
     res = train_stage("stage1", _drafter(cfg, target, reader=True), target, data, cfg, tmp_path / "work", progress=False)
     assert res.resumed_from == 0 and res.steps == len(res.losses)
     assert "ignoring unreadable checkpoint" in capsys.readouterr().out  # tqdm.write, beside the progress bar
+
+
+class _Planted:
+    """A pickle that, if it were ever unpickled, would leave a file behind (the probe used os.system)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_planted_as_the_resume_checkpoint_never_runs(tmp_path, target, data, capsys):
+    cfg = micro_cfg(tmp_path)
+    (tmp_path / "work").mkdir()
+    marker = tmp_path / "code-ran"
+    torch.save({"step": 1, "payload": _Planted(marker)}, tmp_path / "work" / "checkpoint.pt")
+    res = train_stage("stage1", _drafter(cfg, target, reader=True), target, data, cfg, tmp_path / "work", progress=False)
+    assert not marker.exists()
+    assert res.resumed_from == 0 and res.steps == len(res.losses)
+    assert "ignoring unreadable checkpoint" in capsys.readouterr().out

@@ -250,11 +250,14 @@ def resume(path: Path, params, opt, sched, fingerprint: str) -> Optional[dict]:
 
 
 def load_checkpoint(path: Path, params, opt, sched, fingerprint: str) -> Optional[dict]:
-    """Restore a matching checkpoint in place; None when there is none or it is for other inputs."""
+    """Restore a matching checkpoint in place; None when there is none or it is for other inputs.
+
+    The file sits under `artifacts_dir`, which several hosts may share: it is read as data only
+    (`weights_only=True`), so a planted pickle is refused like a truncated file, never executed."""
     if not path.is_file():
         return None
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
+        ck = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(ck, dict):
             raise ValueError("not a checkpoint dict")
     except Exception as e:  # truncated or overwritten: training starts over instead of failing every run
