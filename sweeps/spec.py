@@ -223,7 +223,8 @@ _NEVER_HASHED = ("name", "artifacts_dir", "train.devices", "train.micro_batch_si
 _DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pretrain.repeat_fraction": 0.0,
                        "regen.temperature": 0.0, "regen.top_p": 1.0, "data.path": None, "data.format": "auto",
                        "data.on_error": "stop", "data.responses": "regenerate", "train.length_buckets": 0,
-                       "target.compile": "auto", "bench.turns": "first"}
+                       "target.compile": "auto", "bench.turns": "first", "eval.verify_schedule": "full",
+                       "eval.confidence_threshold": 0.5, "eval.verify_budget": 0.0, "train.loss.confidence_weight": 1.0}
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed

@@ -252,11 +252,14 @@ class DSparkDrafter(nn.Module):
 
     # --- training ---------------------------------------------------------------------------
     def forward_train(self, tokens: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor,
-                      states: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      states: Optional[torch.Tensor] = None,
+                      confidence: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Draft logits [B, A, K, V] for every anchor; the sequence head is teacher-forced on the labels.
 
         tokens [B, T]; hidden [B, T, C, D] target features; anchors [B, A] (each block sees context
         positions < anchor); states [B, A, Ls, H, d_k, d_v] committed states after token anchor-1.
+        `confidence` (a drafter with a confidence head): also its logits [B, A, K], each position read with
+        its hidden state and the label before it (teacher-forced, as DeepSpec trains it) -> (logits, those).
         """
         B, T = tokens.shape
         A, R, K, D = anchors.shape[1], self.block_size, self.proposals, self.hidden_size
@@ -289,7 +292,13 @@ class DSparkDrafter(nn.Module):
         labels = tokens.gather(1, (anchors.unsqueeze(-1) + torch.arange(1, K + 1, device=dev)).clamp(max=T - 1)
                                .view(B, A * K)).view(B, A, K)
         prev = torch.cat([first.unsqueeze(-1), labels[..., :-1]], dim=-1)
-        return self.markov_head.block_logits(base, prev, h)
+        logits = self.markov_head.block_logits(base, prev, h)
+        if not confidence:
+            return logits
+        if self.confidence_head is None:
+            raise DrafterError("forward_train(confidence=True) on a drafter without a confidence head; expected "
+                               "drafter.confidence_head: true")
+        return logits, self.confidence(h, prev)
 
     def _training_reader(self, states: Optional[torch.Tensor], B: int, A: int):
         if not self.reader_enabled:
