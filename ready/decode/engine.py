@@ -147,7 +147,7 @@ class Engine:
         self.schedule = verify_schedule or VerifySchedule()
         self.confidence_fn = confidence_fn
         if (self.schedule.scheduled and drafter is not None and confidence_fn is None
-                and getattr(drafter, "confidence_head", None) is None):
+                and (getattr(drafter, "confidence_head", None) is None or not hasattr(drafter, "draft_scored"))):
             raise DecodeError(f"verify schedule 'confidence' reads the drafter's confidence head, and drafter "
                               f"{type(drafter).__name__} has none; expected a DSpark drafter with a confidence head "
                               "(drafter.confidence_head: true, or a DSpark checkpoint that has one) or the full schedule")

@@ -116,10 +116,17 @@ def pick(logits: torch.Tensor, sampling: Optional[SamplingParams], gen: Optional
     return draw(probs, torch.rand(1, generator=gen, dtype=torch.float32)[0].to(probs.device))
 
 
+def _scorer(drafter: Drafter) -> Optional[Callable]:
+    """The drafter's `draft_scored` when it has a confidence head to score with (else None)."""
+    if getattr(drafter, "confidence_head", None) is None:
+        return None
+    return getattr(drafter, "draft_scored", None)
+
+
 def greedy_draft(drafter: Drafter, step: DraftStep, k: int, vocab: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """K greedy drafts [B, K] and, from a drafter with a confidence head (`draft_scored`), its step
-    confidences [B, K] (`ready.decode.schedule`; None otherwise)."""
-    scored = getattr(drafter, "draft_scored", None)
+    confidences [B, K] (`ready.decode.schedule`; None otherwise: the drafter is asked to `propose`)."""
+    scored = _scorer(drafter)
     if scored is None:
         return check_drafts(drafter.propose(step), k, vocab, drafter), None
     drafts, _, conf = scored(step)
@@ -136,7 +143,7 @@ def sampled_draft(drafter: Drafter, step: DraftStep, sampling: SamplingParams, u
     if sample is None:
         drafts = check_drafts(drafter.propose(step), k, vocab, drafter)
         return drafts, point_mass(drafts[0].to(u.device), vocab), None
-    scored = getattr(drafter, "draft_scored", None)
+    scored = _scorer(drafter)
     params = DraftSampling(sampling.temperature, sampling.top_p, u[None])
     drafts, q, conf = scored(step, params) if scored is not None else (*sample(step, params), None)
     drafts = check_drafts(drafts, k, vocab, drafter)
