@@ -39,7 +39,7 @@ draft j itself would bias the committed token (tests/test_sampling_exact.py plan
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ready.decode.errors import DecodeError
 
@@ -81,6 +81,14 @@ class VerifySchedule:
             live = sum(c is not None for c in confidence)
             caps = budget_lengths(confidence, caps, budget_drafts(self.budget, live))
         return caps
+
+
+def schedule_from(eval_cfg: Any) -> VerifySchedule:
+    """The schedule a run's `eval` section chooses (`eval.verify_schedule`, `eval.confidence_threshold`,
+    `eval.verify_budget`; absent keys: the full schedule's defaults)."""
+    return VerifySchedule(str(getattr(eval_cfg, "verify_schedule", "full")),
+                          float(getattr(eval_cfg, "confidence_threshold", 0.5)),
+                          float(getattr(eval_cfg, "verify_budget", 0.0)))
 
 
 def threshold_length(confidence: Sequence[float], threshold: float) -> int:
@@ -126,5 +134,5 @@ def budget_lengths(confidence: Sequence[Optional[Sequence[float]]], caps: Sequen
     return out
 
 
-__all__ = ["SCHEDULES", "SURVIVAL_EPS", "VerifySchedule", "budget_drafts", "budget_lengths", "survivals",
-           "threshold_length"]
+__all__ = ["SCHEDULES", "SURVIVAL_EPS", "VerifySchedule", "budget_drafts", "budget_lengths", "schedule_from",
+           "survivals", "threshold_length"]
