@@ -103,6 +103,8 @@ class BatchResult:
     wall_s: float  # first prefill .. last token of the whole call
     rounds: int  # target forwards (verify passes) after the prefills
     slot_rounds: list[int] = field(default_factory=list)  # rounds in which each slot was decoding
+    # tokens each round's verify pass ran over: slots x its width (ragged), or the one slot's L + 1
+    verify_tokens: list[int] = field(default_factory=list)
     traces: list[list[RoundTrace]] = field(default_factory=list)  # sampled: each generation's first rounds
 
     @property
@@ -123,7 +125,7 @@ class Engine:
                  eos_token_id: Optional[int] = None, cuda_graphs: Optional[bool] = None,
                  accept_fn: Optional[AcceptFn] = None, sampling: Optional[SamplingParams] = None,
                  slots: Optional[str] = None, verify_schedule: Optional[VerifySchedule] = None,
-                 confidence_fn: Optional[ConfidenceFn] = None) -> None:
+                 confidence_fn: Optional[ConfidenceFn] = None, capture_all_lengths: bool = True) -> None:
         """`eos_token_id` defaults to `target.config.eos_token_id`. `cuda_graphs` (default: on CUDA) replays
         captured verify and draft graphs. `accept_fn` (engine benchmarks only) replaces greedy matching with
         (drafts [n], argmax [n+1]) -> A; the output is then not lossless. `sampling` with temperature > 0
@@ -131,7 +133,10 @@ class Engine:
         or "ragged" (any number); default single for one slot, ragged for more (`ready.decode.slots`).
         `verify_schedule` (default full): which drafts a round verifies (`ready.decode.schedule`); a
         confidence schedule needs a drafter with a confidence head, or `confidence_fn` (engine benchmarks
-        only: row b's forced confidences for the round, called for every decoding row in row order)."""
+        only: row b's forced confidences for the round, called for every decoding row in row order).
+        `capture_all_lengths` (a confidence schedule on CUDA): capture the verify of every block length when
+        the engine is sized (default); False captures each length on first use (engine benchmarks, whose
+        warm-up call replays the timed calls' rounds: only the lengths they use are compiled)."""
         if int(batch_size) < 1:
             raise DecodeError(f"batch_size={batch_size}; expected an integer >= 1")
         kind = slots or ("single" if int(batch_size) == 1 else "ragged")
@@ -146,6 +151,7 @@ class Engine:
                               "(temperature > 0)")
         self.schedule = verify_schedule or VerifySchedule()
         self.confidence_fn = confidence_fn
+        self.capture_all_lengths = bool(capture_all_lengths)
         if (self.schedule.scheduled and drafter is not None and confidence_fn is None
                 and (getattr(drafter, "confidence_head", None) is None or not hasattr(drafter, "draft_scored"))):
             raise DecodeError(f"verify schedule 'confidence' reads the drafter's confidence head, and drafter "
@@ -168,7 +174,7 @@ class Engine:
         """Size the cache and buffers for sequences of up to `max_len` tokens (prompt + new); with a
         confidence schedule on CUDA, capture the verify of every block length it can ask for."""
         self.slots.prepare(max_len)
-        if self.schedule.scheduled and self.k:
+        if self.schedule.scheduled and self.k and self.capture_all_lengths:
             self.slots.warm_lengths(range(1, self.k + 2))
 
     def _confidences(self, conf: Optional[torch.Tensor], live: list[bool]) -> list[Optional[list[float]]]:
@@ -223,7 +229,7 @@ class Engine:
         base_seed = 0 if sampling is None else int(sampling.seed)
         seed_of = [int(x) for x in seeds] if seeds is not None else [base_seed] * len(ids)
         traces: list[list[RoundTrace]] = [[] for _ in ids]
-        slots.prepare(max(p.numel() + m for p, m in zip(ids, budgets)))
+        self.reserve(max(p.numel() + m for p, m in zip(ids, budgets)))
         B, K, dev = self.batch_size, self.k, self.device
         layers = slots.donor_layers() if donors is not None else []
         if layers:
@@ -240,6 +246,7 @@ class Engine:
         slot: list[Optional[int]] = [None] * B  # prompt index decoding in each slot
         seqs: list[list[int]] = [[] for _ in range(B)]  # committed tokens (prompt + new) per slot
         slot_rounds = [0] * B
+        verify_tokens: list[int] = []
         queue = list(range(len(ids)))
         bar = tqdm(total=len(ids), desc=desc or f"batch of {B}", disable=not progress, leave=False)
 
@@ -329,6 +336,7 @@ class Engine:
             else:
                 block = anchors
             out = slots.verify(block, room, self.schedule.scheduled)
+            verify_tokens.append(int(out.logits.shape[0] * out.logits.shape[1]))
             if sampling is None:  # one device->host copy per round: every slot's drafts and argmaxes
                 argmaxes = out.logits.argmax(-1)
                 if not K:  # the greedy AR step keeps its one token whatever it is: commit before the read
@@ -399,7 +407,8 @@ class Engine:
             for g in done:
                 g.wall_s += (end - mark) / len(done)
         return BatchResult(generations=done, batch_size=B, wall_s=end - t0 - off_clock, rounds=rounds,
-                           slot_rounds=slot_rounds, traces=[traces[i] for i, g in enumerate(gens) if g is not None])
+                           slot_rounds=slot_rounds, traces=[traces[i] for i, g in enumerate(gens) if g is not None],
+                           verify_tokens=verify_tokens)
 
     def _judge_sampled(self, block: torch.Tensor, logits: torch.Tensor, q: Optional[torch.Tensor], room: list[int],
                        rng: list[Optional[torch.Generator]]) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
