@@ -318,6 +318,7 @@ class Engine:
                 off_clock += spent
                 mark += spent
             room = [min(K, budgets[slot[b]] - len(gens[slot[b]].tokens)) if live[b] else 0 for b in range(B)]
+            unscheduled = list(room)  # what each row could verify before its schedule (the traces keep it)
             q = conf = None
             conf_host: list[Optional[list[float]]] = [None] * B
             anchors = slots.anchors()
@@ -362,7 +363,8 @@ class Engine:
                     nexts[raw] = tok
                     if len(traces[i]) < trace_rounds and K:
                         traces[i].append(RoundTrace(start=len(seqs[b]), drafts=drafted, logits=out.logits[b, :n + 1].clone(),
-                                                    p=warped[b].clone(), q=q[b, :n].clone(), accepted=raw))
+                                                    p=warped[b].clone(), q=q[b, :n].clone(), accepted=raw,
+                                                    room=unscheduled[b], confidence=conf_host[b]))
                     res = settle_round(drafted, nexts, raw, remaining, self.eos)
                 else:
                     argmax = host[b][K:K + n + 1]

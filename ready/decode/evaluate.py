@@ -415,7 +415,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
         checked: dict[int, DistValidity] = {}
 
         def check(u: int, g: Generation, traces: list) -> None:  # each generation as it ends, off the clock
-            checked[u] = check_distribution(target, unit_ids[u], g.tokens, traces, rel)
+            checked[u] = check_distribution(target, unit_ids[u], g.tokens, traces, rel, schedule)
 
         batched = run_batched(target, drafter, unit_ids, max_new_tokens, concurrency, eos_token_id=eos_token_id,
                               warmup=warmup, progress=progress,
@@ -448,7 +448,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
             spec.append(engine.generate(p, max_new_tokens, seed=seed, trace_rounds=trace,
                                         donor=None if donors is None else donor_tokens(ids, ar, donors[i], n_samples)))
             if sampling is not None:  # checked now, off the clock, so the traces need not be kept
-                dist.append(check_distribution(target, p, spec[-1].tokens, engine.traces, rel))
+                dist.append(check_distribution(target, p, spec[-1].tokens, engine.traces, rel, schedule))
         if ar_engine is not None:  # the same tokens as `ar` (lossless is checked against those), timed here
             ar = timed
     if sampling is not None:

@@ -60,6 +60,8 @@ class RoundTrace:
     p: torch.Tensor  # [k+1, V] warped target distribution
     q: torch.Tensor  # [k, V] the drafter's distribution the drafts were drawn from
     accepted: int  # A (raw, before the horizon cap)
+    room: int = -1  # the drafts the round could verify before its schedule (min(K, budget left)); -1: unknown
+    confidence: Optional[list[float]] = None  # the head's c_1..c_K of the round, when it has one
 
 
 def greedy_count(drafts: Sequence[int], argmax: Sequence[int]) -> int:

@@ -387,6 +387,8 @@ def train_stage(
     ck = resume(ck_path, params, opt, sched, fingerprint) if checkpoints else None
     start = int(ck["step"]) if ck else 0
     losses: list[float] = list(ck["losses"]) if ck else []
+    head = trains_confidence(stage, cfg, params)  # DSpark's confidence-head loss (the base drafter only)
+    conf_weight = float(cfg.train.loss.confidence_weight) if head else 0.0
     ddp = _ddp(drafter, device, accumulate, head) if dp.active else None
     forward = ddp if ddp is not None else (lambda *a: drafter.forward_train(*a, confidence=head))
     reduce = distributed.all_reduce_sum if dp.active else None
@@ -395,8 +397,7 @@ def train_stage(
     trainable = [p for _, p in params]
     every = max(1, int(cfg.train.checkpoint_every))
     l1_weight, gamma = float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)
-    head = trains_confidence(stage, cfg, params)  # DSpark's confidence-head loss (the base drafter only)
-    conf_weight = float(cfg.train.loss.confidence_weight) if head else 0.0
+
     buckets = length_buckets(cfg)
     sampler = BatchSampler(len(data), int(sc.batch_size), seed, data.lengths, buckets)
     if store is not None and (buckets or not store.serves(target, drafter, data, int(sc.batch_size))):
