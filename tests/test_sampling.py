@@ -191,8 +191,8 @@ def test_a_round_that_verifies_past_its_confidence_schedule_fails_the_schedule_c
     schedule = VerifySchedule("confidence", 0.5)
     object.__setattr__(schedule, "lengths", lambda conf, room: list(room))  # the planted bug: ignore the head
     with pytest.warns(LosslessWarning, match="schedule check failed"):
-        res = evaluate(target, scored_drafter(target), [[3, 1, 4, 1, 5]], 16, sampling=T1, samples=2, warmup=0,
-                       progress=False, check_rounds=4, verify_schedule=schedule)
+        res = evaluate(target, scored_drafter(target), [[3, 1, 4, 1, 5], [2, 7, 1]], 16, sampling=T1, samples=2,
+                       warmup=0, progress=False, check_rounds=16, verify_schedule=schedule)
     assert res.lossless == 0
 
 
