@@ -142,8 +142,9 @@ class DrafterConfig:
     # logits are the draft layers' plain LM-head logits (DFlash; head_rank is then not used)
     head: str = "vanilla"
     head_rank: int = 64
-    # DSpark's confidence head (a linear acceptance predictor per proposal): carried, trained with the
-    # drafter's other weights and saved; ReaDy's loss drops its term, as the paper does
+    # DSpark's confidence head (a linear acceptance predictor per proposal): trained with the base drafter
+    # (DSpark's loss, train.loss.confidence_weight), left as it is by ReaDy's stages (the paper drops its
+    # term), saved; eval.verify_schedule: confidence schedules verification with it
     confidence_head: bool = False
     confidence_with_markov: bool = True  # the confidence head also sees the Markov embedding of the previous token
     # a pretrained drafter: this project's folder or a DSpark (SpecForge / DeepSpec) Hugging Face folder;
@@ -185,6 +186,10 @@ class LossConfig:
 
     l1_weight: float = 0.1
     decay_gamma: float = 4.0
+    # weight of DSpark's confidence-head loss (BCE of the head against the per-position acceptance rate
+    # 1 - L1/2, the same position weights; DeepSpec's confidence_head_alpha, 1.0 in its configs), in the
+    # base drafter's training only, when the drafter has a confidence head (ReaDy's stages drop it)
+    confidence_weight: float = 1.0
 
 
 @dataclass
@@ -303,6 +308,15 @@ class EvalConfig:
     # TPS is indicative; it shortens the main job by minutes); 1 = one prompt at a time, the paper's
     # batch-1 latency, which the GPU presets set
     concurrency: int = 8
+    # which drafts a round verifies (ready.decode.schedule): full = all of them (the paper's setting) |
+    # confidence = the prefix the drafter's confidence head keeps, as DSpark's authors schedule it
+    # (DeepSpec, SGLang); needs a confidence head (drafter.confidence_head, or a DSpark checkpoint with one)
+    verify_schedule: str = "full"
+    # confidence: a row verifies its drafts up to the first whose step confidence is below this (0 = none)
+    confidence_threshold: float = 0.5
+    # confidence: the batch verifies at most this many drafts per decoding row, those of highest predicted
+    # survival (SGLang's top-k budget; 0 = no budget)
+    verify_budget: float = 0.0
 
 
 @dataclass
@@ -407,6 +421,13 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.samples_per_prompt", c.eval.samples_per_prompt >= 1, "an integer >= 1"),
         ("eval.check_rounds", c.eval.check_rounds >= 0, "an integer >= 0 (0 = no distribution check)"),
         ("eval.concurrency", c.eval.concurrency >= 1, "an integer >= 1 (sequences decoded together)"),
+        ("eval.verify_schedule", c.eval.verify_schedule in ("full", "confidence"), "full or confidence"),
+        ("eval.verify_schedule", c.eval.verify_schedule != "confidence" or c.drafter.confidence_head
+         or bool(c.drafter.checkpoint),
+         "full with drafter.confidence_head false (the confidence schedule reads the drafter's confidence head)"),
+        ("eval.confidence_threshold", 0.0 <= c.eval.confidence_threshold <= 1.0, "a number in [0, 1] (0 = none)"),
+        ("eval.verify_budget", c.eval.verify_budget >= 0, "drafts per decoding row >= 0 (0 = no budget)"),
+        ("train.loss.confidence_weight", c.train.loss.confidence_weight >= 0, "a number >= 0"),
         ("threads.shared", c.threads.shared >= 1, "an integer >= 1 (torch CPU threads of the shared builds)"),
         ("threads.drafters", c.threads.drafters >= 1, "an integer >= 1 (torch CPU threads of drafter training "
                                                       "and evaluation)"),

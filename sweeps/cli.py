@@ -30,6 +30,7 @@ COMMANDS = {
     "report": "reports.build",
     "findings": "reports.findings",
     "lengths-figure": "reports.lengths",
+    "calibration": "reports.calibration",
     "generate": "ready.generate",
     "export": "ready.drafter.export",
     "launch": "ready.train.launch",

@@ -37,7 +37,9 @@ from ready.artifacts import cached
 from ready.config import exact_mode, to_container
 from ready.data import load_suite
 from ready.decode.rounds import Generation
-from ready.decode.evaluate import evaluate, next_prompt_donors, run_ar
+from ready.calibration import verification_metrics
+from ready.decode.evaluate import evaluate, next_prompt_donors, pooled_verification, run_ar
+from ready.decode.schedule import schedule_from
 from ready.decode.sampling import params_from
 from ready.drafter import load_drafter
 from ready.drafter.checkpoint import has_markov_head, is_drafter_folder
@@ -79,6 +81,7 @@ class VariantResult:
             out[f"{b}/lossless_exact"] = float(value)
         if exact:
             out["overall/lossless_exact"] = float(all(exact.values()))
+        out.update(verification_metrics(self.evaluation))  # tokens verified per round, the head's calibration
         return out
 
     @property
@@ -370,7 +373,7 @@ def _evaluate(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, 
                         # the AR row times its own decoding; drafting rows compare with the cache
                         ar=None if method == "ar" else ar[name], sampling=sampling_params(cfg),
                         samples=int(cfg.eval.samples_per_prompt), check_rounds=int(cfg.eval.check_rounds),
-                        concurrency=slots or concurrency(cfg))
+                        concurrency=slots or concurrency(cfg), verify_schedule=schedule_from(cfg.eval))
 
     results, swaps = [], {}
     with torch.no_grad():
@@ -383,6 +386,7 @@ def _evaluate(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, 
     benchmarks = {}
     for r in results:
         benchmarks[r.benchmark] = {"metrics": r.metrics.to_dict(), "ar": r.ar.to_dict(), **r.validity(),
+                                   "verification": r.verification,
                                    "mismatch": None if r.mismatch is None else r.mismatch.__dict__,
                                    "prompts": _prompt_records(r)}
         if r.benchmark in swaps:
@@ -390,7 +394,7 @@ def _evaluate(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, 
             benchmarks[r.benchmark]["state_swap"] = {"donor": "the next prompt of the suite (the last reads the first)",
                                                      "tau": swap.metrics.tau, "lossless": swap.lossless,
                                                      "prompts": _prompt_records(swap)}
-    record = {"overall": total.to_dict(), "benchmarks": benchmarks}
+    record = {"overall": total.to_dict(), "benchmarks": benchmarks, "verification": pooled_verification(results)}
     if heldout_tf is not None:
         record["heldout_tf"] = heldout_tf
     return record
@@ -417,6 +421,9 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, draft
         evals["sampling_version"] = SAMPLING_VERSION
     if int(evals.get("concurrency", 1)) == 1:  # one prompt at a time: the evaluations cached before the key stay valid
         evals.pop("concurrency", None)
+    if evals.get("verify_schedule", "full") == "full":  # the full schedule: as every evaluation cached before the keys
+        for key in ("verify_schedule", "confidence_threshold", "verify_budget"):
+            evals.pop(key, None)
     evals["exact"] = exact_mode(cfg)  # auto resolved: float32 auto hashes as the earlier `false`
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,

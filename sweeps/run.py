@@ -27,7 +27,7 @@ from ready.config import length_mismatch
 from sweeps import study as st
 from sweeps import tracking
 from sweeps.prepare import prepare_artifacts
-from sweeps.spec import EXPERIMENTS_DIR, SpecError, Sweep, list_sweeps, load_sweep
+from sweeps.spec import EXPERIMENTS_DIR, SpecError, Sweep, axis_settings, list_sweeps, load_sweep
 from sweeps.table import render
 
 
@@ -259,8 +259,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: --threads {args.threads}: the torch thread counts are the config keys threads.shared=K (the shared "
               "builds) and threads.drafters=K (each row), hashed because they change the numbers", file=sys.stderr)
         return 2
+    try:  # a spec with setting axes runs once per setting (sweeps.spec.axis_settings)
+        settings = axis_settings(args.name, args.overrides, Path(args.experiments_dir))
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    code = 0
+    for overrides in settings:
+        if len(settings) > 1:
+            print(f"[sweeps] {args.name}: setting {' '.join(overrides[len(args.overrides):])}", flush=True)
+        code = max(code, _main_setting(args, overrides))
+        if code in (2, 130):  # a user error or an interrupt: the other settings would meet it too
+            break
+    return code
+
+
+def _main_setting(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    """`main` for one sweep setting (the command line's overrides plus its axis values)."""
     try:
-        sweep = load_sweep(args.name, args.overrides, Path(args.experiments_dir))
+        sweep = load_sweep(args.name, overrides, Path(args.experiments_dir))
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

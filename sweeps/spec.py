@@ -107,6 +107,10 @@ class SweepSpec:
     # adapter capacity)
     baselines: list[str] = field(default_factory=lambda: ["ar", "dspark", "ft", "placebo"])
     config: dict[str, Any] = field(default_factory=dict)  # overrides shared by every row
+    # setting axes: config key -> values; `python -m sweeps.run NAME` runs the whole sweep (baselines
+    # included) once per combination, each its own sweep setting, as `NAME key=value` would (e.g.
+    # eval.verify_schedule: [full, confidence]); a command-line override of an axis key runs that value alone
+    axes: dict[str, list[Any]] = field(default_factory=dict)
     grid: Optional[GridSpec] = None
     variants: list[VariantSpec] = field(default_factory=list)
     search: Optional[SearchSpec] = None
@@ -223,7 +227,8 @@ _NEVER_HASHED = ("name", "artifacts_dir", "train.devices", "train.micro_batch_si
 _DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pretrain.repeat_fraction": 0.0,
                        "regen.temperature": 0.0, "regen.top_p": 1.0, "data.path": None, "data.format": "auto",
                        "data.on_error": "stop", "data.responses": "regenerate", "train.length_buckets": 0,
-                       "target.compile": "auto", "bench.turns": "first"}
+                       "target.compile": "auto", "bench.turns": "first", "eval.verify_schedule": "full",
+                       "eval.confidence_threshold": 0.5, "eval.verify_budget": 0.0, "train.loss.confidence_weight": 1.0}
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed
@@ -422,6 +427,24 @@ def _check_unique_labels(rows: list[tuple[str, str, dict[str, Any]]], n_grid: in
         seen[label] = key
 
 
+def axis_settings(name: str, overrides: Sequence[str] = (),
+                  experiments_dir: Path | str = EXPERIMENTS_DIR) -> list[list[str]]:
+    """The command lines (`overrides` plus one `key=value` per axis) of every setting a run of sweep `name`
+    covers: one per combination of its `axes` values, an axis set on the command line held at that value;
+    [overrides] for a sweep without axes."""
+    spec_path = Path(experiments_dir) / f"{name}.yaml"
+    if name == "base" or not spec_path.is_file():
+        return [list(overrides)]
+    spec = _sweep_spec(_read_yaml(spec_path, "sweep"), str(spec_path))
+    given = {token.partition("=")[0] for token in overrides}
+    axes = {k: list(v) for k, v in (OmegaConf.to_container(spec.axes) or {}).items() if k not in given}
+    for key, values in axes.items():
+        if not values:
+            raise SpecError(f"{spec_path}: bad value at key 'axes.{key}': empty; expected a non-empty list of values")
+    combos = itertools.product(*axes.values())
+    return [list(overrides) + [f"{k}={_fmt(v)}" for k, v in zip(axes, combo)] for combo in combos]
+
+
 def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path | str = EXPERIMENTS_DIR) -> Sweep:
     """Read `experiments/<name>.yaml`, merge every layer, and expand it into resolved rows."""
     root = Path(experiments_dir)
@@ -460,6 +483,9 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
 
     rows = _rows(spec, str(spec_path))
     swept = {k for _, _, values in rows for k in values}
+    crossed = sorted(swept & set(OmegaConf.to_container(spec.axes) or {}))
+    if crossed:
+        raise SpecError(f"{spec_path}: '{crossed[0]}' is both a setting axis and swept by the rows; expected one of them")
     clash = sorted(swept & set(config_cli))
     if clash:
         raise SpecError(f"command line: '{clash[0]}' is swept by sweep '{name}'; remove the override or edit {spec_path}")

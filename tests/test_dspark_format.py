@@ -116,6 +116,34 @@ def test_a_specforge_checkpoint_gives_the_reference_block_logits(target, hf, tmp
             assert torch.allclose(ours.confidence(_proposal_hidden(ours, tokens, hidden, anchor), prev), conf, atol=2e-5)
 
 
+def test_a_specforge_checkpoints_confidence_head_schedules_verification_as_loaded(target, hf, tmp_path):
+    """The draft step's confidences are the loaded head's, sigmoid(SpecForge's predict_confidence) over the
+    proposals' hidden states and the tokens drafted before them; a confidence schedule decodes with them
+    losslessly."""
+    from ready.decode import DraftStep, Engine
+    from ready.decode.schedule import VerifySchedule
+
+    ref = specforge_model("vanilla")
+    ref.save_pretrained(tmp_path / "sf")
+    ours = load_drafter(tmp_path / "sf", target).eval()
+    tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for anchor in (5, 30):
+            feats = target(tokens[:, :anchor], capture_layers=ours.capture_layers).hidden
+            step = DraftStep(tokens=tokens[:, :anchor + 1], features=feats, target=target, cache=None)
+            drafts, _, conf = ours.draft_scored(step)
+            ctx = hf_features(hf, ref, tokens)[:, :anchor]
+            block = torch.tensor([[int(tokens[0, anchor])] + [MASK] * (BLOCK - 1)])
+            h = ref(position_ids=torch.arange(anchor + BLOCK)[None], noise_embedding=hf.model.embed_tokens(block),
+                    target_hidden=ctx)[:, 1:]
+            prev = torch.cat([tokens[:, anchor:anchor + 1], drafts[:, :-1]], dim=1)
+            assert torch.allclose(conf, torch.sigmoid(ref.predict_confidence(h, prev_token_ids=prev)), atol=2e-5)
+    prompt = tokens[0, :12].tolist()
+    want = Engine(target).generate(prompt, 24).tokens
+    g = Engine(target, ours, verify_schedule=VerifySchedule("confidence", 0.5)).generate(prompt, 24)
+    assert g.tokens == want and len(g.confidence) == len(g.verified) == len(g.accepted)
+
+
 def _proposal_hidden(drafter: DSparkDrafter, tokens, hidden, anchor):
     """The normed hidden states of the proposal rows, through the drafter's own pieces."""
     ctx = drafter._context(hidden[:, :anchor])

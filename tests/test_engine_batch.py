@@ -16,6 +16,7 @@ from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import DecodeError, Engine, NgramDrafter
 from ready.decode import generate_batch
 from ready.decode.sampling import SamplingParams
+from ready.decode.schedule import VerifySchedule
 from ready.target import HybridLM
 
 from tiny_models import VOCAB, small_target
@@ -358,6 +359,77 @@ def test_exact_mode_batched_equals_batch_one_in_bfloat16(target, kind):
     bf.exact = True
     kw = {"accept_fn": content_accept} if kind != "ar" else {}
     check_equal(bf, make_drafter(bf, kind), 4, prompts(5)[:5], [9, 4, 12, 1, 7], **kw)
+
+
+class ScoredNgram(NgramDrafter):
+    """The n-gram drafter with a confidence head's scores that depend on the committed tokens only (so a
+    ragged row scores as its batch-1 generation): c_j from a hash of the context, on both sides of 0.5."""
+
+    confidence_head = True
+
+    def draft_scored(self, step, sampling=None):
+        drafts = self.propose(step)
+        rng = random.Random(hash(tuple(step.tokens[0].tolist())) & 0xFFFF)
+        return drafts, None, torch.tensor([[rng.choice([0.2, 0.55, 0.9]) for _ in range(self.proposals)]])
+
+
+SCHEDULE = VerifySchedule("confidence", 0.5)
+
+
+@pytest.mark.parametrize("kind", ["scored_ngram", "dspark_head"])
+def test_scheduled_batched_equals_batch_one(target, kind):
+    """Under a confidence schedule (forced content acceptance, so rows accept 0..L_b): every row's tokens,
+    rounds and verified drafts equal its batch-1 generation's, with the rows of one pass verifying
+    different lengths."""
+    drafter = (ScoredNgram(VOCAB, 3) if kind == "scored_ngram" else
+               drafter_mod.DSparkDrafter(DrafterConfig(block_size=4, num_layers=2, head_rank=8, confidence_head=True),
+                                         ReaderConfig(enabled=True, rank=4, mlp_hidden=16), target).eval())
+    if kind == "dspark_head":
+        with torch.no_grad():
+            drafter.confidence_head.proj.weight.normal_(0.0, 0.15, generator=torch.Generator().manual_seed(2))
+    ps = prompts(3)
+    want = [Engine(target, drafter, accept_fn=content_accept, verify_schedule=SCHEDULE).generate(p, m)
+            for p, m in zip(ps, BUDGETS)]
+    got = Engine(target, drafter, batch_size=4, accept_fn=content_accept, verify_schedule=SCHEDULE,
+                 slots="ragged").decode(ps, list(BUDGETS)).generations
+    assert [fields(g) + (g.verified,) for g in got] == [fields(w) + (w.verified,) for w in want]
+    assert len({n for w in want for n in w.verified}) >= 3
+
+
+def test_exact_mode_batched_under_a_confidence_schedule_equals_batch_one_in_bfloat16(target):
+    """Exact mode, bfloat16: a ragged pass of the longest scheduled row's width gives every row the bits of
+    its batch-1 verify of its own length."""
+    bf = copy.deepcopy(target).to(torch.bfloat16)
+    bf.exact = True
+    check_equal(bf, ScoredNgram(VOCAB, 3), 4, prompts(5)[:5], [9, 4, 12, 1, 7], accept_fn=content_accept,
+                verify_schedule=SCHEDULE)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["dspark", "ready"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_scheduled_batched_equals_batch_one_on_cuda(target, kind, temperature):
+    """On CUDA (fp32): a confidence schedule verifies through the graph of every block length (captured when
+    the engine is sized, single slot and ragged widths) and the captured draft steps' confidences; every row
+    equals its batch-1 generation at B = 1 and 4, greedy (forced content acceptance) and sampled."""
+    tgt = copy.deepcopy(target).cuda()
+    torch.manual_seed(6)
+    drafter = drafter_mod.DSparkDrafter(DrafterConfig(block_size=4, num_layers=2, head_rank=8, confidence_head=True),
+                                        ReaderConfig(enabled=kind == "ready", rank=4, mlp_hidden=16), tgt).eval().cuda()
+    with torch.no_grad():
+        drafter.confidence_head.proj.weight.normal_(0.0, 0.15)
+    kw = {"accept_fn": content_accept} if temperature == 0 else {"sampling": SamplingParams(temperature, 1.0, 0)}
+    seeds = {} if temperature == 0 else {"seed": 0}
+    ps = prompts(2)
+    single = Engine(tgt, drafter, verify_schedule=SCHEDULE, **kw)
+    single.reserve(max(len(p) for p in ps) + max(BUDGETS))
+    assert set(single.slots.graphs.graphs) == {1, 2, 3, 4}  # every length the schedule can ask for
+    want = [single.generate(p, m, **seeds) for p, m in zip(ps, BUDGETS)]
+    for b in (1, 4):
+        engine = Engine(tgt, drafter, batch_size=b, slots="ragged", verify_schedule=SCHEDULE, **kw)
+        got = engine.decode(ps, list(BUDGETS), **({} if temperature == 0 else {"seeds": [0] * len(ps)})).generations
+        assert [fields(g) + (g.verified,) for g in got] == [fields(w) + (w.verified,) for w in want], f"batch {b}"
+        assert engine.slots.draft_step.graph is not None
 
 
 def _verify_logits(model: HybridLM, device: str) -> tuple[torch.Tensor, list[torch.Tensor]]:

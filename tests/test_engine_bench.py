@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ready.bench.engine import (
-    abba, consistency, forced_acceptance, main, paired_difference, paired_ratio, parse_accept_dist
+    ForcedRounds, abba, calibrated_confidence, consistency, forced_acceptance, main, paired_difference, paired_ratio,
+    parse_accept_dist, verify_bound
 )
 from ready.decode import DecodeError
 from ready.target import HybridConfig, HybridLM, save_target
@@ -35,6 +36,66 @@ def test_forced_acceptance_draws_from_the_distribution():
     counts = Counter(draw(None, None) for _ in range(2000))
     assert set(counts) == {0, 7}
     assert 0.75 < counts[7] / 2000 < 0.85
+
+
+def test_forced_confidence_is_the_distributions_conditional_acceptance_or_the_rounds_own():
+    dist = {0: 0.15, 1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.15, 6: 0.3}  # issue 74's forced distribution, K = 6
+    assert calibrated_confidence(dist, 6) == pytest.approx([0.85, 0.75 / 0.85, 0.65 / 0.75, 0.55 / 0.65,
+                                                           0.45 / 0.55, 0.3 / 0.45])
+    cal = ForcedRounds(dist, 6, seed=3)
+    assert cal.confidence(0) == pytest.approx(calibrated_confidence(dist, 6))
+    plain = forced_acceptance(dist, seed=3)
+    assert [cal.accept(None, None) for _ in range(50)] == [plain(None, None) for _ in range(50)]
+    oracle = ForcedRounds(dist, 6, seed=3, kind="oracle")
+    plain = forced_acceptance(dist, seed=3)
+    for _ in range(50):  # two rows a round: each row's accept returns the A its confidences told, in row order
+        c = [oracle.confidence(b) for b in (0, 1)]
+        a = [oracle.accept(None, None) for _ in (0, 1)]
+        assert a == [plain(None, None), plain(None, None)]
+        assert c == [[1.0] * x + [0.0] * (6 - x) for x in a]
+    with pytest.raises(DecodeError, match="--force-confidence"):
+        ForcedRounds(dist, 6, kind="psychic")
+
+
+def test_verify_bound_is_the_larger_of_bytes_over_bandwidth_and_flops_over_peak():
+    from ready.target import load_target
+
+    tiny = load_target("tiny", device="cpu", dtype="float32")
+    streamed = 4_000_000
+    b = verify_bound(tiny, 2, 14, 100, streamed, bandwidth=1e9, peak_flops=1e12)
+    assert b["flops"] == pytest.approx(2 * (streamed / 4) * 14)
+    assert b["memory_ms"] == pytest.approx(b["bytes"] / 1e9 * 1e3) and b["bytes"] > streamed
+    assert b["bound_ms"] == max(b["memory_ms"], b["flops_ms"])
+    assert verify_bound(tiny, 2, 14, 100, streamed, 0.0, 0.0)["bound_ms"] is None  # CPU: no bound
+
+
+def test_batched_benchmark_under_both_verify_schedules(capsys):
+    """`--verify-schedule full,confidence --force-confidence oracle`: each drafter also runs as
+    `<kind>@confidence` with forced confidences that know each round's forced A, so τ is the full schedule's
+    and every row verifies exactly the drafts it will accept (tokens verified per round = τ), fewer than the
+    full schedule's; the calibrated confidence of a distribution whose every step is >= 0.5 verifies all."""
+    args = ["--target", "tiny", "--device", "cpu", "--prompt-len", "6", "--new-tokens", "10", "-k", "3",
+            "--accept-dist", "0:1,1:1,3:2", "--drafter", "dspark,ready", "--batch", "1,2", "--batch-only",
+            "--repeats", "1", "--json", "--verify-schedule", "full,confidence"]
+    assert main(args + ["--force-confidence", "oracle"]) == 0
+    b = json.loads(capsys.readouterr().out)["batched"]
+    assert b["schedules"] == {"full": {"confidence_threshold": 0.5, "verify_budget": 0.0},
+                              "confidence": {"confidence_threshold": 0.5, "verify_budget": 0.0}}
+    assert b["force_confidence"] == "oracle"
+    for run in b["runs"]:
+        for k in ("dspark", "ready"):
+            full, conf = run[k], run[f"{k}@confidence"]
+            assert conf["tau"] == full["tau"] and conf["rounds"] == full["rounds"]
+            assert conf["verified_per_round"] == pytest.approx(conf["tau"])
+            assert conf["verified_per_round"] < full["verified_per_round"] <= 4
+            assert conf["verify_tokens_per_round"] <= full["verify_tokens_per_round"]
+            assert conf["over_full"] > 0 and "verify_bound" in conf
+    assert main(args + ["--force-confidence", "calibrated", "--accept-dist", "1:1,3:3"]) == 0
+    b = json.loads(capsys.readouterr().out)["batched"]
+    for run in b["runs"]:  # c = 1, 0.75, 1 (all >= 0.5): the schedule keeps every draft
+        assert run["dspark@confidence"]["verified_per_round"] == run["dspark"]["verified_per_round"]
+    assert main(args[:-1] + ["full,half"]) == 2
+    assert "--verify-schedule" in capsys.readouterr().err
 
 
 def test_benchmark_prints_consistent_json_on_cpu(tmp_path, capsys):

@@ -196,6 +196,41 @@ def test_exact_engine_output_equals_ar_with_partial_acceptance(exact_bf16, graph
     assert 0 in accepted and max(accepted) == 4  # rejections and full blocks both happened
 
 
+class ScoredOracleDrafter(OracleDrafter):
+    """`OracleDrafter` with a confidence head's scores: c_j cycles over 0.9, 0.9, 0.3, 0.9, 0.1, ... so a
+    confidence schedule at 0.5 verifies 0, 1, 2 ... K drafts in turn."""
+
+    confidence_head = True
+    CYCLE = (0.9, 0.9, 0.3, 0.9, 0.1, 0.9, 0.9, 0.9)
+
+    def draft_scored(self, step, sampling=None):
+        drafts = self.propose(step)
+        start = self.calls // self.proposals
+        conf = [self.CYCLE[(start + j) % len(self.CYCLE)] for j in range(self.proposals)]
+        return drafts, None, torch.tensor([conf])
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs_static_path"])
+def test_exact_engine_output_equals_ar_under_a_confidence_schedule(exact_bf16, graphs):
+    """Every block length 1..K+1 verified as the schedule decides (its own graph on the static path), in
+    bfloat16 exact mode: still AR token for token."""
+    from ready.decode.schedule import VerifySchedule
+
+    rng = random.Random(4)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 13, 30)]
+    budget = 37
+    ar = {tuple(p): g.tokens for p, g in zip(prompts, run_ar(exact_bf16, prompts, budget, warmup=0, progress=False,
+                                                              cuda_graphs=graphs))}
+    engine = Engine(exact_bf16, ScoredOracleDrafter(ar, k=4), cuda_graphs=graphs,
+                    verify_schedule=VerifySchedule("confidence", 0.5))
+    verified = []
+    for p in prompts:
+        gen = engine.generate(p, budget)
+        assert gen.tokens == ar[tuple(p)]
+        verified += gen.verified
+    assert set(verified) >= {0, 1, 2, 4}
+
+
 def test_exact_engine_pads_the_short_last_round_into_the_block_graph(exact_bf16):
     engine = Engine(exact_bf16, NgramDrafter(VOCAB, 3), cuda_graphs=True)
     shapes = []

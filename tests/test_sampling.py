@@ -162,6 +162,40 @@ def test_a_drafter_reporting_another_q_than_it_drew_from_fails_the_rule_check(ta
     assert any(issubclass(w.category, LosslessWarning) and "rule check failed" in str(w.message) for w in caught)
 
 
+def scored_drafter(target):
+    """A DSpark drafter with a confidence head whose confidences fall on both sides of 0.5."""
+    d = drafter_for(target, confidence_head=True)
+    with torch.no_grad():
+        torch.nn.init.normal_(d.confidence_head.proj.weight, std=0.15)
+    return d
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_sampled_evaluation_under_a_confidence_schedule_passes_the_distribution_check(target, concurrency):
+    """Every traced round verified exactly the drafts the threshold keeps from its confidences (the schedule
+    check), and the rule and state checks pass on what it verified."""
+    from ready.decode.schedule import VerifySchedule
+
+    res = evaluate(target, scored_drafter(target), [[3, 1, 4, 1, 5], [2, 7, 1]], 16, sampling=T1, samples=2,
+                   warmup=0, progress=False, check_rounds=4, concurrency=concurrency,
+                   verify_schedule=VerifySchedule("confidence", 0.5))
+    assert res.lossless == 1 and res.rule_err < 1e-6 and res.state_err < 1 and res.dist_rounds > 0
+    verified = [n for p in res.prompts for n in p.verified]
+    assert min(verified) < 4 and res.verification["verify_schedule"] == "confidence"
+
+
+def test_a_round_that_verifies_past_its_confidence_schedule_fails_the_schedule_check(target, monkeypatch):
+    """An engine whose schedule says `confidence` but verifies every draft: caught by the schedule check."""
+    from ready.decode.schedule import VerifySchedule
+
+    schedule = VerifySchedule("confidence", 0.5)
+    object.__setattr__(schedule, "lengths", lambda conf, room: list(room))  # the planted bug: ignore the head
+    with pytest.warns(LosslessWarning, match="schedule check failed"):
+        res = evaluate(target, scored_drafter(target), [[3, 1, 4, 1, 5], [2, 7, 1]], 16, sampling=T1, samples=2,
+                       warmup=0, progress=False, check_rounds=16, verify_schedule=schedule)
+    assert res.lossless == 0
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("head", ["vanilla", "none"])  # none: a DFlash drafter, no Markov head
 def test_on_cuda_the_captured_sampled_draft_step_and_graphed_engine_match_eager(head):

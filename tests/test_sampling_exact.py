@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from functools import lru_cache
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import Engine, NgramDrafter
 from ready.decode.protocol import DraftStep
 from ready.decode.sampling import DraftSampling, SamplingParams, draw, point_mass, speculative_round, warp
+from ready.decode.schedule import VerifySchedule
 from ready.drafter import DSparkDrafter
 from ready.target import HybridConfig, HybridLM
 
@@ -212,13 +214,73 @@ def round_outcomes(target: HybridLM, drafter, prefix: tuple, params: SamplingPar
     return out
 
 
-def speculative_law(target: HybridLM, drafter, prefix: list[int], n: int, params: SamplingParams) -> dict[tuple, float]:
-    """P(next n committed tokens) under speculative sampling, rounds chained until n are committed."""
+def scheduled_round_outcomes(target: HybridLM, drafter, prefix: tuple, params: SamplingParams,
+                             verified) -> list[tuple[tuple, float]]:
+    """`round_outcomes` under a verify schedule: `verified(drafts, confidences)` -> L, the drafts the round
+    verifies (0..K); the block [anchor, first L drafts] is verified and judged by the engine's batched rule
+    (`speculative_rounds` with n = L, the target rows past L padded as the engine pads them)."""
+    capture = list(getattr(drafter, "capture_layers", []))
+    cache = target.new_cache(batch_size=1, max_len=len(prefix) + K + 1, max_verify=K + 1)
+    with torch.no_grad():
+        pre = target.prefill(torch.tensor([list(prefix[:-1])]), cache, capture_layers=capture)
+    drafter.begin(torch.tensor([list(prefix)]))
+    step = DraftStep(tokens=torch.tensor([list(prefix)]), features=pre.hidden if capture else None,
+                     target=target, cache=cache)
+    out = []
+
+    def visit(chosen: list[int], us: list[float], weight: float):
+        u = torch.tensor([us + [0.5] * (K - len(us))], dtype=torch.float32)
+        toks, q, conf = drafter.draft_scored(step, DraftSampling(params.temperature, params.top_p, u))
+        assert toks[0, : len(chosen)].tolist() == chosen
+        if len(us) == K:
+            yield chosen, weight, q[0], conf[0].tolist()
+            return
+        row = q[0, len(us)]
+        for x in range(V):
+            if row[x] > 0:
+                yield from visit(chosen + [x], us + [cell_midpoint(row, x)], weight * share(row, x))
+
+    for drafts, w_draft, q, conf in visit([], [], 1.0):
+        n = int(verified(drafts, conf))
+        with torch.no_grad():
+            logits = target.verify(torch.tensor([[prefix[-1], *drafts[:n]]]), cache, capture_layers=capture).logits[0]
+        cache.pending = 0
+        p = warp(logits, params.temperature, params.top_p)
+        p_pad = torch.cat([p, p[-1:].expand(K + 1 - p.shape[0], -1)]) if p.shape[0] < K + 1 else p
+        accept, residual = sampling_mod.accept_law(p_pad[:K], q)
+        a = [float(accept[j, d]) for j, d in enumerate(drafts[:n])]
+        for m in range(n + 1):  # m verified drafts accepted, then a rejection (m < n) or the bonus from p[n]
+            w_m = float(np.prod(a[:m])) * ((1.0 - a[m]) if m < n else 1.0)
+            if w_m <= 0:
+                continue
+            u_acc = [a[j] / 2 for j in range(m)] + ([(1.0 + a[m]) / 2] if m < n else [])
+            u_acc += [0.5] * (K - len(u_acc))
+            row = residual[m] if m < n else p_pad[n]
+            for x in range(V):
+                if row[x] <= 0:
+                    continue
+                n_acc, nxt = sampling_mod.speculative_rounds(
+                    p_pad[None], q[None], torch.tensor([drafts]), torch.tensor([u_acc], dtype=torch.float64),
+                    torch.tensor([cell_midpoint(row, x)], dtype=torch.float64), torch.tensor([n]))
+                assert (int(n_acc[0]), int(nxt[0])) == (m, x), "speculative_rounds left the cell it was aimed at"
+                out.append((tuple(drafts[:m]) + (x,), w_draft * w_m * share(row, x)))
+    return out
+
+
+def speculative_law(target: HybridLM, drafter, prefix: list[int], n: int, params: SamplingParams,
+                    verified=None) -> dict[tuple, float]:
+    """P(next n committed tokens) under speculative sampling, rounds chained until n are committed;
+    `verified` (a verify schedule, `scheduled_round_outcomes`): each round verifies only what it keeps."""
+
+    def outcomes(pre: tuple) -> list[tuple[tuple, float]]:
+        if verified is None:
+            return round_outcomes(target, drafter, pre, params)
+        return scheduled_round_outcomes(target, drafter, pre, params, verified)
 
     @lru_cache(maxsize=None)
     def law(pre: tuple, need: int) -> dict[tuple, float]:
         acc: dict[tuple, float] = defaultdict(float)
-        for toks, w in round_outcomes(target, drafter, pre, params):
+        for toks, w in outcomes(pre):
             if len(toks) >= need:
                 acc[toks[:need]] += w
             else:
@@ -255,6 +317,56 @@ def test_speculative_law_equals_the_target_law_exactly(target, kind, temperature
     assert max_gap(got, want) < EXACT_TOL
     if kind == "zero_mass":  # the drafter never proposes 2 or 3, yet the output reaches them
         assert sum(w for s, w in got.items() if s[0] >= 2) > 0.05
+
+
+def dspark_scored(target: HybridLM) -> DSparkDrafter:
+    """The DSpark drafter with a random confidence head: its step confidences fall on both sides of 0.5 and
+    depend on the token drawn before each position (its Markov embedding)."""
+    torch.manual_seed(13)
+    d = DSparkDrafter(DrafterConfig(block_size=K + 1, num_layers=1, head_rank=4, confidence_head=True),
+                      ReaderConfig(enabled=True, rank=2, mlp_hidden=8), target).eval()
+    with torch.no_grad():
+        d.markov_head.markov_w2.weight.normal_(0.0, 3.0)
+        d.confidence_head.proj.weight.normal_(0.0, 2.0)
+        d.confidence_head.proj.bias.zero_()
+    return d
+
+
+SCHEDULES = {"threshold": VerifySchedule("confidence", 0.5), "budget": VerifySchedule("confidence", 0.0, budget=1.0)}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_scheduled_speculative_law_equals_the_target_law_exactly(target, schedule):
+    """Each round verifies the drafts the confidence schedule keeps (0, 1 or 2 here, depending on the
+    drafted tokens through the head's Markov input): the law of the committed tokens is still the target's."""
+    params = SamplingParams(1.0, 1.0)
+    prefix = PROMPT + [3]
+    seen: set[int] = set()
+
+    def verified(drafts: list[int], conf: list[float]) -> int:
+        if schedule == "threshold":
+            n = SCHEDULES[schedule].lengths([conf], [K])[0]
+        else:  # a batch budget of 1.5 drafts per row shared with another row: its survivals .7, .28 compete
+            n = VerifySchedule("confidence", 0.0, budget=1.5).lengths([conf, [0.7, 0.4]], [K, K])[0]
+        seen.add(n)
+        return n
+
+    want = target_law(target, prefix, K + 1, params)
+    got = speculative_law(target, dspark_scored(target), prefix, K + 1, params, verified)
+    assert abs(sum(got.values()) - 1.0) < 1e-9
+    assert max_gap(got, want) < EXACT_TOL
+    assert len(seen) >= 2  # the schedule really varied what a round verified
+
+
+def test_the_exact_check_catches_a_schedule_that_reads_the_draft_it_decides(target):
+    """A schedule that verifies draft 1 only when draft 1 is token 0 (not a stopping time: it reads the very
+    draft it decides on) biases the committed tokens; the exact law sees it."""
+    params = SamplingParams(1.0, 1.0)
+    prefix = PROMPT + [3]
+    want = target_law(target, prefix, K + 1, params)
+    got = speculative_law(target, dspark_scored(target), prefix, K + 1, params,
+                          lambda drafts, conf: K if drafts[0] == 0 else 0)
+    assert max_gap(got, want) > 1e-3
 
 
 def test_the_exact_check_catches_resampling_from_p(target, monkeypatch):
@@ -301,15 +413,17 @@ def chi2_rejects(counts: np.ndarray, expected_p: np.ndarray, n: int) -> tuple[bo
     return reject, pvalues
 
 
-def sampled_counts(target: HybridLM, drafter, params: SamplingParams, batch: int = 0) -> np.ndarray:
+def sampled_counts(target: HybridLM, drafter, params: SamplingParams, batch: int = 0,
+                   schedule: Optional[VerifySchedule] = None) -> np.ndarray:
     """Token counts per position over N_SAMPLES generations (seeds 0 ..): one at a time through `Engine`,
-    or `batch` at a time through the batched engine (ragged rows: each row's acceptance is its own)."""
+    or `batch` at a time through the batched engine (ragged rows: each row's acceptance is its own);
+    `schedule`: the engine's verify schedule."""
     if batch:
-        res = Engine(target, drafter, batch_size=batch, sampling=params, slots="ragged").decode(
+        res = Engine(target, drafter, batch_size=batch, sampling=params, slots="ragged", verify_schedule=schedule).decode(
             [PROMPT] * N_SAMPLES, L, seeds=list(range(N_SAMPLES)))
         generations = [g.tokens for g in res.generations]
     else:
-        engine = Engine(target, drafter, sampling=params)
+        engine = Engine(target, drafter, sampling=params, verify_schedule=schedule)
         generations = [engine.generate(PROMPT, L, seed=seed).tokens for seed in range(N_SAMPLES)]
     counts = np.zeros((L, V))
     for toks in generations:
@@ -340,6 +454,17 @@ def test_batched_sampled_tokens_pass_chi_square_per_position(target, exact_margi
     """The same law through the batched engine, 8 rows at a time (the DSpark drafter's batched draft step)."""
     params = SamplingParams(1.0, 1.0)
     counts = sampled_counts(target, make_drafter(kind, target, params), params, batch=8)
+    reject, pvalues = chi2_rejects(counts, exact_marginals, N_SAMPLES)
+    assert not reject, f"per-position p-values {pvalues} (threshold {CHI2_ALPHA / L:.2g})"
+
+
+@pytest.mark.parametrize("batch,schedule", [(0, "threshold"), (8, "threshold"), (8, "budget")])
+def test_scheduled_sampled_tokens_pass_chi_square_per_position(target, exact_marginals, batch, schedule):
+    """End to end under a confidence schedule: one slot, and 8 ragged rows verifying their own lengths in one
+    pass (the threshold), or sharing a budget of one draft per row (rows decide each other's lengths)."""
+    params = SamplingParams(1.0, 1.0)
+    drafter = dspark_scored(target)
+    counts = sampled_counts(target, drafter, params, batch, SCHEDULES[schedule])
     reject, pvalues = chi2_rejects(counts, exact_marginals, N_SAMPLES)
     assert not reject, f"per-position p-values {pvalues} (threshold {CHI2_ALPHA / L:.2g})"
 

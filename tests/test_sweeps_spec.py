@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from sweeps.basegen import drift, render
 from sweeps.run import main
 from ready.config import ConfigError, merge, schema, validate
-from sweeps.spec import EXPERIMENTS_DIR, SpecError, list_sweeps, load_sweep
+from sweeps.spec import EXPERIMENTS_DIR, SpecError, axis_settings, list_sweeps, load_sweep
 
 SWEEPS = ["main", "ft_control", "rank", "layers", "inject_layer", "inject_pos", "search_loss", "positive_control"]
 
@@ -175,6 +175,32 @@ def test_a_bad_spec_fails_with_one_message_naming_the_key(experiments: Path, bod
     assert main(["bad", "--dry-run", "--experiments-dir", str(experiments)]) == 2
     captured = capsys.readouterr()
     assert captured.err.strip().count("\n") == 0 and key in captured.err and "Traceback" not in captured.err
+
+
+def test_the_verify_schedule_axis_runs_each_schedule_as_its_own_setting(capsys):
+    """`axes`: one sweep setting per schedule, each with its own AR and DSpark baselines and ReaDy row, the
+    schedule in every row's config (and so in its hash); an axis given on the command line runs alone."""
+    settings = axis_settings("verify_schedule", ["profile=smoke"])
+    assert settings == [["profile=smoke", "eval.verify_schedule=full"], ["profile=smoke", "eval.verify_schedule=confidence"]]
+    assert axis_settings("verify_schedule", ["eval.verify_schedule=confidence"]) == [["eval.verify_schedule=confidence"]]
+    assert axis_settings("rank", ["seeds=[0]"]) == [["seeds=[0]"]]  # no axes: the command line as it is
+    full, conf = (load_sweep("verify_schedule", o) for o in settings)
+    assert full.setting != conf.setting
+    for sweep, kind in ((full, "full"), (conf, "confidence")):
+        assert [(v.method, v.cfg.eval.verify_schedule, bool(v.cfg.drafter.confidence_head)) for v in sweep.rows] == \
+               [("ar", kind, True), ("dspark", kind, True), ("ready", kind, True)]
+    assert {j.config_hash for j in full.jobs()}.isdisjoint({j.config_hash for j in conf.jobs()})
+    assert main(["verify_schedule", "profile=smoke", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("sweep verify_schedule (verify_schedule)") == 2
+    assert "setting eval.verify_schedule=full" in out and "setting eval.verify_schedule=confidence" in out
+
+
+def test_an_axis_that_the_rows_also_sweep_is_refused(experiments: Path):
+    (experiments / "both.yaml").write_text("# python -m sweeps.run both\ntable: t\naxes: {reader.rank: [8, 16]}\n"
+                                           "grid: {values: {reader.rank: [8, 16]}}\n")
+    with pytest.raises(SpecError, match="both a setting axis and swept"):
+        load_sweep("both", experiments_dir=experiments)
 
 
 def test_command_line_mistakes_name_the_key(capsys):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ready.train.anchors import gather_blocks, sample_anchors
-from ready.train.loss import draft_loss, position_weights
+from ready.train.loss import draft_loss, loss_share, position_weight_sum, position_weights, terms_from_stats
 
 
 def _softmax(xs):
@@ -37,6 +37,56 @@ def test_loss_equals_ce_plus_lambda_l1_with_position_weights_by_hand():
     assert float(terms.loss) == pytest.approx(want_ce + lam * want_l1, rel=1e-5)
     # argmax hits: pos1 (0 == 0), pos2 (1 == 1), pos3 (2 == 2) -> whole block accepted
     assert terms.accuracy == 1.0 and terms.tau_hat == 4.0
+
+
+def test_confidence_head_loss_is_dspark_bce_against_the_acceptance_rate_by_hand():
+    """DeepSpec's confidence loss: BCE(logit_j, r_j) with r_j = 1 - L1_j / 2 (detached), weighted by w_j and
+    normalised like the other terms, times the confidence weight."""
+    draft = [[2.0, 0.5, -1.0], [0.0, 1.0, 0.0], [-0.5, 0.3, 1.2]]
+    target = [[1.0, 1.0, 0.0], [0.2, 2.0, -1.0], [3.0, 0.0, 0.0]]
+    labels, z = [0, 1, 2], [1.5, -0.3, 0.2]
+    lam, gamma, alpha = 0.3, 2.0, 0.7
+    w = [math.exp(-j / gamma) for j in (1, 2, 3)]
+    ce = [-math.log(_softmax(draft[j])[labels[j]]) for j in range(3)]
+    l1 = [sum(abs(p - q) for p, q in zip(_softmax(draft[j]), _softmax(target[j]))) for j in range(3)]
+    r = [1 - d / 2 for d in l1]
+    sig = [1 / (1 + math.exp(-x)) for x in z]
+    bce = [-(rj * math.log(sj) + (1 - rj) * math.log(1 - sj)) for rj, sj in zip(r, sig)]
+    mean = lambda xs: sum(wj * x for wj, x in zip(w, xs)) / sum(w)  # noqa: E731
+    logits = torch.tensor([[z]], requires_grad=True)
+    d = torch.tensor([[draft]], requires_grad=True)
+    terms = draft_loss(d, torch.tensor([[labels]]), torch.tensor([[target]]), None, lam, gamma,
+                       confidence_logits=logits, confidence_weight=alpha)
+    assert terms.confidence == pytest.approx(mean(bce), rel=1e-5)
+    assert terms.confidence_error == pytest.approx(mean([abs(s - x) for s, x in zip(sig, r)]), rel=1e-5)
+    assert float(terms.loss.detach()) == pytest.approx(mean(ce) + lam * mean(l1) + alpha * mean(bce), rel=1e-5)
+    assert terms.value == pytest.approx(float(terms.loss), rel=1e-6)
+    terms.loss.backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+    # the acceptance rate is a detached target: the confidence term alone sends nothing into the draft logits
+    d2 = torch.tensor([[draft]], requires_grad=True)
+    only = draft_loss(d2, torch.tensor([[labels]]), torch.tensor([[target]]), None, 0.0, gamma,
+                      confidence_logits=torch.tensor([[z]]), confidence_weight=1.0)
+    only.loss.backward()
+    plain = torch.tensor([[draft]], requires_grad=True)
+    draft_loss(plain, torch.tensor([[labels]]), torch.tensor([[target]]), None, 0.0, gamma).loss.backward()
+    assert torch.allclose(d2.grad, plain.grad)
+    assert math.isnan(draft_loss(d.detach(), torch.tensor([[labels]]), torch.tensor([[target]])).confidence)
+
+
+def test_micro_batch_shares_with_the_confidence_term_add_up_to_the_whole_batch():
+    g = torch.Generator().manual_seed(1)
+    d, t = torch.randn(4, 2, 3, 6, generator=g), torch.randn(4, 2, 3, 6, generator=g)
+    z, labels = torch.randn(4, 2, 3, generator=g), torch.randint(0, 6, (4, 2, 3), generator=g)
+    mask = torch.rand(4, 2, 3, generator=g) > 0.2
+    whole = draft_loss(d, labels, t, mask, 0.1, 4.0, confidence_logits=z, confidence_weight=1.0)
+    ws = position_weight_sum(mask, 4.0)
+    parts = [loss_share(d[s], labels[s], t[s], mask[s], ws, 0.1, 4.0, confidence_logits=z[s]) for s in (slice(0, 1), slice(1, 4))]
+    total = sum(p[0] for p in parts)
+    terms = terms_from_stats(total, sum(p[1] for p in parts), 0.1, 1.0)
+    assert float(total) == pytest.approx(float(whole.loss), rel=1e-5)
+    assert terms.confidence == pytest.approx(whole.confidence, rel=1e-5)
+    assert terms.value == pytest.approx(whole.value, rel=1e-5)
 
 
 def test_masked_positions_do_not_count():

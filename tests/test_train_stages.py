@@ -162,6 +162,51 @@ def test_base_training_lowers_the_loss(tmp_path, target, data):
     assert set(res.trainable) == {n for n, _ in d.named_parameters()}  # everything but the shared embeddings/head
 
 
+def _with_head(cfg):
+    return OmegaConf.merge(cfg, {"drafter": {"confidence_head": True}})
+
+
+def test_base_training_trains_dsparks_confidence_head_with_its_loss(tmp_path, target, data):
+    """The base drafter's training (as DeepSpec's trainer): the head's BCE against the acceptance rate
+    goes down and its predictions move toward the rates; the head's weights move."""
+    cfg = _with_head(micro_cfg(tmp_path))
+    cfg.train.base.update(samples=160, lr=1e-2, anchors_per_sample=6)
+    d = _drafter(cfg, target, reader=False)
+    before = _snapshot(d)
+    curve: dict[str, list] = {}
+    train_stage("base", d, target, data, cfg, tmp_path / "base", progress=False,
+                callback=lambda n, v, s: curve.setdefault(n, []).append(v))
+    conf = curve["train/base/confidence"]
+    assert len(conf) == 40 and sum(conf[-5:]) / 5 < sum(conf[:5]) / 5
+    assert sum(curve["train/base/confidence_error"][-5:]) < sum(curve["train/base/confidence_error"][:5])
+    assert {"confidence_head.proj.weight", "confidence_head.proj.bias"} <= _changed(before, d)
+    # without the loss (weight 0) the head receives no gradient at all: it stays where it started
+    cfg0 = _with_head(micro_cfg(tmp_path))
+    cfg0.train.loss.confidence_weight = 0.0
+    d0 = _drafter(cfg0, target, reader=False)
+    before0 = _snapshot(d0)
+    names = []
+    train_stage("base", d0, target, data, cfg0, tmp_path / "base0", progress=False,
+                callback=lambda n, v, s: names.append(n))
+    assert not {"confidence_head.proj.weight", "confidence_head.proj.bias"} & _changed(before0, d0)
+    assert "train/base/confidence" not in names
+
+
+@pytest.mark.parametrize("stage", ["stage1", "stage2"])
+@pytest.mark.parametrize("reader", [True, False])
+def test_readys_stages_and_the_control_leave_the_confidence_head_as_it_was(tmp_path, target, data, stage, reader):
+    """As the paper leaves it: ReaDy's stages (and the FT control's) drop the head's loss and never train it."""
+    cfg = _with_head(micro_cfg(tmp_path))
+    d = _drafter(cfg, target, reader=reader)
+    before = {n: p.detach().clone() for n, p in d.confidence_head.named_parameters()}
+    names = []
+    res = train_stage(stage, d, target, data, cfg, tmp_path / stage, progress=False,
+                      callback=lambda n, v, s: names.append(n))
+    assert not any("confidence_head" in n for n in res.trainable)
+    assert all(torch.equal(p, before[n]) for n, p in d.confidence_head.named_parameters())
+    assert not any(n.endswith("/confidence") for n in names)
+
+
 def test_unknown_stage_and_lora_matching_nothing_say_what_was_expected(tmp_path, target, data):
     cfg = micro_cfg(tmp_path)
     with pytest.raises(TrainStageError, match="stage1"):

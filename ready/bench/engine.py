@@ -66,6 +66,18 @@ a run cut by a time limit still shows what it measured. Its keys:
   slot is `SingleSlot`): beside the single-sequence sections, the cost of a batch of one on the ragged path.
   `--temperature T` (> 0): every method samples (one seed per prompt) under the real acceptance rule, so
   with random weights few drafts survive: the figures are the cost of the batched sampling path.
+  `--verify-schedule full,confidence` (`ready.decode.schedule`): each drafter also runs under the confidence
+  schedule (`--confidence-threshold`, `--verify-budget`) as `dspark@confidence`, `ready@confidence`
+  (`over_full`: its TPS over the same drafter's under the full schedule). Forced acceptance needs forced
+  confidences (`ForcedRounds`, `--force-confidence`): `calibrated` gives every round the distribution's
+  conditional acceptance c_j = P(A >= j) / P(A >= j-1) (a head calibrated on the distribution that knows
+  nothing of the round: the threshold cuts every round at the same place and A is capped there), `oracle`
+  draws the round's A first and gives c_j = 1 for j <= A, 0 after (the threshold verifies exactly the
+  drafts that will be accepted: τ unchanged, the shortest verify; the bound of what a schedule saves).
+  Each method reports `verified_per_round` (per row: drafts its schedule verified + the anchor) and
+  `verify_tokens_per_round` (what the pass ran over: slots x the longest scheduled row's width), and
+  `verify_bound` / `verify_over_bound`: max(bytes it must stream / the copy rate, FLOPs / the measured bf16
+  matmul rate (`--peak-flops`)) at that pass's tokens (`verify_bound`), and the breakdown's verify µs over it.
 """
 
 from __future__ import annotations
@@ -79,7 +91,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -96,6 +108,7 @@ from ready.decode.evaluate import _warm_up
 from ready.decode.graphs import GraphRunner
 from ready.decode.rounds import Generation
 from ready.decode.sampling import SamplingParams
+from ready.decode.schedule import SCHEDULES, VerifySchedule
 from ready.drafter import DSparkDrafter
 from ready.reader import StateSource, read_states
 from ready.stats import mean_interval, t_quantile
@@ -152,6 +165,90 @@ def forced_acceptance(dist: dict[int, float], seed: int = 0) -> Callable[[torch.
     rng = random.Random(seed)
     values, weights = list(dist), list(dist.values())
     return lambda drafts, argmax: rng.choices(values, weights)[0]
+
+
+FORCED_CONFIDENCE = ("calibrated", "oracle")
+
+
+def calibrated_confidence(dist: dict[int, float], proposals: int) -> list[float]:
+    """The step confidences of a calibrated head that knows the forced distribution but not the round:
+    c_j = P(A >= j | A >= j-1) = S_j / S_{j-1}, S_j = P(A >= j) (0 where S_{j-1} = 0)."""
+    surv = [sum(p for a, p in dist.items() if a >= j) for j in range(proposals + 1)]
+    return [surv[j] / surv[j - 1] if surv[j - 1] > 0 else 0.0 for j in range(1, proposals + 1)]
+
+
+class ForcedRounds:
+    """Forced acceptance with a forced confidence (`Engine(accept_fn=.accept, confidence_fn=.confidence)`):
+    a round's accepted length A is drawn from `dist` as `forced_acceptance` draws it, and its confidences are
+
+    - `calibrated`: every round the same `calibrated_confidence` of `dist` (a head calibrated on the
+      distribution that knows nothing of the round; the threshold rule then verifies the same prefix every
+      round, and A is capped at it);
+    - `oracle`: the round's A is drawn first and the head knows it: c_j = 1 for j <= A, 0 after, so the
+      threshold rule verifies exactly the A drafts that will be accepted (A is unchanged, the verify is as
+      short as it can be: the bound of what a schedule saves at this distribution).
+
+    `confidence` is called for every decoding row before the verify, `accept` once for each of them after
+    it, in the same row order (the engine's), so each row's accept returns the A its confidences told;
+    without a preceding `confidence` (the full schedule) `accept` draws as `forced_acceptance` does."""
+
+    def __init__(self, dist: dict[int, float], proposals: int, seed: int = 0, kind: str = "calibrated") -> None:
+        if kind not in FORCED_CONFIDENCE:
+            raise DecodeError(f"--force-confidence {kind!r}: expected one of {', '.join(FORCED_CONFIDENCE)}")
+        self.rng, self.kind, self.k = random.Random(seed), kind, int(proposals)
+        self.values, self.weights = list(dist), list(dist.values())
+        self.steps = calibrated_confidence(dist, self.k)
+        self.pending: list[int] = []
+
+    def _draw(self) -> int:
+        return self.rng.choices(self.values, self.weights)[0]
+
+    def confidence(self, b: int) -> list[float]:
+        if self.kind == "calibrated":
+            return list(self.steps)
+        a = self._draw()
+        self.pending.append(a)
+        return [1.0] * a + [0.0] * (self.k - a)
+
+    def accept(self, drafts: torch.Tensor, argmax: torch.Tensor) -> int:
+        return self.pending.pop(0) if self.pending else self._draw()
+
+
+def measured_bf16_flops(device: torch.device, n: int = 8192, iters: int = 10) -> float:
+    """The card's dense bf16 matmul rate (FLOP/s): an n x n x n product timed `iters` times after a warm-up
+    (0 off CUDA: no FLOP bound there)."""
+    if device.type != "cuda":
+        return 0.0
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        a @ b
+    end.record()
+    torch.cuda.synchronize(device)
+    return 2.0 * n ** 3 * iters / (start.elapsed_time(end) / 1e3)
+
+
+def verify_bound(target: Any, rows: int, tokens: float, context: int, streamed: int, bandwidth: float,
+                 peak_flops: float) -> dict[str, Any]:
+    """The verify pass's lower bound: max(bytes it must stream / `bandwidth`, FLOPs / `peak_flops`), for
+    `rows` sequences verifying `tokens` tokens in all at a context of `context`. Bytes: the weights but the
+    embedding table (`streamed`), each row's GDN states (fp32, read once) and its attention K/V; FLOPs:
+    2 x the matmul parameters (the streamed weights' elements) x tokens (attention's own FLOPs not counted)."""
+    cfg = target.config
+    n_gdn = sum(t != "full_attention" for t in cfg.layer_types)
+    state = n_gdn * int(cfg.linear_num_value_heads) * int(cfg.linear_key_head_dim) * int(cfg.linear_value_head_dim) * 4
+    nbytes = streamed + rows * (state + kv_bytes(target, context))
+    params = streamed / target.dtype.itemsize
+    flops = 2.0 * params * tokens
+    mem_ms = nbytes / bandwidth * 1e3 if bandwidth > 0 else None
+    flop_ms = flops / peak_flops * 1e3 if peak_flops > 0 else None
+    parts = [x for x in (mem_ms, flop_ms) if x is not None]
+    return {"bytes": nbytes, "flops": flops, "memory_ms": mem_ms, "flops_ms": flop_ms,
+            "bound_ms": max(parts) if parts else None}
 
 
 def _sync(device: torch.device) -> None:
@@ -518,17 +615,31 @@ def _batch_summary(results: list[Any]) -> dict[str, Any]:
     n, prompts = r0.new_tokens, len(r0.generations)
     acc = [a for g in r0.generations for a in g.accepted]
     wall, dec = statistics.median(walls), statistics.median(decode)
+    verified = [n + 1 for g in r0.generations for n in g.verified]
     return {"prompts": prompts, "new_tokens": n, "wall_s": wall, "tokens_per_s": n / wall,
             "decode_tokens_per_s": (n - prompts) / dec if dec > 0 else 0.0, "rounds": r0.rounds,
             "round_ms": dec * 1e3 / r0.rounds if r0.rounds else None,
             "tau": (sum(a + 1 for a in acc) / len(acc)) if acc else None,
+            # per row and round: the tokens its schedule verified (drafts + the anchor); per round: the tokens
+            # the verify pass ran over (slots x the pass's width: the longest scheduled row's)
+            "verified_per_round": statistics.fmean(verified) if verified else None,
+            "verify_tokens_per_round": statistics.fmean(r0.verify_tokens) if r0.verify_tokens else None,
             "decode_tps_runs": [round((r.new_tokens - prompts) / d, 2) if d > 0 else 0.0 for r, d in zip(results, decode)]}
+
+
+def method_schedule(method: str) -> tuple[str, str]:
+    """A batched method key -> (drafter kind, verify schedule): `ready` runs the full schedule,
+    `ready@confidence` the confidence one."""
+    kind, _, schedule = method.partition("@")
+    return kind, schedule or "full"
 
 
 def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, dist: Optional[tuple[str, dict]],
                   prompt_len: int, new_tokens: int, batches: list[int], waves: int, repeats: int, graphs: bool,
                   seed: int, temperature: float = 0.0, slots: Optional[str] = None,
-                  one_at_a_time: bool = False) -> dict[str, Any]:
+                  one_at_a_time: bool = False, schedules: Sequence[VerifySchedule] = (VerifySchedule(),),
+                  force_confidence: str = "calibrated", streamed: int = 0, bandwidth: float = 0.0,
+                  peak_flops: float = 0.0) -> dict[str, Any]:
     """AR, DSpark and ReaDy through an `Engine` of B slots at each batch size (concurrency):
     `waves` x B prompts of `prompt_len` random tokens per timed call (slots are refilled as rows end), TPS =
     all new tokens / wall time. The drafters decode under forced acceptance (`dist`, reseeded per call, so
@@ -539,19 +650,34 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
     the engine's slot store (`ready.decode.slots`; default single at B = 1, ragged above).
     The methods' timed calls are interleaved over engines held together, so drifts of the device hit them
     alike; `one_at_a_time` builds, times and frees one method's drafter and engine after another instead,
-    for batch sizes whose three caches do not fit beside the target (B = 32 of the 27B on an 80 GB card)."""
+    for batch sizes whose three caches do not fit beside the target (B = 32 of the 27B on an 80 GB card).
+    `schedules` (`ready.decode.schedule`): each drafter kind runs under each; a confidence schedule's method
+    is `<kind>@confidence`, and under forced acceptance its confidences are forced too (`ForcedRounds`,
+    `force_confidence`: calibrated | oracle); its verify graphs are captured as the warm-up call meets their
+    lengths (the timed calls replay its rounds). `verify_bound` (with `streamed` weight bytes, `bandwidth`,
+    `peak_flops`): each drafting method's verify pass against its bound at its mean pass tokens, and
+    `verify_over_bound` = the breakdown's median verify µs / that bound."""
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = target.config.vocab_size
     out: dict[str, Any] = {"batches": list(batches), "waves": waves, "temperature": temperature, "slots": slots or "auto",
                            "accept_dist": None if dist is None or temperature > 0 else dist[1],
                            "spec": None if dist is None else dist[0], "one_at_a_time": one_at_a_time, "runs": []}
     sampling = SamplingParams(temperature, 1.0, seed) if temperature > 0 else None
-    methods = ["ar"] + (list(kinds) if dist is not None or sampling is not None else [])
+    by_kind = {s.kind: s for s in schedules}
+    drafting = [k if s.kind == "full" else f"{k}@{s.kind}" for s in schedules for k in kinds]
+    methods = ["ar"] + (drafting if dist is not None or sampling is not None else [])
+    out["schedules"] = {s.kind: {"confidence_threshold": s.threshold, "verify_budget": s.budget} for s in schedules}
+    out["force_confidence"] = force_confidence if any(s.scheduled for s in schedules) else None
+    out["peak_flops"], out["bandwidth"] = peak_flops or None, bandwidth or None
     held = {} if one_at_a_time else {k: build_drafter(target, k, preset, block_size, seed) for k in kinds}
 
     def engine(k: str, B: int) -> Engine:
-        d = None if k == "ar" else (held[k] if k in held else build_drafter(target, k, preset, block_size, seed))
-        return Engine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling, slots=slots)
+        kind, schedule = method_schedule(k)
+        d = None if k == "ar" else (held[kind] if kind in held else build_drafter(target, kind, preset, block_size, seed))
+        forced = dist is not None and sampling is None and by_kind[schedule].scheduled
+        return Engine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling, slots=slots,
+                      verify_schedule=by_kind[schedule], capture_all_lengths=not forced,
+                      confidence_fn=(lambda b: [1.0] * block_size) if forced else None)
 
     def free() -> None:  # a dropped engine's cache and graphs back to the device before the next one
         gc.collect()
@@ -566,8 +692,11 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
         def call(k: str, e: Any) -> Any:
             if sampling is not None:
                 return e.decode(prompts, new_tokens, seeds=list(range(len(prompts))))
-            if k != "ar":
+            if k != "ar" and method_schedule(k)[1] == "full":
                 e.accept_fn = forced_acceptance(dist[1], seed)  # the same accepted lengths for both drafters
+            elif k != "ar":  # and, scheduled, the same forced confidences
+                rounds = ForcedRounds(dist[1], block_size, seed, force_confidence)
+                e.accept_fn, e.confidence_fn = rounds.accept, rounds.confidence
             return e.decode(prompts, new_tokens)
 
         def warm(k: str, e: Any) -> None:  # allocation, graph capture, compile, kernel tuning
@@ -615,6 +744,20 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
         for k in methods[1:]:
             run[k]["decode_speedup_vs_ar"] = run[k]["decode_tokens_per_s"] / ar_tps if ar_tps else None
             run[k]["breakdown"] = parts[k]
+            if run[k].get("verify_tokens_per_round"):  # the verify pass against its bound
+                bound = verify_bound(target, B, run[k]["verify_tokens_per_round"], prompt_len + new_tokens // 2,
+                                     streamed, bandwidth, peak_flops)
+                run[k]["verify_bound"] = bound
+                if bound["bound_ms"] and parts[k].get("verify_us"):
+                    run[k]["verify_over_bound"] = parts[k]["verify_us"] / (bound["bound_ms"] * 1e3)
+        for kind in kinds:  # what the confidence schedule changes, per drafter kind
+            for s in schedules:
+                key = f"{kind}@{s.kind}"
+                if s.scheduled and key in run and kind in run and run[kind]["decode_tokens_per_s"]:
+                    run[key]["over_full"] = run[key]["decode_tokens_per_s"] / run[kind]["decode_tokens_per_s"]
+        if "ready@confidence" in timed and "dspark@confidence" in timed:
+            run["ready_over_dspark_confidence"] = (run["ready@confidence"]["decode_tokens_per_s"]
+                                                   / run["dspark@confidence"]["decode_tokens_per_s"])
         if "dspark" in timed and "ready" in timed:
             a, b = run["dspark"], run["ready"]
             run["same_rounds"] = [r.rounds for r in timed["dspark"]] == [r.rounds for r in timed["ready"]]
@@ -660,11 +803,15 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
           batches: Optional[list[int]] = None, waves: int = 1, batch_only: bool = False,
           pairs: int = 10, tolerance_pct: float = TOLERANCE_PCT, temperature: float = 0.0,
           slots: Optional[str] = None, on_length: Optional[Callable[[dict[str, Any]], None]] = None,
-          one_at_a_time: bool = False, prefill_chunk: int = 0) -> dict[str, Any]:
+          one_at_a_time: bool = False, prefill_chunk: int = 0,
+          schedules: Sequence[VerifySchedule] = (VerifySchedule(),), force_confidence: str = "calibrated",
+          peak_flops: Optional[float] = None) -> dict[str, Any]:
     """Every section at one prompt length, or, for a list, the sections at each length in turn over one
     loaded target (`{"prompt_lens": [...], "by_prompt_len": [one result per length]}`). `on_length` gets the
     results so far after each length, so a run cut short keeps the lengths it finished. `prefill_chunk` > 0:
-    every prefill in pieces of at most that many tokens (`HybridLM.prefill_chunk`)."""
+    every prefill in pieces of at most that many tokens (`HybridLM.prefill_chunk`). `schedules`,
+    `force_confidence`: the batched section's verify schedules and forced confidence (`bench_batched`);
+    `peak_flops`: the verify bound's FLOP rate (None: measured on the card, `measured_bf16_flops`)."""
     lens = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
     dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
@@ -683,6 +830,9 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
     if compile_layers is not None:  # None: the default (compiled layers inside CUDA graphs on CUDA)
         target.compile_layers(compile_layers)
     target.prefill_chunk = prefill_chunk
+    if batches and peak_flops is None:
+        peak_flops = measured_bf16_flops(target.device)
+        progress(f"bf16 matmul rate {peak_flops / 1e12:.0f} TFLOP/s (the verify bound's)")
     runs: list[dict[str, Any]] = []
 
     def result() -> dict[str, Any]:
@@ -695,7 +845,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
         runs.append(bench_at(target, target_spec, dtype, n, new_tokens, block_size, dists_parsed, repeats,
                              verify_iters, bandwidth, cuda_graphs, compile_layers, seed, preset, drafters,
                              verify_tokens, breakdown, profile, first_later and i == 0, batches, waves, batch_only,
-                             pairs, tolerance_pct, temperature, slots, one_at_a_time=one_at_a_time))
+                             pairs, tolerance_pct, temperature, slots, one_at_a_time=one_at_a_time,
+                             schedules=schedules, force_confidence=force_confidence, peak_flops=peak_flops or 0.0))
         runs[-1]["prefill_chunk"] = prefill_chunk
         if on_length is not None:
             on_length(result())
@@ -715,7 +866,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
              drafters: tuple[str, ...], verify_tokens: Optional[list[int]], breakdown: bool, profile: bool,
              first_later: bool, batches: Optional[list[int]], waves: int, batch_only: bool, pairs: int,
              tolerance_pct: float, temperature: float, slots: Optional[str] = None,
-             one_at_a_time: bool = False) -> dict[str, Any]:
+             one_at_a_time: bool = False, schedules: Sequence[VerifySchedule] = (VerifySchedule(),),
+             force_confidence: str = "calibrated", peak_flops: float = 0.0) -> dict[str, Any]:
     """Every section of the benchmark at one prompt length (module docstring)."""
     dev = target.device
     if dev.type == "cuda":  # `peak_gpu_gb`: this length's high-water mark, the target's weights included
@@ -730,7 +882,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
         kinds = [d for d in drafters if d in ("dspark", "ready")]
         batched = bench_batched(target, kinds, preset, block_size, dists_parsed[0] if dists_parsed else None,
                                 prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature, slots,
-                                one_at_a_time)
+                                one_at_a_time, schedules, force_confidence, streamed, bandwidth, peak_flops)
         if batch_only:
             return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
                     "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
@@ -863,6 +1015,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="with --batch: build, time and free one method's engine after another instead of holding "
                          "AR, DSpark and ReaDy together (not interleaved; for caches that do not fit together)")
+    ap.add_argument("--verify-schedule", default="full",
+                    help="with --batch: comma list of verify schedules the drafters run under, full and/or confidence "
+                         "(ready.decode.schedule; default full)")
+    ap.add_argument("--confidence-threshold", type=float, default=0.5,
+                    help="the confidence schedule's threshold (eval.confidence_threshold; default 0.5)")
+    ap.add_argument("--verify-budget", type=float, default=0.0,
+                    help="the confidence schedule's budget of drafts per decoding row (eval.verify_budget; default 0 = none)")
+    ap.add_argument("--force-confidence", choices=FORCED_CONFIDENCE, default="calibrated",
+                    help="the confidence schedule's forced confidences under --accept-dist (ForcedRounds): calibrated "
+                         "(the distribution's conditional acceptance, every round) or oracle (the round's drawn A)")
+    ap.add_argument("--peak-flops", type=float, default=None,
+                    help="FLOP/s of the verify bound (default: a bf16 matmul measured on the card; none on CPU)")
     ap.add_argument("--prefill-chunk", type=int, default=0,
                     help="prefill prompts in pieces of at most this many tokens (0: one pass); bounds a long "
                          "prompt's activations, e.g. 8192 for 32k prompts on an 80 GB card")
@@ -894,6 +1058,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise DecodeError(f"--temperature {a.temperature}: expected a number >= 0 (0 = greedy)")
         if batches is not None and (not batches or min(batches) < 1 or a.waves < 1):
             raise DecodeError(f"--batch {a.batch!r} --waves {a.waves}: expected batch sizes >= 1 and --waves >= 1")
+        kinds = [k.strip() for k in a.verify_schedule.split(",") if k.strip()]
+        if not kinds or any(k not in SCHEDULES for k in kinds) or len(set(kinds)) != len(kinds):
+            raise DecodeError(f"--verify-schedule {a.verify_schedule!r}: expected a comma list of {', '.join(SCHEDULES)}")
+        schedules = [VerifySchedule(k, a.confidence_threshold, a.verify_budget) for k in kinds]
         with torch.no_grad():
             res = bench(a.target, a.device, dtype, lens if len(lens) > 1 else lens[0], a.new_tokens, a.block_size,
                         dists, a.repeats, a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed,
@@ -902,6 +1070,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
                         batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct,
                         temperature=a.temperature, slots=a.slots, one_at_a_time=a.one_at_a_time,
+                        schedules=schedules, force_confidence=a.force_confidence, peak_flops=a.peak_flops,
                         prefill_chunk=a.prefill_chunk, on_length=(lambda r: atomic_write_text(a.out, json.dumps(r) + "\n")) if a.out else None)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):

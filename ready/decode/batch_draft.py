@@ -58,7 +58,7 @@ class BatchDraft:
         self.src = StateSource.from_cache(ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
         self.graphs = cuda_graphs and dev.type == "cuda"
         self.graph: Optional[torch.cuda.CUDAGraph] = None
-        self.out: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.out: Optional[tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = None
         self.failed = False
 
     @torch.no_grad()
@@ -74,7 +74,7 @@ class BatchDraft:
             self.k[i][b:b + 1, :, :n] = k
             self.v[i][b:b + 1, :, :n] = v
 
-    def _body(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _body(self) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         d, B, K = self.d, self.B, self.K
         n = self.cache.lengths_t
         rows = (n - (K + 1)).clamp(min=0)[:, None] + self.ar_r  # [B, K+1]; rows >= n are masked below
@@ -98,8 +98,10 @@ class BatchDraft:
         self.failed = self.graph is None
 
     @torch.no_grad()
-    def __call__(self, tok: torch.Tensor, uniforms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(drafts [B, K], logits or, sampled, q [B, K, V]) after the anchors `tok` [B] (each row's last
+    def __call__(self, tok: torch.Tensor,
+                 uniforms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(drafts [B, K], logits or, sampled, q [B, K, V], the confidence head's step confidences [B, K] or
+        None without one: `DSparkDrafter.block_confidence`) after the anchors `tok` [B] (each row's last
         committed token); sampled with `uniforms` [B, K]."""
         self.tok.copy_(tok)
         if uniforms is not None:
@@ -109,4 +111,5 @@ class BatchDraft:
         if self.graph is None:
             return self._body()
         self.graph.replay()  # greedy: the logits stay in the graph's memory (nothing reads them; no copy)
-        return self.out[0].clone(), (self.out[1].clone() if self.mode is not None else self.out[1])
+        conf = None if self.out[2] is None else self.out[2].clone()
+        return self.out[0].clone(), (self.out[1].clone() if self.mode is not None else self.out[1]), conf

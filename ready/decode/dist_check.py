@@ -17,6 +17,13 @@ traced round (`Engine.generate(..., trace_rounds=R)`, `RoundTrace`) two things a
   (`TIE_REL` of the dtype times max(|top-1 logit|, std)); `state_err` is the largest deviation over
   its margin (<= 1 passes). The bonus/correction draw from p needs no other check.
 
+- the schedule (`schedule`, a confidence schedule without a batch budget): a round verified exactly the
+  drafts the threshold rule keeps from the confidences it read, min(room, L(c)) (`ready.decode.schedule`);
+  with a budget, at most that many (the budget depends on the other rows). The rule and state checks then
+  cover the verified drafts; why a truncation that is a stopping time of the drafts keeps the law exact is
+  proven by tests/test_sampling_exact.py (the integrated law under the schedule, and a planted
+  schedule that reads the draft it decides on, caught).
+
 What this cannot see: whether the drafter's tokens really came from the q it reported (a drafter
 that samples from one distribution and reports another passes the rule check). The empirical test
 (tests/test_sampling_exact.py: chi-square over many sampled continuations) covers that.
@@ -30,6 +37,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ready.decode.sampling import position_law
+from ready.decode.schedule import threshold_length
 
 RULE_TOL = 1e-6
 
@@ -65,10 +73,19 @@ def rule_error(p: torch.Tensor, q: torch.Tensor) -> float:
     return float((position_law(p, q) - target).abs().max())
 
 
+def scheduled_length(schedule: Any, trace: Any) -> Optional[int]:
+    """The drafts the threshold rule keeps in a traced round, min(room, L(c)) (None: the round's room or
+    confidences were not traced)."""
+    if trace.room < 0 or trace.confidence is None:
+        return None
+    return min(int(trace.room), threshold_length(trace.confidence, float(schedule.threshold)))
+
+
 def check_distribution(target: Any, prompt: torch.Tensor, tokens: Sequence[int], traces: Sequence[Any],
-                       tie_rel: float) -> DistValidity:
+                       tie_rel: float, schedule: Optional[Any] = None) -> DistValidity:
     """Check a sampled generation's traced rounds (module docstring). `prompt` 1-D ids, `tokens` the
-    generation's new tokens, `traces` its `RoundTrace`s, `tie_rel` the margin's relative size."""
+    generation's new tokens, `traces` its `RoundTrace`s, `tie_rel` the margin's relative size,
+    `schedule` the engine's `VerifySchedule` (None: the full one)."""
     if not traces:
         return DistValidity(dist_valid=1, rounds=0)
     full = prompt.tolist() + list(tokens)
@@ -76,6 +93,12 @@ def check_distribution(target: Any, prompt: torch.Tensor, tokens: Sequence[int],
     tf = teacher_forced_logits(target, prompt, tokens).float().cpu()  # row i predicts tokens[i]; on the host beside the traces
     rule_err, state_err, failure = 0.0, 0.0, None
     for r, tr in enumerate(traces):
+        if schedule is not None and getattr(schedule, "scheduled", False) and failure is None:
+            expected = scheduled_length(schedule, tr)
+            n = len(tr.drafts)
+            if expected is not None and (n > expected or (schedule.budget <= 0 and n != expected)):
+                failure = {"round": r, "check": "schedule", "verified": n, "expected": expected,
+                           "reason": "the round verified drafts its confidence schedule does not keep"}
         q = tr.q.detach().double().cpu()
         p = tr.p.detach().double().cpu()
         drafts = list(tr.drafts)

@@ -51,6 +51,19 @@ uniforms in a fixed order: 1 for the prefill's token; per round K for the drafts
 acceptance; 1 per AR step; so rows that decode the same (prompt, seed) share their random numbers at any
 B. `trace_rounds` keeps each generation's first rounds (p, q, drafts) for `ready.decode.dist_check`.
 
+Confidence-scheduled verification (`verify_schedule`, `ready.decode.schedule`): with a `confidence`
+schedule, each round reads the drafter's confidence head's step confidences of every decoding row (one
+device->host copy between the draft and the verify), and row b verifies only the first L_b drafts its
+schedule keeps (threshold and/or batch budget; 0..K, never more than its budget can keep): the round's
+`room`. One slot verifies exactly its L + 1 tokens; ragged slots verify one [B, T] pass with T = the
+longest row's L + 1, each row judged on its own L_b drafts (the positions past them are verified but never
+read or kept, as drafts past a row's budget are). Greedy and sampled outputs stay exact (the schedule is a
+stopping time of the drafts; `ready.decode.schedule`). Each generation records its drafts verified per
+round (`Generation.verified`) and, from a drafter with a confidence head, every round's confidences
+(`Generation.confidence`, under either schedule: `ready.calibration` scores them). `confidence_fn`
+(engine benchmarks only) supplies forced confidences in place of the drafter's. On CUDA every block length
+1..K+1 a schedule can ask for is captured when the engine is sized (`reserve`, or the first `decode`).
+
 On CUDA (default there) the target's verify of each block length and the draft step are replayed from
 CUDA graphs; prefill and the bookkeeping run eagerly. On CPU everything runs eagerly.
 """
@@ -72,7 +85,11 @@ from ready.decode.rounds import (
     target_device
 )
 from ready.decode.sampling import SamplingParams, draw, speculative_rounds, warp
+from ready.decode.schedule import VerifySchedule
 from ready.decode.slots import RaggedSlots, SingleSlot
+
+# engine benchmarks only: row b's forced step confidences c_1..c_K for this round (`Engine(confidence_fn=...)`)
+ConfidenceFn = Callable[[int], Sequence[float]]
 
 SLOTS = ("single", "ragged")
 
@@ -86,6 +103,8 @@ class BatchResult:
     wall_s: float  # first prefill .. last token of the whole call
     rounds: int  # target forwards (verify passes) after the prefills
     slot_rounds: list[int] = field(default_factory=list)  # rounds in which each slot was decoding
+    # tokens each round's verify pass ran over: slots x its width (ragged), or the one slot's L + 1
+    verify_tokens: list[int] = field(default_factory=list)
     traces: list[list[RoundTrace]] = field(default_factory=list)  # sampled: each generation's first rounds
 
     @property
@@ -105,12 +124,19 @@ class Engine:
     def __init__(self, target: Any, drafter: Optional[Drafter] = None, *, batch_size: int = 1,
                  eos_token_id: Optional[int] = None, cuda_graphs: Optional[bool] = None,
                  accept_fn: Optional[AcceptFn] = None, sampling: Optional[SamplingParams] = None,
-                 slots: Optional[str] = None) -> None:
+                 slots: Optional[str] = None, verify_schedule: Optional[VerifySchedule] = None,
+                 confidence_fn: Optional[ConfidenceFn] = None, capture_all_lengths: bool = True) -> None:
         """`eos_token_id` defaults to `target.config.eos_token_id`. `cuda_graphs` (default: on CUDA) replays
         captured verify and draft graphs. `accept_fn` (engine benchmarks only) replaces greedy matching with
         (drafts [n], argmax [n+1]) -> A; the output is then not lossless. `sampling` with temperature > 0
         samples; None or temperature 0 is greedy. `slots`: "single" (one slot, the static batch-1 passes)
-        or "ragged" (any number); default single for one slot, ragged for more (`ready.decode.slots`)."""
+        or "ragged" (any number); default single for one slot, ragged for more (`ready.decode.slots`).
+        `verify_schedule` (default full): which drafts a round verifies (`ready.decode.schedule`); a
+        confidence schedule needs a drafter with a confidence head, or `confidence_fn` (engine benchmarks
+        only: row b's forced confidences for the round, called for every decoding row in row order).
+        `capture_all_lengths` (a confidence schedule on CUDA): capture the verify of every block length when
+        the engine is sized (default); False captures each length on first use (engine benchmarks, whose
+        warm-up call replays the timed calls' rounds: only the lengths they use are compiled)."""
         if int(batch_size) < 1:
             raise DecodeError(f"batch_size={batch_size}; expected an integer >= 1")
         kind = slots or ("single" if int(batch_size) == 1 else "ragged")
@@ -123,6 +149,14 @@ class Engine:
         if self.sampling is not None and accept_fn is not None:
             raise DecodeError("accept_fn forces greedy acceptance lengths; it cannot be combined with sampling "
                               "(temperature > 0)")
+        self.schedule = verify_schedule or VerifySchedule()
+        self.confidence_fn = confidence_fn
+        self.capture_all_lengths = bool(capture_all_lengths)
+        if (self.schedule.scheduled and drafter is not None and confidence_fn is None
+                and (getattr(drafter, "confidence_head", None) is None or not hasattr(drafter, "draft_scored"))):
+            raise DecodeError(f"verify schedule 'confidence' reads the drafter's confidence head, and drafter "
+                              f"{type(drafter).__name__} has none; expected a DSpark drafter with a confidence head "
+                              "(drafter.confidence_head: true, or a DSpark checkpoint that has one) or the full schedule")
         self.target, self.drafter = target, drafter
         self.batch_size = int(batch_size)
         self.k = drafter.proposals if drafter is not None else 0
@@ -137,8 +171,21 @@ class Engine:
         self.traces: list[RoundTrace] = []  # `generate`: the first rounds of the last generation, when asked
 
     def reserve(self, max_len: int) -> None:
-        """Size the cache and buffers for sequences of up to `max_len` tokens (prompt + new)."""
+        """Size the cache and buffers for sequences of up to `max_len` tokens (prompt + new); with a
+        confidence schedule on CUDA, capture the verify of every block length it can ask for."""
         self.slots.prepare(max_len)
+        if self.schedule.scheduled and self.k and self.capture_all_lengths:
+            self.slots.warm_lengths(range(1, self.k + 2))
+
+    def _confidences(self, conf: Optional[torch.Tensor], live: list[bool]) -> list[Optional[list[float]]]:
+        """Each decoding row's step confidences on the host (None for a row with nothing to decode): the
+        forced ones of `confidence_fn`, else the drafter's [B, K] (none: every row None)."""
+        if self.confidence_fn is not None:
+            return [[float(c) for c in self.confidence_fn(b)] if x else None for b, x in enumerate(live)]
+        if conf is None:
+            return [None] * len(live)
+        rows = conf.float().cpu().tolist()
+        return [r if x else None for r, x in zip(rows, live)]
 
     @torch.inference_mode()
     def generate(self, prompt: Sequence[int] | torch.Tensor, max_new_tokens: int,
@@ -182,7 +229,7 @@ class Engine:
         base_seed = 0 if sampling is None else int(sampling.seed)
         seed_of = [int(x) for x in seeds] if seeds is not None else [base_seed] * len(ids)
         traces: list[list[RoundTrace]] = [[] for _ in ids]
-        slots.prepare(max(p.numel() + m for p, m in zip(ids, budgets)))
+        self.reserve(max(p.numel() + m for p, m in zip(ids, budgets)))
         B, K, dev = self.batch_size, self.k, self.device
         layers = slots.donor_layers() if donors is not None else []
         if layers:
@@ -199,6 +246,7 @@ class Engine:
         slot: list[Optional[int]] = [None] * B  # prompt index decoding in each slot
         seqs: list[list[int]] = [[] for _ in range(B)]  # committed tokens (prompt + new) per slot
         slot_rounds = [0] * B
+        verify_tokens: list[int] = []
         queue = list(range(len(ids)))
         bar = tqdm(total=len(ids), desc=desc or f"batch of {B}", disable=not progress, leave=False)
 
@@ -270,7 +318,9 @@ class Engine:
                 off_clock += spent
                 mark += spent
             room = [min(K, budgets[slot[b]] - len(gens[slot[b]].tokens)) if live[b] else 0 for b in range(B)]
-            q = None
+            unscheduled = list(room)  # what each row could verify before its schedule (the traces keep it)
+            q = conf = None
+            conf_host: list[Optional[list[float]]] = [None] * B
             anchors = slots.anchors()
             if K:
                 u = None
@@ -279,11 +329,15 @@ class Engine:
                     for b in range(B):
                         if live[b]:
                             u[b] = torch.rand(K, generator=rng[b], dtype=torch.float32)
-                drafts, q = slots.draft(seqs, live, u)
+                drafts, q, conf = slots.draft(seqs, live, u)
                 block = torch.cat([anchors, drafts.to(dev)], dim=1)
+                if self.schedule.scheduled:  # the rows' confidences decide what this round verifies
+                    conf_host = self._confidences(conf, live)
+                    room = self.schedule.lengths(conf_host, room)
             else:
                 block = anchors
-            out = slots.verify(block, room)
+            out = slots.verify(block, room, self.schedule.scheduled)
+            verify_tokens.append(int(out.logits.shape[0] * out.logits.shape[1]))
             if sampling is None:  # one device->host copy per round: every slot's drafts and argmaxes
                 argmaxes = out.logits.argmax(-1)
                 if not K:  # the greedy AR step keeps its one token whatever it is: commit before the read
@@ -291,6 +345,8 @@ class Engine:
                 host = (torch.cat([block[:, 1:], argmaxes], dim=1) if K else argmaxes).cpu().tolist()
             else:
                 host, warped = self._judge_sampled(block, out.logits, q, room, [r if x else None for r, x in zip(rng, live)])
+            if K and not self.schedule.scheduled and (conf is not None or self.confidence_fn is not None):
+                conf_host = self._confidences(conf, live)  # recorded for calibration, read after the round's copy
             kept, advance, appended = [1] * B, [0] * B, [[] for _ in range(B)]
             ended = []
             for b in range(B):
@@ -307,7 +363,8 @@ class Engine:
                     nexts[raw] = tok
                     if len(traces[i]) < trace_rounds and K:
                         traces[i].append(RoundTrace(start=len(seqs[b]), drafts=drafted, logits=out.logits[b, :n + 1].clone(),
-                                                    p=warped[b].clone(), q=q[b, :n].clone(), accepted=raw))
+                                                    p=warped[b].clone(), q=q[b, :n].clone(), accepted=raw,
+                                                    room=unscheduled[b], confidence=conf_host[b]))
                     res = settle_round(drafted, nexts, raw, remaining, self.eos)
                 else:
                     argmax = host[b][K:K + n + 1]
@@ -322,6 +379,10 @@ class Engine:
                 g.accepted.append(res.accepted)
                 g.horizons.append(res.horizon)
                 g.committed.append(len(res.tokens))
+                if K:
+                    g.verified.append(n)
+                    if conf_host[b] is not None:
+                        g.confidence.append([round(c, 6) for c in conf_host[b]])
                 seqs[b].extend(res.tokens)
                 slot_rounds[b] += 1
                 if res.eos:
@@ -348,7 +409,8 @@ class Engine:
             for g in done:
                 g.wall_s += (end - mark) / len(done)
         return BatchResult(generations=done, batch_size=B, wall_s=end - t0 - off_clock, rounds=rounds,
-                           slot_rounds=slot_rounds, traces=[traces[i] for i, g in enumerate(gens) if g is not None])
+                           slot_rounds=slot_rounds, traces=[traces[i] for i, g in enumerate(gens) if g is not None],
+                           verify_tokens=verify_tokens)
 
     def _judge_sampled(self, block: torch.Tensor, logits: torch.Tensor, q: Optional[torch.Tensor], room: list[int],
                        rng: list[Optional[torch.Generator]]) -> tuple[list[list[int]], dict[int, torch.Tensor]]:

@@ -22,6 +22,11 @@ Two checks (docs/benchmarks.md "What lossless means"):
   smallest signed margin seen over the scored tokens: logit of the committed token minus the best
   other logit (negative where another token was higher). `lossless` (what tables use) = greedy_valid.
 
+Verification (`verify_schedule`, `ready.decode.schedule`): every generation records the drafts each round
+verified and, from a drafter with a confidence head, the head's confidences; `EvalResult.verification`
+is the benchmark's record of them (`ready.calibration.verification_summary`: tokens verified per round,
+the head's calibration per draft position), under either schedule.
+
 Sampling (`sampling` with temperature > 0): every prompt is decoded `samples` times, sample s of
 prompt i with seed `sample_seed(sampling.seed, i, s, benchmark)` in every row (AR too), so rows pair
 (prompt, sample) by (prompt, sample). Tokens are no longer comparable with AR: `lossless` becomes
@@ -45,6 +50,8 @@ from ready.decode.rounds import Generation, as_prompt, check_prompt
 from ready.decode.errors import DecodeError
 from ready.decode.protocol import Drafter
 from ready.decode.sampling import SamplingParams, sample_seed
+from ready.decode.schedule import VerifySchedule
+from ready.calibration import verification_summary
 from ready.metrics import Metrics, summarize, with_ar
 
 
@@ -160,6 +167,8 @@ class PromptResult:
     dist_rounds: int = 0  # rounds it checked
     rule_err: Optional[float] = None  # largest |law - p| of the acceptance rule (<= 1e-6)
     state_err: Optional[float] = None  # largest target-logit deviation over its margin (<= 1)
+    verified: list[int] = field(default_factory=list)  # drafts verified per round (`Generation.verified`)
+    confidence: list[list[float]] = field(default_factory=list)  # the head's step confidences per round
 
 
 @dataclass
@@ -184,6 +193,9 @@ class EvalResult:
     rule_err: Optional[float] = None  # largest over generations
     state_err: Optional[float] = None
     concurrency: int = 1  # sequences the drafting (or AR) row decoded together (ready.decode.engine)
+    # drafting rows: the verify schedule, tokens verified per round and the head's calibration
+    # (`ready.calibration.verification_summary`); None for AR
+    verification: Optional[dict] = None
 
     def validity(self) -> dict[str, Any]:
         """The per-benchmark keys of evaluation.json: lossless (= greedy_valid, or dist_valid when sampled),
@@ -245,16 +257,17 @@ def run_batched(target: Any, drafter: Optional[Drafter], prompts: Sequence[torch
                 desc: str = "", cuda_graphs: Optional[bool] = None,
                 donors: Optional[Sequence[torch.Tensor]] = None, sampling: Optional[SamplingParams] = None,
                 seeds: Optional[Sequence[int]] = None, trace_rounds: int = 0,
-                on_finish: Optional[Callable[[int, Generation, list], None]] = None) -> BatchResult:
+                on_finish: Optional[Callable[[int, Generation, list], None]] = None,
+                verify_schedule: Optional[VerifySchedule] = None) -> BatchResult:
     """Generations of every prompt through an `Engine` of `concurrency` slots (AR without a drafter),
     greedy or with `sampling` (generation i with seeds[i], its first `trace_rounds` rounds traced), after
     `warmup` untimed passes over the first `concurrency` prompts (sizes the cache for the longest prompt,
     captures the graphs). Each generation's wall_s is its share of the timed pass, so a benchmark's TPS
     is its throughput at that concurrency (`ready.decode.engine`). `donors`: prompt i's drafter reads the
     committed states of donors[i] instead of its own (the state placebo). `on_finish`: see
-    `Engine.decode` (timed pass only)."""
+    `Engine.decode` (timed pass only). `verify_schedule`: the drafter's rounds' (`ready.decode.schedule`)."""
     engine = Engine(target, drafter, batch_size=concurrency, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs,
-                         sampling=sampling)
+                    sampling=sampling, verify_schedule=verify_schedule if drafter is not None else None)
     engine.reserve(max(p.numel() for p in prompts) + max_new_tokens)
     for _ in range(warmup):
         engine.decode(prompts[:concurrency], max_new_tokens,
@@ -342,7 +355,8 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
              ar: Optional[Sequence[Generation]] = None, cuda_graphs: Optional[bool] = None,
              donors: Optional[Sequence[int]] = None, interleave_ar: bool = False, exact: Optional[bool] = None,
              tie_rel: Optional[float] = None, sampling: Optional[SamplingParams] = None, samples: int = 1,
-             check_rounds: int = 2, concurrency: int = 1) -> EvalResult:
+             check_rounds: int = 2, concurrency: int = 1,
+             verify_schedule: Optional[VerifySchedule] = None) -> EvalResult:
     """Decode every prompt with `drafter` (AR when None) and with AR, compare them, measure.
 
     `ar` reuses AR generations of the same prompts (the sweep runner decodes AR once per
@@ -362,7 +376,10 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     with their own seeds and distribution check; every generation keeps its own record; with `donors` each
     slot reads its own donor (`ready.decode.engine`).
     `EvalResult.concurrency` records what was used.
+    `verify_schedule` (default full): which drafts the drafter's rounds verify (`ready.decode.schedule`);
+    `EvalResult.verification` records it with the tokens verified per round and the head's calibration.
     """
+    schedule = verify_schedule or VerifySchedule()
     set_exact(target, exact)
     concurrency = check_concurrency(concurrency)
     sampling = sampled(sampling)
@@ -398,7 +415,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
         checked: dict[int, DistValidity] = {}
 
         def check(u: int, g: Generation, traces: list) -> None:  # each generation as it ends, off the clock
-            checked[u] = check_distribution(target, unit_ids[u], g.tokens, traces, rel)
+            checked[u] = check_distribution(target, unit_ids[u], g.tokens, traces, rel, schedule)
 
         batched = run_batched(target, drafter, unit_ids, max_new_tokens, concurrency, eos_token_id=eos_token_id,
                               warmup=warmup, progress=progress,
@@ -407,12 +424,14 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
                               trace_rounds=int(check_rounds) if sampling is not None else 0,
                               on_finish=check if sampling is not None else None,
                               donors=None if donors is None else [donor_tokens(ids, ar, donors[i], n_samples)
-                                                                   for i, _, _ in todo])
+                                                                   for i, _, _ in todo],
+                              verify_schedule=schedule)
         spec = batched.generations
         if sampling is not None:
             dist = [checked[u] for u in range(len(todo))]
     else:
-        engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampling)
+        engine = Engine(target, drafter, eos_token_id=eos_token_id, cuda_graphs=cuda_graphs, sampling=sampling,
+                        verify_schedule=schedule)
         _warm_up(engine, ids, max_new_tokens, warmup,
                  donor=None if donors is None else donor_tokens(ids, ar, donors[0], n_samples))
         desc = f"{benchmark} {method}" + (" (donor states)" if donors is not None else "")
@@ -429,11 +448,13 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
             spec.append(engine.generate(p, max_new_tokens, seed=seed, trace_rounds=trace,
                                         donor=None if donors is None else donor_tokens(ids, ar, donors[i], n_samples)))
             if sampling is not None:  # checked now, off the clock, so the traces need not be kept
-                dist.append(check_distribution(target, p, spec[-1].tokens, engine.traces, rel))
+                dist.append(check_distribution(target, p, spec[-1].tokens, engine.traces, rel, schedule))
         if ar_engine is not None:  # the same tokens as `ar` (lossless is checked against those), timed here
             ar = timed
     if sampling is not None:
-        return _sampled_result(benchmark, method, drafter, ids, todo, ar, spec, dist, donors, sampling, concurrency)
+        res = _sampled_result(benchmark, method, drafter, ids, todo, ar, spec, dist, donors, sampling, concurrency)
+        res.verification = _verification(drafter, spec, schedule)
+        return res
 
     exact_mode = bool(getattr(target, "exact", False))
     results, mismatch, loud, checks = [], None, None, []
@@ -450,7 +471,8 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
                                     horizons=s.horizons, wall_s=s.wall_s, ar_wall_s=a.wall_s, lossless=v.greedy_valid,
                                     committed=list(s.committed), donor=None if donors is None else int(donors[i]),
                                     lossless_exact=v.lossless_exact, greedy_valid=v.greedy_valid,
-                                    tie_flips=v.tie_flips, min_margin=v.min_margin, noise_floor=v.noise_floor))
+                                    tie_flips=v.tie_flips, min_margin=v.min_margin, noise_floor=v.noise_floor,
+                                    verified=list(s.verified), confidence=[list(c) for c in s.confidence]))
     greedy_valid = int(all(v.greedy_valid for v in checks))
     lossless_exact = int(all(v.lossless_exact for v in checks))
     tie_flips = sum(v.tie_flips for v in checks)
@@ -467,7 +489,35 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     return EvalResult(benchmark=benchmark, method=method, metrics=metrics, ar=ar_metrics, lossless=lossless,
                       mismatch=mismatch, prompts=results, lossless_exact=lossless_exact, greedy_valid=greedy_valid,
                       tie_flips=tie_flips, min_margin=min(margins) if margins else None, exact=exact_mode,
-                      concurrency=concurrency)
+                      concurrency=concurrency, verification=_verification(drafter, spec, schedule))
+
+
+def schedule_record(schedule: VerifySchedule) -> dict[str, Any]:
+    """A schedule as evaluation.json names it (the `eval` keys that chose it)."""
+    out: dict[str, Any] = {"verify_schedule": schedule.kind}
+    if schedule.scheduled:
+        out.update(confidence_threshold=schedule.threshold, verify_budget=schedule.budget)
+    return out
+
+
+def pooled_verification(results: Sequence[EvalResult]) -> Optional[dict[str, Any]]:
+    """The verification record of several benchmarks' results pooled (`overall`): every prompt's rounds
+    as one sample; None when none of them drafted."""
+    drafting = [r for r in results if r.verification is not None]
+    if not drafting:
+        return None
+    k = drafting[0].metrics.proposals
+    schedule = {key: v for key, v in drafting[0].verification.items()
+                if key in ("verify_schedule", "confidence_threshold", "verify_budget")}
+    return verification_summary([p for r in drafting for p in r.prompts], k, schedule)
+
+
+def _verification(drafter: Optional[Drafter], spec: Sequence[Generation],
+                  schedule: VerifySchedule) -> Optional[dict[str, Any]]:
+    """A drafting row's verification record (`ready.calibration.verification_summary`); None for AR."""
+    if drafter is None:
+        return None
+    return verification_summary(spec, drafter.proposals, schedule_record(schedule))
 
 
 def report_distribution_failure(benchmark: str, method: str, index: int, sample: int, failure: dict) -> None:
@@ -494,7 +544,8 @@ def _sampled_result(benchmark: str, method: str, drafter: Optional[Drafter], ids
                                     committed=list(g.committed), donor=None if donors is None else int(donors[i]),
                                     lossless_exact=None, greedy_valid=None, sample=s, seed=seed,
                                     dist_valid=v.dist_valid, dist_rounds=v.rounds, rule_err=v.rule_err,
-                                    state_err=v.state_err))
+                                    state_err=v.state_err, verified=list(g.verified),
+                                    confidence=[list(c) for c in g.confidence]))
     if loud is not None:
         report_distribution_failure(benchmark, method, *loud)
     lossless = int(all(r.lossless for r in results))

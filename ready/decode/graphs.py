@@ -13,7 +13,7 @@ rounds' eager verify once, so that nothing compiles inside a timed generation.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -50,6 +50,16 @@ class GraphRunner:
             self.graphs[t] = GraphedVerify(self.target, cache, t, self.capture)
             self._warm_short_rounds(cache, t)
         return self.graphs[t](block)
+
+    def warm(self, cache: Any, lengths: Sequence[int]) -> None:
+        """Capture the graphs of these block lengths now (a confidence schedule verifies any length; capturing
+        one mid-generation would put its compile inside the timed decode). The cache holds no pending tokens
+        (it was just sized or committed); the captures leave its committed contents as they were."""
+        self.prepare(cache)
+        for t in lengths:
+            if t not in self.graphs:
+                self.graphs[t] = GraphedVerify(self.target, cache, t, self.capture)
+                self._warm_short_rounds(cache, t)
 
     def _warm_short_rounds(self, cache: Any, t: int) -> None:
         """Run the eager verify once for every shorter block (2..t-1 tokens: the last round at the

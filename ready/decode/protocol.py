@@ -55,6 +55,12 @@ class Drafter(Protocol):
     #   def sample(self, step: DraftStep, sampling: DraftSampling) -> tuple[LongTensor [B, K], Tensor [B, K, V]]
     # draws position j from q_j (conditioned on the token drawn at j-1) with `draw(q_j, uniforms[:, j])` and
     # returns q. A drafter without it is deterministic: the engine takes `propose`'s tokens as point masses.
+    # Optional, a confidence head (an attribute `confidence_head` that is not None) and
+    #   def draft_scored(self, step: DraftStep, sampling: DraftSampling | None = None)
+    #       -> tuple[LongTensor [B, K], logits or q [B, K, V] | None, confidences [B, K]]
+    # the block's drafts (greedy, or sampled as `sample` does) with the head's step confidences c_j (float32 in
+    # [0, 1], reading drafts 1..j-1 only): the engine then asks for this instead of propose / sample, records
+    # the confidences (`ready.calibration`) and a confidence schedule verifies by them (`ready.decode.schedule`).
     # Optional, for the batched engine (`ready.decode.batch_draft`): a class attribute `batch_draft = True` says the
     # drafter has DSpark's layout (fc, layers, heads, reader), whose draft step `BatchDraft` runs for B ragged
     # rows at once (`ready.drafter.DSparkDrafter`); any other drafter is asked row by row.

@@ -30,6 +30,12 @@ class Generation:
     accepted: list[int] = field(default_factory=list)  # A_i per round (AR: one 0 per step)
     horizons: list[int] = field(default_factory=list)  # h_i per round
     committed: list[int] = field(default_factory=list)  # tokens appended per round (A_i + 1, less at the budget or EOS)
+    # drafts verified per round (n_i <= K: fewer at the budget, or where the confidence schedule cut the
+    # block, `ready.decode.schedule`); the round verified n_i + 1 tokens (the anchor too). Empty for AR
+    verified: list[int] = field(default_factory=list)
+    # per round, the drafter's confidence head's step confidences c_1..c_K of the drafted block (empty for
+    # a drafter without one, and for AR): `ready.calibration` scores them against the accepted lengths
+    confidence: list[list[float]] = field(default_factory=list)
     wall_s: float = 0.0  # prefill .. last token
     prefill_s: float = 0.0
     stop: str = "budget"  # "budget" | "eos"
@@ -54,6 +60,8 @@ class RoundTrace:
     p: torch.Tensor  # [k+1, V] warped target distribution
     q: torch.Tensor  # [k, V] the drafter's distribution the drafts were drawn from
     accepted: int  # A (raw, before the horizon cap)
+    room: int = -1  # the drafts the round could verify before its schedule (min(K, budget left)); -1: unknown
+    confidence: Optional[list[float]] = None  # the head's c_1..c_K of the round, when it has one
 
 
 def greedy_count(drafts: Sequence[int], argmax: Sequence[int]) -> int:
@@ -110,22 +118,42 @@ def pick(logits: torch.Tensor, sampling: Optional[SamplingParams], gen: Optional
     return draw(probs, torch.rand(1, generator=gen, dtype=torch.float32)[0].to(probs.device))
 
 
+def _scorer(drafter: Drafter) -> Optional[Callable]:
+    """The drafter's `draft_scored` when it has a confidence head to score with (else None)."""
+    if getattr(drafter, "confidence_head", None) is None:
+        return None
+    return getattr(drafter, "draft_scored", None)
+
+
+def greedy_draft(drafter: Drafter, step: DraftStep, k: int, vocab: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """K greedy drafts [B, K] and, from a drafter with a confidence head (`draft_scored`), its step
+    confidences [B, K] (`ready.decode.schedule`; None otherwise: the drafter is asked to `propose`)."""
+    scored = _scorer(drafter)
+    if scored is None:
+        return check_drafts(drafter.propose(step), k, vocab, drafter), None
+    drafts, _, conf = scored(step)
+    return check_drafts(drafts, k, vocab, drafter), conf
+
+
 def sampled_draft(drafter: Drafter, step: DraftStep, sampling: SamplingParams, u: torch.Tensor,
-                  vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K sampled drafts [1, K] of one sequence with its uniforms u [K] (on the device), and the
-    distribution q [K, V] they were drawn from (a point mass for a drafter without `sample`)."""
+                  vocab: int) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """K sampled drafts [1, K] of one sequence with its uniforms u [K] (on the device), the
+    distribution q [K, V] they were drawn from (a point mass for a drafter without `sample`), and the
+    confidence head's step confidences [1, K] of a drafter that has one (`draft_scored`; else None)."""
     k = u.shape[0]
     sample = getattr(drafter, "sample", None)
     if sample is None:
         drafts = check_drafts(drafter.propose(step), k, vocab, drafter)
-        return drafts, point_mass(drafts[0].to(u.device), vocab)
-    drafts, q = sample(step, DraftSampling(sampling.temperature, sampling.top_p, u[None]))
+        return drafts, point_mass(drafts[0].to(u.device), vocab), None
+    scored = _scorer(drafter)
+    params = DraftSampling(sampling.temperature, sampling.top_p, u[None])
+    drafts, q, conf = scored(step, params) if scored is not None else (*sample(step, params), None)
     drafts = check_drafts(drafts, k, vocab, drafter)
     if not isinstance(q, torch.Tensor) or tuple(q.shape) != (1, k, vocab):
         got = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise DecodeError(f"drafter {describe(drafter)} sampled with a distribution of shape {got}; "
                           f"expected probabilities of shape (1, {k}, {vocab})")
-    return drafts, q[0]
+    return drafts, q[0], conf
 
 
 def sync(device: torch.device) -> None:

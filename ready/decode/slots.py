@@ -30,7 +30,7 @@ from ready.decode.batch_draft import BatchDraft, is_block_drafter
 from ready.decode.errors import DecodeError
 from ready.decode.graphs import GraphRunner
 from ready.decode.protocol import DraftStep, Drafter
-from ready.decode.rounds import check_drafts, sampled_draft, target_device
+from ready.decode.rounds import greedy_draft, sampled_draft, target_device
 from ready.decode.sampling import SamplingParams
 from ready.target.ragged import RaggedCache, new_ragged_cache, prefill_row, ragged_commit, ragged_verify
 
@@ -118,24 +118,33 @@ class SingleSlot:
 
     # --- a round -----------------------------------------------------------------------------------
     def draft(self, seqs: list[list[int]], live: list[bool],
-              uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """K drafts [1, K], and with `uniforms` [1, K] (sampling) the distribution q [1, K, V] they come from."""
+              uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """K drafts [1, K], with `uniforms` [1, K] (sampling) the distribution q [1, K, V] they come from, and
+        the confidence head's step confidences [1, K] (None: greedy q, or a drafter without a head)."""
         k, vocab = self.k, self.target.config.vocab_size
         t = self.t
         step = DraftStep(tokens=self.tokens[:, :t], features=self.features[:, :t - 1] if self.capture else None,
                          target=self.target, cache=self.donor_cache if self.reads_donor else self.cache)
         if uniforms is None:
-            return check_drafts(self.drafter.propose(step), k, vocab, self.drafter), None
-        drafts, q = sampled_draft(self.drafter, step, self.sampling, uniforms[0].to(self.device), vocab)
-        return drafts, q[None]
+            drafts, conf = greedy_draft(self.drafter, step, k, vocab)
+            return drafts, None, conf
+        drafts, q, conf = sampled_draft(self.drafter, step, self.sampling, uniforms[0].to(self.device), vocab)
+        return drafts, q[None], conf
 
-    def verify(self, block: torch.Tensor, room: list[int]) -> Any:
+    def warm_lengths(self, lengths: Sequence[int]) -> None:
+        """Capture the verify graph of every block length in `lengths` now (CUDA; a confidence schedule
+        verifies any of them), so that no capture or compile falls inside a timed generation."""
+        if self.graphs is not None and self.device.type == "cuda":
+            self.graphs.warm(self.cache, [t for t in lengths if t <= self.k + 1])
+
+    def verify(self, block: torch.Tensor, room: list[int], scheduled: bool = False) -> Any:
         """The target's pass over the anchor and the first room[0] drafts of `block` [1, K+1] (a round never
-        verifies drafts past the budget, so the cache never holds more than prompt + budget tokens)."""
+        verifies drafts past the budget, so the cache never holds more than prompt + budget tokens).
+        `scheduled` (a confidence schedule picked room[0]): every block length has its own graph."""
         t = room[0] + 1
         if t < block.shape[1]:
             block = block[:, :t]
-        if self.graphs is not None and t == self.k + 1:
+        if self.graphs is not None and (t == self.k + 1 or scheduled):
             return self.graphs.verify(block, self.cache)
         if (self.graphs is not None and self.exact and t < self.k + 1
                 and self.cache.length + self.k + 1 <= self.cache.max_len):
@@ -274,30 +283,46 @@ class RaggedSlots:
                          target=self.target, cache=self.cache.row_view(b))
 
     def draft(self, seqs: list[list[int]], live: list[bool],
-              uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Drafts [B, K] of every decoding row, and with `uniforms` [B, K] (sampling) the distributions q
-        [B, K, V] they were drawn from (a point mass for a drafter without `sample`)."""
+              uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """Drafts [B, K] of every decoding row, with `uniforms` [B, K] (sampling) the distributions q
+        [B, K, V] they were drawn from (a point mass for a drafter without `sample`), and the confidence
+        head's step confidences [B, K] (None: greedy q, or a drafter without a confidence head)."""
         step = self._draft_step()
         if step is not None:
             if uniforms is None:
-                return step(self._last)[0], None
+                drafts, _, conf = step(self._last)
+                return drafts, None, conf
             return step(self._last, uniforms.to(self.device))
         k, vocab = self.k, self.target.config.vocab_size
         drafts = torch.zeros(self.batch_size, k, dtype=torch.long, device=self.device)
         q = None if uniforms is None else torch.zeros(self.batch_size, k, vocab, dtype=torch.float32, device=self.device)
+        conf: Optional[torch.Tensor] = None
         for b in range(self.batch_size):  # any other drafter: one batch-1 step per decoding row
             if not live[b]:
                 continue
             if uniforms is None:
-                drafts[b] = check_drafts(self.drafter.propose(self._row_step(b, seqs[b])), k, vocab, self.drafter)[0]
+                d, c = greedy_draft(self.drafter, self._row_step(b, seqs[b]), k, vocab)
             else:
-                d, q[b] = sampled_draft(self.drafter, self._row_step(b, seqs[b]), self.sampling,
-                                        uniforms[b].to(self.device), vocab)
-                drafts[b] = d[0]
-        return drafts, q
+                d, q[b], c = sampled_draft(self.drafter, self._row_step(b, seqs[b]), self.sampling,
+                                           uniforms[b].to(self.device), vocab)
+            drafts[b] = d[0]
+            if c is not None:
+                conf = torch.ones(self.batch_size, k, dtype=torch.float32, device=self.device) if conf is None else conf
+                conf[b] = c[0]
+        return drafts, q, conf
 
-    def verify(self, block: torch.Tensor, room: list[int]) -> Any:
-        """One ragged pass over the whole [B, K+1] block (drafts past a row's budget are verified, never kept)."""
+    def warm_lengths(self, lengths: Sequence[int]) -> None:
+        """Capture the ragged verify graph of every block width in `lengths` now (CUDA; a confidence schedule
+        verifies any of them), so that no capture or compile falls inside a timed call."""
+        if self.graphs is not None and self.device.type == "cuda":
+            self.graphs.warm(self.cache, [t for t in lengths if t <= self.k + 1])
+
+    def verify(self, block: torch.Tensor, room: list[int], scheduled: bool = False) -> Any:
+        """One ragged pass over the [B, K+1] block (drafts past a row's budget are verified, never kept);
+        `scheduled` (a confidence schedule picked the rooms): over its first T = max(room) + 1 columns only,
+        row b judged on its own first room[b] drafts (the ragged rows' positions past it are never read)."""
+        if scheduled:
+            block = block[:, :max(room) + 1]
         if self.graphs is None:
             return ragged_verify(self.target, block, self.cache, self.capture)
         return self.graphs.verify(block, self.cache)

@@ -228,6 +228,17 @@ class DSparkDrafter(nn.Module):
         emb = self.markov_head.markov_w1(prev) if self.confidence_head.with_markov else None
         return self.confidence_head(hidden, emb)
 
+    def block_confidence(self, h: torch.Tensor, first: torch.Tensor, tokens: torch.Tensor) -> Optional[torch.Tensor]:
+        """The head's step confidences c_j = sigmoid(logit_j) [B, K] float32 of a drafted block: proposal j
+        read with its hidden state h [B, K, D] and the token drafted before it (the anchor `first` [B] for
+        j = 1; `tokens` [B, K] the block's drafts), as DeepSpec's evaluator and SGLang's DSpark worker
+        score a proposal (`ready.decode.schedule`). c_j depends on drafts 1..j-1 only, never on draft j.
+        None without a confidence head. No host sync (graph-safe)."""
+        if self.confidence_head is None:
+            return None
+        prev = torch.cat([first.reshape(-1, 1), tokens[:, :-1]], dim=1)
+        return torch.sigmoid(self.confidence(h, prev))
+
     def _hooks(self, layer: int, read) -> dict:
         if str(layer) not in self.readers:
             return {}
@@ -241,11 +252,14 @@ class DSparkDrafter(nn.Module):
 
     # --- training ---------------------------------------------------------------------------
     def forward_train(self, tokens: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor,
-                      states: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      states: Optional[torch.Tensor] = None,
+                      confidence: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Draft logits [B, A, K, V] for every anchor; the sequence head is teacher-forced on the labels.
 
         tokens [B, T]; hidden [B, T, C, D] target features; anchors [B, A] (each block sees context
         positions < anchor); states [B, A, Ls, H, d_k, d_v] committed states after token anchor-1.
+        `confidence` (a drafter with a confidence head): also its logits [B, A, K], each position read with
+        its hidden state and the label before it (teacher-forced, as DeepSpec trains it) -> (logits, those).
         """
         B, T = tokens.shape
         A, R, K, D = anchors.shape[1], self.block_size, self.proposals, self.hidden_size
@@ -278,7 +292,13 @@ class DSparkDrafter(nn.Module):
         labels = tokens.gather(1, (anchors.unsqueeze(-1) + torch.arange(1, K + 1, device=dev)).clamp(max=T - 1)
                                .view(B, A * K)).view(B, A, K)
         prev = torch.cat([first.unsqueeze(-1), labels[..., :-1]], dim=-1)
-        return self.markov_head.block_logits(base, prev, h)
+        logits = self.markov_head.block_logits(base, prev, h)
+        if not confidence:
+            return logits
+        if self.confidence_head is None:
+            raise DrafterError("forward_train(confidence=True) on a drafter without a confidence head; expected "
+                               "drafter.confidence_head: true")
+        return logits, self.confidence(h, prev)
 
     def _training_reader(self, states: Optional[torch.Tensor], B: int, A: int):
         if not self.reader_enabled:
@@ -395,17 +415,27 @@ class DSparkDrafter(nn.Module):
         return self.draft(step, sampling)
 
     def _finish(self, base: torch.Tensor, first: torch.Tensor, h: torch.Tensor, mode: Optional[tuple],
-                uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                uniforms: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """The sequence head over the backbone's logits (in the LM head's dtype): greedy (mode None) or
-        sampled (mode = (T, top_p), over their float32 values)."""
+        sampled (mode = (T, top_p), over their float32 values); then the confidence head over the block
+        (`block_confidence`; None without one) -> (tokens, logits or q, confidences)."""
         if mode is None:
-            return self.markov_head.greedy(base, first, h)
-        return self.markov_head.sample(base.float(), first, h, mode[0], mode[1], uniforms)
+            toks, x = self.markov_head.greedy(base, first, h)
+        else:
+            toks, x = self.markov_head.sample(base.float(), first, h, mode[0], mode[1], uniforms)
+        return toks, x, self.block_confidence(h, first, toks)
 
     @torch.no_grad()
     def draft(self, step: Any, sampling: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`propose` with the logits the tokens were drawn from: ([B, K] tokens, [B, K, V] fp32 logits);
         with `sampling` (a DraftSampling) the sampled tokens and their distribution q (see `sample`)."""
+        return self.draft_scored(step, sampling)[:2]
+
+    @torch.no_grad()
+    def draft_scored(self, step: Any, sampling: Any = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """`draft` with the confidence head's step confidences of the drafted block ([B, K] float32 in
+        [0, 1], `block_confidence`; None without a confidence head): what confidence-scheduled
+        verification reads (`ready.decode.schedule`)."""
         tokens = step.tokens
         B, T = tokens.shape
         dev = tokens.device
@@ -434,7 +464,7 @@ class DSparkDrafter(nn.Module):
 
     # --- the static (CUDA-graph) draft step ----------------------------------------------------
     def _draft_static(self, step: Any, mode: Optional[tuple] = None,
-                      uniforms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      uniforms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """The draft step over fixed shapes: rows before the last K+1 are projected eagerly (after
         the prefill), then the graph of `_static_body` is replayed (or run, off CUDA). Sampling
         (`mode` = (T, top_p)) has its own graph, with the uniforms as a static input."""
@@ -455,7 +485,7 @@ class DSparkDrafter(nn.Module):
             g.capture(self)
         out = self._static_body(g) if g.graph is None else (g.graph.replay() or g.out)
         c["n"] = n
-        return out[0].clone(), out[1].clone()
+        return out[0].clone(), out[1].clone(), None if out[2] is None else out[2].clone()
 
     def _graph_for(self, cache: Any, B: int, R: int, feats: torch.Tensor,
                    mode: Optional[tuple] = None) -> "_DraftGraph":
@@ -488,7 +518,7 @@ class DSparkDrafter(nn.Module):
             mask = torch.cat([sees, block], dim=-1)[:, None, None, :].expand(B, 1, Bk, cap + Bk)
         return [BufferedContext(k, v, n, self.context_window, mask, split_kv, rows) for k, v in zip(ks, vs)]
 
-    def _static_body(self, g: "_DraftGraph") -> tuple[torch.Tensor, torch.Tensor]:
+    def _static_body(self, g: "_DraftGraph") -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Fixed-shape draft: inputs g.feats (the last R context rows), g.tok (anchor), g.n (context length)."""
         c, Bk, (B, R) = self._ctx, self.block_size, g.feats.shape[:2]
         dev = g.feats.device
@@ -526,7 +556,7 @@ class _DraftGraph:
             self.u = torch.zeros(B, drafter.proposals, dtype=torch.float32, device=dev)
         self.src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, B) if drafter.reader_enabled else None
         self.graph: Optional[torch.cuda.CUDAGraph] = None
-        self.out: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.out: Optional[tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = None
         self.failed = False
 
     def capture(self, drafter: DSparkDrafter, warmup: int = 2) -> None:

@@ -16,6 +16,14 @@ batch's, so each rank's `loss` is its share of the global batch's loss: the rank
 to the one-process loss, and so do their gradients. The logged numbers (`value`, `ce`, `l1`,
 `accuracy`, `tau_hat`) are the global batch's on every rank.
 
+DSpark's confidence head (`confidence_logits`, the base drafter's training only; DeepSpec
+`deepspec/modeling/dspark/loss.py`): its logit at draft position j is trained by binary cross-entropy
+against the position's acceptance rate r_j = clamp(1 - L1_j / 2, 0, 1) (detached: the probability that a
+draft sampled from the drafter is accepted given the prefix was), with the same position weights and
+normaliser as the other terms, weighted by `confidence_weight` (DeepSpec's `confidence_head_alpha`). The
+head's gradient reaches the draft layers' hidden states and the Markov embedding it reads, as in DeepSpec.
+Logged beside it: `confidence` (the weighted BCE) and `confidence_error` (weighted mean |sigmoid - r_j|).
+
 Gradient accumulation (`train.micro_batch_size`, ready.train.stages): a process's share runs in
 micro-batches. `position_weight_sum` gives the whole batch's weight sum before any forward (it
 depends on the mask alone), `loss_share` normalises each micro-batch's weighted sums by it, so the
@@ -42,6 +50,11 @@ class LossTerms:
     l1: float
     accuracy: float  # top-1 agreement with the label, unweighted, over valid positions
     tau_hat: float  # 1 + mean accepted-prefix length if the drafts were verified greedily
+    confidence: float = float("nan")  # the confidence head's weighted BCE (nan: no head trained)
+    confidence_error: float = float("nan")  # weighted mean |sigmoid(logit) - acceptance rate| (nan: no head)
+
+
+STATS = 9  # the statistics `_sums` returns (and micro-batches add up): see `terms_from_stats`
 
 
 def position_weights(proposals: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -66,20 +79,23 @@ def draft_loss(
     l1_weight: float = 0.1,
     gamma: float = 4.0,
     all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    confidence_logits: Optional[torch.Tensor] = None,
+    confidence_weight: float = 1.0,
 ) -> LossTerms:
-    """L_CE + l1_weight * L_L1 over draft blocks.
+    """L_CE + l1_weight * L_L1 (+ confidence_weight * L_conf) over draft blocks.
 
     draft_logits, target_logits: [..., K, V]; labels: [..., K]; mask: [..., K] bool (None =
     all valid). target_logits is detached here: the target is a fixed teacher. all_reduce: sums
     a 1-D tensor over data-parallel ranks (module doc); None = this batch is the whole batch.
+    confidence_logits [..., K]: DSpark's confidence head, trained against the acceptance rate (module doc).
     """
-    ce_sum, l1_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma)
+    ce_sum, l1_sum, conf_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma, confidence_logits)
     if all_reduce is not None:
         with torch.no_grad():
             stats = all_reduce(stats)
     den = stats[0].clamp_min(1e-12)
-    loss = ce_sum / den + float(l1_weight) * (l1_sum / den)
-    return terms_from_stats(loss, stats, l1_weight)
+    loss = ce_sum / den + float(l1_weight) * (l1_sum / den) + float(confidence_weight) * (conf_sum / den)
+    return terms_from_stats(loss, stats, l1_weight, confidence_weight)
 
 
 def loss_share(
@@ -90,28 +106,36 @@ def loss_share(
     weight_sum: torch.Tensor,
     l1_weight: float = 0.1,
     gamma: float = 4.0,
+    confidence_logits: Optional[torch.Tensor] = None,
+    confidence_weight: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's share of a larger batch's loss, and its statistics.
 
-    Returns (loss, stats): `loss` (carries the graph) is this micro-batch's weighted CE and L1 sums
-    over `weight_sum`, the whole batch's `position_weight_sum` (all ranks' when data-parallel), so
-    the shares' losses and gradients add up to `draft_loss` of the whole batch; `stats` [7] are
-    detached sums to add over micro-batches (and ranks) and read with `terms_from_stats`.
+    Returns (loss, stats): `loss` (carries the graph) is this micro-batch's weighted CE and L1 (and
+    confidence) sums over `weight_sum`, the whole batch's `position_weight_sum` (all ranks' when
+    data-parallel), so the shares' losses and gradients add up to `draft_loss` of the whole batch;
+    `stats` [STATS] are detached sums to add over micro-batches (and ranks) and read with `terms_from_stats`.
     """
-    ce_sum, l1_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma)
+    ce_sum, l1_sum, conf_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma, confidence_logits)
     den = weight_sum.clamp_min(1e-12)
-    return ce_sum / den + float(l1_weight) * (l1_sum / den), stats
+    return ce_sum / den + float(l1_weight) * (l1_sum / den) + float(confidence_weight) * (conf_sum / den), stats
 
 
-def terms_from_stats(loss: torch.Tensor, stats: torch.Tensor, l1_weight: float = 0.1) -> LossTerms:
+def terms_from_stats(loss: torch.Tensor, stats: torch.Tensor, l1_weight: float = 0.1,
+                     confidence_weight: float = 1.0) -> LossTerms:
     """The logged numbers of a batch from its summed statistics (`_sums`: weight sum, CE and L1
-    numerators, hits, valid positions, accepted-prefix sum, blocks), with `loss` to back-propagate."""
+    numerators, hits, valid positions, accepted-prefix sum, blocks, and the confidence head's BCE and
+    absolute-error numerators, or -1 without a head), with `loss` to back-propagate."""
     den = stats[0].clamp_min(1e-12)
     ce_mean, l1_mean = float(stats[1] / den), float(stats[2] / den)
     accuracy = float(stats[3] / stats[4].clamp_min(1))
     tau_hat = float(1 + stats[5] / stats[6]) if float(stats[6]) > 0 else float("nan")
-    return LossTerms(loss=loss, value=ce_mean + float(l1_weight) * l1_mean, ce=ce_mean, l1=l1_mean,
-                     accuracy=accuracy, tau_hat=tau_hat)
+    head = float(stats[7]) >= 0
+    conf = float(stats[7] / den) if head else float("nan")
+    conf_err = float(stats[8] / den) if head else float("nan")
+    value = ce_mean + float(l1_weight) * l1_mean + (float(confidence_weight) * conf if head else 0.0)
+    return LossTerms(loss=loss, value=value, ce=ce_mean, l1=l1_mean, accuracy=accuracy, tau_hat=tau_hat,
+                     confidence=conf, confidence_error=conf_err)
 
 
 def _weights(shape: torch.Size, mask: Optional[torch.Tensor], gamma: float,
@@ -123,8 +147,10 @@ def _weights(shape: torch.Size, mask: Optional[torch.Tensor], gamma: float,
 
 
 def _sums(draft_logits: torch.Tensor, labels: torch.Tensor, target_logits: torch.Tensor,
-          mask: Optional[torch.Tensor], gamma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Weighted CE and L1 sums (with the graph) and the detached statistics [7] of one batch."""
+          mask: Optional[torch.Tensor], gamma: float,
+          confidence_logits: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weighted CE, L1 and confidence-BCE sums (with the graph; the last 0 without a head) and the
+    detached statistics [STATS] of one batch."""
     if draft_logits.shape != target_logits.shape or draft_logits.shape[:-1] != labels.shape:
         raise ValueError(
             f"draft_loss: shapes disagree: draft logits {tuple(draft_logits.shape)}, target logits "
@@ -142,11 +168,24 @@ def _sums(draft_logits: torch.Tensor, labels: torch.Tensor, target_logits: torch
     l1 = (p_draft - p_target).abs().sum(-1)
     l1_sum = (l1 * w).sum()
 
+    conf_sum = l1_sum.new_zeros(())
+    conf_stats = [torch.full((), -1.0, device=l1.device), torch.full((), -1.0, device=l1.device)]
+    if confidence_logits is not None:
+        if confidence_logits.shape != labels.shape:
+            raise ValueError(f"draft_loss: confidence logits of shape {tuple(confidence_logits.shape)}; expected "
+                             f"{tuple(labels.shape)}, one per draft position")
+        rate = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0)  # DSpark's per-position acceptance rate
+        z = confidence_logits.float()
+        conf_sum = (F.binary_cross_entropy_with_logits(z, rate, reduction="none") * w).sum()
+        with torch.no_grad():
+            conf_stats = [conf_sum.detach(), ((z.sigmoid() - rate).abs() * w).sum()]
+
     with torch.no_grad():
         hit = (logits.argmax(-1) == labels) & valid
         blocks = valid[..., 0]
         prefix = hit.int().cumprod(-1).sum(-1)
-        # weight sum, CE and L1 numerators, hits, valid positions, accepted-prefix sum, blocks
+        # weight sum, CE and L1 numerators, hits, valid positions, accepted-prefix sum, blocks,
+        # the confidence head's BCE and absolute-error numerators (-1: no head)
         stats = torch.stack([w.sum(), ce_sum.detach(), l1_sum.detach(), hit.sum().float(), valid.sum().float(),
-                             prefix[blocks].sum().float(), blocks.sum().float()])
-    return ce_sum, l1_sum, stats
+                             prefix[blocks].sum().float(), blocks.sum().float(), *conf_stats])
+    return ce_sum, l1_sum, conf_sum, stats

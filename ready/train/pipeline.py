@@ -9,9 +9,10 @@ atomically, and reused when present:
   passes are assembled on CPU; built when a base drafter first trains, unless built before
   (`ensure_teacher_store`, by the process that builds a sweep's shared artifacts).
 - `<artifacts>/drafter_base/<hash>/drafter/`: the base DSpark drafter, trained from scratch
-  when `drafter.checkpoint` is empty. Its hash covers the drafter architecture, the base
-  budget, the loss, `train.base_seed`, the data and the target, never the reader or the
-  adaptation stages, so every variant (and seed) of a sweep shares one base drafter.
+  when `drafter.checkpoint` is empty (with DSpark's confidence-head loss when it has a confidence
+  head). Its hash covers the drafter architecture, the base budget, the loss, `train.base_seed`,
+  the data and the target, never the reader or the adaptation stages, so every variant (and seed)
+  of a sweep shares one base drafter.
 - `<out_dir>/<stage>-<hash>/drafter/`: the drafter after stage 1 and after stage 2, with
   `train.json` (the loss curve and which parameters were trained).
 
@@ -134,12 +135,22 @@ def base_spec(cfg: Any, data_id: str) -> dict:
         "kind": "drafter_base",
         "drafter": drafter,
         "train": _plain(cfg.train.base),
-        "loss": _plain(cfg.train.loss),
+        "loss": _loss_spec(cfg, base=True),
         "seed": int(cfg.train.base_seed),
         "data": data_id,
         "threads": int(cfg.threads.drafters),
     }
     return _with_buckets(spec, cfg)
+
+
+def _loss_spec(cfg: Any, base: bool) -> dict:
+    """The loss settings a stage depends on: `train.loss.confidence_weight` only in the base drafter's
+    training of a drafter with a confidence head (the one stage that trains it; absent elsewhere, so the
+    artifacts built before the knob keep their hashes)."""
+    loss = dict(_plain(cfg.train.loss))
+    if not (base and cfg.drafter.confidence_head):
+        loss.pop("confidence_weight", None)
+    return loss
 
 
 def _with_buckets(spec: dict, cfg: Any) -> dict:
@@ -194,7 +205,7 @@ def stage_spec(cfg: Any, stage: str, start_id: str, data_id: str) -> dict:
         "reader": _plain(cfg.reader),
         "train": _plain(getattr(cfg.train, stage)),
         "lora": _plain(cfg.train.lora),
-        "loss": _plain(cfg.train.loss),
+        "loss": _loss_spec(cfg, base=False),
         "seed": int(cfg.seed),
         "data": data_id,
         "threads": int(cfg.threads.drafters),

@@ -1,9 +1,14 @@
 """One training stage of a drafter against the frozen target: base, stage1, or stage2.
 
 - `base`:   DSpark from scratch: every drafter parameter except the target's shared,
-            frozen embeddings and LM head (plus the reader's, if the drafter has one).
+            frozen embeddings and LM head (plus the reader's, if the drafter has one); a
+            drafter with a confidence head trains it with DSpark's loss for it
+            (`train.loss.confidence_weight`, ready.train.loss), as DeepSpec's trainer does.
 - `stage1`: ReaDy stage 1: the reader only; the drafter is frozen.
 - `stage2`: ReaDy stage 2: the reader plus LoRA adapters on the drafter backbone (peft).
+
+ReaDy's stages leave a confidence head as the base drafter left it, as the paper does (its loss
+term is dropped, its weights are not trainable: `trains_confidence`); so does the FT control.
 
 The no-state control (Table 2, `reader.enabled=false`) runs the same two stages with the
 same budgets, and LoRA is the only thing it can train: stage 1 trains LoRA adapters with
@@ -64,7 +69,7 @@ from ready.train import distributed
 from ready.train.anchors import gather_blocks, sample_anchors
 from ready.train.batches import BatchSampler, batch_width
 from ready.train.lora import has_lora, inject_lora, lora_parameters
-from ready.train.loss import draft_loss, loss_share, position_weight_sum, terms_from_stats
+from ready.train.loss import STATS, draft_loss, loss_share, position_weight_sum, terms_from_stats
 from ready.train.regen import RegenData
 from ready.train.teacher_pass import reads_shuffled_states, teacher_pass
 from ready.train.teacher_store import TeacherStore
@@ -201,12 +206,22 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def trains_confidence(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter]]) -> bool:
+    """Whether this stage trains DSpark's confidence head with its loss: the base drafter's training of a
+    drafter that has one, at train.loss.confidence_weight > 0. ReaDy's stages (and the FT control's) leave
+    it as the base drafter left it, as the paper does: its loss term is dropped and its weights are not
+    trainable there (stage 1 trains the reader, stage 2 the reader and LoRA on the draft layers)."""
+    weight = float(getattr(cfg.train.loss, "confidence_weight", 0.0) or 0.0)
+    return stage == "base" and weight > 0 and any(n.startswith("confidence_head.") for n, _ in params)
+
+
 def _fingerprint(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter]], data: RegenData, seed: int) -> str:
     sc = getattr(cfg.train, stage)
     key = {
         "stage": stage,
         "stage_cfg": to_container(sc) if OmegaConf.is_config(sc) else dict(vars(sc)),
-        "loss": [float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)],
+        "loss": [float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)]
+        + ([float(cfg.train.loss.confidence_weight)] if trains_confidence(stage, cfg, params) else []),
         "lora": [int(cfg.train.lora.rank), int(cfg.train.lora.alpha), float(cfg.train.lora.dropout)],
         "params": [(n, list(p.shape)) for n, p in params],
         "data": [len(data), int(data.tokens.shape[1]), int(data.tokens.sum())],
@@ -372,22 +387,25 @@ def train_stage(
     ck = resume(ck_path, params, opt, sched, fingerprint) if checkpoints else None
     start = int(ck["step"]) if ck else 0
     losses: list[float] = list(ck["losses"]) if ck else []
-    ddp = _ddp(drafter, device, accumulate) if dp.active else None
-    forward = ddp if ddp is not None else drafter.forward_train
+    head = trains_confidence(stage, cfg, params)  # DSpark's confidence-head loss (the base drafter only)
+    conf_weight = float(cfg.train.loss.confidence_weight) if head else 0.0
+    ddp = _ddp(drafter, device, accumulate, head) if dp.active else None
+    forward = ddp if ddp is not None else (lambda *a: drafter.forward_train(*a, confidence=head))
     reduce = distributed.all_reduce_sum if dp.active else None
 
     K = int(drafter.proposals)
     trainable = [p for _, p in params]
     every = max(1, int(cfg.train.checkpoint_every))
     l1_weight, gamma = float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)
+
     buckets = length_buckets(cfg)
     sampler = BatchSampler(len(data), int(sc.batch_size), seed, data.lengths, buckets)
     if store is not None and (buckets or not store.serves(target, drafter, data, int(sc.batch_size))):
         store = None  # a batch cut to its longest row is not a stored full-width row bit for bit
 
-    def pass_(idx: torch.Tensor, anchors: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def pass_(idx: torch.Tensor, anchors: torch.Tensor, mask: torch.Tensor) -> tuple[Any, ...]:
         """Teacher pass and drafter forward on rows `idx` (the share, or one micro-batch of it):
-        (draft logits, labels, teacher logits, mask), on the device."""
+        (draft logits, labels, teacher logits, mask, confidence logits or None), on the device."""
         tokens = data.tokens[idx]
         if buckets:  # cut to these rows' longest row: right padding, causal models (ready.train.batches)
             tokens = tokens[:, :batch_width(data, idx, anchors)]
@@ -399,8 +417,9 @@ def train_stage(
         labels = gather_blocks(tokens, anchors, K, offset=1)
         teacher = tp.teacher(anchors, K)
         with autocast:
-            logits = forward(tokens, tp.hidden, anchors, tp.states)
-        return logits, labels, teacher, mask
+            out = forward(tokens, tp.hidden, anchors, tp.states)
+        logits, conf = out if head else (out, None)
+        return logits, labels, teacher, mask, conf
 
     t0 = time.perf_counter()
     bar = tqdm(range(start, steps), desc=f"train {stage}", unit="step", initial=start, total=steps,
@@ -412,28 +431,30 @@ def train_stage(
         idx, anchors, mask = idx[rows], anchors[rows], mask[rows]  # the whole batch for one process
         opt.zero_grad(set_to_none=True)
         if not accumulate:  # the whole share in one pass
-            logits, labels, teacher, mask_ = pass_(idx, anchors, mask)
-            terms = draft_loss(logits, labels, teacher, mask_, l1_weight, gamma, all_reduce=reduce)
+            logits, labels, teacher, mask_, conf = pass_(idx, anchors, mask)
+            terms = draft_loss(logits, labels, teacher, mask_, l1_weight, gamma, all_reduce=reduce,
+                               confidence_logits=conf, confidence_weight=conf_weight)
             # DDP averages the ranks' gradients; the shares' gradients must be summed: scale by N
             (terms.loss * dp.size if dp.active else terms.loss).backward()
         else:  # micro-batches: each normalised by the whole batch's weight sum, gradients accumulated
             weight_sum = position_weight_sum(mask.to(device), gamma)
             if reduce is not None:
                 weight_sum = reduce(weight_sum.reshape(1))[0]
-            total, stats = torch.zeros((), device=device), torch.zeros(7, device=device)
+            total, stats = torch.zeros((), device=device), torch.zeros(STATS, device=device)
             parts = micro_batches(len(idx), micro, pairs=shuffled)
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1  # DDP: the ranks' gradients are summed in the last backward only
                 with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
-                    logits, labels, teacher, mask_ = pass_(idx[part], anchors[part], mask[part])
-                    share, part_stats = loss_share(logits, labels, teacher, mask_, weight_sum, l1_weight, gamma)
+                    logits, labels, teacher, mask_, conf = pass_(idx[part], anchors[part], mask[part])
+                    share, part_stats = loss_share(logits, labels, teacher, mask_, weight_sum, l1_weight, gamma,
+                                                   confidence_logits=conf, confidence_weight=conf_weight)
                     (share * dp.size if dp.active else share).backward()
                 total = total + share.detach()
                 stats = stats + part_stats
-                del logits, labels, teacher, share  # this micro-batch's activations go before the next one's
+                del logits, labels, teacher, share, conf  # this micro-batch's activations go before the next one's
             if reduce is not None:
                 stats = reduce(stats)
-            terms = terms_from_stats(total, stats, l1_weight)
+            terms = terms_from_stats(total, stats, l1_weight, conf_weight)
         gnorm = torch.nn.utils.clip_grad_norm_(trainable, float(sc.grad_clip))
         opt.step()
         lr = opt.param_groups[0]["lr"]
@@ -453,6 +474,7 @@ def train_stage(
                 ("tau_hat", terms.tau_hat),
                 ("lr", lr),
                 ("grad_norm", float(gnorm)),
+                *((("confidence", terms.confidence), ("confidence_error", terms.confidence_error)) if head else ()),
             ):
                 callback(f"train/{stage}/{key}", float(value), done)
     bar.close()
@@ -471,15 +493,15 @@ def train_stage(
 class _TrainForward(nn.Module):
     """The drafter's `forward_train` as a module's `forward`: DDP hooks `forward` only."""
 
-    def __init__(self, drafter: nn.Module):
+    def __init__(self, drafter: nn.Module, confidence: bool = False):
         super().__init__()
-        self.drafter = drafter
+        self.drafter, self.confidence = drafter, confidence
 
     def forward(self, tokens, hidden, anchors, states):  # noqa: D102
-        return self.drafter.forward_train(tokens, hidden, anchors, states)
+        return self.drafter.forward_train(tokens, hidden, anchors, states, confidence=self.confidence)
 
 
-def _ddp(drafter: nn.Module, device: torch.device, accumulate: bool = False) -> nn.Module:
+def _ddp(drafter: nn.Module, device: torch.device, accumulate: bool = False, confidence: bool = False) -> nn.Module:
     """The drafter's training forward under DistributedDataParallel (gradients summed over ranks
     in buckets while the backward runs). Building it copies rank 0's weights to every rank.
     static_graph: every step reaches the same parameters, and a trainable tensor that a
@@ -490,5 +512,5 @@ def _ddp(drafter: nn.Module, device: torch.device, accumulate: bool = False) -> 
 
     ids = [device.index] if device.type == "cuda" else None
     if accumulate:
-        return DistributedDataParallel(_TrainForward(drafter), device_ids=ids, find_unused_parameters=True)
-    return DistributedDataParallel(_TrainForward(drafter), device_ids=ids, static_graph=True)
+        return DistributedDataParallel(_TrainForward(drafter, confidence), device_ids=ids, find_unused_parameters=True)
+    return DistributedDataParallel(_TrainForward(drafter, confidence), device_ids=ids, static_graph=True)

@@ -1,0 +1,117 @@
+"""How well DSpark's confidence head predicts acceptance, and what a verify schedule verified.
+
+Calibration, per draft position j = 1..K, as DeepSpec's evaluator measures it
+(`deepspec/eval/dspark/confidence_head.py`, `PerPositionConfidenceMetrics`): the head's predicted prefix
+acceptance S_j = c_1 ... c_j (the cumulative product of its step confidences, `ready.decode.schedule`)
+against the observed 1{A >= j} of the round (A accepted drafts). A round observes position j only when
+j <= its horizon (the drafts it verified, cut by the token budget or an accepted EOS: `ready.metrics`);
+beyond it the outcome is censored, never counted. Per position: the predictions binned into `BINS` equal
+bins of [0, 1] (DeepSpec's 20), the expected calibration error ECE_j = sum over bins of
+(n_bin / n) |mean predicted - mean observed|, the Brier score, and the reliability bins themselves; over
+positions, the ECE and Brier weighted by the positions' counts (DeepSpec's `ece_mean`). DeepSpec collects
+calibration only at threshold 0 (every draft verified); under a confidence schedule a row verifies only
+the drafts its head was confident in, so its calibration covers those rounds' verified positions alone
+(a selected sample: compare rows at the full schedule for the head's calibration as such).
+
+`verification_summary` is one benchmark's record (evaluation.json `verification`): the schedule, drafts
+and tokens verified per round (tokens = drafts + the anchor), and the calibration; `verification_metrics`
+flattens an evaluation's records into MLflow metrics (docs/interfaces.md "MLflow").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+BINS = 20  # DeepSpec's CONFIDENCE_NUM_BINS
+EPS = 1e-8  # predictions clamped to [EPS, 1 - EPS] before binning (DeepSpec's EPS_PROB)
+
+# one round: (the head's step confidences c_1..c_K, accepted drafts A, horizon h)
+Round = tuple[Sequence[float], int, int]
+
+
+def rounds_of(records: Iterable[Any]) -> list[Round]:
+    """Every scored round of generation records (`Generation`s, or evaluation.json prompt records with
+    `confidence`, `accepted` and `horizons`): rounds without confidences (no head, AR) are skipped."""
+    out: list[Round] = []
+    for r in records:
+        get = r.get if isinstance(r, Mapping) else (lambda k, d=None, r=r: getattr(r, k, d))
+        conf, acc, hor = get("confidence") or [], get("accepted") or [], get("horizons") or []
+        out += [(c, int(a), int(h)) for c, a, h in zip(conf, acc, hor) if c]
+    return out
+
+
+def calibration(rounds: Sequence[Round], proposals: int, bins: int = BINS) -> Optional[dict[str, Any]]:
+    """Per-position calibration of the head's predicted prefix acceptance (module docstring); None when no
+    round was scored."""
+    if not rounds:
+        return None
+    positions = []
+    total_n = ece_sum = brier_sum = 0.0
+    for j in range(1, int(proposals) + 1):
+        n = [0] * bins
+        pred = [0.0] * bins
+        obs = [0.0] * bins
+        brier = 0.0
+        for conf, a, h in rounds:
+            if j > h or j > len(conf):
+                continue
+            s = 1.0
+            for c in conf[:j]:
+                s *= float(c)
+            s = min(max(s, EPS), 1.0 - EPS)
+            y = 1.0 if a >= j else 0.0
+            k = min(int(s * bins), bins - 1)
+            n[k] += 1
+            pred[k] += s
+            obs[k] += y
+            brier += (s - y) ** 2
+        count = sum(n)
+        if not count:
+            positions.append({"position": j, "n": 0, "pred_mean": None, "obs_mean": None, "ece": None,
+                              "brier": None, "reliability": []})
+            continue
+        ece = sum(abs(pred[k] - obs[k]) for k in range(bins)) / count  # sum_k n_k/N |pred_k/n_k - obs_k/n_k|
+        rel = [[k / bins, (k + 1) / bins, n[k], pred[k] / n[k], obs[k] / n[k]] for k in range(bins) if n[k]]
+        positions.append({"position": j, "n": count, "pred_mean": sum(pred) / count, "obs_mean": sum(obs) / count,
+                          "ece": ece, "brier": brier / count, "reliability": rel})
+        total_n += count
+        ece_sum += ece * count
+        brier_sum += brier
+    return {"bins": bins, "n": int(total_n), "ece": ece_sum / total_n if total_n else None,
+            "brier": brier_sum / total_n if total_n else None, "positions": positions}
+
+
+def verification_summary(records: Sequence[Any], proposals: int, schedule: Mapping[str, Any]) -> dict[str, Any]:
+    """One benchmark's verification record: `schedule` (the eval keys that chose it), rounds, drafts and
+    tokens verified per round (pooled over the records' rounds), and `calibration` (None without scores)."""
+    verified = [int(n) for r in records for n in ((r.get("verified") if isinstance(r, Mapping)
+                                                   else getattr(r, "verified", None)) or [])]
+    rounds = len(verified)
+    return {**dict(schedule), "rounds": rounds,
+            "verified_drafts_per_round": sum(verified) / rounds if rounds else None,
+            "verified_per_round": (sum(verified) + rounds) / rounds if rounds else None,
+            "calibration": calibration(rounds_of(records), proposals)}
+
+
+def verification_metrics(evaluation: Mapping[str, Any]) -> dict[str, float]:
+    """Flat MLflow metrics of an evaluation record's `verification` entries: `<b>/verified_per_round`,
+    `<b>/ece`, `<b>/brier`, `<b>/ece_<j>` per benchmark b and `overall/...` (absent where not measured)."""
+    out: dict[str, float] = {}
+    entries = [(b, rec.get("verification")) for b, rec in (evaluation.get("benchmarks") or {}).items()]
+    entries.append(("overall", evaluation.get("verification")))
+    for name, v in entries:
+        if not v:
+            continue
+        if v.get("verified_per_round") is not None:
+            out[f"{name}/verified_per_round"] = float(v["verified_per_round"])
+        cal = v.get("calibration")
+        if cal and cal.get("ece") is not None:
+            out[f"{name}/ece"] = float(cal["ece"])
+            out[f"{name}/brier"] = float(cal["brier"])
+            for p in cal["positions"]:
+                if p["ece"] is not None:
+                    out[f"{name}/ece_{p['position']}"] = float(p["ece"])
+    return out
+
+
+__all__ = ["BINS", "Round", "calibration", "rounds_of", "verification_metrics", "verification_summary"]
