@@ -40,9 +40,10 @@ EXPORT_SPEC = {"written_by": "ready.drafter.export"}  # the marker (DONE manifes
 FINISHED = "FINISHED"
 
 
-def drafter_dir_of_run(run_id: str, tracking_uri: str, allow_unfinished: bool = False) -> Path:
+def drafter_dir_of_run(run_id: str, tracking_uri: str, unfinished: str = "read") -> Path:
     """The drafter folder a sweep row's MLflow run evaluated (from its evaluation.json). A run that did not
-    finish (FAILED, KILLED, still RUNNING) is refused, or with `allow_unfinished` exported with a warning."""
+    finish (FAILED, KILLED, still RUNNING) is read as any other (`unfinished` "read": a diagnostic's
+    choice), refused ("refuse": the export's default) or read with a warning on stderr ("warn")."""
     if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
         raise DrafterError(f"--tracking-uri {tracking_uri}: no such store; expected the sweep's MLflow database")
     from mlflow.tracking import MlflowClient
@@ -55,8 +56,8 @@ def drafter_dir_of_run(run_id: str, tracking_uri: str, allow_unfinished: bool = 
     except Exception as e:  # no such run, no such artifact, unreadable store
         raise DrafterError(f"run {run_id!r} in {tracking_uri}: no evaluation.json ({type(e).__name__}); expected the "
                            "run id of a drafting sweep row (DSpark, FT, placebo or ReaDy)") from None
-    if status != FINISHED:
-        if not allow_unfinished:
+    if status != FINISHED and unfinished != "read":
+        if unfinished == "refuse":
             raise DrafterError(f"run {run_id!r} is {status}, not {FINISHED}; expected a finished sweep row (or "
                                "--allow-unfinished to export its drafter anyway)")
         print(f"warning: run {run_id!r} is {status}, not {FINISHED}: exporting the drafter it left, which may not be "
@@ -69,15 +70,16 @@ def drafter_dir_of_run(run_id: str, tracking_uri: str, allow_unfinished: bool = 
     return Path(folder)
 
 
-def resolve_source(src: str, tracking_uri: str, allow_unfinished: bool = False) -> Path:
-    """A folder as given, else the drafter folder of the MLflow run `src` (`runs:/ID` or ID)."""
+def resolve_source(src: str, tracking_uri: str, unfinished: str = "read") -> Path:
+    """A folder as given, else the drafter folder of the MLflow run `src` (`runs:/ID` or ID); `unfinished`
+    says what a run that did not finish gets (`drafter_dir_of_run`)."""
     path = Path(src)
     if path.is_dir():
         return path
     run_id = src.removeprefix("runs:/").strip("/")
     if path.exists() or not run_id.isalnum():
         raise DrafterError(f"{src}: neither a drafter folder nor an MLflow run id; expected one of them")
-    return drafter_dir_of_run(run_id, tracking_uri, allow_unfinished)
+    return drafter_dir_of_run(run_id, tracking_uri, unfinished)
 
 
 def check_out(out: Path) -> None:
@@ -159,7 +161,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="export the drafter of a run that did not finish (FAILED, KILLED, RUNNING), with a warning")
     a = ap.parse_args(argv)
     try:
-        out = export(resolve_source(a.src, a.tracking_uri, a.allow_unfinished), Path(a.out), a.dtype)
+        source = resolve_source(a.src, a.tracking_uri, unfinished="warn" if a.allow_unfinished else "refuse")
+        out = export(source, Path(a.out), a.dtype)
     except DrafterError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
