@@ -184,6 +184,17 @@ def check_folder(folder: str | os.PathLike, what: str, patterns: tuple[str, ...]
                             f"{folder / DONE} if the change was on purpose)")
 
 
+def written_from(folder: str | os.PathLike, spec: Any) -> bool:
+    """Whether `folder` was written by `atomic_dir(folder, spec=spec)` and holds exactly the files its
+    manifest lists (nothing added since): how a tool recognises a folder it may replace."""
+    folder = Path(folder)
+    meta, _ = _read_marker(folder)
+    if meta is None or meta.get("spec") != config_hash(spec):
+        return False
+    here = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p != folder / DONE}
+    return here == set(meta["files"])
+
+
 def content_id(folder: str | os.PathLike, patterns: tuple[str, ...] = ("*",)) -> str:
     """A short id of the contents of the files in `folder` whose relative path matches one of
     `patterns` (fnmatch; e.g. ("config.json", "*.safetensors") for what decides a model's outputs,

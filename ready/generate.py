@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 import torch
 
@@ -45,8 +46,15 @@ METHODS = ("ar", "ngram", "dspark", "ready")
 DEFAULT_EXACT = None  # as eval.exact's auto: exact mode for a 16-bit target, the fast path in float32
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad option value answered in one line (exit 2) like every other input error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} ({self.prog} --help lists the options)\n")
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ready.generate", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m ready.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="preset name, 'default', or a checkpoint directory")
     p.add_argument("--drafter", help="drafter checkpoint directory (methods dspark and ready)")
     p.add_argument("--method", required=True, choices=METHODS)
@@ -85,18 +93,26 @@ def parse_prompt_ids(text: str) -> list[int]:
 
 
 def read_prompts_file(path: str) -> list[Any]:
-    """Each line: {"prompt_ids": [...]} | {"prompt"/"text": "..."} | [ids] | "text"."""
+    """Each line: {"prompt_ids": [...]} | {"prompt"/"text": "..."} | [ids] | "text" (UTF-8 JSON)."""
     file = Path(path)
     if not file.is_file():
         raise DecodeError(f"--prompts {path}: no such file; expected a JSONL file with one prompt per line")
     out: list[Any] = []
-    for n, line in enumerate(file.read_text().splitlines(), start=1):
+    for n, raw_line in enumerate(file.read_bytes().splitlines(), start=1):
+        try:
+            line = raw_line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DecodeError(f"--prompts {path}, line {n}: byte {raw_line[e.start]:#04x} at column {e.start + 1} is "
+                              "not UTF-8; expected UTF-8 JSON text") from None
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise DecodeError(f"--prompts {path}, line {n}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise DecodeError(f"--prompts {path}, line {n}: nested too deeply; expected a prompt object, list or "
+                              "string") from None
         if isinstance(row, dict):
             key = next((k for k in ("prompt_ids", "input_ids", "ids", "prompt", "text") if k in row), None)
             row = row.get(key) if key else None
@@ -161,11 +177,26 @@ def build_drafter(method: str, args: argparse.Namespace, target: Any) -> Any:
 
 
 # --- run ----------------------------------------------------------------------------------------------
+def check_args(args: argparse.Namespace) -> None:
+    """Range checks of the options that need no model: one DecodeError naming the option."""
+    checks = [
+        ("-k/--proposals", args.proposals, args.proposals >= 1, "an integer >= 1"),
+        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, "an integer >= 1"),
+        ("--ngram-max", args.ngram_max, args.ngram_max >= 1, "an integer >= 1"),
+        ("--threads", args.threads, args.threads is None or args.threads >= 1, "an integer >= 1 (CPU threads)"),
+        ("--warmup", args.warmup, args.warmup is None or args.warmup >= 0, "an integer >= 0 (untimed generations)"),
+        ("--eos-id", args.eos_id, args.eos_id is None or args.eos_id >= 0, "a token id >= 0"),
+        ("--tie-margin", args.tie_margin, args.tie_margin is None or (math.isfinite(args.tie_margin)
+                                                                      and args.tie_margin >= 0), "a finite number >= 0"),
+        ("--seed", args.seed, 0 <= args.seed < 2**64, "an integer in 0 .. 2**64 - 1"),
+    ]
+    for option, value, ok, expected in checks:
+        if not ok:
+            raise DecodeError(f"{option} {value}; expected {expected}")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.proposals < 1:
-        raise DecodeError(f"-k/--proposals {args.proposals}; expected an integer >= 1")
-    if args.max_new_tokens < 1:
-        raise DecodeError(f"--max-new-tokens {args.max_new_tokens}; expected an integer >= 1")
+    check_args(args)
     if args.prompt_ids is not None:
         raw: list[Any] = [parse_prompt_ids(args.prompt_ids)]
     elif args.prompts is not None:
@@ -174,6 +205,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raw = [args.prompt]
     torch.manual_seed(args.seed)
     target, tokenizer, source = load_target_and_tokenizer(args.target, args.device, args.dtype)
+    vocab = int(target.config.vocab_size)
+    if args.eos_id is not None and args.eos_id >= vocab:
+        raise DecodeError(f"--eos-id {args.eos_id}; expected a token id of the target (0..{vocab - 1})")
     prompts = encode_prompts(raw, tokenizer)
     for i, p in enumerate(prompts):
         try:
@@ -257,9 +291,10 @@ def print_text(report: dict[str, Any]) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
+        check_args(args)
+        if args.threads:
+            torch.set_num_threads(args.threads)
         report = run(args)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):  # our input errors only; anything else is a bug

@@ -280,12 +280,15 @@ def canonical(cfg: DictConfig, method: str) -> dict:
 
 def checkpoint_id(path: str) -> str:
     """`drafter.checkpoint` as it enters a row's hash: the folder's content digest."""
-    from ready.drafter.checkpoint import is_drafter_folder, content_digest
+    from ready.drafter.checkpoint import DrafterError, is_drafter_folder, content_digest
 
     if not is_drafter_folder(path):
         raise ConfigError(f"bad value at key 'drafter.checkpoint': {path!r} is not a drafter folder; expected a DSpark "
                           "folder (config.json with dflash_config + model.safetensors)")
-    return "sha256:" + content_digest(path)
+    try:
+        return "sha256:" + content_digest(path)
+    except DrafterError as e:  # its index names a file outside the folder, or none
+        raise ConfigError(f"bad value at key 'drafter.checkpoint': {e}") from None
 
 
 def variant_hash(cfg: DictConfig, method: str) -> str:

@@ -118,11 +118,30 @@ def chat_token_ids(tokenizer: Any) -> dict[str, int]:
     return {k: int(v) for k, v in ids.items()}
 
 
+class TokenizerError(ValueError):
+    """A tokenizer folder that cannot be read; the message names the file and what was expected."""
+
+
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
-    """Load a saved tokenizer folder with `transformers.AutoTokenizer`."""
+    """Load a saved tokenizer folder with `transformers.AutoTokenizer`; a garbled file (a hand-edited or
+    truncated tokenizer.json) is one TokenizerError naming it, never a traceback from inside transformers."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    from ready.checkpoint_files import read_json
+
+    folder = Path(path)
+    for name in TOKENIZER_JSON:
+        if (folder / name).is_file():
+            read_json(folder / name, "a Hugging Face tokenizer file", TokenizerError)
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # tokenizers' Exception, ValueError, KeyError, OSError: all mean an unusable folder
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise TokenizerError(f"{folder}: not a readable tokenizer ({type(e).__name__}: {first}); expected a Hugging "
+                             f"Face tokenizer folder ({', '.join(TOKENIZER_JSON)}) as transformers saves it") from None
 
 
 def build_tokenizer(docs: Iterable[Doc], vocab_size: int, out_dir: str | os.PathLike,

@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ready import checkpoint_files
 from ready.artifacts import ArtifactError, atomic_dir, check_folder, file_digest
+from ready.checkpoint_files import Fields
 from ready.config import DrafterConfig, ReaderConfig
 from ready.drafter.heads import MARKOV_TYPES
 from ready.drafter.layers import rope_type
+from ready.drafter.layer_map import LayerMapError
 from ready.drafter.model import DSparkDrafter, DrafterError, fingerprint_mismatch, target_fingerprint
 
 FORMAT = "ready-dspark-drafter/2"
@@ -131,95 +134,143 @@ def _refuse(path: Path, what: str) -> DrafterError:
     return DrafterError(f"{path / CONFIG_FILE}: {what}")
 
 
-def _rope(raw: dict, path: Path) -> tuple[float, dict]:
-    """(rope_theta, rope_scaling) from either the rope_scaling or the newer rope_parameters form."""
-    rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
-    if float(rope.pop("partial_rotary_factor", 1.0)) != 1.0:
+def _rope(f: Fields, path: Path) -> tuple[float, dict]:
+    """(rope_theta, rope_scaling) from either the rope_scaling or the newer rope_parameters form, typed."""
+    key = "rope_parameters" if f.raw.get("rope_parameters") else "rope_scaling"
+    rope = dict(f.block(key, None) or {})
+    fields = Fields(rope, f.source, DrafterError, prefix=f"{key}.")
+    theta = fields.number("rope_theta", None, above=0.0)
+    theta = f.number("rope_theta", 10000.0, above=0.0) if theta is None else theta
+    rope.pop("rope_theta", None)
+    if fields.number("partial_rotary_factor", 1.0, above=0.0, high=1.0) != 1.0:
         raise _refuse(path, "partial_rotary_factor != 1; expected a drafter that rotates whole heads (DSpark's)")
-    return theta, (rope if rope_type(rope) != "default" else {})
+    rope.pop("partial_rotary_factor", None)
+    for name in ("rope_type", "type"):
+        fields.text(name, None)
+    if rope_type(rope) == "default":
+        return theta, {}
+    fields.number("factor", None, above=0.0)
+    fields.integer("original_max_position_embeddings", None, low=1)
+    return theta, rope
 
 
 def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
     """The DrafterConfig fields a DSpark config.json describes, checked against `target`; one
-    DrafterError naming the field for anything this tool cannot honour."""
+    DrafterError naming the field for anything this tool cannot honour (a missing, mistyped or
+    out-of-range field included: `hidden_size: "abc"`, `num_attention_heads: 0`, `target_layer_ids: 5`)."""
     c = target.config
-    dc = raw.get("dflash_config")
-    if not isinstance(dc, dict):
+    f = Fields(raw, str(path / CONFIG_FILE), DrafterError)
+    if not isinstance(raw.get("dflash_config"), dict):
         raise _refuse(path, "no 'dflash_config' block; expected a DSpark drafter config (SpecForge / DeepSpec format)")
-    projector = dc.get("projector_type")
+    dc = f.sub("dflash_config")
+    projector = dc.raw.get("projector_type")
     if projector not in (None, "dspark", "dflash"):
         raise _refuse(path, f"dflash_config.projector_type is {projector!r}; expected 'dspark' (DSpark) or 'dflash' / "
                             "none (DFlash)")
-    bad_types = sorted(set(raw.get("layer_types") or []) - {"full_attention"})
-    if bad_types or raw.get("use_sliding_window"):
+    bad_types = sorted(set(f.texts("layer_types", [])) - {"full_attention"})
+    if bad_types or f.flag("use_sliding_window", False):
         raise _refuse(path, f"layer_types has {bad_types or ['sliding window']}; expected only full_attention layers "
                             "(sliding-window draft layers are not supported)")
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("tie_word_embeddings", False)):
         if raw.get(key, want) != want:
             raise _refuse(path, f"{key} is {raw.get(key)!r}; expected {want!r}")
     for key, want in (("hidden_size", int(c.hidden_size)), ("vocab_size", int(c.vocab_size))):
-        if int(raw.get(key, -1)) != want:
+        if f.integer(key, low=1) != want:
             raise _refuse(path, f"{key} is {raw.get(key)!r} but the target has {want}; expected a drafter built "
                                 "for this target")
-    n_target = raw.get("num_target_layers")
-    if n_target is not None and int(n_target) != int(c.num_hidden_layers):
+    n_target = f.integer("num_target_layers", None, low=1)
+    if n_target is not None and n_target != int(c.num_hidden_layers):
         raise _refuse(path, f"num_target_layers is {n_target} but the target has {c.num_hidden_layers} layers; "
                             "expected a drafter built for this target")
-    layer_ids = dc.get("target_layer_ids")
-    if (not layer_ids or any(not -1 <= int(i) < int(c.num_hidden_layers) for i in layer_ids)
-            or list(layer_ids) != sorted(set(layer_ids))):
+    layer_ids = dc.raw.get("target_layer_ids")
+    if (not isinstance(layer_ids, list) or not layer_ids
+            or any(isinstance(i, bool) or not isinstance(i, int) or not -1 <= i < int(c.num_hidden_layers)
+                   for i in layer_ids)
+            or layer_ids != sorted(set(layer_ids))):
         raise _refuse(path, f"dflash_config.target_layer_ids = {layer_ids}; expected ascending target layer ids in "
                             f"0..{int(c.num_hidden_layers) - 1}")
     # markov_rank 0 (or none: DFlash's config) = no Markov head, as SpecForge builds it: a DFlash drafter
-    rank = int(dc.get("markov_rank", 0) or 0)
-    kind = str(dc.get("markov_head_type", "vanilla")).lower() if rank else "none"
+    rank = dc.integer("markov_rank", 0)
+    kind = str(dc.text("markov_head_type", "vanilla")).lower() if rank else "none"
     if rank < 0 or (rank and kind not in MARKOV_TYPES):
         raise _refuse(path, f"dflash_config.markov_head_type {kind!r} with markov_rank {rank}; expected one of "
                             f"{list(MARKOV_TYPES)} with rank >= 1, or markov_rank 0 (DFlash: no Markov head)")
-    if rank and "DFlashDraftModel" in (raw.get("architectures") or []):
+    if rank and "DFlashDraftModel" in f.texts("architectures", []):
         raise _refuse(path, f"architectures DFlashDraftModel with dflash_config.markov_rank {rank}; a DFlash model "
                             "builds no Markov head, so expected markov_rank 0 (or DSparkDraftModel)")
-    mask = dc.get("mask_token_id")
-    if mask is None or not 0 <= int(mask) < int(c.vocab_size):
+    vocab = int(c.vocab_size)
+    mask = dc.raw.get("mask_token_id")
+    if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < vocab:
         raise _refuse(path, f"dflash_config.mask_token_id is {mask!r}; expected a token id of the target "
-                            f"(0..{int(c.vocab_size) - 1})")
-    heads = int(raw["num_attention_heads"])
-    theta, scaling = _rope(raw, path)
-    confidence = bool(dc.get("enable_confidence_head", float(dc.get("confidence_head_alpha", 0.0) or 0.0) > 0.0))
-    if confidence and not rank and dc.get("confidence_head_with_markov"):
+                            f"(0..{vocab - 1})")
+    heads = f.integer("num_attention_heads", low=1)
+    kv_heads = f.integer("num_key_value_heads", heads, low=1)
+    if heads % kv_heads:
+        raise _refuse(path, f"num_attention_heads is {heads}, not a multiple of num_key_value_heads {kv_heads}; "
+                            "expected whole query groups")
+    head_dim = f.integer("head_dim", None, low=2)
+    if head_dim is None:
+        head_dim = int(c.hidden_size) // heads
+    if head_dim < 2 or head_dim % 2:
+        raise _refuse(path, f"head_dim is {head_dim}{'' if 'head_dim' in raw else ' (hidden_size // num_attention_heads)'}; "
+                            "expected an even integer >= 2 (the rotary turns pairs)")
+    theta, scaling = _rope(f, path)
+    alpha = dc.number("confidence_head_alpha", 0.0, low=0.0)
+    confidence = dc.flag("enable_confidence_head", alpha > 0.0)
+    with_markov = dc.flag("confidence_head_with_markov", False)
+    if confidence and not rank and with_markov:
         raise _refuse(path, "dflash_config.confidence_head_with_markov is true with markov_rank 0; expected false "
                             "(without a Markov head the confidence head reads the hidden states only)")
     return {
-        "block_size": int(raw["block_size"]),
-        "num_layers": int(raw["num_hidden_layers"]),
+        "block_size": f.integer("block_size", low=2),
+        "num_layers": f.integer("num_hidden_layers", low=1),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(raw.get("num_key_value_heads", heads)),
-        "head_dim": int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
-        "intermediate_size": int(raw["intermediate_size"]),
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": f.integer("intermediate_size", low=1),
         "rope_theta": theta,
         "rope_scaling": scaling,
-        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
-        "mask_token_id": int(mask),
-        "context_layers": [int(i) for i in layer_ids],
+        "rms_norm_eps": f.number("rms_norm_eps", 1e-6, above=0.0),
+        "mask_token_id": mask,
+        "context_layers": list(layer_ids),
         "layer_space": "model",
         "head": kind,
         "head_rank": rank,  # 0 with head none (not used)
         "confidence_head": confidence,
-        "confidence_with_markov": bool(dc.get("confidence_head_with_markov", False)),
+        "confidence_with_markov": with_markov,
         "checkpoint": None,
         "context_window": 0,
     }
 
 
+def own_blocks(raw: dict, path: Path) -> tuple[Optional[dict], Optional[dict]]:
+    """(ready_drafter, ready_reader): this tool's blocks of a config.json, each None when absent; a block of
+    the wrong shape (a list, no `drafter` object) is one DrafterError naming it."""
+    f = Fields(raw, str(path / CONFIG_FILE), DrafterError)
+    own = f.block("ready_drafter", None)
+    if own is None:
+        return None, None
+    mine = f.sub("ready_drafter")
+    if own.get("format") != FORMAT:
+        raise _refuse(path, f"ready_drafter.format is {own.get('format')!r}; expected {FORMAT!r}")
+    mine.block("drafter")
+    fingerprint = mine.sub("target")
+    fingerprint.block("arch")
+    for name in ("embed_tokens", "lm_head"):
+        value = fingerprint.raw.get(name)
+        if not (isinstance(value, list) and value and all(
+                isinstance(row, list) and row and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                      for x in row) for row in value)):
+            raise fingerprint.refuse(name, value, "the rows of numbers this tool writes (a target fingerprint)")
+    reader = f.block("ready_reader", None)
+    if reader is not None:
+        f.sub("ready_reader").block("config")
+    return own, reader
+
+
 def read_json(file: Path) -> dict:
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise DrafterError(f"{file}: not readable JSON ({str(e).splitlines()[0]}); expected a DSpark drafter config") from None
-    if not isinstance(raw, dict):
-        raise DrafterError(f"{file}: holds a {type(raw).__name__}; expected a DSpark drafter config (a JSON object)")
-    return raw
+    """A drafter folder's JSON file (its config.json, its index) as an object, or one DrafterError naming it."""
+    return checkpoint_files.read_json(file, "a DSpark drafter config", DrafterError)
 
 
 def load_tensors(file: Path) -> dict[str, torch.Tensor]:
@@ -231,35 +282,63 @@ def load_tensors(file: Path) -> dict[str, torch.Tensor]:
     except Exception as e:  # SafetensorError (truncated, bad header), OSError
         raise DrafterError(f"{file}: not a readable safetensors file ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''}); expected drafter weights") from None
-    for name, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise DrafterError(f"{file}: tensor {name} holds NaN or Inf values; expected finite weights")
+    checkpoint_files.check_finite(state, file, DrafterError)
     return state
 
 
 def weight_files(path: Path) -> list[Path]:
-    """model.safetensors, or the shards a model.safetensors.index.json names."""
-    if (path / INDEX_FILE).is_file():
-        index = read_json(path / INDEX_FILE)
-        shards = sorted(set((index.get("weight_map") or {}).values()))
-        missing = [s for s in shards if not (path / s).is_file()]
-        if not shards or missing:
-            raise DrafterError(f"{path / INDEX_FILE}: names shards {missing or shards}; expected every shard beside it")
-        return [path / s for s in shards]
-    if (path / WEIGHTS_FILE).is_file():
-        return [path / WEIGHTS_FILE]
-    raise DrafterError(f"{path}: no {WEIGHTS_FILE} (or {INDEX_FILE} with shards); expected the drafter's weights")
+    """model.safetensors, or the shards a model.safetensors.index.json names (each a file inside the folder)."""
+    return checkpoint_files.weight_files(path, DrafterError, single=WEIGHTS_FILE, index=INDEX_FILE)
 
 
-def _normalise_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for k, v in state.items():
-        for old, new in LEGACY_PREFIXES:
-            if k.startswith(old):
-                k = new + k[len(old):]
-                break
-        out[k] = v
-    return out
+def _our_name(key: str) -> str:
+    """A tensor's name in DSparkDrafter: early checkpoints' `logit_head.` prefixes mapped."""
+    for old, new in LEGACY_PREFIXES:
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key
+
+
+def read_weights(files: list[Path], rename: Callable[[str], str] = _our_name) -> dict[str, torch.Tensor]:
+    """The tensors of a drafter's weight files under `rename`d names, checked before any is read (floating
+    dtypes, each tensor in one file only) and as read (finite)."""
+    checkpoint_files.check_floating(checkpoint_files.tensor_headers(files, DrafterError, rename), DrafterError)
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update({rename(k): v for k, v in load_tensors(file).items()})
+    return state
+
+
+def _build(dcfg: DictConfig, rcfg: DictConfig, target: Any, path: Path) -> DSparkDrafter:
+    """DSparkDrafter(dcfg, rcfg, target), its refusals (a field out of range) prefixed with the folder."""
+    try:
+        return DSparkDrafter(dcfg, rcfg, target)
+    except (DrafterError, LayerMapError) as e:
+        raise DrafterError(f"{path}: {e}") from None
+
+
+def _fit_before_building(dcfg: DictConfig, rcfg: DictConfig, target: Any, files: list[Path], field: str,
+                         source: str) -> None:
+    """The drafter `dcfg` describes against its weight files' headers, before a parameter is allocated:
+    no more layers than the files hold (200,000 declared layers built for minutes), every shape as in
+    the files, and parameters that fit in memory."""
+    headers = checkpoint_files.tensor_headers(files, DrafterError, _our_name)
+    checkpoint_files.check_layers(int(dcfg.num_layers), checkpoint_files.layer_count(headers, "layers."), field,
+                                  source, DrafterError)
+    plain = dcfg.copy()
+    OmegaConf.update(plain, "rope_scaling", {}, merge=False)  # the rotary holds no parameter (scaled kinds compute on the host)
+    with torch.device("meta"):
+        shape = _build(plain, rcfg, target, Path(source).parent)
+    expected = shape.state_dict()
+    for name, h in headers.items():
+        if name in expected and h.shape != tuple(expected[name].shape):
+            raise DrafterError(f"{Path(source).parent}: weights do not fit its config.json: tensor {h.key} of "
+                               f"{h.file.name} has shape {list(h.shape)}, the config makes {list(expected[name].shape)}")
+    nbytes = sum(t.numel() * t.element_size() for t in expected.values())
+    checkpoint_files.check_fits(nbytes, target.embed_tokens.weight.device,
+                                f"{source}: {field} {int(dcfg.num_layers)}, intermediate_size "
+                                f"{int(dcfg.intermediate_size)}, num_attention_heads {int(dcfg.num_attention_heads)} x "
+                                f"head_dim {int(dcfg.head_dim)}", DrafterError)
 
 
 def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictConfig | None = None) -> DSparkDrafter:
@@ -268,7 +347,8 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
     With `reader_cfg` the backbone is loaded under that reader configuration and the readers start
     fresh (stage 1 of ReaDy on a DSpark checkpoint); without it, a reader saved beside the drafter is
     loaded with it. A folder this tool wrote must have been built for this very target, and its files
-    must match the manifest it was written with.
+    must match the manifest it was written with. Every field read is typed and ranged, and the sizes
+    are checked against the weight files before anything is allocated.
     """
     path = Path(path)
     if not (path / CONFIG_FILE).is_file():
@@ -280,35 +360,38 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
         raise DrafterError(str(e)) from None
     raw = read_json(path / CONFIG_FILE)
     drafter_fields = drafter_config_from_dspark(raw, target, path)
-    own = raw.get("ready_drafter")
+    own, own_reader = own_blocks(raw, path)
     saved_reader: Any = {"enabled": False}
-    if isinstance(own, dict):
-        if own.get("format") != FORMAT:
-            raise _refuse(path, f"ready_drafter.format is {own.get('format')!r}; expected {FORMAT!r}")
-        why = fingerprint_mismatch(own["target"], target_fingerprint(target))
+    layers_field = "num_hidden_layers"
+    if own is not None:
+        try:
+            why = fingerprint_mismatch(own["target"], target_fingerprint(target))
+        except (RuntimeError, ValueError) as e:  # rows of unequal length, a fingerprint of another shape
+            raise _refuse(path, f"ready_drafter.target is not a target fingerprint this tool wrote ({e}); expected "
+                                "the block as saved") from None
         if why:
             raise DrafterError(f"{path}: this drafter was built for another target: {why}")
         drafter_fields = own["drafter"]
-        if isinstance(raw.get("ready_reader"), dict):
-            saved_reader = raw["ready_reader"]["config"]
+        layers_field = "ready_drafter.drafter.num_layers"
+        if own_reader is not None:
+            saved_reader = own_reader["config"]
     try:
         dcfg = OmegaConf.merge(OmegaConf.structured(DrafterConfig), drafter_fields)
         rcfg = OmegaConf.merge(OmegaConf.structured(ReaderConfig), reader_cfg if reader_cfg is not None else saved_reader)
     except Exception as e:  # omegaconf raises several types; all mean the schema moved on
         raise DrafterError(f"{path}: its drafter/reader config does not fit the current schema: "
                            f"{str(e).splitlines()[0]}") from None
-    drafter = DSparkDrafter(dcfg, rcfg, target)
-    state: dict[str, torch.Tensor] = {}
-    for file in weight_files(path):
-        state.update(_normalise_keys(load_tensors(file)))
-    if drafter.reader_enabled:
-        if reader_cfg is None:
-            if not (path / READER_FILE).is_file():
-                raise DrafterError(f"{path}: config.json declares a reader but {READER_FILE} is missing; expected "
-                                   "the reader's weights beside the drafter")
-            state.update(load_tensors(path / READER_FILE))
-        else:
-            state.update({k: v for k, v in drafter.state_dict().items() if k.startswith("readers.")})
+    files = weight_files(path)
+    if bool(rcfg.enabled) and reader_cfg is None:
+        if not (path / READER_FILE).exists():
+            raise DrafterError(f"{path}: config.json declares a reader but {READER_FILE} is missing; expected "
+                               "the reader's weights beside the drafter")
+        files.append(checkpoint_files.inside(path, READER_FILE, f"{path}: {READER_FILE}", DrafterError))
+    _fit_before_building(dcfg, rcfg, target, files, layers_field, str(path / CONFIG_FILE))
+    drafter = _build(dcfg, rcfg, target, path)
+    state = read_weights(files)
+    if drafter.reader_enabled and reader_cfg is not None:
+        state.update({k: v for k, v in drafter.state_dict().items() if k.startswith("readers.")})
     try:
         missing, unexpected = drafter.load_state_dict(state, strict=False)
     except RuntimeError as e:  # a tensor of the wrong shape
@@ -324,7 +407,7 @@ def is_drafter_folder(path: str | Path) -> bool:
     file = Path(path) / CONFIG_FILE
     try:
         return isinstance(json.loads(file.read_text()).get("dflash_config"), dict)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -335,18 +418,25 @@ def has_markov_head(path: str | Path) -> bool:
     own = raw.get("ready_drafter")
     if isinstance(own, dict) and isinstance(own.get("drafter"), dict):
         return own["drafter"].get("head", "vanilla") != "none"
-    return int((raw.get("dflash_config") or {}).get("markov_rank", 0) or 0) > 0
+    if not isinstance(raw.get("dflash_config"), dict):
+        return False  # not a DSpark folder: its loader says so in one line
+    return Fields(raw, str(Path(path) / CONFIG_FILE), DrafterError).sub("dflash_config").integer("markov_rank", 0) > 0
 
 
 def content_digest(path: str | Path) -> str:
     """sha256 over a drafter folder's config and weights (names and contents): what a sweep row that
-    starts from it depends on, the same on every host (each file is hashed once per process)."""
+    starts from it depends on, the same on every host (each file is hashed once per process). It covers
+    the top-level JSON and safetensors files and every file the index names, wherever it sits in the
+    folder (`shards/part1.safetensors`); an index entry that leads out of the folder is refused."""
     import hashlib
 
     path = Path(path)
     if not (path / CONFIG_FILE).is_file():
         raise DrafterError(f"{path}: no {CONFIG_FILE}; expected a DSpark drafter folder")
+    files = {p.name: p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json")}
+    if (path / INDEX_FILE).is_file():
+        files.update({p.relative_to(path).as_posix(): p for p in weight_files(path)})
     h = hashlib.sha256()
-    for p in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json")):
-        h.update(f"{p.name}:{file_digest(p)}\n".encode())
+    for name in sorted(files):
+        h.update(f"{name}:{file_digest(files[name])}\n".encode())
     return h.hexdigest()[:16]

@@ -14,6 +14,7 @@ committed GDN states after token a-1. Checkpoints: `ready.drafter.checkpoint` (t
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, Optional
 
@@ -56,8 +57,8 @@ def _as_dict(cfg: Any) -> dict:
 
 def _weight_signature(w: torch.Tensor) -> list[list[float]]:
     """A few fixed entries of a weight matrix: cheap even at 27B scale, robust to a bf16 cast."""
-    rows = torch.linspace(0, w.shape[0] - 1, 8).long().tolist()
-    cols = torch.linspace(0, w.shape[1] - 1, 16).long().tolist()
+    rows = torch.linspace(0, w.shape[0] - 1, 8, device="cpu").long().tolist()  # cpu: also while a meta-device
+    cols = torch.linspace(0, w.shape[1] - 1, 16, device="cpu").long().tolist()  # drafter is built (a size check)
     sub = w.detach()[rows][:, cols].float().cpu()
     return sub.tolist()
 
@@ -126,14 +127,22 @@ class DSparkDrafter(nn.Module):
         if self.context_window < 0:
             raise DrafterError(f"drafter.context_window = {self.context_window}; expected an integer >= 0 (0 = unlimited)")
         self.head_dim = int(d["head_dim"])
-        self.max_position_embeddings = rotary_max_positions(d, int(c.max_position_embeddings))
+        eps = float(d["rms_norm_eps"])
+        for key, ok, expected in (
+                ("head_dim", self.head_dim >= 2 and self.head_dim % 2 == 0, "an even integer >= 2 (the rotary turns pairs)"),
+                ("intermediate_size", int(d["intermediate_size"]) >= 1, "an integer >= 1"),
+                ("rms_norm_eps", eps > 0 and math.isfinite(eps), "a finite number > 0"),
+                ("rope_theta", float(d["rope_theta"]) > 0 and math.isfinite(float(d["rope_theta"])), "a finite number > 0"),
+                ("head_rank", str(d["head"]) == "none" or int(d["head_rank"]) >= 1, "an integer >= 1 (or head none)")):
+            if not ok:
+                raise DrafterError(f"drafter.{key} = {d[key]!r}; expected {expected}")
         try:
+            self.max_position_embeddings = rotary_max_positions(d, int(c.max_position_embeddings))
             self.rotary = Rotary(self.head_dim, float(d["rope_theta"]), d.get("rope_scaling") or {},
                                  self.max_position_embeddings)
         except (KeyError, TypeError, ValueError) as e:
             raise DrafterError(f"drafter.rope_scaling = {d.get('rope_scaling')!r}: {e}; expected Hugging Face "
                                "rope_scaling fields (e.g. rope_type yarn, factor, original_max_position_embeddings)") from None
-        eps = float(d["rms_norm_eps"])
 
         self.fc = nn.Linear(len(self.capture_layers) * D, D, bias=False)
         self.hidden_norm = RMSNorm(D, eps)

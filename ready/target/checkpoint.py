@@ -12,6 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ready.artifacts import ArtifactError, atomic_dir, check_folder
+from ready.checkpoint_files import (check_fits, check_floating, check_layers, layer_count, read_json, tensor_headers,
+                                     weight_files)
 from ready.health import check_model
 from ready.target.config import PRESETS, HybridConfig, TargetError, preset_config
 from ready.target.model import HybridLM
@@ -40,55 +42,23 @@ def _device(device: Any) -> torch.device:
     return dev
 
 
-def _read_json(file: Path, expected: str) -> dict:
-    """A JSON object from `file`, or one TargetError naming the file."""
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise TargetError(f"{file}: not readable JSON ({str(e).splitlines()[0]}); expected {expected}") from None
-    if not isinstance(raw, dict):
-        raise TargetError(f"{file}: holds a JSON {type(raw).__name__}; expected {expected}")
-    return raw
-
-
-def _weight_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = _read_json(index, "a safetensors index with a 'weight_map' object").get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise TargetError(f"{index}: no 'weight_map' object; expected a safetensors index")
-        names = sorted(set(weight_map.values()))
-        return [path / n for n in names]
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    shards = sorted(path.glob("*.safetensors"))
-    if shards:
-        return shards
-    raise TargetError(f"{path}: no model.safetensors, sharded index or *.safetensors files found")
+def _our_name(key: str) -> Optional[str]:
+    """A checkpoint tensor's name in HybridLM (multimodal prefixes mapped), None for the parts this tool ignores."""
+    for src, dst in _PREFIX_MAP:
+        if key.startswith(src):
+            key = dst + key[len(src):]
+    return None if key.startswith(_IGNORED) else key
 
 
 def _load_file(f: Path, expected: dict[str, torch.Tensor], dt: torch.dtype, loaded: dict[str, torch.Tensor]) -> None:
-    """Add the tensors of one safetensors file that the model expects to `loaded` (cast to `dt`).
-    A missing, truncated or garbled file is one TargetError naming it."""
+    """Add the tensors of one safetensors file that the model expects to `loaded` (cast to `dt`); their
+    headers were checked before (`load_target`). A file that breaks mid-read is one TargetError naming it."""
     try:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
             for key in sf.keys():
-                ours = key
-                for src, dst in _PREFIX_MAP:
-                    if ours.startswith(src):
-                        ours = dst + ours[len(src):]
-                if ours.startswith(_IGNORED) or ours not in expected:
-                    continue
-                t = sf.get_tensor(key)
-                if t.shape != expected[ours].shape:
-                    raise TargetError(
-                        f"{f.name}: tensor {key} has shape {tuple(t.shape)}, expected {tuple(expected[ours].shape)} "
-                        "for this config"
-                    )
-                loaded[ours] = t.to(dt)
-    except TargetError:
-        raise
+                ours = _our_name(key)
+                if ours is not None and ours in expected:
+                    loaded[ours] = sf.get_tensor(key).to(dt)
     except Exception as e:  # SafetensorError (truncated, bad header), OSError (missing, unreadable)
         raise TargetError(f"{f}: not a readable safetensors file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                           "expected the checkpoint's weights as written") from None
@@ -125,12 +95,32 @@ def load_target(
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise TargetError(f"{path}: no config.json; expected a Hugging Face checkpoint directory")
-    cfg = HybridConfig.from_hf_dict(_read_json(cfg_file, "a Hugging Face model config"), source=str(cfg_file))
+    source = str(cfg_file)
+    fields = HybridConfig.hf_fields(read_json(cfg_file, "a Hugging Face model config", TargetError), source=source)
+    headers = tensor_headers(weight_files(path, TargetError, any_safetensors=True), TargetError, rename=_our_name)
+    # sizes before anything is built: a hand-edited num_hidden_layers of 100,000 built for minutes
+    check_layers(fields["num_hidden_layers"], layer_count(headers, "model.layers."), "num_hidden_layers", source,
+                 TargetError)
+    try:
+        cfg = HybridConfig(**fields)
+    except TargetError as e:
+        raise TargetError(f"{source}: {e}") from None
     with torch.device("meta"):
         model = HybridLM(cfg)
     expected = model.state_dict()
+    used = {name: h for name, h in headers.items() if name in expected}
+    for name, h in used.items():
+        if h.shape != tuple(expected[name].shape):
+            raise TargetError(f"{h.file.name}: tensor {h.key} has shape {h.shape}, expected "
+                              f"{tuple(expected[name].shape)} for this config")
+    check_floating(used, TargetError)
+    tied = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    nbytes = sum(t.numel() for name, t in expected.items() if name not in tied) * dt.itemsize
+    check_fits(nbytes, dev, f"{source}: num_hidden_layers {cfg.num_hidden_layers}, hidden_size {cfg.hidden_size}, "
+               f"intermediate_size {cfg.intermediate_size}, vocab_size {cfg.vocab_size} in {str(dt).removeprefix('torch.')}",
+               TargetError)
     loaded: dict[str, torch.Tensor] = {}
-    for f in _weight_files(path):
+    for f in sorted({h.file for h in used.values()}):
         _load_file(f, expected, dt, loaded)
     if cfg.tie_word_embeddings and "lm_head.weight" not in loaded and "model.embed_tokens.weight" in loaded:
         loaded["lm_head.weight"] = loaded["model.embed_tokens.weight"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
+from ready.checkpoint_files import Fields
+
 
 class TargetError(ValueError):
     """Bad input about the target (path, checkpoint, layer id); the message says what was expected."""
@@ -100,28 +102,71 @@ class HybridConfig:
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "HybridConfig":
         """Read a `qwen3_5_text` config, or a `qwen3_5` one with its `text_config`."""
+        return cls(**cls.hf_fields(raw, source))
+
+    @classmethod
+    def hf_fields(cls, raw: dict[str, Any], source: str = "config.json") -> dict[str, Any]:
+        """The HybridConfig fields a Hugging Face config.json gives, each typed and ranged: one TargetError
+        naming the file and the field for anything else (a hand-edited `hidden_size: "abc"` or
+        `eos_token_id: "x"`). Nothing is built yet, so a loader can check the sizes against its files first."""
         mt = raw.get("model_type")
         if mt == "qwen3_5":
-            raw = dict(raw.get("text_config") or {})
+            raw = Fields(raw, source, TargetError).block("text_config", {})
             mt = raw.get("model_type", "qwen3_5_text")
+            source = f"{source} (text_config)"
         if mt != "qwen3_5_text":
             raise TargetError(
                 f"{source}: model_type is {mt!r}; expected 'qwen3_5_text' (or 'qwen3_5' with a text_config): "
                 "a hybrid Gated DeltaNet + full-attention Qwen3.5 checkpoint"
             )
+        f = Fields(raw, source, TargetError)
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise TargetError(f"{source}: hidden_act is {act!r}; expected 'silu'")
-        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in raw.items() if k in names}
-        kw["rope_theta"] = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
-        kw["partial_rotary_factor"] = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25)))
-        if raw.get("use_sliding_window") is False:  # Qwen2-style configs carry an unused window
-            kw["sliding_window"] = None
-        if isinstance(kw.get("eos_token_id"), list):
-            kw["eos_token_id"] = kw["eos_token_id"][0]
-        return cls(**kw)
+        defaults = {x.name: x.default for x in fields(cls)}
+        kw: dict[str, Any] = {k: f.integer(k, defaults[k], low=1) for k in _SIZE_FIELDS}
+        kw["tie_word_embeddings"] = f.flag("tie_word_embeddings", False)
+        kw["rms_norm_eps"] = f.number("rms_norm_eps", defaults["rms_norm_eps"], above=0.0)
+        rope = Fields(f.block("rope_parameters", None) or f.block("rope_scaling", None) or {}, source, TargetError,
+                      prefix="rope_parameters." if raw.get("rope_parameters") else "rope_scaling.")
+        kw["rope_theta"] = rope.number("rope_theta", None, above=0.0)
+        if kw["rope_theta"] is None:
+            kw["rope_theta"] = f.number("rope_theta", 10000.0, above=0.0)
+        kw["partial_rotary_factor"] = rope.number("partial_rotary_factor", None, above=0.0, high=1.0)
+        if kw["partial_rotary_factor"] is None:
+            kw["partial_rotary_factor"] = f.number("partial_rotary_factor", 0.25, above=0.0, high=1.0)
+        rot = kw["head_dim"] * kw["partial_rotary_factor"]
+        if not (rot.is_integer() and int(rot) % 2 == 0):
+            raise TargetError(f"{source}: head_dim {kw['head_dim']} x partial_rotary_factor "
+                              f"{kw['partial_rotary_factor']:g} rotates {rot:g} dimensions; expected an even number")
+        if kw["num_attention_heads"] % kw["num_key_value_heads"]:
+            raise TargetError(f"{source}: num_attention_heads is {kw['num_attention_heads']}, not a multiple of "
+                              f"num_key_value_heads {kw['num_key_value_heads']}; expected whole query groups")
+        if raw.get("layer_types") is not None:
+            kw["layer_types"] = f.texts("layer_types")
+            bad = sorted(set(kw["layer_types"]) - {"linear_attention", "full_attention"})
+            if bad or len(kw["layer_types"]) != kw["num_hidden_layers"]:
+                raise TargetError(f"{source}: layer_types has {len(kw['layer_types'])} entries{f' with {bad}' if bad else ''}; "
+                                  f"expected num_hidden_layers ({kw['num_hidden_layers']}) of 'linear_attention' or "
+                                  "'full_attention'")
+        eos = raw.get("eos_token_id")
+        if isinstance(eos, list):  # several stop tokens: the first is the one this tool stops on
+            Fields(raw, source, TargetError).integers("eos_token_id", low=0, high=kw["vocab_size"] - 1)
+            eos = eos[0] if eos else None
+        kw["eos_token_id"] = Fields({"eos_token_id": eos}, source, TargetError).integer(
+            "eos_token_id", None, low=0, high=kw["vocab_size"] - 1)
+        kw["pad_token_id"] = f.integer("pad_token_id", None, low=0)
+        kw["bos_token_id"] = f.integer("bos_token_id", None, low=0)
+        kw["sliding_window"] = None if f.flag("use_sliding_window", None) is False else f.integer(
+            "sliding_window", None, low=1)
+        return kw
+
+
+# integer sizes a config.json gives (each >= 1; a missing one keeps HybridConfig's default)
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "max_position_embeddings",
+                "full_attention_interval")
 
 
 PRESETS: dict[str, dict[str, Any]] = {
