@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import inspect
 import json
 import re
 from dataclasses import dataclass, field
@@ -484,10 +485,22 @@ def config_hash(obj: Any, length: int = 12) -> str:
 Layer = tuple[str, Any]
 
 
+def _ready_range(n: Any) -> list[int]:
+    return list(range(int(n)))
+
+
 def _register_resolvers() -> None:
-    # `${ready_range:${drafter.num_layers}}` -> [0, 1, ..., n-1]: "every draft layer" (a sweep row's value)
-    if not OmegaConf.has_resolver("ready_range"):
-        OmegaConf.register_resolver("ready_range", lambda n: list(range(int(n))), annotation_validation="off")
+    """`${ready_range:${drafter.num_layers}}` -> [0, 1, ..., n-1]: "every draft layer" (a sweep row's value).
+
+    The resolver API that takes nested interpolations is `register_new_resolver` up to omegaconf 2.3 and
+    `register_resolver` from 2.4 on (where `register_new_resolver` is deprecated, and 2.3's
+    `register_resolver` is the legacy API that refuses `${drafter.num_layers}` as an argument)."""
+    if OmegaConf.has_resolver("ready_range"):
+        return
+    if "annotation_validation" in inspect.signature(OmegaConf.register_resolver).parameters:  # omegaconf >= 2.4
+        OmegaConf.register_resolver("ready_range", _ready_range)
+    else:  # omegaconf 2.3
+        OmegaConf.register_new_resolver("ready_range", _ready_range)
 
 
 _register_resolvers()
