@@ -16,9 +16,10 @@ import hashlib
 import inspect
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -342,6 +343,29 @@ class ConfigError(ValueError):
     """A config the user wrote is wrong; the message names the key and what was expected."""
 
 
+MainT = TypeVar("MainT", bound=Callable[..., Any])
+
+
+def entry_point(main: MainT) -> MainT:
+    """The one rule for config errors at every entry point, as a decorator of a command's `main(argv)`: a
+    `ConfigError` (a bad key, type, range or config file; its message names the input and the key's full
+    path) is one line on stderr, `error: ...`, and exit status 2, never a traceback. It exits by
+    SystemExit(2), as argparse does for a bad flag, so `python -m MODULE` and `ready COMMAND` exit alike
+    whatever the command's `main` returns (`sweeps/cli.py` applies it to every command it runs, too)."""
+
+    @functools.wraps(main)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return main(*args, **kwargs)
+        except ConfigError as e:
+            text = str(e).strip()
+            print(f"error: {text.splitlines()[0] if text else type(e).__name__}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    wrapped.__ready_entry_point__ = True  # type: ignore[attr-defined]
+    return wrapped  # type: ignore[return-value]
+
+
 def schema() -> DictConfig:
     """The structured (typed, closed) config with every default."""
     return OmegaConf.structured(Config)
@@ -511,6 +535,10 @@ def clean_message(msg: str) -> str:
     first = (msg.strip().splitlines() or [""])[0]
     if "is not a ListConfig" in first:
         first = re.sub(r"Invalid value assigned: .*", "expected a list (e.g. [30, 62]), got a scalar", first)
+    kinds = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+    found = re.fullmatch(r"Value '(.*)' of type '[\w.]+' could not be converted to (Integer|Float|Boolean)", first)
+    if found:  # `threads.shared=abc`
+        first = f"{found.group(1)!r}; expected {kinds[found.group(2)]}"
     return first
 
 

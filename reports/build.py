@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import polars as pl
 
 from ready.artifacts import atomic_write_text
+from ready.config import entry_point
 from reports import collect, concurrency, latex, markdown
 from reports.errors import ReportError
 from reports.figures import plot_survival, survival_curves
@@ -138,6 +139,7 @@ def build_reports(
     return written
 
 
+@entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reports.build", description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="append", default=[], metavar="NAME",

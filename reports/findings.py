@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ready import stats
+from ready.config import entry_point
 from ready.stats import Interval
 from reports import collect
 from reports.errors import ReportError
@@ -299,6 +300,7 @@ def with_preface(out: Path, text: str) -> str:
     return old.split(MARKER)[0] + MARKER + "\n\n" + text
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m reports.findings", description=__doc__.split("\n")[0])
     p.add_argument("--tracking-uri", action="append", default=None,

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ready.allocator import keep_freed_memory
-from ready.config import length_mismatch
+from ready.config import ConfigError, entry_point, length_mismatch
 from sweeps import study as st
 from sweeps import tracking
 from sweeps.prepare import prepare_artifacts
-from sweeps.spec import EXPERIMENTS_DIR, SpecError, Sweep, list_sweeps, load_sweep
+from sweeps.spec import EXPERIMENTS_DIR, Sweep, list_sweeps, load_sweep
 from sweeps.table import render
 
 
@@ -244,6 +244,7 @@ def _signals_as_interrupt() -> None:
         signal.signal(signal.SIGINT, handler)
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.list:
@@ -261,7 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         sweep = load_sweep(args.name, args.overrides, Path(args.experiments_dir))
-    except SpecError as e:
+    except ConfigError as e:  # a SpecError, or a config key's value the sweep cannot use
         print(f"error: {e}", file=sys.stderr)
         return 2
     mismatch = {length_mismatch(v.cfg) for v in sweep.rows if v.method != "ar"} - {None}

@@ -457,6 +457,16 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
                          experiments_dir=str(root))
     named = (str(spec_path), {"name": name})
     cfg = _load(inputs, [named])
+    if cfg.drafter.checkpoint:  # checked before any row hashes it, blamed on the layer that set it
+        preset_path = root / "presets" / f"{spec.preset}.yaml"
+        set_by = [(str(preset_path), layer_keys(_read_yaml(preset_path, "preset"))),
+                  (str(spec_path), layer_keys(inputs.config)),
+                  (str(profile_path), layer_keys(profile_raw.get("config") or {})),
+                  ("command line", set(config_cli))]
+        try:
+            checkpoint_id(str(cfg.drafter.checkpoint))
+        except ConfigError as e:
+            raise SpecError(f"{blame('drafter.checkpoint', set_by, str(spec_path))}: {e}") from None
 
     rows = _rows(spec, str(spec_path))
     swept = {k for _, _, values in rows for k in values}
@@ -478,7 +488,10 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
                             f"(the others are baselines: {', '.join(BASELINE_LABELS)})")
         where = f"{spec_path} (row '{label}')"
         vcfg = _load(inputs, [named, (where, {**nest(values), "name": f"{name}:{label}"})])
-        vid = variant_hash(vcfg, method)
+        try:
+            vid = variant_hash(vcfg, method)
+        except ConfigError as e:  # a row's own drafter.checkpoint that is not a drafter folder
+            raise SpecError(f"{where}: {e}") from None
         if vid in by_id:  # e.g. {0,last} and "all" on a 2-layer drafter: one run, both labels
             by_id[vid].label += f" = {label}"
             continue
