@@ -447,13 +447,70 @@ def validate(cfg: DictConfig | Config) -> None:
         ("bench.max_prompt_tokens", c.bench.max_prompt_tokens >= 0, "an integer >= 0 (0 = prompts are not cut)"),
         ("bench.turns", c.bench.turns in BENCH_TURNS, "first or all (the prompt of a record with 'turns': its "
                                                        "first user turn, or every user turn)"),
+        ("bench.suites", len(set(c.bench.suites)) == len(c.bench.suites),
+         "each benchmark once (a suite named twice would be decoded and pooled twice)"),
+        ("eval.warmup_rounds", c.eval.warmup_rounds >= 0, "an integer >= 0 (untimed warm-up generations)"),
+        ("drafter.num_key_value_heads", c.drafter.num_key_value_heads >= 1, "an integer >= 1"),
+        ("drafter.intermediate_size", c.drafter.intermediate_size >= 1, "an integer >= 1"),
+        ("drafter.rope_theta", c.drafter.rope_theta > 0, "a positive number"),
+        ("drafter.rms_norm_eps", c.drafter.rms_norm_eps > 0, "a positive number"),
+        ("drafter.context_layers", len(c.drafter.context_layers) >= 1, "a non-empty list of target layer ids"),
+        ("drafter.layer_space", c.drafter.layer_space in LAYER_SPACES, "paper or model"),
+        ("reader.layer_space", c.reader.layer_space in LAYER_SPACES, "paper or model"),
+        ("reader.mlp_hidden", c.reader.mlp_hidden >= 1, "an integer >= 1"),
+        ("reader.eps", c.reader.eps > 0, "a positive number"),
+        ("train.lora.rank", c.train.lora.rank >= 1, "an integer >= 1"),
+        ("train.lora.alpha", c.train.lora.alpha > 0, "a positive number"),
+        ("train.lora.dropout", 0 <= c.train.lora.dropout < 1, "a share in [0, 1)"),
+        ("train.checkpoint_every", c.train.checkpoint_every >= 1, "an integer >= 1 (optimizer steps between checkpoints)"),
+        ("regen.num_samples", c.regen.num_samples >= 1, "an integer >= 1"),
+        ("regen.prompt_len", c.regen.prompt_len >= 1, "an integer >= 1"),
+        ("regen.response_len", c.regen.response_len >= 1, "an integer >= 1"),
+        ("regen.batch_size", c.regen.batch_size >= 1, "an integer >= 1"),
+        ("corpus.heldout_fraction", 0 < c.corpus.heldout_fraction < 1, "a share in (0, 1)"),
+        ("corpus.max_files", c.corpus.max_files >= 1, "an integer >= 1"),
+        ("corpus.max_file_kb", c.corpus.max_file_kb >= 1, "an integer >= 1"),
+        ("pretrain.steps", c.pretrain.steps >= 1, "an integer >= 1"),
+        ("pretrain.batch_size", c.pretrain.batch_size >= 1, "an integer >= 1"),
+        ("pretrain.seq_len", c.pretrain.seq_len >= 2, "an integer >= 2"),
+        ("pretrain.lr", c.pretrain.lr > 0, "a positive number"),
+        ("pretrain.warmup", 0 <= c.pretrain.warmup <= 1, "a share of the steps in [0, 1]"),
+        ("pretrain.min_lr_ratio", 0 <= c.pretrain.min_lr_ratio <= 1, "a share in [0, 1]"),
+        ("pretrain.weight_decay", c.pretrain.weight_decay >= 0, "a number >= 0"),
+        ("pretrain.grad_clip", c.pretrain.grad_clip > 0, "a positive number (the gradient norm's bound)"),
+        ("pretrain.heldout_windows", c.pretrain.heldout_windows >= 1, "an integer >= 1"),
+        ("pretrain.sample_tokens", c.pretrain.sample_tokens >= 0, "an integer >= 0"),
+        ("pretrain.chat_fraction", 0.0 <= c.pretrain.chat_fraction <= 1.0, "a share in [0, 1]"),
     ]
+    for stage in ("base", "stage1", "stage2"):
+        sc = c.train[stage]
+        checks += [
+            (f"train.{stage}.samples", sc.samples >= 1, "an integer >= 1 (training sequences seen)"),
+            (f"train.{stage}.lr", sc.lr > 0, "a positive number"),
+            (f"train.{stage}.batch_size", sc.batch_size >= 1, "an integer >= 1"),
+            (f"train.{stage}.warmup", 0 <= sc.warmup <= 1, "a share of the steps in [0, 1]"),
+            (f"train.{stage}.weight_decay", sc.weight_decay >= 0, "a number >= 0"),
+            (f"train.{stage}.grad_clip", sc.grad_clip > 0, "a positive number (the gradient norm's bound)"),
+            (f"train.{stage}.anchors_per_sample", sc.anchors_per_sample >= 1, "an integer >= 1"),
+        ]
+    checks += [(key, seed_ok(OmegaConf.select(c, key)), SEED_RANGE) for key in SEED_KEYS]
     for key, ok, expected in checks:
         if not ok:
             raise ConfigError(f"bad value at key '{key}': {OmegaConf.select(c, key)!r}; expected {expected}")
 
 
 BENCH_TURNS = ("first", "all")  # bench.turns
+LAYER_SPACES = ("paper", "model")  # drafter.layer_space, reader.layer_space
+# every seed of a run: the random generators take them (some after a small multiplication), so they are kept
+# to 32 bits, where numpy's, Python's and torch's all take them as they are
+SEED_MAX = 2**32 - 1
+SEED_RANGE = f"an integer seed in [0, {SEED_MAX}]"
+SEED_KEYS = ("seed", "train.base_seed", "pretrain.seed", "corpus.seed", "regen.seed", "eval.sample_seed")
+
+
+def seed_ok(value: Any) -> bool:
+    """Whether `value` is a seed every generator of a run takes (SEED_RANGE)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SEED_MAX
 EXACT_VALUES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
 COMPILE_VALUES = EXACT_VALUES
 

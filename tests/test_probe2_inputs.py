@@ -158,3 +158,91 @@ def test_a_drafter_checkpoint_that_is_no_dspark_folder_is_one_line_even_in_a_dry
     (line,) = errors(capsys.readouterr().err)
     assert line.startswith(f"error: {REPO / 'experiments' / 'presets' / 'local_checkpoint_template.yaml'}: bad value "
                            "at key 'drafter.checkpoint': '/path/to/dspark_drafter_dir' is not a drafter folder")
+
+
+def probe_args(tmp_path: Path, *args: str) -> list[str]:
+    """`sweeps.run` arguments with the probe's own store and run folder (neither may exist after a refusal)."""
+    return [*args, "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--run-dir", str(tmp_path / "run"),
+            "--workers", "1", "--quiet", "--no-report", "--runner", "fault_helpers:nan_run_variant"]
+
+
+def nothing_written(tmp_path: Path) -> bool:
+    return not (tmp_path / "mlflow.db").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override, line", [
+    ("train.stage1.grad_clip=0", "bad value at key 'train.stage1.grad_clip': 0.0; expected a positive number (the "
+                                 "gradient norm's bound)"),
+    ("pretrain.warmup=2", "bad value at key 'pretrain.warmup': 2.0; expected a share of the steps in [0, 1]"),
+    ("train.lora.dropout=1", "bad value at key 'train.lora.dropout': 1.0; expected a share in [0, 1)"),
+    ("regen.seed=-1", "bad value at key 'regen.seed': -1; expected an integer seed in [0, 4294967295]"),
+    ("reader.layer_space=gdn", "bad value at key 'reader.layer_space': 'gdn'; expected paper or model"),
+])
+def test_a_value_out_of_its_range_is_refused_at_load(override: str, line: str, tmp_path: Path, capsys) -> None:
+    from sweeps.run import main
+
+    assert main(probe_args(tmp_path, "inject_pos", "profile=smoke", override)) == 2
+    assert errors(capsys.readouterr().err) == [f"error: command line: {line}"]
+    assert nothing_written(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Specs: an empty grid, a suite named twice, a sweep name that is a path
+
+
+def test_an_empty_grid_is_refused_not_one_row_labelled_r(tmp_path: Path, capsys) -> None:
+    import shutil
+
+    from sweeps.run import main
+    from sweeps.spec import EXPERIMENTS_DIR
+
+    experiments = Path(shutil.copytree(EXPERIMENTS_DIR, tmp_path / "experiments"))
+    spec = experiments / "empty_grid.yaml"
+    spec.write_text("table: table3\ngrid:\n  values: {}\n  label: r\n")
+    assert main(["empty_grid", "--dry-run", "--experiments-dir", str(experiments)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and errors(out.err) == [
+        f"error: {spec}: bad value at key 'grid.values': empty; expected at least one config key with a non-empty list "
+        "of values to sweep (e.g. reader.rank: [8, 16])"]
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_suite_named_twice_is_refused(dry_run: bool, tmp_path: Path, capsys) -> None:
+    from sweeps.run import main
+
+    args = probe_args(tmp_path, "inject_pos", "profile=smoke", "bench.suites=[humaneval,humaneval]")
+    assert main(args + (["--dry-run"] if dry_run else [])) == 2
+    assert errors(capsys.readouterr().err) == [
+        "error: command line: bad value at key 'bench.suites': ['humaneval', 'humaneval']; expected each benchmark "
+        "once (a suite named twice would be decoded and pooled twice)"]
+    assert nothing_written(tmp_path)
+
+
+def test_a_sweep_name_that_is_a_path_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch, capsys) -> None:
+    from sweeps.run import main
+
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # runs/../experiments/inject_pos would be tmp_path/work/experiments/...
+    assert main(["../experiments/inject_pos", "profile=smoke", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                 "--workers", "1", "--quiet", "--no-report", "--runner", "fault_helpers:nan_run_variant"]) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert line.startswith("error: sweep '../experiments/inject_pos': a sweep name is a name, not a path; expected one "
+                           "of ['ft_control', ")
+    assert list(tmp_path.iterdir()) == [tmp_path / "work"] and list((tmp_path / "work").iterdir()) == []
+    assert not (REPO / "experiments" / "inject_pos").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. Seeds beyond what the generators take
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_seed_of_2_to_the_64_is_refused_at_load_with_the_range(dry_run: bool, tmp_path: Path, capsys) -> None:
+    from sweeps.run import main
+
+    args = probe_args(tmp_path, "inject_pos", "profile=smoke", f"seeds=[{2 ** 64}]")
+    assert main(args + (["--dry-run"] if dry_run else [])) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and errors(out.err) == [
+        "error: command line: bad value at key 'seeds': 18446744073709551616; expected integer seeds in [0, 4294967295]"]
+    assert nothing_written(tmp_path)
