@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 
 from ready.allocator import keep_freed_memory
 from ready.config import ConfigError, entry_point, length_mismatch
+from ready.mlflow_store import redact
 from sweeps import study as st
 from sweeps import tracking
 from sweeps.prepare import prepare_artifacts
@@ -313,7 +314,7 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     storage = st.open_storage(args.storage, run_dir)
     grid = st.open_grid_study(storage, sweep)
     print(f"[sweeps] {sweep.name}: study {st.grid_study_name(sweep)} in {st.describe_storage(args.storage, run_dir)}; "
-          f"MLflow {uri}, experiment {tracking.experiment_name(sweep.name)}", flush=True)
+          f"MLflow {redact(uri)}, experiment {tracking.experiment_name(sweep.name)}", flush=True)
 
     rows = st.plan(grid, sweep, c, experiment_id)
     counts = {s: sum(r.status == s for r in rows) for s in ("finished", "queued", "waiting", "running")}

@@ -246,3 +246,138 @@ def test_a_seed_of_2_to_the_64_is_refused_at_load_with_the_range(dry_run: bool, 
     assert out.out == "" and errors(out.err) == [
         "error: command line: bad value at key 'seeds': 18446744073709551616; expected integer seeds in [0, 4294967295]"]
     assert nothing_written(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. A journal cut mid-record; an Optuna journal that is a folder
+
+
+def fake_sweep(tmp_path: Path, *extra: str) -> list[str]:
+    """`sweeps.run` of the smallest sweep, one seed, the fake runner (FINISHED rows), its own store and run folder."""
+    return ["inject_pos", "profile=smoke", "seeds=[0]", "--runner", "test_sweeps_fake_runner", "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}", "--run-dir", str(tmp_path / "run"), "--workers", "1", "--quiet",
+            "--no-report", *extra]
+
+
+def started_rows(log: Path) -> list[str]:
+    import json
+
+    return [json.loads(x)["hash"] for x in log.read_text().splitlines() if json.loads(x)["event"] == "start"]
+
+
+@pytest.fixture
+def row_log(tmp_path: Path, monkeypatch) -> Path:
+    log = tmp_path / "calls.jsonl"
+    log.touch()
+    monkeypatch.setenv("FAKE_RUN_LOG", str(log))
+    return log
+
+
+def test_a_journal_cut_mid_record_is_healed_by_the_next_runs(tmp_path: Path, row_log: Path, capsys) -> None:
+    """A crash in the middle of an append leaves a record without its line end; the next append used to glue
+    its record to it, and every run after that failed on `Expecting ':' delimiter: line 1 column 141`."""
+    import os
+
+    from sweeps.run import main
+
+    assert main(fake_sweep(tmp_path)) == 0
+    assert len(started_rows(row_log)) == 6
+    journal = tmp_path / "run" / "optuna.journal"
+    os.truncate(journal, journal.stat().st_size - 40)  # the last record, cut
+    capsys.readouterr()
+    assert main(fake_sweep(tmp_path)) == 0  # every row finished: skipped, and one record appended
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and errors(err) == []
+    (torn,) = [ln for ln in err.splitlines() if "torn" in ln]
+    assert torn.startswith(f"[sweeps] {journal}: dropped a torn last record (") and torn.endswith(
+        " bytes without their line end: a crash while it was written)")
+    assert main(fake_sweep(tmp_path)) == 0  # and the run after that reads the journal as well
+    assert "torn" not in capsys.readouterr().err
+    assert journal.read_bytes().endswith(b"\n")
+    assert sorted(started_rows(row_log)) == sorted(set(started_rows(row_log))) and len(started_rows(row_log)) == 6
+
+
+def test_a_journal_damaged_inside_is_one_line_naming_the_file_and_what_to_do(tmp_path: Path, row_log: Path,
+                                                                              capsys) -> None:
+    from sweeps.run import main
+
+    assert main(fake_sweep(tmp_path, "--dry-run")) == 0
+    assert main(fake_sweep(tmp_path)) == 0
+    journal = tmp_path / "run" / "optuna.journal"
+    lines = journal.read_bytes().split(b"\n")
+    lines[3] = lines[3][:50] + lines[4]  # a torn record with the next one glued to it (as before the fix)
+    del lines[4]
+    journal.write_bytes(b"\n".join(lines))
+    capsys.readouterr()
+    assert main(fake_sweep(tmp_path)) == 2
+    assert errors(capsys.readouterr().err) == [
+        f"error: Optuna journal {journal}: line 4 is not a complete record (a crash while it was written, or an edit); "
+        "expected one JSON record per line: move the file aside (the queue is rebuilt on the next run, and rows MLflow "
+        "holds as finished are skipped)"]
+    journal.rename(journal.with_name("optuna.journal.damaged"))  # what the line says to do
+    assert main(fake_sweep(tmp_path)) == 0
+    assert len(started_rows(row_log)) == 6  # nothing ran twice
+
+
+def test_an_optuna_journal_that_is_a_folder_is_one_line(tmp_path: Path, capsys) -> None:
+    from sweeps.run import main
+
+    (tmp_path / "run" / "optuna.journal").mkdir(parents=True)
+    assert main(fake_sweep(tmp_path)) == 2
+    assert errors(capsys.readouterr().err) == [
+        f"error: Optuna journal {tmp_path / 'run' / 'optuna.journal'}: is a folder; expected the run folder's journal "
+        "file (move the folder aside, or pass another --run-dir)"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. PostgreSQL URLs as the docs write them; an unreachable store answers within seconds
+
+
+def test_postgresql_urls_in_the_documented_form_work_for_the_queue_and_the_store(tmp_path: Path, row_log: Path,
+                                                                                  monkeypatch) -> None:
+    from fault_helpers import postgres_server
+    from sweeps import tracking
+    from sweeps.run import main
+
+    with postgres_server(("optuna", "mlflow")) as urls:
+        assert urls["optuna"].startswith("postgresql://") and urls["mlflow"].startswith("postgresql://")
+        args = ["inject_pos", "profile=smoke", "seeds=[0]", "--runner", "test_sweeps_fake_runner", "--storage",
+                urls["optuna"], "--tracking-uri", urls["mlflow"], "--run-dir", str(tmp_path / "run"), "--workers", "1",
+                "--quiet", "--no-report"]
+        assert main(args) == 0
+        assert main(args) == 0  # every row found finished in the PostgreSQL store: nothing runs twice
+        c = tracking.client(tracking.resolve_tracking_uri(urls["mlflow"]))
+        exp = c.get_experiment_by_name("ready-inject_pos")
+        runs = c.search_runs([exp.experiment_id], "tags.`ready.kind` = 'variant'")
+    assert len(runs) == 6 and {r.info.status for r in runs} == {"FINISHED"}
+    assert sorted(started_rows(row_log)) == sorted(r.data.tags["ready.config_hash"] for r in runs)
+    assert not (tmp_path / "run" / "optuna.journal").exists()
+
+
+@pytest.mark.parametrize("flag", ["--tracking-uri", "--storage"])
+def test_an_unreachable_postgresql_server_is_one_line_before_any_retry(flag: str, tmp_path: Path, monkeypatch,
+                                                                        capsys) -> None:
+    """MLflow retries its first connection for about 100 s (its engine's retry loop): the store is asked once,
+    with a connect timeout of seconds, before MLflow or Optuna is given the URL."""
+    import mlflow.store.db.utils
+
+    from sweeps.run import main
+
+    real = mlflow.store.db.utils.create_sqlalchemy_engine_with_retry
+
+    def retrying(uri):
+        if uri.startswith("sqlite"):  # the sweep's own store (--storage's case)
+            return real(uri)
+        raise AssertionError("MLflow's retrying connection was reached")
+
+    monkeypatch.setattr(mlflow.store.db.utils, "create_sqlalchemy_engine_with_retry", retrying)
+    url = f"postgresql://ready:secret@127.0.0.1:1/{'mlflow' if flag == '--tracking-uri' else 'optuna'}"
+    assert main(fake_sweep(tmp_path, flag, url)) == 2
+    (line,) = errors(capsys.readouterr().err)
+    if flag == "--tracking-uri":
+        assert line.startswith("error: tracking URI 'postgresql+psycopg2://ready:***@127.0.0.1:1/mlflow': cannot connect (")
+        assert line.endswith("); expected a reachable database (postgresql://USER:PW@HOST:5432/DB) or a sqlite:/// path")
+    else:
+        assert line.startswith("error: --storage 'postgresql://ready:***@127.0.0.1:1/optuna': cannot connect (")
+        assert line.endswith("); expected a reachable database URL such as postgresql://user@host:5432/optuna")
+    assert "Connection refused" in line and "secret" not in line
