@@ -236,6 +236,18 @@ def newer_schema(db: Path) -> Optional[str]:
     return str(row[0])
 
 
+def newer_store(db: Path) -> Optional[str]:
+    """What to say of a sqlite store a newer MLflow wrote (`newer_schema`), or None."""
+    revision = newer_schema(db)
+    if revision is None:
+        return None
+    import mlflow
+
+    return (f"{db} was written by a newer MLflow (schema revision {revision}, unknown to MLflow {mlflow.__version__} "
+            "here; left as it is); expected a store this MLflow reads: upgrade MLflow here (pip install -U mlflow), "
+            "or use another store")
+
+
 def prepare_store(uri: str) -> None:
     """Make the store at `uri` usable before anything writes to it, once per process.
 
@@ -254,13 +266,9 @@ def prepare_store(uri: str) -> None:
 
         if db.exists() and not db.is_file():
             raise TrackingError(f"tracking URI {uri!r}: {db} is a folder; expected an MLflow sqlite file")
-        revision = newer_schema(db) if db.is_file() else None
-        if revision is not None:
-            import mlflow
-
-            raise TrackingError(f"tracking URI {uri!r}: {db} was written by a newer MLflow (schema revision {revision}, "
-                                f"unknown to MLflow {mlflow.__version__} here; left as it is); expected a store this "
-                                "MLflow reads: upgrade MLflow here (pip install -U mlflow) or use another path")
+        newer = newer_store(db) if db.is_file() else None
+        if newer is not None:
+            raise TrackingError(f"tracking URI {uri!r}: {newer}")
         lock = db.with_name(db.name + ".lock")
         try:
             db.parent.mkdir(parents=True, exist_ok=True)

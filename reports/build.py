@@ -111,6 +111,10 @@ def build_reports(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: is a file; expected a folder for the reports")
+    above = next((p for p in out.parents if p.exists()), None)  # the folder it would be made in
+    if above is not None and not above.is_dir():
+        raise ReportError(f"--out {out}: {above} is a file, so no folder can be made under it; expected a folder for "
+                          "the reports")
     names = list(dict.fromkeys(sweeps or [])) or collect.list_sweeps(tracking_uri)
     if not names:
         raise ReportError(f"tracking URI {tracking_uri!r}: no experiments named ready-<sweep>; run a sweep first")

@@ -267,9 +267,11 @@ def started_rows(log: Path) -> list[str]:
 
 @pytest.fixture
 def row_log(tmp_path: Path, monkeypatch) -> Path:
+    """The fake runner's log of the rows it ran; the working directory is tmp_path (MLflow's ./mlruns goes there)."""
     log = tmp_path / "calls.jsonl"
     log.touch()
     monkeypatch.setenv("FAKE_RUN_LOG", str(log))
+    monkeypatch.chdir(tmp_path)
     return log
 
 
@@ -381,3 +383,127 @@ def test_an_unreachable_postgresql_server_is_one_line_before_any_retry(flag: str
         assert line.startswith("error: --storage 'postgresql://ready:***@127.0.0.1:1/optuna': cannot connect (")
         assert line.endswith("); expected a reachable database URL such as postgresql://user@host:5432/optuna")
     assert "Connection refused" in line and "secret" not in line
+
+
+# ---------------------------------------------------------------------------------------------
+# 6 and 9. Reports on a missing, mistyped or newer store; --out under a file
+
+
+FINDINGS_MD = "# My reading\n\nhand-written\n\n{marker}\n\n## generated tables\n"
+
+
+@pytest.fixture
+def findings_md(tmp_path: Path) -> Path:
+    from reports.findings import MARKER
+
+    path = tmp_path / "findings.md"
+    path.write_text(FINDINGS_MD.format(marker=MARKER))
+    return path
+
+
+@pytest.mark.parametrize("uri, why", [
+    ("sqlite:///{tmp}/mlfow.db", "no MLflow database at {tmp}/mlfow.db; expected the store a sweep wrote (run "
+                                 "`python -m sweeps.run NAME` first or pass --tracking-uri)"),
+    ("sqlit:///{tmp}/mlflow.db", "unknown scheme 'sqlit'; expected sqlite:///PATH (e.g. sqlite:///mlflow.db), "
+                                 "http(s)://HOST:PORT (an MLflow server) or postgresql://USER@HOST:5432/DB"),
+])
+def test_findings_on_a_missing_or_mistyped_store_is_one_line_and_keeps_the_file(uri: str, why: str, tmp_path: Path,
+                                                                                  findings_md: Path, monkeypatch,
+                                                                                  capsys) -> None:
+    from reports.findings import main as findings
+
+    monkeypatch.chdir(tmp_path)
+    uri, why = uri.format(tmp=tmp_path), why.format(tmp=tmp_path)
+    before = findings_md.read_bytes()
+    assert findings(["--tracking-uri", uri, "--out", str(findings_md)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and errors(out.err) == [f"error: tracking URI {uri!r}: {why}"]
+    assert findings_md.read_bytes() == before  # its generated part was replaced by "not run" verdicts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["findings.md"]  # no store, no mlruns/ made
+
+
+def test_findings_on_a_store_without_the_sweeps_is_one_line(base: Path, tmp_path: Path, findings_md: Path,
+                                                            capsys) -> None:
+    from fault_helpers import store_copy
+    from reports.findings import main as findings
+
+    uri = store_copy(base, tmp_path / "store")  # an MLflow store of other experiments
+    before = findings_md.read_bytes()
+    assert findings(["--tracking-uri", uri, "--out", str(findings_md)]) == 2
+    assert errors(capsys.readouterr().err) == [
+        f"error: tracking URI {uri!r}: none of the findings' sweeps (ft_control, inject_layer, inject_pos, layers, "
+        "positive_control, rank) is there; expected the store the sweeps wrote (run `python -m sweeps.run NAME` first)"]
+    assert findings_md.read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp()
+
+
+def test_reports_build_out_under_a_file_is_one_line(base: Path, tmp_path: Path, capsys) -> None:
+    from fault_helpers import store_copy
+    from reports.build import main as build
+
+    uri = store_copy(base, tmp_path / "store")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert build(["--tracking-uri", uri, "--out", str(tmp_path / "notes.txt" / "tables")]) == 2
+    assert errors(capsys.readouterr().err) == [
+        f"error: --out {tmp_path / 'notes.txt' / 'tables'}: {tmp_path / 'notes.txt'} is a file, so no folder can be "
+        "made under it; expected a folder for the reports"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("uri, why", [
+    ("sqlit:///{tmp}/mlflow.db", "unknown scheme 'sqlit'"),
+    ("sqlite//{tmp}/mlflow.db", "not a URI (no scheme)"),
+    ("sqlite:/{tmp}/mlflow.db", "a sqlite URI takes three slashes before a relative path and four before an absolute one"),
+    ("htp://localhost:5000", "unknown scheme 'htp'"),
+])
+def test_a_tracking_uri_with_a_mistyped_scheme_is_one_line_everywhere(uri: str, why: str, tmp_path: Path, monkeypatch,
+                                                                       capsys) -> None:
+    from reports.build import main as build
+    from reports.findings import main as findings
+    from sweeps.run import main
+
+    monkeypatch.chdir(tmp_path)
+    uri = uri.format(tmp=tmp_path)
+    expected = (f"error: tracking URI {uri!r}: {why}; expected sqlite:///PATH (e.g. sqlite:///mlflow.db), http(s)://"
+                "HOST:PORT (an MLflow server) or postgresql://USER@HOST:5432/DB")
+    assert main(["inject_pos", "profile=smoke", "--tracking-uri", uri, "--run-dir", str(tmp_path / "run"), "--workers",
+                 "1", "--quiet", "--no-report", "--runner", "fault_helpers:nan_run_variant"]) == 2
+    assert errors(capsys.readouterr().err) == [expected]
+    assert build(["--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 2
+    assert errors(capsys.readouterr().err) == [expected]
+    assert findings(["--tracking-uri", uri]) == 2
+    assert errors(capsys.readouterr().err) == [expected]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_store_written_by_a_newer_mlflow_is_one_line_and_left_as_it_is(base: Path, tmp_path: Path, capsys) -> None:
+    import sqlite3
+
+    import mlflow
+
+    from fault_helpers import store_copy
+    from reports.build import main as build
+    from reports.findings import main as findings
+    from sweeps.run import main
+
+    uri = store_copy(base, tmp_path / "store")
+    db = tmp_path / "store" / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        con.execute("update alembic_version set version_num = 'f00dfacef00d'")
+    con.close()
+    before = db.read_bytes()
+    expected = (f"error: tracking URI {uri!r}: {db} was written by a newer MLflow (schema revision f00dfacef00d, unknown "
+                f"to MLflow {mlflow.__version__} here; left as it is); expected a store this MLflow reads: upgrade MLflow "
+                "here (pip install -U mlflow), or use another store")
+    assert main(["inject_pos", "profile=smoke", "--tracking-uri", uri, "--run-dir", str(tmp_path / "run"), "--workers",
+                 "1", "--quiet", "--no-report", "--runner", "fault_helpers:nan_run_variant"]) == 2
+    assert errors(capsys.readouterr().err) == [expected]
+    assert build(["--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 2
+    assert errors(capsys.readouterr().err) == [expected]
+    assert findings(["--tracking-uri", uri]) == 2
+    assert errors(capsys.readouterr().err) == [expected]
+    assert db.read_bytes() == before and not (tmp_path / "out").exists()
