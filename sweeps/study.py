@@ -424,7 +424,7 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
 
         metrics.update(run_metrics(result.evaluation))
         resolved = result.resolved
-        metrics.update(resolved.get("data_rows", {}))  # data/rows_read, data/skipped, ... of data.path
+        metrics.update(resolved.get("data_rows", {}))  # data/rows_read, data/rows_skipped, ... of data.path
         tags = {"ready.resolved_layers": str(resolved.get("state_layers", [])),
                 "ready.resolved_context_layers": str(resolved.get("context_layers", [])),
                 "ready.resolved_inject_layers": str(resolved.get("inject_layers", [])),

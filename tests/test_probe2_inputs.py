@@ -507,3 +507,110 @@ def test_a_store_written_by_a_newer_mlflow_is_one_line_and_left_as_it_is(base: P
     assert findings(["--tracking-uri", uri]) == 2
     assert errors(capsys.readouterr().err) == [expected]
     assert db.read_bytes() == before and not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. data.on_error=skip skips rows, not files; parsing is bounded in depth and size
+
+GOOD_ROW = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
+
+
+def jsonl_with(tmp_path: Path, bad: bytes, name: str = "chats.jsonl", good: int = 200) -> Path:
+    """`good` good rows, the bad line as row 101 (line 101)."""
+    import json
+
+    lines = [json.dumps(GOOD_ROW).encode()] * good
+    lines.insert(100, bad)
+    path = tmp_path / name
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def not_utf8_row() -> bytes:
+    return b'{"conversations": [{"from": "human", "value": "caf\xe9"}, {"from": "gpt", "value": "x"}]}'
+
+
+def deep_row(depth: int = 200_000) -> bytes:
+    return b'{"conversations": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize("bad, reason, line", [
+    (not_utf8_row(), "not_utf8", "row 101 (line 101): not UTF-8 text (byte 51 of the line is 0xe9); expected UTF-8 JSON"),
+    (deep_row(), "too_deep", "row 101 (line 101): values nested more than 32 deep; expected a conversation row (an "
+                             "object of turns, a few levels deep)"),
+    (deep_row(40), "too_deep", "row 101 (line 101): values nested more than 32 deep; expected a conversation row (an "
+                               "object of turns, a few levels deep)"),
+])
+def test_one_bad_jsonl_row_is_one_skipped_row_or_one_line(bad: bytes, reason: str, line: str, tmp_path: Path) -> None:
+    from ready.data.conversations import ConversationError, load_conversations
+
+    path = jsonl_with(tmp_path, bad)
+    convs, report = load_conversations(path, on_error="skip")
+    assert len(convs) == 200 and [c.row for c in convs] == [*range(1, 101), *range(102, 202)]
+    metrics = report.metrics()
+    assert metrics["data/rows_skipped"] == 1 and metrics["data/files_skipped"] == 0
+    assert metrics[f"data/skipped/{reason}"] == 1 and report.errors == [f"{path}: {line}"]
+    with pytest.raises(ConversationError) as stop:
+        load_conversations(path)  # on_error=stop: the first bad row is the error, in one line
+    assert str(stop.value) == f"{path}: {line}" and stop.value.reason == reason
+
+
+def test_a_json_list_with_one_bad_byte_loses_one_row_not_the_file(tmp_path: Path) -> None:
+    import json
+
+    from ready.data.conversations import load_conversations
+
+    rows = [json.dumps(GOOD_ROW).encode()] * 200
+    rows.insert(100, not_utf8_row())
+    path = tmp_path / "chats.json"
+    path.write_bytes(b"[" + b",\n".join(rows) + b"]")
+    convs, report = load_conversations(path, on_error="skip")
+    assert len(convs) == 200 and report.metrics()["data/rows_skipped"] == 1 and not report.skipped_files
+    assert report.errors == [f"{path}: row 101: text that is not UTF-8 (at character 4 of 'caf\\udce9': a byte that is "
+                             "not UTF-8, or a lone surrogate); expected UTF-8 text"]
+
+
+def test_a_line_longer_than_a_row_may_be_is_one_skipped_row_never_kept(tmp_path: Path, monkeypatch) -> None:
+    import gzip
+
+    from ready.data import conversation_files
+    from ready.data.conversations import load_conversations
+
+    monkeypatch.setattr(conversation_files, "MAX_ROW_BYTES", 4096)
+    path = jsonl_with(tmp_path, b'{"conversations": "' + b"x" * 20_000 + b'"}', name="long.jsonl.gz")
+    path.write_bytes(gzip.compress(path.read_bytes()))
+    convs, report = load_conversations(path, on_error="skip")
+    assert len(convs) == 200 and report.metrics()["data/skipped/too_large"] == 1
+    assert report.errors == [f"{path}: row 101 (line 101): a line of 20,021 bytes; expected at most 4,096 bytes per row"]
+
+
+def test_the_training_data_logs_what_was_skipped_and_counts_it(tmp_path: Path, capsys) -> None:
+    from ready.config import load_config
+    from ready.data.training_chats import conversations_for
+
+    path = jsonl_with(tmp_path, deep_row())
+    cfg = load_config(overrides=[f"data.path={path}", "data.on_error=skip", "regen.num_samples=150"])
+    convs, counts = conversations_for(cfg, None, "train", 150)
+    assert len(convs) == 150 and counts["data/rows_skipped"] == 1 and counts["data/files_skipped"] == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"[ready] data.path = {path}: 200 conversations from 201 rows in 1 files (1 row(s) and 0 file(s) skipped); skipped: "
+        f"too_deep 1 (data.on_error=skip); the first: {path}: row 101 (line 101): values nested more than 32 deep; "
+        "expected a conversation row (an object of turns, a few levels deep)"]
+
+
+def test_a_json_list_nested_beyond_the_parser_is_the_file_s_one_line_not_a_recursion_error(tmp_path: Path) -> None:
+    """A JSON list is one document: past the parser's depth there is no row end to resume from, so the file is
+    the bad input (skipped whole under skip, and counted so); never a RecursionError."""
+    import json
+
+    from ready.data.conversations import ConversationError, load_conversations
+
+    path = tmp_path / "deep.json"
+    path.write_bytes(b"[" + json.dumps(GOOD_ROW).encode() + b"," + deep_row() + b"]")
+    with pytest.raises(ConversationError) as stop:
+        load_conversations(path)
+    assert str(stop.value) == (f"{path}: nested deeper than the JSON parser goes; expected a JSON list of row objects (a "
+                               "row nests at most 32 deep)")
+    jsonl_with(tmp_path, b"", good=3)
+    convs, report = load_conversations(tmp_path, on_error="skip")
+    assert len(convs) == 3 and report.metrics()["data/files_skipped"] == 1 and report.metrics()["data/rows_skipped"] == 0
