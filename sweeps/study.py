@@ -112,7 +112,7 @@ class Journal(JournalFileBackend):
         text = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode("utf-8")
         self.lock.acquire()
         try:
-            with open(self.path, "r+b") as f:
+            with open(self.path, "a+b") as f:  # appends land at the end whatever the position
                 torn = drop_torn_tail(f)
                 if torn:
                     print(f"[sweeps] {self.path}: dropped a torn last record ({torn} bytes without their line end: "
