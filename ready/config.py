@@ -511,6 +511,8 @@ SEED_KEYS = ("seed", "train.base_seed", "pretrain.seed", "corpus.seed", "regen.s
 def seed_ok(value: Any) -> bool:
     """Whether `value` is a seed every generator of a run takes (SEED_RANGE)."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SEED_MAX
+
+
 EXACT_VALUES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
 COMPILE_VALUES = EXACT_VALUES
 

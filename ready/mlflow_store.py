@@ -182,6 +182,8 @@ def _first_line(e: BaseException) -> str:
 
 def uri_problem(uri: str) -> Optional[str]:
     """Why `uri` names no MLflow store this project opens (a typo in its scheme, a path without one), or None."""
+    if uri == "databricks":  # MLflow's name for a Databricks workspace's store (its default profile)
+        return None
     if "://" not in uri:
         return f"not a URI (no scheme); {TRACKING_EXPECTED}"
     scheme = uri.split("://", 1)[0].lower()
