@@ -13,11 +13,13 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import inspect
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -355,6 +357,29 @@ class ConfigError(ValueError):
     """A config the user wrote is wrong; the message names the key and what was expected."""
 
 
+MainT = TypeVar("MainT", bound=Callable[..., Any])
+
+
+def entry_point(main: MainT) -> MainT:
+    """The one rule for config errors at every entry point, as a decorator of a command's `main(argv)`: a
+    `ConfigError` (a bad key, type, range or config file; its message names the input and the key's full
+    path) is one line on stderr, `error: ...`, and exit status 2, never a traceback. It exits by
+    SystemExit(2), as argparse does for a bad flag, so `python -m MODULE` and `ready COMMAND` exit alike
+    whatever the command's `main` returns (`sweeps/cli.py` applies it to every command it runs, too)."""
+
+    @functools.wraps(main)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return main(*args, **kwargs)
+        except ConfigError as e:
+            text = str(e).strip()
+            print(f"error: {text.splitlines()[0] if text else type(e).__name__}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    wrapped.__ready_entry_point__ = True  # type: ignore[attr-defined]
+    return wrapped  # type: ignore[return-value]
+
+
 def schema() -> DictConfig:
     """The structured (typed, closed) config with every default."""
     return OmegaConf.structured(Config)
@@ -443,13 +468,72 @@ def validate(cfg: DictConfig | Config) -> None:
         ("bench.max_prompt_tokens", c.bench.max_prompt_tokens >= 0, "an integer >= 0 (0 = prompts are not cut)"),
         ("bench.turns", c.bench.turns in BENCH_TURNS, "first or all (the prompt of a record with 'turns': its "
                                                        "first user turn, or every user turn)"),
+        ("bench.suites", len(set(c.bench.suites)) == len(c.bench.suites),
+         "each benchmark once (a suite named twice would be decoded and pooled twice)"),
+        ("eval.warmup_rounds", c.eval.warmup_rounds >= 0, "an integer >= 0 (untimed warm-up generations)"),
+        ("drafter.num_key_value_heads", c.drafter.num_key_value_heads >= 1, "an integer >= 1"),
+        ("drafter.intermediate_size", c.drafter.intermediate_size >= 1, "an integer >= 1"),
+        ("drafter.rope_theta", c.drafter.rope_theta > 0, "a positive number"),
+        ("drafter.rms_norm_eps", c.drafter.rms_norm_eps > 0, "a positive number"),
+        ("drafter.context_layers", len(c.drafter.context_layers) >= 1, "a non-empty list of target layer ids"),
+        ("drafter.layer_space", c.drafter.layer_space in LAYER_SPACES, "paper or model"),
+        ("reader.layer_space", c.reader.layer_space in LAYER_SPACES, "paper or model"),
+        ("reader.mlp_hidden", c.reader.mlp_hidden >= 1, "an integer >= 1"),
+        ("reader.eps", c.reader.eps > 0, "a positive number"),
+        ("train.lora.rank", c.train.lora.rank >= 1, "an integer >= 1"),
+        ("train.lora.alpha", c.train.lora.alpha > 0, "a positive number"),
+        ("train.lora.dropout", 0 <= c.train.lora.dropout < 1, "a share in [0, 1)"),
+        ("train.checkpoint_every", c.train.checkpoint_every >= 1, "an integer >= 1 (optimizer steps between checkpoints)"),
+        ("regen.num_samples", c.regen.num_samples >= 1, "an integer >= 1"),
+        ("regen.prompt_len", c.regen.prompt_len >= 1, "an integer >= 1"),
+        ("regen.response_len", c.regen.response_len >= 1, "an integer >= 1"),
+        ("regen.batch_size", c.regen.batch_size >= 1, "an integer >= 1"),
+        ("corpus.heldout_fraction", 0 < c.corpus.heldout_fraction < 1, "a share in (0, 1)"),
+        ("corpus.max_files", c.corpus.max_files >= 1, "an integer >= 1"),
+        ("corpus.max_file_kb", c.corpus.max_file_kb >= 1, "an integer >= 1"),
+        ("pretrain.steps", c.pretrain.steps >= 1, "an integer >= 1"),
+        ("pretrain.batch_size", c.pretrain.batch_size >= 1, "an integer >= 1"),
+        ("pretrain.seq_len", c.pretrain.seq_len >= 2, "an integer >= 2"),
+        ("pretrain.lr", c.pretrain.lr > 0, "a positive number"),
+        ("pretrain.warmup", 0 <= c.pretrain.warmup <= 1, "a share of the steps in [0, 1]"),
+        ("pretrain.min_lr_ratio", 0 <= c.pretrain.min_lr_ratio <= 1, "a share in [0, 1]"),
+        ("pretrain.weight_decay", c.pretrain.weight_decay >= 0, "a number >= 0"),
+        ("pretrain.grad_clip", c.pretrain.grad_clip > 0, "a positive number (the gradient norm's bound)"),
+        ("pretrain.heldout_windows", c.pretrain.heldout_windows >= 1, "an integer >= 1"),
+        ("pretrain.sample_tokens", c.pretrain.sample_tokens >= 0, "an integer >= 0"),
+        ("pretrain.chat_fraction", 0.0 <= c.pretrain.chat_fraction <= 1.0, "a share in [0, 1]"),
     ]
+    for stage in ("base", "stage1", "stage2"):
+        sc = c.train[stage]
+        checks += [
+            (f"train.{stage}.samples", sc.samples >= 1, "an integer >= 1 (training sequences seen)"),
+            (f"train.{stage}.lr", sc.lr > 0, "a positive number"),
+            (f"train.{stage}.batch_size", sc.batch_size >= 1, "an integer >= 1"),
+            (f"train.{stage}.warmup", 0 <= sc.warmup <= 1, "a share of the steps in [0, 1]"),
+            (f"train.{stage}.weight_decay", sc.weight_decay >= 0, "a number >= 0"),
+            (f"train.{stage}.grad_clip", sc.grad_clip > 0, "a positive number (the gradient norm's bound)"),
+            (f"train.{stage}.anchors_per_sample", sc.anchors_per_sample >= 1, "an integer >= 1"),
+        ]
+    checks += [(key, seed_ok(OmegaConf.select(c, key)), SEED_RANGE) for key in SEED_KEYS]
     for key, ok, expected in checks:
         if not ok:
             raise ConfigError(f"bad value at key '{key}': {OmegaConf.select(c, key)!r}; expected {expected}")
 
 
 BENCH_TURNS = ("first", "all")  # bench.turns
+LAYER_SPACES = ("paper", "model")  # drafter.layer_space, reader.layer_space
+# every seed of a run: the random generators take them (some after a small multiplication), so they are kept
+# to 32 bits, where numpy's, Python's and torch's all take them as they are
+SEED_MAX = 2**32 - 1
+SEED_RANGE = f"an integer seed in [0, {SEED_MAX}]"
+SEED_KEYS = ("seed", "train.base_seed", "pretrain.seed", "corpus.seed", "regen.seed", "eval.sample_seed")
+
+
+def seed_ok(value: Any) -> bool:
+    """Whether `value` is a seed every generator of a run takes (SEED_RANGE)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SEED_MAX
+
+
 EXACT_VALUES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
 COMPILE_VALUES = EXACT_VALUES
 
@@ -505,10 +589,22 @@ def config_hash(obj: Any, length: int = 12) -> str:
 Layer = tuple[str, Any]
 
 
+def _ready_range(n: Any) -> list[int]:
+    return list(range(int(n)))
+
+
 def _register_resolvers() -> None:
-    # `${ready_range:${drafter.num_layers}}` -> [0, 1, ..., n-1]: "every draft layer" (a sweep row's value)
-    if not OmegaConf.has_resolver("ready_range"):
-        OmegaConf.register_resolver("ready_range", lambda n: list(range(int(n))), annotation_validation="off")
+    """`${ready_range:${drafter.num_layers}}` -> [0, 1, ..., n-1]: "every draft layer" (a sweep row's value).
+
+    The resolver API that takes nested interpolations is `register_new_resolver` up to omegaconf 2.3 and
+    `register_resolver` from 2.4 on (where `register_new_resolver` is deprecated, and 2.3's
+    `register_resolver` is the legacy API that refuses `${drafter.num_layers}` as an argument)."""
+    if OmegaConf.has_resolver("ready_range"):
+        return
+    if "annotation_validation" in inspect.signature(OmegaConf.register_resolver).parameters:  # omegaconf >= 2.4
+        OmegaConf.register_resolver("ready_range", _ready_range)
+    else:  # omegaconf 2.3
+        OmegaConf.register_new_resolver("ready_range", _ready_range)
 
 
 _register_resolvers()
@@ -519,6 +615,10 @@ def clean_message(msg: str) -> str:
     first = (msg.strip().splitlines() or [""])[0]
     if "is not a ListConfig" in first:
         first = re.sub(r"Invalid value assigned: .*", "expected a list (e.g. [30, 62]), got a scalar", first)
+    kinds = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+    found = re.fullmatch(r"Value '(.*)' of type '[\w.]+' could not be converted to (Integer|Float|Boolean)", first)
+    if found:  # `threads.shared=abc`
+        first = f"{found.group(1)!r}; expected {kinds[found.group(2)]}"
     return first
 
 

@@ -30,7 +30,7 @@ from typing import Any, NoReturn, Optional, Sequence
 
 import torch
 
-from ready.config import load_config
+from ready.config import entry_point, load_config
 from ready.data.default import ensure_default_target
 from ready.data.tokenizer import load_tokenizer
 from ready.decode.engine import Engine
@@ -289,6 +289,7 @@ def print_text(report: dict[str, Any]) -> None:
     print(line)
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:

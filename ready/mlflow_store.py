@@ -2,9 +2,11 @@
 
 `resolve_tracking_uri` picks the store (`--tracking-uri`, $MLFLOW_TRACKING_URI, else ./mlflow.db);
 `client(uri)` opens it once it is usable (`prepare_store`: a new sqlite file is created and migrated
-by one process while the others wait; an http(s) server must answer); `ensure_experiment` finds or
-makes `ready-<name>`; `flatten` turns a config into MLflow params; `retry` rides out a busy sqlite
-file. What a sweep logs inside its experiments is `sweeps.tracking`'s.
+by one process while the others wait; an http(s) server or a database must answer within seconds);
+`database_url` names the PostgreSQL driver of a `postgresql://` URL (the MLflow store's and the Optuna
+storage's); `ensure_experiment` finds or makes `ready-<name>`; `flatten` turns a config into MLflow
+params; `retry` rides out a busy sqlite file. What a sweep logs inside its experiments is
+`sweeps.tracking`'s.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ def experiment_name(name: str) -> str:
 def resolve_tracking_uri(uri: Optional[str] = None) -> str:
     """`--tracking-uri`, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory.
 
-    A relative sqlite path is made absolute so worker processes started elsewhere use the same file.
+    A relative sqlite path is made absolute so worker processes started elsewhere use the same file; a
+    PostgreSQL URL names the driver this project installs (`database_url`).
     """
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    uri = database_url(uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
         uri = prefix + str(Path(uri[len(prefix):]).resolve())
@@ -110,22 +113,164 @@ def check_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
                         "expected an MLflow tracking server (`mlflow server ...`)")
 
 
+# ---------------------------------------------------------------------------------------------
+# Database URLs (an MLflow store in PostgreSQL; the Optuna storage of sweeps on several hosts)
+
+DATABASE_DIALECTS = ("postgresql", "postgres", "mysql", "mssql")  # SQLAlchemy URLs, `dialect[+driver]://...`
+TRACKING_SCHEMES = ("sqlite", "http", "https", "databricks", *DATABASE_DIALECTS)
+TRACKING_EXPECTED = ("expected sqlite:///PATH (e.g. sqlite:///mlflow.db), http(s)://HOST:PORT (an MLflow server) or "
+                     "postgresql://USER@HOST:5432/DB")
+
+
+def dialect(url: str) -> str:
+    """`postgresql` for postgresql+psycopg2://..., '' for a string without `://`."""
+    return url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+
+
+def is_database_url(url: str) -> bool:
+    return dialect(url) in DATABASE_DIALECTS
+
+
+def database_url(url: str) -> str:
+    """A PostgreSQL URL as the docs and messages write it (`postgresql://...`, or `postgres://...`) with the
+    driver this project installs named: `postgresql+psycopg2://...`. SQLAlchemy 2.1 picks psycopg 3 for a bare
+    `postgresql://`, which is not installed; naming psycopg2 works with every SQLAlchemy. Both the Optuna
+    storage (`--storage`) and the MLflow store (`--tracking-uri`) go through here; other URLs are unchanged."""
+    for bare in ("postgresql://", "postgres://"):
+        if url.startswith(bare):
+            return "postgresql+psycopg2://" + url[len(bare):]
+    return url
+
+
+def redact(url: str) -> str:
+    """`url` with its password hidden, for messages and logs."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    credentials, _, host = rest.rpartition("@")
+    user, colon, _ = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+
+
+def database_problem(url: str, timeout: float = PROBE_TIMEOUT_S) -> Optional[str]:
+    """Why the database at `url` cannot be used, in one line, or None when it answers: one connection with
+    a `timeout`-second connect timeout and no retries, so an unreachable or refusing server is said within
+    seconds (MLflow retries its first connection for about 100 s without a word)."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    connect_args = {"connect_timeout": max(2, int(timeout))} if dialect(url) in ("postgresql", "postgres", "mysql") else {}
+    try:
+        engine = sqlalchemy.create_engine(database_url(url), poolclass=NullPool, connect_args=connect_args)
+    except ModuleNotFoundError as e:
+        return f"its driver is not installed ({e})"
+    except Exception as e:  # a malformed URL
+        return f"not a database URL ({_first_line(e)})"
+    try:
+        with engine.connect():
+            return None
+    except Exception as e:
+        return f"cannot connect ({_first_line(getattr(e, 'orig', None) or e)})"
+    finally:
+        engine.dispose()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0].strip() if text else type(e).__name__)[:300]
+
+
+def uri_problem(uri: str) -> Optional[str]:
+    """Why `uri` names no MLflow store this project opens (a typo in its scheme, a path without one), or None."""
+    if uri == "databricks":  # MLflow's name for a Databricks workspace's store (its default profile)
+        return None
+    if "://" not in uri:
+        return f"not a URI (no scheme); {TRACKING_EXPECTED}"
+    scheme = uri.split("://", 1)[0].lower()
+    if dialect(uri) not in TRACKING_SCHEMES:
+        return f"unknown scheme {scheme!r}; {TRACKING_EXPECTED}"
+    if scheme == "sqlite" and not uri.startswith("sqlite:///"):
+        return f"a sqlite URI takes three slashes before a relative path and four before an absolute one; {TRACKING_EXPECTED}"
+    return None
+
+
+def check_uri(uri: str) -> None:
+    """Raise TrackingError (one line) unless `uri` names a store that can be reached: a known scheme, and an
+    http(s) server or a database that answers within PROBE_TIMEOUT_S. Reads nothing and writes nothing."""
+    problem = uri_problem(uri)
+    if problem is None and uri.startswith(("http://", "https://")):
+        check_server(uri)
+    elif problem is None and is_database_url(uri):
+        problem = database_problem(uri)
+        if problem:
+            problem += "; expected a reachable database (postgresql://USER:PW@HOST:5432/DB) or a sqlite:/// path"
+    if problem:
+        raise TrackingError(f"tracking URI {redact(uri)!r}: {problem}")
+
+
+def mlflow_revisions() -> set[str]:
+    """The schema revisions this MLflow knows (its migration scripts' `revision = "..."`)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("mlflow.store.db_migrations")
+    folder = Path(next(iter(spec.submodule_search_locations or []))) / "versions"  # type: ignore[union-attr]
+    found = (re.search(r"^revision\s*(?::[^=]*)?=\s*[\"']([0-9a-f]+)[\"']", p.read_text(), re.M) for p in folder.glob("*.py"))
+    return {m.group(1) for m in found if m}
+
+
+def newer_schema(db: Path) -> Optional[str]:
+    """The schema revision of the sqlite store `db` when this MLflow does not know it (a newer MLflow wrote
+    it; opening it would fail, and `mlflow db upgrade` cannot help), else None. Reads the file only."""
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        con = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True)
+        try:
+            row = con.execute("select version_num from alembic_version").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None  # no MLflow schema at all: the caller's other checks say so
+    if row is None or row[0] in mlflow_revisions():
+        return None
+    return str(row[0])
+
+
+def newer_store(db: Path) -> Optional[str]:
+    """What to say of a sqlite store a newer MLflow wrote (`newer_schema`), or None."""
+    revision = newer_schema(db)
+    if revision is None:
+        return None
+    import mlflow
+
+    return (f"{db} was written by a newer MLflow (schema revision {revision}, unknown to MLflow {mlflow.__version__} "
+            "here; left as it is); expected a store this MLflow reads: upgrade MLflow here (pip install -U mlflow), "
+            "or use another store")
+
+
 def prepare_store(uri: str) -> None:
     """Make the store at `uri` usable before anything writes to it, once per process.
 
     sqlite: the first process creates and migrates the database while holding `<db>.lock`; others
     started at the same moment wait for it instead of migrating the same file at once (which
-    breaks it). A file that is not an MLflow store is one TrackingError. http(s): the server
-    must answer within PROBE_TIMEOUT_S.
+    breaks it). A file that is not an MLflow store, or one a newer MLflow wrote, is one TrackingError.
+    Every URI: a known scheme (`uri_problem`), and an http(s) server or a database (PostgreSQL) that
+    answers within PROBE_TIMEOUT_S (`check_uri`).
     """
     if uri in _prepared:
         return
+    check_uri(uri)
     db = _sqlite_file(uri)
     if db is not None:
         from mlflow.tracking import MlflowClient
 
         if db.exists() and not db.is_file():
             raise TrackingError(f"tracking URI {uri!r}: {db} is a folder; expected an MLflow sqlite file")
+        newer = newer_store(db) if db.is_file() else None
+        if newer is not None:
+            raise TrackingError(f"tracking URI {uri!r}: {newer}")
         lock = db.with_name(db.name + ".lock")
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
@@ -140,8 +285,6 @@ def prepare_store(uri: str) -> None:
                 first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
                 raise TrackingError(f"tracking URI {uri!r}: {db} is not a usable MLflow store ({first[:200]}); "
                                     "expected a file written by MLflow, or a new path") from None
-    elif uri.startswith(("http://", "https://")):
-        check_server(uri)
     _prepared.add(uri)
 
 

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import polars as pl
 
 from ready.artifacts import atomic_write_text
+from ready.config import entry_point
 from reports import collect, concurrency, latex, markdown
 from reports.errors import ReportError
 from reports.figures import plot_survival, survival_curves
@@ -110,6 +111,10 @@ def build_reports(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: is a file; expected a folder for the reports")
+    above = next((p for p in out.parents if p.exists()), None)  # the folder it would be made in
+    if above is not None and not above.is_dir():
+        raise ReportError(f"--out {out}: {above} is a file, so no folder can be made under it; expected a folder for "
+                          "the reports")
     names = list(dict.fromkeys(sweeps or [])) or collect.list_sweeps(tracking_uri)
     if not names:
         raise ReportError(f"tracking URI {tracking_uri!r}: no experiments named ready-<sweep>; run a sweep first")
@@ -138,6 +143,7 @@ def build_reports(
     return written
 
 
+@entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reports.build", description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="append", default=[], metavar="NAME",

@@ -39,6 +39,7 @@ import polars as pl
 from ready import stats
 from ready.artifacts import atomic_write_text
 from ready.calibration import calibration, rounds_of
+from ready.config import entry_point
 from reports import collect
 from reports.errors import ReportError
 from reports.figures import save_figure
@@ -328,6 +329,7 @@ def build_calibration(tracking_uri: str, sweep: str, out_dir: str | Path,
     return written
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reports.calibration", description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", default=SWEEP, help=f"the sweep (default {SWEEP})")

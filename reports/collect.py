@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import polars as pl
 
+from ready.mlflow_store import TrackingError, check_uri, database_url, newer_store
 from reports.errors import ReportError
 
 EXPERIMENT_PREFIX = "ready-"
@@ -79,6 +80,9 @@ def check_sqlite_store(db: Path, tracking_uri: str) -> None:
             con.close()
     except sqlite3.Error as e:
         raise ReportError(f"tracking URI {tracking_uri!r}: not a readable MLflow store ({e}); {expected}") from None
+    newer = newer_store(db)
+    if newer is not None:
+        raise ReportError(f"tracking URI {tracking_uri!r}: {newer}")
     missing = sorted(_mlflow_tables() - tables)
     if "experiments" in missing or "runs" in missing:
         raise ReportError(f"tracking URI {tracking_uri!r}: {db} is not an MLflow store (a SQLite file without MLflow's "
@@ -92,9 +96,19 @@ def check_sqlite_store(db: Path, tracking_uri: str) -> None:
                           f"{expected}")
 
 
+_reachable: set[str] = set()  # tracking URIs this process has found reachable
+
+
 def _client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
+    tracking_uri = database_url(tracking_uri)  # postgresql:// as the docs write it: the installed driver
+    if tracking_uri not in _reachable:
+        try:  # a typo in the scheme, a server or database that does not answer: one line within seconds
+            check_uri(tracking_uri)
+        except TrackingError as e:
+            raise ReportError(str(e)) from None
+        _reachable.add(tracking_uri)
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri[len("sqlite:///"):])
         if not db.is_file():

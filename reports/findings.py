@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ready import stats
+from ready.config import entry_point
 from ready.stats import Interval
 from reports import collect
 from reports.errors import ReportError
@@ -299,6 +300,7 @@ def with_preface(out: Path, text: str) -> str:
     return old.split(MARKER)[0] + MARKER + "\n\n" + text
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m reports.findings", description=__doc__.split("\n")[0])
     p.add_argument("--tracking-uri", action="append", default=None,
@@ -311,9 +313,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default=None, help="write the Markdown here instead of stdout")
     p.add_argument("--cache-dir", default="reports/out/.cache/evaluations", help="where downloaded evaluation.json files are kept")
     args = p.parse_args(argv)
-    try:
-        text = render(args.tracking_uri or [collect.default_tracking_uri()], Path(args.cache_dir), args.profile,
-                      args.suite)
+    uris = args.tracking_uri or [collect.default_tracking_uri()]
+    try:  # a missing or unreadable store is one line before any verdict (and before --out is touched)
+        held = {uri: collect.list_sweeps(uri) for uri in uris}
+        if not any(f.sweep in names for names in held.values() for f in (POSITIVE_CONTROL, *FINDINGS)):
+            raise ReportError(f"tracking URI {', '.join(repr(u) for u in uris)}: none of the findings' sweeps "
+                              f"({', '.join(sorted({f.sweep for f in (POSITIVE_CONTROL, *FINDINGS)}))}) is there; "
+                              "expected the store the sweeps wrote (run `python -m sweeps.run NAME` first)")
+        text = render(uris, Path(args.cache_dir), args.profile, args.suite)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ready.config import entry_point
 from reports.errors import ReportError
 from reports.figures import save_figure
 
@@ -131,6 +132,7 @@ def plot(points: list[LengthPoint], gpu: str, bandwidth: Optional[float], out_st
     return save_figure(fig, out_stem)
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m reports.lengths", description=__doc__.split("\n")[0])
     p.add_argument("files", nargs="+", type=Path, help="JSON of `python -m ready.bench.engine --prompt-len ...`")

@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 import ready.config as C
-from ready.config import EXPERIMENTS_DIR, to_container
+from ready.config import EXPERIMENTS_DIR, entry_point, to_container
 
 HEADER_END = "\n\n"
 
@@ -126,6 +126,7 @@ def drift(path: Path = EXPERIMENTS_DIR / "base.yaml") -> list[str]:
     return out
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sweeps.basegen", description=__doc__.split("\n")[0])
     p.add_argument("--write", action="store_true")

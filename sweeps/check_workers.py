@@ -31,6 +31,8 @@ from typing import Optional
 
 from mlflow.tracking import MlflowClient
 
+from ready.config import entry_point
+
 
 def _sweep_cmd(name: str, overrides: list[str], workers: int, uri: str, run_dir: Path, runner: Optional[str]) -> list[str]:
     extra = ["--runner", runner] if runner else []
@@ -79,6 +81,7 @@ def _kill_one_worker(cmd: list[str], log: Path, run_dir: Path, timeout: float) -
         return proc.wait(), killed_label
 
 
+@entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name")

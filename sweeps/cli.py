@@ -154,7 +154,10 @@ def run(prog: str, module_name: str, argv: Sequence[str]) -> int:
     sys.argv = [prog, *argv]  # argparse's default prog; what a module reads at import sees these arguments
     try:
         module = importlib.import_module(module_name)
-        return exit_status(module, module.main(list(argv)))
+        from ready.config import entry_point  # the one rule for config errors (one line, exit 2), every command
+
+        main = module.main if getattr(module.main, "__ready_entry_point__", False) else entry_point(module.main)
+        return exit_status(module, main(list(argv)))
     finally:
         sys.argv = saved
 

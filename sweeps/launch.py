@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 
+from ready.config import entry_point
 from ready.train import launch
 from ready.train.launch import LaunchError
 from sweeps.spec import load_sweep
@@ -33,6 +34,7 @@ def sweep_row_config(sweep: str, row: str, seed: Optional[int], overrides: Seque
     return match[0].cfg
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse the launcher's options plus `--sweep/--row/--seed` and train that row (ready.train.launch.run)."""
     p = launch.parser(prog="python -m sweeps.launch", description=__doc__.split("\n")[0])

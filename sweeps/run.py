@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ready.allocator import keep_freed_memory
-from ready.config import length_mismatch
+from ready.config import ConfigError, entry_point, length_mismatch
+from ready.mlflow_store import redact
 from sweeps import study as st
 from sweeps import tracking
 from sweeps.prepare import prepare_artifacts
-from sweeps.spec import EXPERIMENTS_DIR, SpecError, Sweep, axis_settings, list_sweeps, load_sweep
+from sweeps.spec import EXPERIMENTS_DIR, Sweep, axis_settings, list_sweeps, load_sweep
 from sweeps.table import render
 
 
@@ -244,6 +245,7 @@ def _signals_as_interrupt() -> None:
         signal.signal(signal.SIGINT, handler)
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.list:
@@ -261,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:  # a spec with setting axes runs once per setting (sweeps.spec.axis_settings)
         settings = axis_settings(args.name, args.overrides, Path(args.experiments_dir))
-    except SpecError as e:
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     code = 0
@@ -278,7 +280,7 @@ def _main_setting(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     """`main` for one sweep setting (the command line's overrides plus its axis values)."""
     try:
         sweep = load_sweep(args.name, overrides, Path(args.experiments_dir))
-    except SpecError as e:
+    except ConfigError as e:  # a SpecError, or a config key's value the sweep cannot use
         print(f"error: {e}", file=sys.stderr)
         return 2
     mismatch = {length_mismatch(v.cfg) for v in sweep.rows if v.method != "ar"} - {None}
@@ -329,7 +331,7 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     storage = st.open_storage(args.storage, run_dir)
     grid = st.open_grid_study(storage, sweep)
     print(f"[sweeps] {sweep.name}: study {st.grid_study_name(sweep)} in {st.describe_storage(args.storage, run_dir)}; "
-          f"MLflow {uri}, experiment {tracking.experiment_name(sweep.name)}", flush=True)
+          f"MLflow {redact(uri)}, experiment {tracking.experiment_name(sweep.name)}", flush=True)
 
     rows = st.plan(grid, sweep, c, experiment_id)
     counts = {s: sum(r.status == s for r in rows) for s in ("finished", "queued", "waiting", "running")}

@@ -23,8 +23,9 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ready.config import (EXPERIMENTS_DIR, ConfigError, Layer, blame, clean_message, config_hash, exact_mode, layer_keys,
-                          load_config, merge, nest, parse_override, read_yaml, to_container, yaml_problem)
+from ready.config import (EXPERIMENTS_DIR, SEED_MAX, SEED_RANGE, ConfigError, Layer, blame, clean_message, config_hash,
+                          exact_mode, layer_keys, load_config, merge, nest, parse_override, read_yaml, seed_ok, to_container,
+                          yaml_problem)
 from ready.loading import inputs_identity
 
 METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
@@ -39,6 +40,7 @@ BASELINE_SET = {"dflash": {"drafter.head": "none", "drafter.confidence_with_mark
 REPLICATE = ("all", "adaptation")
 SWEEP_KEYS = ("preset", "profile", "seeds", "replicate")  # CLI keys that set the sweep, not the run config
 ROW_SECTIONS = ("grid", "variants", "search")  # a spec declares its rows in at least one of these
+SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a file name in experiments/, no folder, no '..'
 
 
 class SpecError(ConfigError):
@@ -403,6 +405,9 @@ def _rows(spec: DictConfig, source: str) -> list[tuple[str, str, dict[str, Any]]
     rows: list[tuple[str, str, dict[str, Any]]] = []
     if spec.grid is not None:
         keys = list(spec.grid["values"].keys())
+        if not keys:  # itertools.product() of nothing is one row that sets nothing
+            raise SpecError(f"{source}: bad value at key 'grid.values': empty; expected at least one config key with "
+                            "a non-empty list of values to sweep (e.g. reader.rank: [8, 16])")
         for key in keys:
             vals = spec.grid["values"][key]
             if not isinstance(vals, ListConfig) or len(vals) == 0:
@@ -451,6 +456,9 @@ def axis_settings(name: str, overrides: Sequence[str] = (),
 def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path | str = EXPERIMENTS_DIR) -> Sweep:
     """Read `experiments/<name>.yaml`, merge every layer, and expand it into resolved rows."""
     root = Path(experiments_dir)
+    if not SWEEP_NAME.fullmatch(name):  # it names the run folder (runs/<name>) and the MLflow experiment
+        raise SpecError(f"sweep {name!r}: a sweep name is a name, not a path; expected one of "
+                        f"{sorted(list_sweeps(root))} (the files experiments/<name>.yaml)")
     spec_path = root / f"{name}.yaml"
     if name == "base" or not spec_path.is_file():
         raise SpecError(f"sweep '{name}' not found in {root}; expected one of {sorted(list_sweeps(root))}")
@@ -475,14 +483,32 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
     if spec.replicate not in REPLICATE:
         raise SpecError(f"{spec_path}: bad value at key 'replicate': {spec.replicate!r}; expected 'all' (seeds "
                         "re-train the base drafter too) or 'adaptation' (seeds re-run the two stages only)")
+    seeds_from = ("command line" if "seeds" in sweep_cli else
+                  str(profile_path) if profile_name and "seeds" in profile_raw else str(spec_path))
     if not spec.seeds:
-        raise SpecError(f"{spec_path}: bad value at key 'seeds': empty; expected a list of integer seeds")
+        raise SpecError(f"{seeds_from}: bad value at key 'seeds': empty; expected a list of integer seeds")
+    for seed in spec.seeds:  # the rows' `seed` and `train.base_seed`: refused here, before any row is made
+        if not seed_ok(seed):
+            raise SpecError(f"{seeds_from}: bad value at key 'seeds': {seed}; expected integer seeds in [0, {SEED_MAX}]")
+    if spec.search is not None and not seed_ok(spec.search.sampler_seed):
+        raise SpecError(f"{spec_path}: bad value at key 'search.sampler_seed': {spec.search.sampler_seed}; expected "
+                        f"{SEED_RANGE}")
 
     inputs = SweepInputs(preset=str(spec.preset), profile=profile_name, spec_path=str(spec_path),
                          config=nest(OmegaConf.to_container(spec.config)), overrides=_config_tokens(overrides),
                          experiments_dir=str(root))
     named = (str(spec_path), {"name": name})
     cfg = _load(inputs, [named])
+    if cfg.drafter.checkpoint:  # checked before any row hashes it, blamed on the layer that set it
+        preset_path = root / "presets" / f"{spec.preset}.yaml"
+        set_by = [(str(preset_path), layer_keys(_read_yaml(preset_path, "preset"))),
+                  (str(spec_path), layer_keys(inputs.config)),
+                  (str(profile_path), layer_keys(profile_raw.get("config") or {})),
+                  ("command line", set(config_cli))]
+        try:
+            checkpoint_id(str(cfg.drafter.checkpoint))
+        except ConfigError as e:
+            raise SpecError(f"{blame('drafter.checkpoint', set_by, str(spec_path))}: {e}") from None
 
     rows = _rows(spec, str(spec_path))
     swept = {k for _, _, values in rows for k in values}
@@ -507,7 +533,10 @@ def load_sweep(name: str, overrides: Sequence[str] = (), experiments_dir: Path |
                             f"(the others are baselines: {', '.join(BASELINE_LABELS)})")
         where = f"{spec_path} (row '{label}')"
         vcfg = _load(inputs, [named, (where, {**nest(values), "name": f"{name}:{label}"})])
-        vid = variant_hash(vcfg, method)
+        try:
+            vid = variant_hash(vcfg, method)
+        except ConfigError as e:  # a row's own drafter.checkpoint that is not a drafter folder
+            raise SpecError(f"{where}: {e}") from None
         if vid in by_id:  # e.g. {0,last} and "all" on a 2-layer drafter: one run, both labels
             by_id[vid].label += f" = {label}"
             continue

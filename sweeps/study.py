@@ -5,9 +5,10 @@ trials (a grid); a worker claims one with the storage's atomic WAITING -> RUNNIN
 so two workers never get the same trial. Search sweeps add a second study
 (`<sweep>-<setting>-search`) sampled by TPE.
 
-Storage: by default an Optuna journal file, `runs/<sweep>/optuna.journal`
-(`JournalFileBackend`: appends under a file lock, safe for several processes on one host, no
-server); `--storage postgresql://user@host/db` (any SQLAlchemy URL) for workers on several hosts.
+Storage: by default an Optuna journal file, `runs/<sweep>/optuna.journal` (`Journal`, Optuna's
+`JournalFileBackend`: appends under a file lock, safe for several processes on one host, no server;
+a record torn by a crash in the middle of an append is cut off by the next append, never glued to);
+`--storage postgresql://user@host/db` (any SQLAlchemy URL) for workers on several hosts.
 
 Re-runs: MLflow is the record of finished work. Before enqueueing, a job whose config hash has a
 FINISHED child run is skipped; failed or interrupted ones are enqueued again. A worker that
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import json
 import os
 import socket
 import sys
@@ -30,14 +32,16 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import optuna
 from omegaconf import OmegaConf
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 
 from ready.config import load_config
 from ready.health import check_metrics
+from ready.mlflow_store import database_problem, database_url, redact
 from sweeps import tracking
 from sweeps.liveness import STALE_AFTER_S, pid_alive, process_start
 from sweeps.spec import Job, Sweep, Variant, search_config
@@ -85,20 +89,102 @@ def check_run_dir(run_dir: Path) -> None:
 # Storage and studies
 
 
+class Journal(JournalFileBackend):
+    """Optuna's journal file (one JSON record per line, appended under a file lock), made safe against a
+    crash in the middle of an append. Optuna reads a last line without its newline as not yet written, but
+    the next append would glue its record onto those bytes and every later read would fail on that line;
+    here an append first cuts such a torn tail off (under the same lock, with one line on stderr: the
+    record was never complete, so its writer never went on from it). A damaged line elsewhere (an edit, a
+    disk fault) is one StudyError naming the file, the line and what to do, not a bare JSON error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.lock = JournalFileSymlinkLock(str(self.path))  # Optuna's default lock (works on NFS too)
+        super().__init__(str(self.path), lock_obj=self.lock)
+
+    def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+        try:
+            yield from super().read_logs(log_number_from)
+        except ValueError:  # json.JSONDecodeError, or Optuna's "Invalid log format." for a glued line
+            raise StudyError(damaged_journal(self.path)) from None
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        text = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode("utf-8")
+        self.lock.acquire()
+        try:
+            with open(self.path, "a+b") as f:  # appends land at the end whatever the position
+                torn = drop_torn_tail(f)
+                if torn:
+                    print(f"[sweeps] {self.path}: dropped a torn last record ({torn} bytes without their line end: "
+                          "a crash while it was written)", file=sys.stderr, flush=True)
+                f.seek(0, os.SEEK_END)
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            self.lock.release()
+
+
+def drop_torn_tail(f: Any) -> int:
+    """Cut an open binary file back to its last line end; the number of bytes cut (0: it ends in one)."""
+    size = f.seek(0, os.SEEK_END)
+    if size == 0:
+        return 0
+    f.seek(size - 1)
+    if f.read(1) == b"\n":
+        return 0
+    end = size
+    while end > 0:  # back to the last newline, a block at a time
+        start = max(0, end - 65536)
+        f.seek(start)
+        at = f.read(end - start).rfind(b"\n")
+        if at >= 0:
+            keep = start + at + 1
+            break
+        end = start
+    else:
+        keep = 0
+    f.truncate(keep)
+    return size - keep
+
+
+def damaged_journal(path: Path) -> str:
+    """The one line for a journal that does not read: which line, and what to do."""
+    line_no = 0
+    with open(path, "rb") as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                json.loads(line)
+            except ValueError:
+                break
+    return (f"Optuna journal {path}: line {line_no} is not a complete record (a crash while it was written, or an edit); "
+            "expected one JSON record per line: move the file aside (the queue is rebuilt on the next run, and rows "
+            "MLflow holds as finished are skipped)")
+
+
 def open_storage(url: Optional[str], run_dir: Path):
-    """`None` -> journal file under `run_dir`; a URL with `://` -> an RDB storage (PostgreSQL, ...)."""
+    """`None` -> journal file under `run_dir` (`Journal`); a URL with `://` -> an RDB storage (PostgreSQL, ...),
+    in the form the docs write it (`postgresql://...`: `ready.mlflow_store.database_url` names the driver),
+    checked with one connection first so an unreachable server is one line within seconds."""
     if not url:
         from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
 
         run_dir.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(run_dir / "optuna.journal")))
+        path = run_dir / "optuna.journal"
+        if path.exists() and not path.is_file():
+            raise StudyError(f"Optuna journal {path}: is a folder; expected the run folder's journal file (move the "
+                             "folder aside, or pass another --run-dir)")
+        return JournalStorage(Journal(path))
     if "://" not in url:
         raise StudyError(f"--storage {url!r}: expected a database URL such as postgresql://user@host:5432/optuna")
+    problem = database_problem(url)
+    if problem is not None:
+        raise StudyError(f"--storage {redact(url)!r}: {problem}; expected a reachable database URL such as "
+                         "postgresql://user@host:5432/optuna")
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        return optuna.storages.RDBStorage(database_url(url), engine_kwargs={"pool_pre_ping": True})
     except Exception as e:
-        raise StudyError(f"--storage {url!r}: cannot open it ({str(e).splitlines()[0]}); "
+        raise StudyError(f"--storage {redact(url)!r}: cannot open it ({str(e).splitlines()[0]}); "
                          "expected a reachable database URL such as postgresql://user@host:5432/optuna") from None
 
 
@@ -338,7 +424,7 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
 
         metrics.update(run_metrics(result.evaluation))
         resolved = result.resolved
-        metrics.update(resolved.get("data_rows", {}))  # data/rows_read, data/skipped, ... of data.path
+        metrics.update(resolved.get("data_rows", {}))  # data/rows_read, data/rows_skipped, ... of data.path
         tags = {"ready.resolved_layers": str(resolved.get("state_layers", [])),
                 "ready.resolved_context_layers": str(resolved.get("context_layers", [])),
                 "ready.resolved_inject_layers": str(resolved.get("inject_layers", [])),

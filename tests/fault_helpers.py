@@ -1,4 +1,4 @@
-"""Shared pieces of the fault tests (tests/test_artifacts_verified.py, tests/test_store_faults.py).
+"""Shared pieces of the fault tests (tests/test_artifacts_verified.py, tests/test_store_faults.py, ...).
 
 Both files need a smoke artifacts cache and an MLflow store; each is built once per pytest
 session under the session's base temp folder (whichever test asks first builds it), so the two
@@ -9,15 +9,17 @@ This file holds no tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP = "inject_pos"  # the smallest ablation sweep: AR, DSpark, FT, placebo, pre, post
@@ -140,3 +142,46 @@ def full_disk_run_variant(cfg: Any, method: str = "ready", progress: bool = True
     with open(Path(cfg.artifacts_dir) / "full", "wb") as f:
         f.write(b"\0" * (1 << 16))
     raise AssertionError("the write to /dev/full succeeded")
+
+
+@contextlib.contextmanager
+def postgres_server(databases: tuple[str, ...] = ("optuna",)) -> Iterator[dict[str, str]]:
+    """A throw-away PostgreSQL server on a unix socket in a temporary folder (`initdb` from PATH or
+    /usr/lib/postgresql/*/bin; .ci/run installs it), with one database per name; yields name -> URL in the
+    form the docs write (`postgresql://USER@/DB?host=...&port=...`, no driver named). With
+    $READY_TEST_POSTGRES_URL (a server of one's own, `postgresql://user@host:5432`), its databases of
+    these names are used (make them empty first). pytest.skip when neither can be had."""
+    import pytest
+
+    base = os.environ.get("READY_TEST_POSTGRES_URL")
+    if base:
+        yield {name: base.rstrip("/") + "/" + name for name in databases}
+        return
+    initdb = shutil.which("initdb") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
+    if initdb is None:
+        pytest.skip("no PostgreSQL server binaries (initdb) here; set READY_TEST_POSTGRES_URL to use one")
+    tmp = Path(tempfile.mkdtemp(prefix="ready-pg-"))
+    bindir = Path(initdb).resolve().parent  # beside the server's own binaries (createdb, pg_ctl)
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    data, port = tmp / "data", 54000 + os.getpid() % 1000
+    stop = [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]
+    try:
+        if os.geteuid() == 0:
+            shutil.chown(tmp, "postgres")
+        subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+                       check=True, capture_output=True)
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(tmp / "log"), "-o",
+                        f"-k {tmp} -p {port} -c listen_addresses=''", "start"], check=True, capture_output=True)
+        for name in databases:
+            subprocess.run([*as_user, str(bindir / "createdb"), "-h", str(tmp), "-p", str(port), "-U", "postgres", name],
+                           check=True, capture_output=True)
+    except (subprocess.CalledProcessError, OSError, LookupError) as e:
+        subprocess.run(stop, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        pytest.skip(f"cannot start a PostgreSQL server here: {e}")
+    try:
+        yield {name: f"postgresql://postgres@/{name}?host={tmp}&port={port}" for name in databases}
+    finally:
+        subprocess.run(stop, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+

@@ -162,7 +162,7 @@ def test_nothing_to_read_is_one_line(tmp_path: Path) -> None:
         load_conversations(tmp_path / "nowhere")
     write(tmp_path / "all_bad.jsonl", [{"id": 1}, {"id": 2}])
     with pytest.raises(ConversationError, match=r"no usable conversations \(0 conversations from 2 rows in 1 files "
-                                                r"\(0 files skipped\); skipped: missing_field 2\)"):
+                                                r"\(2 row\(s\) and 0 file\(s\) skipped\); skipped: missing_field 2\)"):
         load_conversations(tmp_path, on_error="skip")
 
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
+from fault_helpers import postgres_server
 from ready.loading import inputs_identity
 from sweeps import study as st
 from sweeps import tracking
@@ -196,43 +197,11 @@ def test_two_worker_processes_never_run_the_same_row_journal_file(ws: Path, monk
     assert (ws / "runs" / "inject_pos" / "optuna.journal").is_file()
 
 
-def _postgres(tmp: Path):
-    """Start a throw-away PostgreSQL server on a unix socket in `tmp`; None when that is impossible."""
-    initdb = shutil.which("initdb") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
-    if initdb is None:
-        return None
-    bindir = Path(initdb).parent
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if os.geteuid() == 0:
-        shutil.chown(tmp, "postgres")
-    data, port = tmp / "data", 54000 + os.getpid() % 1000
-    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(tmp / "log"), "-o",
-                    f"-k {tmp} -p {port} -c listen_addresses=''", "start"], check=True, capture_output=True)
-    stop = [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]
-    return f"postgresql+psycopg2://postgres@/postgres?host={tmp}&port={port}", stop
-
-
 @pytest.fixture
 def postgres_url():
-    url = os.environ.get("READY_TEST_POSTGRES_URL")
-    if url:
-        yield url
-        return
-    tmp = Path(tempfile.mkdtemp(prefix="ready-pg-"))
-    try:
-        started = _postgres(tmp)
-    except (subprocess.CalledProcessError, OSError, LookupError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"cannot start a PostgreSQL server here: {e}")
-    if started is None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip("no PostgreSQL server binaries (initdb) here; set READY_TEST_POSTGRES_URL to use one")
-    url, stop = started
-    yield url
-    subprocess.run(stop, capture_output=True)
-    shutil.rmtree(tmp, ignore_errors=True)
+    """A throw-away PostgreSQL database, its URL in the form the docs write (`postgresql://...`)."""
+    with postgres_server(("optuna",)) as urls:
+        yield urls["optuna"]
 
 
 def test_two_worker_processes_never_run_the_same_row_postgresql(ws: Path, monkeypatch, postgres_url: str):

@@ -104,4 +104,4 @@ def test_a_malformed_file_is_one_line_and_caches_nothing(chat, tmp_path):
         build_conversation_data(config(tmp_path, path), target, tok, progress=False)
     assert not list((tmp_path / "artifacts").glob("regen/*/DONE"))
     data, _, counts = build_conversation_data(config(tmp_path, path, on_error="skip"), target, tok, progress=False)
-    assert len(data) == 1 and counts["data/skipped"] == 1
+    assert len(data) == 1 and counts["data/rows_skipped"] == 1

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ready.artifacts import atomic_write_text
+from ready.config import entry_point
 from ready.stats import mean_interval
 
 # dotted paths into the engine JSON (ready/bench/engine.py), reported for every process
@@ -293,6 +294,7 @@ def pool(folders: Sequence[Path], out: Path, extra: dict[str, str]) -> dict[str,
     return res
 
 
+@entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     engine_args = argv[argv.index("--") + 1:] if "--" in argv else []

@@ -100,7 +100,7 @@ import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are 
 import ready_kernels
 from ready.artifacts import atomic_write_text
 from ready.bench import copy_rate
-from ready.config import ConfigError, load_config
+from ready.config import ConfigError, entry_point, load_config
 from ready.cuda_graph import capture, replay_us
 from ready.decode.engine import Engine
 from ready.decode.errors import DecodeError
@@ -965,6 +965,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     return out
 
 
+@entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     TIMELINE.clear()  # this run's marks (one process runs main once; tests run it many times)
     ap = argparse.ArgumentParser(prog="python -m ready.bench.engine", description=__doc__.splitlines()[0])

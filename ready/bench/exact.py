@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ready.config import entry_point
 from ready.decode.engine import Engine
 from ready.decode.evaluate import evaluate, first_mismatch, run_ar
 from ready.decode.ngram import NgramDrafter
@@ -313,6 +314,7 @@ def flips(model, prompts: list[list[int]], new_tokens: int, k: int, modes=("fast
     return out
 
 
+@entry_point
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m ready.bench.exact", description=__doc__.split("\n\n")[0])
     p.add_argument("--probe", action="store_true", help="op-level and tiny-target invariance probes")

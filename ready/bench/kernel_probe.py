@@ -12,10 +12,12 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ready.config import entry_point
 from ready_kernels import gdn_verify as gv
 from ready_kernels import state_reader as sr
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: --help only
     dev, H, d, r, P, T = "cuda", 48, 128, 8, 7, 8

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ready.bench.kernels import Timer
+from ready.config import entry_point
 from ready_kernels import state_reader as sr
 
 STAGES = {"load": 1, "us": 2, "wv": 3, "full": 4}
@@ -110,6 +111,7 @@ def verify_floor(timer: Timer, calls: int = 16) -> dict[str, float]:
     }
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: --help only
     if not torch.cuda.is_available():

@@ -42,6 +42,7 @@ from ready_kernels import gdn_fused as gf  # noqa: E402
 from ready_kernels import gdn_verify as gv  # noqa: E402
 from ready_kernels import rmsnorm as rn  # noqa: E402
 from ready_kernels import state_reader as sr  # noqa: E402
+from ready.config import entry_point  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12
 
@@ -278,6 +279,7 @@ def launch_floor(timer: Timer, calls: int, dev: str) -> dict:
     return timer.measure([lambda: x.add_(1.0) for _ in range(calls)])
 
 
+@entry_point
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the results as JSON (the only output format)")

@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 import ready.fastops  # noqa: E402,F401
 from ready_kernels import small_m_gemm as sm  # noqa: E402
+from ready.config import entry_point  # noqa: E402
 
 # hidden 5120: GDN in_proj (qkv 10240 + z 6144 + b 48 + a 48), attention qkv (q+gate 12288, k 1024, v 1024),
 # MLP gate_up (2 x 17408), MLP down, GDN out_proj / attention o_proj (6144 -> 5120), LM head (vocab 248320)
@@ -52,6 +53,7 @@ def grid_configs() -> tuple[sm.Config, ...]:
     return tuple(out)
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", default="1,2,4,7,8", help="comma list of row counts")

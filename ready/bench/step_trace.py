@@ -44,6 +44,7 @@ import torch
 
 from ready.bench import copy_rate
 from ready.bench.engine import build_drafter, forced_acceptance
+from ready.config import entry_point
 from ready.decode.engine import Engine
 from ready.decode.graphs import GraphRunner
 from ready.target import PRESETS, load_target
@@ -304,6 +305,7 @@ def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], pro
             "bound_ms": round(stream / bandwidth * 1e3, 4), "steps": steps}
 
 
+@entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ready.bench.step_trace", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen3_5_27b", help="preset name or checkpoint directory")

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 import torch
 
 from ready.bench import copy_rate
+from ready.config import entry_point
 from ready.target import GraphedVerify, load_target
 
 
@@ -99,6 +100,7 @@ def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: i
     return out
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from ready.config import load_config, merge
+from ready.config import entry_point, load_config, merge
 from ready.data import ensure_default_target, load_suite
 from ready.data.tokenizer import load_tokenizer
 from ready.decode import NgramDrafter, evaluate, run_ar
@@ -48,6 +48,7 @@ def _evaluate(target: Any, drafter: Any, suites: dict, cfg: Any, ar: dict, name:
     return out
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", type=int, default=1, help="ReaDy variants to train after the base drafter")

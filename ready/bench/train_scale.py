@@ -56,7 +56,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ready.config import load_config, preset_names
+from ready.config import entry_point, load_config, preset_names
 from ready.decode.engine import Engine
 from ready.drafter import DSparkDrafter
 from ready.target import PRESETS, load_target, preset_config
@@ -458,6 +458,7 @@ def _check(a: argparse.Namespace, z: dict) -> tuple[list[str], list[str], list[i
     return sections, stages, lengths, _ints(a.gpus, "--gpus")
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Parse arguments, run the sections, print (and return) one JSON object."""
     ap = argparse.ArgumentParser(prog="python -m ready.bench.train_scale", description=__doc__.split("\n")[0],

@@ -16,10 +16,11 @@ import sys
 import time
 
 
-from ready.config import load_config
+from ready.config import entry_point, load_config
 from ready.data.default import default_metrics, default_target_dir, ensure_default_target
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="config overrides a.b=v")

@@ -13,8 +13,10 @@ gpt/assistant -> assistant, system -> system. A usable conversation is: optional
 user and assistant turns alternating, starting with user and ending with assistant.
 
 `on_error="stop"` (default) raises `ConversationError` at the first bad file or row, one line naming the
-file, the row and what was expected; `on_error="skip"` skips it and counts it in the `LoadReport`
-(by reason), which the caller logs (`LoadReport.metrics()` for MLflow). Files come from
+file, the row and what was expected; `on_error="skip"` skips the row (a bad row never costs its file its
+other rows; only a file that cannot be read as a whole is skipped whole) and counts it in the `LoadReport`
+(by reason), which the caller logs (`LoadReport.metrics()` for MLflow: `data/rows_skipped`,
+`data/files_skipped`). Files come from
 `ready.data.conversation_files` (a file, a folder or a glob; JSON, JSON Lines, gzipped, parquet).
 """
 
@@ -51,17 +53,18 @@ class LoadReport:
     files: list[str] = field(default_factory=list)
     rows_read: int = 0
     kept: int = 0
-    skipped: int = 0
+    skipped: int = 0  # rows skipped (whole files: skipped_files)
     reasons: Counter = field(default_factory=Counter)  # reason -> rows (or files) skipped
     formats: Counter = field(default_factory=Counter)  # shape -> rows kept
     skipped_files: dict[str, str] = field(default_factory=dict)  # file -> its one-line error
     errors: list[str] = field(default_factory=list)  # the first MAX_ERRORS_KEPT one-line errors
 
     def metrics(self, prefix: str = "data") -> dict[str, float]:
-        """Flat numeric counts, e.g. {"data/rows_read": 10, "data/skipped/bad_role": 1, ...}."""
+        """Flat numeric counts, e.g. {"data/rows_read": 10, "data/rows_skipped": 1, "data/skipped/bad_role": 1, ...}
+        (`skipped/<reason>` counts rows and whole files, `rows_skipped` and `files_skipped` each)."""
         out = {f"{prefix}/files": float(len(self.files)), f"{prefix}/files_skipped": float(len(self.skipped_files)),
                f"{prefix}/rows_read": float(self.rows_read), f"{prefix}/kept": float(self.kept),
-               f"{prefix}/skipped": float(self.skipped)}
+               f"{prefix}/rows_skipped": float(self.skipped)}
         out.update({f"{prefix}/skipped/{k}": float(v) for k, v in sorted(self.reasons.items())})
         out.update({f"{prefix}/format/{k}": float(v) for k, v in sorted(self.formats.items())})
         return out
@@ -70,7 +73,7 @@ class LoadReport:
         """One line: kept / read, and the skips by reason."""
         why = ", ".join(f"{k} {v}" for k, v in self.reasons.most_common()) or "none"
         return (f"{self.kept} conversations from {self.rows_read} rows in {len(self.files)} files "
-                f"({len(self.skipped_files)} files skipped); skipped: {why}")
+                f"({self.skipped} row(s) and {len(self.skipped_files)} file(s) skipped); skipped: {why}")
 
     def _skip(self, reason: str, message: str) -> None:
         self.reasons[reason] += 1

@@ -16,6 +16,7 @@ lengths) without reading a dataset's rows: the data artifact's key.
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 from ready.artifacts import file_digest
@@ -63,6 +64,9 @@ def conversations_for(cfg: Any, tokenizer: Any, split: str, n: int) -> tuple[lis
     if cfg.data.path:
         convs, report = load_conversations(str(cfg.data.path), format=str(cfg.data.format),
                                            on_error=str(cfg.data.on_error))
+        if report.skipped or report.skipped_files:
+            print(f"[ready] data.path = {cfg.data.path}: {report.summary()} (data.on_error=skip); the first: "
+                  f"{report.errors[0]}", file=sys.stderr, flush=True)
         order = rng.sample(range(len(convs)), len(convs))
         n_train = min(int(cfg.regen.num_samples), len(convs))
         picked = order[:n_train] if split == "train" else order[n_train:n_train + n]

@@ -25,6 +25,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from ready.config import entry_point
 from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import load_drafter
 from ready.target.layers import Attention
@@ -121,6 +122,7 @@ def rejection_share(drafter: Any, target: Any, data: RegenData, window: int, bat
             "rejection_share": n_rej_changed / n_rej if n_rej else 0.0}
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m ready.diagnostics.context_ceiling", description=__doc__.split("\n")[0])
     p.add_argument("--windows", default="4,8,16,32,64", help="comma list of context windows W (tokens)")

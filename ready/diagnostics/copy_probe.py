@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ready.artifacts import atomic_dir
-from ready.config import load_config
+from ready.config import entry_point, load_config
 from ready.data import training_prompts
 from ready.data.corpus import load_corpus
 from ready.data.default import TOKENIZER_FILES, _arch_overrides, _preset, ensure_tokenizer
@@ -87,6 +87,7 @@ def _fidelities(model: Any, segments: torch.Tensor, rand_segments: torch.Tensor)
     return out
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m ready.diagnostics.copy_probe", description=__doc__.split("\n")[0])
     p.add_argument("--built", action="store_true", help="measure the config's built target; train nothing")

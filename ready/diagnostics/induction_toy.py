@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ready.config import entry_point
 from ready.target.config import HybridConfig
 from ready.target.layers import init_weights
 from ready.target.model import HybridLM
@@ -66,6 +67,7 @@ def toy_model(layers: str, symbols: int, hidden: int = 128):
     return model
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m ready.diagnostics.induction_toy", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", default="LALA", help="one letter per layer: L = Gated DeltaNet, A = full attention")

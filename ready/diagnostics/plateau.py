@@ -26,7 +26,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ready import mlflow_store
-from ready.config import merge
+from ready.config import entry_point, merge
 from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import DSparkDrafter, load_drafter
 from ready.train.lora import has_lora, merge_lora_
@@ -125,6 +125,7 @@ def _mlflow_logger(uri: Optional[str], cfg: Any) -> tuple[Callable, Callable]:
     return log, close
 
 
+@entry_point
 def main(argv: Optional[list[str]] = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m ready.diagnostics.plateau", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -59,6 +59,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from ready import mlflow_store
+from ready.config import entry_point
 from ready.diagnostics.heldout_setup import heldout_config
 from ready.diagnostics.theory import projector
 from ready.drafter import DrafterError, load_drafter
@@ -383,6 +384,7 @@ def rows_table(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ready.diagnostics.query_span", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -40,7 +40,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ready.config import merge
+from ready.config import entry_point, merge
 from ready.data import training_prompts
 from ready.diagnostics.copy_probe import copy_fidelity, copy_prompts
 from ready.diagnostics.heldout_setup import heldout_setup
@@ -117,6 +117,7 @@ def _loss_ends(losses: Sequence[float]) -> list[float]:
     return [sum(losses[:k]) / k, sum(losses[-k:]) / k] if losses else []
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m ready.diagnostics.reader_pilot", description=__doc__.split("\n")[0])
     p.add_argument("--drafter", default=None, help="probe this trained ReaDy drafter instead of training stage 1")

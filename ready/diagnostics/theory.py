@@ -20,6 +20,8 @@ from typing import Optional
 
 import torch
 
+from ready.config import entry_point
+
 
 def projector(Q: torch.Tensor, rtol: Optional[float] = None) -> torch.Tensor:
     """Π_Q = Q Q^†, the orthogonal projector onto the column span of Q (d_k x d_k; batched over
@@ -87,6 +89,7 @@ def check(d_k: int = 16, d_v: int = 16, queries: int = 6, seed: int = 0) -> dict
     return out
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--d-k", type=int, default=16)

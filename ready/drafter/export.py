@@ -32,6 +32,7 @@ import torch
 
 from ready.artifacts import ArtifactError, atomic_dir, check_folder, written_from
 from ready.checkpoint_files import inside
+from ready.config import entry_point
 from ready.drafter.checkpoint import CONFIG_FILE, READER_FILE, WEIGHTS_FILE, own_blocks, read_json, read_weights, weight_files
 from ready.drafter.model import DrafterError
 
@@ -151,6 +152,7 @@ def export(src: Path, out: Path, dtype: Optional[str] = None) -> Path:
     return out
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ready.drafter.export", description=__doc__.splitlines()[0])
     ap.add_argument("src", help="a drafter folder, or the MLflow run id of a sweep row (runs:/ID or ID)")

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from omegaconf import DictConfig
 
-from ready.config import load_config
+from ready.config import entry_point, load_config
 from ready.data.tokenizer import load_tokenizer
 from ready.loading import pick_device, target_dir
 from ready.target import load_target
@@ -154,6 +154,7 @@ def run(args: argparse.Namespace, make_config: Callable[[], DictConfig]) -> int:
         distributed.shutdown()
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """`python -m ready.train.launch`: the config from `--preset`, `--config` and `a.b=v` (a sweep row: `sweeps.launch`)."""
     p = parser()
