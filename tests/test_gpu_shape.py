@@ -215,6 +215,10 @@ def test_a_sweep_run_without_polars_gives_a_table_2_here_from_its_store_moved_be
         assert r.data.metrics["phase/eval_humaneval_s"] > 0 and r.data.tags["ready.target_reused"] == "1"
         assert r.data.tags["ready.engine"] == "eager+torch_ops"
     assert relocate_main([str(here / "mlflow.db")]) == 0
+    from sweeps.phases import phase_rows
+
+    headers, table = phase_rows(uri, "ft_control")
+    assert table[0][0] == "(shared builds)" and len(table) == 6 and "stage1 s (GB)" in headers
     from reports.build import build_reports
 
     files = build_reports(uri, ["ft_control"], tmp_path / "tables", echo=None)
