@@ -30,6 +30,7 @@ built, then read the artifacts. The callback is then not called (the curves are 
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from dataclasses import asdict
@@ -120,6 +121,7 @@ def _run_cached_stage(
                 save_drafter(drafter, tmp / DRAFTER_SUBDIR)
             shutil.rmtree(work, ignore_errors=True)
         del drafter
+        gc.collect()  # the stage's drafter and optimizer (with any reference cycle) go before the next one loads
     distributed.barrier()  # the next stage starts from this folder on every rank
     return final / DRAFTER_SUBDIR
 
