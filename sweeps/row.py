@@ -44,7 +44,8 @@ from ready.drafter import load_drafter
 from ready.drafter.checkpoint import has_markov_head, is_drafter_folder
 from ready.health import HealthError, check_target, generations_problem
 from ready.fastops import load_kernel
-from ready.loading import LoadedTarget, PipelineConfigError, configure_target, load_configured_target, weights_id
+from ready.loading import (WEIGHT_FILES, LoadedTarget, PipelineConfigError, configure_target, load_configured_target,
+                           target_dir, weights_id)
 from ready.metrics import Metrics, overall
 from ready.phases import PHASES, Phase, phase_metrics
 from ready.threads import cpu_threads
@@ -126,7 +127,8 @@ def held_target(cfg: DictConfig, progress: bool = True) -> LoadedTarget:
     settings applied (`configure_target`: exact mode, compile). A worker thus loads a 54 GB target once, and
     its compiled layers and tuned kernels (kept on the target and in the process) serve every later row. A
     different target replaces the kept one, which is freed first."""
-    key = target_key(cfg)
+    path = target_dir(cfg, progress)  # the embedded default's artifact is verified (and rebuilt) here, as before
+    key = f"{target_key(cfg)}:{path}:{folder_stamp(path)}"
     loaded = _HELD.get(key)
     if loaded is None:
         release_target()
@@ -137,6 +139,16 @@ def held_target(cfg: DictConfig, progress: bool = True) -> LoadedTarget:
     else:
         configure_target(loaded.target, cfg)
     return loaded
+
+
+def folder_stamp(path: str) -> str:
+    """The weight files of a target folder by name, size, inode and time stamp ('' for a preset): a folder
+    rewritten between rows (a rebuilt artifact, a replaced checkpoint) is loaded again."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return ""
+    files = sorted(f for pattern in WEIGHT_FILES for f in folder.glob(pattern) if f.is_file())
+    return config_hash([[f.name, st.st_size, st.st_ino, st.st_mtime_ns] for f in files for st in [f.stat()]])
 
 
 def release_target() -> None:
@@ -409,8 +421,9 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
     free_device_memory()  # what the last row left behind, before this one measures its peaks
     PHASES.take()  # this row's phases start here
     torch.manual_seed(int(cfg.seed))
-    kept = target_key(cfg) in _HELD
+    loads = LOADS["count"]
     loaded = held_target(cfg, progress)
+    kept = LOADS["count"] == loads
     try:
         result = _run_variant(cfg, method, loaded, progress)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as e:

@@ -22,7 +22,7 @@ from sweeps.run import main as sweeps_main
 from sweeps.spec import list_sweeps, load_sweep
 
 # the profile's logic at smoke sizes: the shared 2-core test machine cannot afford 2,048-token rows
-SMALL = ["corpus.max_files=60", "corpus.vocab_size=512", "regen.num_samples=8", "regen.batch_size=8",
+SMALL = ["target.device=cpu", "corpus.max_files=60", "corpus.vocab_size=512", "regen.num_samples=8", "regen.batch_size=8",
          "regen.prompt_len=56", "regen.response_len=12", "drafter.head_rank=16", "reader.mlp_hidden=32",
          "train.stage1.samples=8", "train.stage1.batch_size=4", "train.stage2.samples=8", "train.stage2.batch_size=4",
          "train.micro_batch_size=2", "train.lora.rank=4", "train.lora.alpha=8", "bench.max_prompt_tokens=40",
@@ -110,7 +110,7 @@ def test_a_worker_builds_the_target_once_for_its_rows_and_every_row_logs_its_pha
 @pytest.mark.slow
 def test_checkpoint_folders_at_a_preset_shape_load_once_per_process_and_once_per_row(tmp_path, counted_loads):
     folders = write_folders("tiny", tmp_path / "target", tmp_path / "dspark",
-                            [f"artifacts_dir={tmp_path / 'artifacts'}", *SMALL[:2]], shard_gb=0.004)
+                            [f"artifacts_dir={tmp_path / 'artifacts'}", *SMALL[:3]], shard_gb=0.004)
     assert folders["target"]["shards"] > 1 and (tmp_path / "target" / "model.safetensors.index.json").is_file()
     assert "ready_drafter" not in json.loads((tmp_path / "dspark" / "config.json").read_text())  # a public folder
     counted_loads["target"].clear()
