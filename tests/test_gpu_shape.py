@@ -196,11 +196,15 @@ def test_a_sweep_run_without_polars_gives_a_table_2_here_from_its_store_moved_be
     there = tmp_path / "device-out"
     there.mkdir()
     monkeypatch.chdir(there)  # MLflow puts a sqlite store's artifacts in <working directory>/mlruns
+    polars = sys.modules.get("polars")  # an earlier test may have imported it: put that very module back
     monkeypatch.setitem(sys.modules, "polars", None)  # `import polars` fails, as on the GPU image
     args = ["ft_control", "preset=tiny", "profile=gpu_shape", f"artifacts_dir={tmp_path / 'artifacts'}", *SMALL,
             "--no-report", "--quiet", "--tracking-uri", f"sqlite:///{there / 'mlflow.db'}", "--run-dir", str(there / "run")]
     assert sweeps_main(args) == 0
-    monkeypatch.delitem(sys.modules, "polars")
+    if polars is None:
+        monkeypatch.delitem(sys.modules, "polars")
+    else:
+        monkeypatch.setitem(sys.modules, "polars", polars)
     monkeypatch.chdir(tmp_path)
     here = tmp_path / "brought-back"
     shutil.copytree(there, here)
