@@ -506,7 +506,7 @@ def validate(cfg: DictConfig | Config) -> None:
     for stage in ("base", "stage1", "stage2"):
         sc = c.train[stage]
         checks += [
-            (f"train.{stage}.samples", sc.samples >= 1, "an integer >= 1 (training sequences seen)"),
+            (f"train.{stage}.samples", sc.samples >= 0, "an integer >= 0 (training sequences seen; 0 trains nothing)"),
             (f"train.{stage}.lr", sc.lr > 0, "a positive number"),
             (f"train.{stage}.batch_size", sc.batch_size >= 1, "an integer >= 1"),
             (f"train.{stage}.warmup", 0 <= sc.warmup <= 1, "a share of the steps in [0, 1]"),

@@ -9,6 +9,7 @@ so they measure the same target the same way.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -18,7 +19,7 @@ from omegaconf import DictConfig
 
 from ready.artifacts import content_id
 from ready.config import compile_in_graphs, config_hash, exact_mode
-from ready.data import ensure_default_target
+from ready.data import ensure_default_target, ensure_tokenizer
 from ready.data.conversation_files import ConversationError, find_files
 from ready.data.corpus import load_corpus
 from ready.data.tokenizer import load_tokenizer
@@ -118,16 +119,48 @@ def load_configured_target(cfg: DictConfig, progress: bool = True) -> LoadedTarg
     the tokenizer's). The process's memo of target passes takes `train.teacher_memo_gb` (ready.memo)."""
     device = pick_device(cfg)
     path = target_dir(cfg, progress=progress)
-    if not Path(path).is_dir():
-        raise PipelineConfigError(f"bad value at key 'target.source': preset {path!r} with target.pretrain=false "
-                                  "has no tokenizer or weights; expected target.pretrain=true or a checkpoint directory")
     dtype = getattr(torch, str(cfg.target.dtype))
-    target = load_target(path, device=device, dtype=dtype)
-    target.exact = exact_mode(cfg)  # AR reference and drafting rows decode in the same mode
-    target.compile_in_graphs = compile_in_graphs(cfg)
-    MEMO.configure(float(cfg.train.teacher_memo_gb))
+    if Path(path).is_dir():
+        target, tokenizer = load_target(path, device=device, dtype=dtype), load_tokenizer(path)
+    else:  # a preset with target.pretrain=false: its architecture, random weights, the embedded tokenizer
+        target, tokenizer = random_target(cfg, path, device, dtype, progress)
+    configure_target(target, cfg)
     for p in target.parameters():
         p.requires_grad_(False)
-    tokenizer = load_tokenizer(path)
     eos = target.config.eos_token_id if target.config.eos_token_id is not None else tokenizer.eos_token_id
     return LoadedTarget(target, tokenizer, None if eos is None else int(eos), path, device)
+
+
+def configure_target(target: Any, cfg: DictConfig) -> None:
+    """The run's settings of a loaded target: exact mode (AR reference and drafting rows decode in the same
+    mode), torch.compile inside its CUDA graphs, and the process's memo budget. A target kept across rows
+    (sweeps.row) is configured anew for each."""
+    target.exact = exact_mode(cfg)
+    target.compile_in_graphs = compile_in_graphs(cfg)
+    MEMO.configure(float(cfg.train.teacher_memo_gb))
+
+
+RANDOM_WEIGHTS_SEED = 0  # every process builds the same random target (the artifacts name it by its preset)
+
+
+def random_target(cfg: DictConfig, preset: str, device: str, dtype: torch.dtype, progress: bool = True) -> tuple[Any, Any]:
+    """(target, tokenizer) of a preset with `target.pretrain=false`: the preset's architecture with random
+    weights (seed RANDOM_WEIGHTS_SEED) built directly on `device` in `dtype` (a 27B preset in bf16 never
+    exists in fp32 or on the host), and the embedded tokenizer (built from the corpus once, cached), whose
+    ids all fall inside the preset's vocabulary. For costs and code paths at a model's shape: its text is
+    noise, so its tau means nothing. The LM head's rows past the tokenizer's vocabulary are zero: the head
+    keeps the preset's shape and cost, and greedy text (a random row's logits are positive somewhere)
+    stays inside the tokenizer, so regenerated answers decode to text as long as they were generated.
+    The global RNG is left as it was."""
+    tok_dir = ensure_tokenizer(cfg, progress=progress)
+    ids = json.loads((tok_dir / "special_tokens.json").read_text())
+    words = int(ids["vocab_size"])
+    vocab = max(int(PRESETS[preset]["vocab_size"]), words)
+    arch = {"vocab_size": vocab, "eos_token_id": int(ids["eos_token_id"]), "pad_token_id": int(ids["pad_token_id"])}
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(RANDOM_WEIGHTS_SEED)
+        target = load_target(preset, device=device, dtype=dtype, overrides=arch)
+    with torch.no_grad():
+        target.lm_head.weight[words:].zero_()
+    return target, load_tokenizer(tok_dir)

@@ -38,6 +38,8 @@ COMMANDS = {
     "build-data": "ready.data.build",
     "basegen": "sweeps.basegen",
     "check-workers": "sweeps.check_workers",
+    "relocate-store": "sweeps.relocate",
+    "phases": "sweeps.phases",
 }
 # the groups: name -> (package whose modules with a `main` are its commands, what they are)
 GROUPS = {

@@ -54,3 +54,12 @@ def prepare_artifacts(runner: str, sweep: Sweep, progress: bool, workers: int = 
         for seed, secs in pool.map(_prepare_one, [runner] * len(configs), list(configs.values()),
                                    [methods] * len(configs)):
             print(f"[sweeps] base drafter of base seed {seed}: ready ({secs:.0f} s)", flush=True)
+
+
+def release_shared(runner: str) -> None:
+    """Free what the runner kept in this process after building the shared artifacts (`sweeps.row` keeps the
+    target it loaded, for rows run in this process): with several workers this process runs no row, and
+    worker 0 loads its own copy on the same GPU (two 54 GB targets do not fit one card)."""
+    release = getattr(importlib.import_module(runner.partition(":")[0]), "release_target", None)
+    if release is not None:
+        release()

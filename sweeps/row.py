@@ -23,6 +23,7 @@ AR row itself decodes afresh, so the TPS it reports was measured in its own run.
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import sys
@@ -34,7 +35,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import cached
-from ready.config import exact_mode, to_container
+from ready.config import compile_in_graphs, config_hash, exact_mode, to_container
 from ready.data import load_suite
 from ready.decode.rounds import Generation
 from ready.calibration import verification_metrics
@@ -44,8 +45,11 @@ from ready.decode.sampling import params_from
 from ready.drafter import load_drafter
 from ready.drafter.checkpoint import has_markov_head, is_drafter_folder
 from ready.health import HealthError, check_target, generations_problem
-from ready.loading import LoadedTarget, PipelineConfigError, load_configured_target, weights_id
+from ready.fastops import load_kernel
+from ready.loading import (WEIGHT_FILES, LoadedTarget, PipelineConfigError, configure_target, load_configured_target,
+                           target_dir, weights_id)
 from ready.metrics import Metrics, overall
+from ready.phases import PHASES, Phase, phase_metrics
 from ready.threads import cpu_threads
 from ready.train import ensure_base_drafter, train_variant
 from ready.train.conversations import load_counts
@@ -67,12 +71,14 @@ class VariantResult:
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # stage -> [(step, loss)]
     resolved: dict[str, Any] = field(default_factory=dict)  # ids and sizes actually built
     evaluation: dict[str, Any] = field(default_factory=dict)  # the evaluation JSON artifact
+    phases: dict[str, Phase] = field(default_factory=dict)  # where the row's time and GPU memory went (ready.phases)
+    engine: dict[str, str] = field(default_factory=dict)  # what decoded the row's evaluation (`engine_tags`)
 
     def metrics(self) -> dict[str, float]:
         """Flat MLflow metrics, `<benchmark>/<name>` and `overall/<name>` (docs/interfaces.md);
         `<b>/lossless` is greedy validity (at eval.temperature > 0 the distribution check), `<b>/lossless_exact`
-        token identity with AR (greedy only)."""
-        out: dict[str, float] = {}
+        token identity with AR (greedy only); `phase/<name>_s` and `phase/<name>_peak_gb` (ready.phases)."""
+        out: dict[str, float] = phase_metrics(self.phases)
         for m in [*self.benchmarks, self.overall]:
             out.update(m.mlflow_metrics())
         exact = {b: rec["lossless_exact"] for b, rec in (self.evaluation.get("benchmarks") or {}).items()
@@ -83,6 +89,11 @@ class VariantResult:
             out["overall/lossless_exact"] = float(all(exact.values()))
         out.update(verification_metrics(self.evaluation))  # tokens verified per round, the head's calibration
         return out
+
+    def tags(self) -> dict[str, str]:
+        """MLflow tags beside the metrics: the engine the evaluation ran on (`ready.engine*`) and whether the
+        worker's loaded target served this row (`ready.target_reused`)."""
+        return dict(self.engine)
 
     @property
     def lossless(self) -> bool:
@@ -96,11 +107,97 @@ class VariantResult:
 # Shared artifacts
 
 
+# ---------------------------------------------------------------------------------------------
+# The worker's target: loaded once, kept across rows
+
+
+_HELD: dict[str, LoadedTarget] = {}  # at most one: the target of the last row, by `target_key`
+LOADS = {"count": 0}  # targets this process loaded (tests/test_gpu_shape.py counts them)
+
+
+def target_key(cfg: DictConfig) -> str:
+    """What decides which target (and tokenizer) a config loads: its `target` section but `compile` (a setting
+    of the loaded target, `configure_target`), the corpus and pretraining of the embedded default or of the
+    random preset's tokenizer, and the shared builds' threads."""
+    target = {k: v for k, v in to_container(cfg.target).items() if k != "compile"}
+    return config_hash({"target": target, "corpus": to_container(cfg.corpus), "pretrain": to_container(cfg.pretrain),
+                        "threads": int(cfg.threads.shared)})
+
+
+def held_target(cfg: DictConfig, progress: bool = True) -> LoadedTarget:
+    """The config's target, loaded (or, for a preset with `target.pretrain=false`, built on the device) once
+    per process and kept for every later row that asks for the same one (`target_key`), with the row's own
+    settings applied (`configure_target`: exact mode, compile). A worker thus loads a 54 GB target once, and
+    its compiled layers and tuned kernels (kept on the target and in the process) serve every later row. A
+    different target replaces the kept one, which is freed first."""
+    path = target_dir(cfg, progress)  # the embedded default's artifact is verified (and rebuilt) here, as before
+    key = f"{target_key(cfg)}:{path}:{folder_stamp(path)}"
+    loaded = _HELD.get(key)
+    if loaded is None:
+        release_target()
+        with PHASES.phase("target_load"):
+            loaded = load_configured_target(cfg, progress)
+        LOADS["count"] += 1
+        _HELD[key] = loaded
+    else:
+        configure_target(loaded.target, cfg)
+    return loaded
+
+
+def folder_stamp(path: str) -> str:
+    """The weight files of a target folder by name, size, inode and time stamp ('' for a preset): a folder
+    rewritten between rows (a rebuilt artifact, a replaced checkpoint) is loaded again."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return ""
+    files = sorted(f for pattern in WEIGHT_FILES for f in folder.glob(pattern) if f.is_file())
+    return config_hash([[f.name, st.st_size, st.st_ino, st.st_mtime_ns] for f in files for st in [f.stat()]])
+
+
+def release_target() -> None:
+    """Forget the kept target and give its memory back (before another one is loaded)."""
+    _HELD.clear()
+    free_device_memory()
+
+
+def free_device_memory() -> None:
+    """Drop what the last row left (engines, caches, CUDA graph pools, drafters) and hand the cached blocks
+    back to CUDA, so the next row starts from the target alone."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def serving_dtype(drafter: Any, target: Any) -> Any:
+    """The drafter as evaluation decodes with it: in the target's dtype when that is 16-bit (a trained drafter is
+    saved with its fp32 master weights; the paper serves it in BF16 beside the BF16 target, and
+    ready.bench.engine times it so), unchanged beside a float32 target."""
+    dtype = getattr(target, "dtype", torch.float32)
+    return drafter.to(dtype=dtype) if dtype in (torch.bfloat16, torch.float16) else drafter
+
+
+def engine_tags(cfg: DictConfig, loaded: LoadedTarget) -> dict[str, str]:
+    """What evaluation decoded on, as the engine benchmarks (ready.bench.engine) time it: CUDA graphs for the
+    target's verify and the draft step (on CUDA), torch.compile'd layers inside them (`target.compile`), the
+    fused Triton kernels (importable `ready_kernels`), the exact mode and the batch (`eval.concurrency`)."""
+    cuda = loaded.device == "cuda"
+    compiled = compile_in_graphs(cfg)
+    kernels = cuda and load_kernel("small_m_gemm") is not None
+    parts = (["cuda_graphs"] if cuda else ["eager"]) + (["compiled_layers"] if cuda and compiled is not False else []) \
+        + (["triton_kernels"] if kernels else ["torch_ops"])
+    drafter = str(loaded.target.dtype).removeprefix("torch.") if loaded.target.dtype in (torch.bfloat16, torch.float16) \
+        else "float32"
+    return {"ready.engine": "+".join(parts), "ready.engine_exact": str(int(exact_mode(cfg))),
+            "ready.engine_drafter_dtype": drafter,
+            "ready.engine_concurrency": str(concurrency(cfg)),
+            "ready.engine_as_benchmarked": str(int(cuda and compiled is not False and kernels))}
+
+
 def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> LoadedTarget:
     """Build what every base seed of a sweep setting shares: the target, the AR generations of every
     benchmark and, when a row drafts, the regenerated training and validation data and the teacher
     store of the base drafters (`ready.train.teacher_store`)."""
-    loaded = load_configured_target(cfg, progress)
+    loaded = held_target(cfg, progress)
     suites = _suites(cfg, loaded.tokenizer)
     check_donor_prompts(cfg, methods, suites)
     ar_generations(cfg, loaded, suites, progress)
@@ -115,11 +212,17 @@ def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: 
 def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> None:
     """Build what every row of a sweep setting shares, once, before workers start (so parallel
     workers never build the same thing twice): `prepare_common`'s artifacts and, when a row drafts,
-    the base DSpark drafter of `cfg.train.base_seed`."""
-    loaded = prepare_common(cfg, methods, progress)
-    if any(m != "ar" for m in methods):
-
-        ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress)
+    the base DSpark drafter of `cfg.train.base_seed`. Their phases stay in `PHASES` for the caller to log."""
+    try:
+        loaded = prepare_common(cfg, methods, progress)
+        if any(m != "ar" for m in methods):
+            ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress)
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        failed_in = PHASES.failed_in
+        free_device_memory()
+        raise PipelineConfigError(out_of_memory(cfg, "shared artifacts", failed_in, e)) from None
 
 
 def _suites(cfg: DictConfig, tokenizer: Any) -> dict[str, list[list[int]]]:
@@ -203,6 +306,10 @@ def ar_generations(cfg: DictConfig, loaded: LoadedTarget, suites: dict[str, list
             "threads": int(cfg.threads.shared)}
 
     def build(tmp: Path) -> None:
+        with PHASES.phase("ar_generations"):
+            _build(tmp)
+
+    def _build(tmp: Path) -> None:
         out = {}
         for name, prompts in suites.items():
             out[name] = run_ar(loaded.target, prompts, budget, eos_token_id=loaded.eos,
@@ -314,8 +421,53 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
 
 
     check_method(cfg, method)
+    free_device_memory()  # what the last row left behind, before this one measures its peaks
+    PHASES.take()  # this row's phases start here
     torch.manual_seed(int(cfg.seed))
-    loaded = load_configured_target(cfg, progress)
+    loads = LOADS["count"]
+    loaded = held_target(cfg, progress)
+    kept = LOADS["count"] == loads
+    try:
+        result = _run_variant(cfg, method, loaded, progress)
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        failed_in = PHASES.failed_in
+        free_device_memory()
+        raise PipelineConfigError(out_of_memory(cfg, method, failed_in, e)) from None
+    result.phases = PHASES.take()
+    result.engine = {**engine_tags(cfg, loaded), "ready.target_reused": str(int(kept))}
+    return result
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is the GPU running out of memory (torch raises OutOfMemoryError, some paths a RuntimeError)."""
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def out_of_memory(cfg: DictConfig, method: str, phase: Optional[str], err: BaseException) -> str:
+    """One line for a row that ran out of GPU memory: where, and the settings that shrink that phase."""
+    knobs = {
+        "stage": f"train.micro_batch_size (now {int(cfg.train.micro_batch_size)}; 1-2 rows a micro-batch) or "
+                 f"regen.prompt_len + regen.response_len (rows of {int(cfg.regen.prompt_len) + int(cfg.regen.response_len)} "
+                 "tokens)",
+        "base": "drafter.checkpoint (a DSpark folder: no base drafter trained beside the target; AdamW on 1.9 B "
+                "fp32 parameters does not fit an 80 GB card with a 54 GB target) or train.base.samples=0",
+        "regen": f"regen.batch_size (now {int(cfg.regen.batch_size)})",
+        "eval": f"eval.concurrency (now {concurrency(cfg)}) or bench.max_prompt_tokens + eval.max_new_tokens",
+        "heldout_tf": f"eval.heldout_tf_samples (now {int(cfg.eval.heldout_tf_samples)}, 0 = off)",
+    }
+    where = phase or "?"
+    knob = next((v for k, v in (("stage1", knobs["stage"]), ("stage2", knobs["stage"]), ("base", knobs["base"]),
+                                ("regen", knobs["regen"]), ("heldout_tf", knobs["heldout_tf"]), ("eval", knobs["eval"]),
+                                ("state_swap", knobs["eval"]), ("ar_generations", knobs["eval"])) if where.startswith(k)),
+                "a smaller target.dtype or a larger card")
+    first = (str(err).strip().splitlines() or [""])[0][:160]
+    return f"{method!r} ran out of GPU memory in phase {where!r} ({first}); expected it to fit: lower {knob}"
+
+
+def _run_variant(cfg: DictConfig, method: str, loaded: LoadedTarget, progress: bool) -> VariantResult:
+    """`run_variant` once the target is loaded."""
     d_k = int(loaded.target.config.linear_key_head_dim)
     requested_rank = int(cfg.reader.rank)
     cfg = resolve_rank(cfg, d_k)
@@ -326,7 +478,8 @@ def run_variant(cfg: DictConfig, method: str = "ready", progress: bool = True) -
     drafter, folder, curves, resolved = None, None, {}, {}
     if method != "ar":
         folder, curves = _drafter(cfg, method, loaded, progress)
-        drafter = load_drafter(folder, loaded.target)
+        with PHASES.phase("drafter_load"):
+            drafter = serving_dtype(load_drafter(folder, loaded.target), loaded.target)
         drafter.eval()
         if method in ("dspark", "dflash") and drafter.is_dflash != (method == "dflash"):  # drafter.checkpoint decides
             raise PipelineConfigError(f"method {method!r}: the drafter in {folder} has "
@@ -378,9 +531,12 @@ def _evaluate(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, 
     results, swaps = [], {}
     with torch.no_grad():
         for name, prompts in suites.items():
-            results.append(run(name, prompts, next_prompt_donors(len(prompts)) if method == "placebo" else None))
+            with PHASES.phase(f"eval_{name}"):
+                results.append(run(name, prompts, next_prompt_donors(len(prompts)) if method == "placebo" else None))
             if method == "ready" and cfg.eval.state_reliance:
-                swaps[name] = run(name, prompts, next_prompt_donors(len(prompts)), swap_concurrency(cfg, len(prompts)))
+                with PHASES.phase(f"state_swap_{name}"):
+                    swaps[name] = run(name, prompts, next_prompt_donors(len(prompts)),
+                                      swap_concurrency(cfg, len(prompts)))
         heldout_tf = _heldout_tf(cfg, loaded, drafter, progress) if drafter is not None else None
     total = overall([r.metrics for r in results], ar=[r.ar for r in results])
     benchmarks = {}
@@ -428,7 +584,8 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, draft
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "eval": evals, "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),
-            "eos": loaded.eos, "threads": int(cfg.threads.drafters)}
+            "eos": loaded.eos, "threads": int(cfg.threads.drafters),
+            **({"drafter_dtype": str(drafter.fc.weight.dtype)} if drafter.fc.weight.dtype != torch.float32 else {})}
     built = []
 
     def build(tmp: Path) -> None:
@@ -449,4 +606,5 @@ def _heldout_tf(cfg: DictConfig, loaded: LoadedTarget, drafter: Any, progress: b
     data = build_validation_data(cfg, loaded.target, loaded.tokenizer, progress=progress)
     if data is None:
         return None
-    return teacher_forced_acceptance(drafter, loaded.target, data, progress=progress)
+    with PHASES.phase("heldout_tf"):
+        return teacher_forced_acceptance(drafter, loaded.target, data, progress=progress)

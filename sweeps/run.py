@@ -27,7 +27,7 @@ from ready.config import ConfigError, entry_point, length_mismatch
 from ready.mlflow_store import redact
 from sweeps import study as st
 from sweeps import tracking
-from sweeps.prepare import prepare_artifacts
+from sweeps.prepare import prepare_artifacts, release_shared
 from sweeps.spec import EXPERIMENTS_DIR, Sweep, axis_settings, list_sweeps, load_sweep
 from sweeps.table import render
 
@@ -39,6 +39,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="key=value overrides (preset=, profile=, seeds=, a.b=v)")
     p.add_argument("--list", action="store_true", help="list the sweeps and exit")
     p.add_argument("--dry-run", action="store_true", help="print the resolved rows with their hashes and exit")
+    p.add_argument("--cost", action="store_true",
+                   help="with or without --dry-run: print the rows' estimated GPU-hours on 1 and --gpus GPUs from the "
+                        "preset's measured rates (experiments/presets/<preset>.rates.json) and exit")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs of the --cost estimate's second column (default 8)")
     p.add_argument("--workers", type=int, default=None,
                    help="local worker processes (default: one per idle core on a machine without GPUs, each with "
                         "one thread; 1 with GPUs, run in this process)")
@@ -286,8 +290,19 @@ def _main_setting(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     mismatch = {length_mismatch(v.cfg) for v in sweep.rows if v.method != "ar"} - {None}
     for why in sorted(mismatch):
         print(f"[sweeps] warning: {why}", file=sys.stderr, flush=True)
-    if args.dry_run:
+    if args.dry_run or args.cost:
         print(dry_run_table(sweep))
+        if args.cost:
+            from sweeps.cost import CostError, report
+
+            if args.gpus < 1:
+                print(f"error: --gpus {args.gpus}: expected an integer >= 1", file=sys.stderr)
+                return 2
+            try:
+                print(report(sweep, args.gpus, Path(args.experiments_dir)))
+            except CostError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         return 0
     _signals_as_interrupt()
     idle = idle_cores()
@@ -350,10 +365,12 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
         if todo:
             keep_freed_memory()  # this process's training steps reuse their pages (ready.allocator)
             prepare_artifacts(args.runner, sweep, progress=not args.quiet, workers=args.workers, gpus=bool(gpu_ids()))
+            log_prepare_phases(c, parent_id)
             if args.workers == 1:
                 code = st.worker_main(sweep, args.storage, run_dir, ctx)
             else:
                 keep_freed_memory(False)  # the shared artifacts' heap goes back before the workers start
+                release_shared(args.runner)  # the target it kept goes back too: worker 0 shares this GPU
                 code = spawn_workers(args, sweep, run_dir, uri, experiment_id, parent_id)
         tracking.log_relative_metrics(c, experiment_id, sweep.setting)
     except KeyboardInterrupt:
@@ -377,6 +394,19 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     if not args.no_report and status == "FINISHED":
         _report(uri, sweep, Path(args.reports_dir))
     return 0 if status == "FINISHED" else 1
+
+
+def log_prepare_phases(c, parent_id: str) -> None:
+    """The shared builds' phases (target load, AR generations, regeneration, base drafter: ready.phases) as
+    `prepare/<name>_s` and `prepare/<name>_peak_gb` metrics of the sweep's parent run."""
+    from mlflow.entities import Metric
+
+    from ready.phases import PHASES, phase_metrics
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), now, 0) for k, v in phase_metrics(PHASES.take(), prefix="prepare").items()]
+    if metrics:
+        tracking.retry(lambda: c.log_batch(parent_id, metrics=metrics))
 
 
 def _running_elsewhere(grid, c, experiment_id: str, setting: str, parent_id: str) -> set[str]:

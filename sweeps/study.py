@@ -431,6 +431,7 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
                 "ready.lossless": str(int(result.lossless)),
                 # 1: the trained drafter equals an earlier row's, whose evaluation record was reused
                 "ready.evaluation_reused": str(int(bool(resolved.get("evaluation_reused", False))))}
+        tags.update(result.tags() if hasattr(result, "tags") else {})  # ready.engine*, ready.target_reused (sweeps.row)
         if "rank" in resolved:
             tags["ready.resolved_rank"] = str(resolved["rank"])
             child.log_params({"reader.rank_resolved": str(resolved["rank"])})

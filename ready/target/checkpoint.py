@@ -135,17 +135,52 @@ def load_target(
     return model
 
 
-def save_target(model: HybridLM, out_dir: str | os.PathLike, tokenizer: Any = None) -> Path:
-    """Write config.json + model.safetensors atomically (loadable by transformers' Qwen3_5ForCausalLM)."""
+def save_target(model: HybridLM, out_dir: str | os.PathLike, tokenizer: Any = None,
+                shard_bytes: Optional[int] = None) -> Path:
+    """Write config.json + model.safetensors atomically (loadable by transformers' Qwen3_5ForCausalLM).
+
+    `shard_bytes`: write shards of at most that many bytes (a tensor larger than it gets a shard of its own),
+    `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, as Hugging Face shards a large
+    checkpoint; each shard's tensors are copied to the host only while it is written, so a 54 GB model on
+    the GPU needs one shard of host memory."""
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         cfg = model.config.to_hf_dict()
         cfg["torch_dtype"] = str(model.dtype).replace("torch.", "")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        state = dict(model.state_dict())
         if model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if shard_bytes is None:
+            save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp / "model.safetensors"),
+                      metadata={"format": "pt"})
+        else:
+            _save_shards(state, tmp, int(shard_bytes))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
     return out
+
+
+def _save_shards(state: dict[str, torch.Tensor], folder: Path, shard_bytes: int) -> None:
+    """`state` as Hugging Face shards of at most `shard_bytes` bytes each, with their index."""
+    if shard_bytes < 1:
+        raise TargetError(f"shard_bytes={shard_bytes}; expected a positive number of bytes per shard")
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, t in state.items():
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    weight_map, total = {}, 0
+    for i, names in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        part = {k: state[k].detach().contiguous().cpu() for k in names}
+        save_file(part, str(folder / file), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in part.values())
+        weight_map.update({k: file for k in names})
+        del part
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

@@ -48,6 +48,7 @@ from ready.data.chat import prompt_ids, render
 from ready.data.training_chats import conversations_for, source_key
 from ready.decode.engine import Engine
 from ready.decode.sampling import params_from
+from ready.phases import PHASES
 from ready.threads import cpu_threads
 from ready.train import distributed
 from ready.train.regen_chunks import map_chunks, work_folder
@@ -148,7 +149,7 @@ def build_conversation_data(cfg: Any, target: Any, tokenizer: Any, progress: boo
         messages, loaded = conversations_for(cfg, tokenizer, split, n)
         work = work_folder(folder)
         if cfg.data.responses == "regenerate":
-            with cpu_threads(spec_threads(spec)):
+            with cpu_threads(spec_threads(spec)), PHASES.phase("regen" if split == "train" else f"regen_{split}"):
                 messages = regenerate_in_chunks(target, tokenizer, messages, lambda m: prompt_ids(tokenizer, m, thinking),
                                                 int(cfg.regen.response_len), int(cfg.regen.batch_size), work,
                                                 config_hash(spec), float(cfg.regen.temperature), float(cfg.regen.top_p),
