@@ -386,6 +386,26 @@ def _effective_df(half: float, se: float, dfs: Sequence[int]) -> float:
     return float(math.exp(optimize.brentq(g, math.log(lo), math.log(hi), xtol=1e-10)))
 
 
+def _spread(v_seed: float, v_prompt: float, df_s: int, df_p: int) -> tuple[float, float, float]:
+    """(SE, half-width, effective df) from the two parts (the module docstring's formula)."""
+    dfs = [k for k in (df_s, df_p) if k > 0]
+    se = math.sqrt(v_seed + v_prompt)
+    half = math.sqrt(sum(t_quantile(1 - ALPHA / 2, k) ** 2 * v for v, k in ((v_seed, df_s), (v_prompt, df_p)) if k > 0))
+    return se, half, (_effective_df(half, se, dfs) if se > 0 else float(max(dfs)))
+
+
+def planned_mde(sd_unit: float, seeds: int, prompts: int, sd_seed: float = 0.0, sd_prompt: float = 0.0,
+                suites: int = 1, power: float = POWER) -> float:
+    """The MDE a design of `seeds` × `prompts` (a seed, in `suites` suites) is expected to have, in the units
+    of the SDs: a comparison whose unit values are a_s + b_i + e_si with SDs `sd_seed`, `sd_prompt`,
+    `sd_unit`, read by this module's interval (the parts at their expected values)."""
+    per = seeds * prompts
+    v_seed = (sd_seed ** 2 / seeds + sd_unit ** 2 / per) if seeds > 1 else 0.0
+    v_prompt = sd_prompt ** 2 / prompts + (sd_unit ** 2 / per if seeds == 1 else 0.0)
+    se, half, df = _spread(v_seed, v_prompt, seeds - 1, prompts - suites)
+    return Interval(0.0, -half, half, se, df).mde(power)
+
+
 def discordance(d: Design, row: Callable[[np.ndarray], np.ndarray]) -> tuple[int, int]:
     """(units where the two rows' columns differ, of those the units where the first row's value `row` is
     higher) of a paired design."""
@@ -407,26 +427,21 @@ def estimate(d: Design, statistic: Callable[[np.ndarray], np.ndarray], paired: b
     with np.errstate(divide="ignore", invalid="ignore"):
         point = np.atleast_1d(statistic(d.totals)).astype(float)
     v_seed, v_prompt, df_s, df_p = levels(influence(d, statistic), d.strata)
-    dfs = [k for k in (df_s, df_p) if k > 0]
     discordant, ahead = discordance(d, row or statistic) if paired else (None, 0)
     thin = discordant is not None and discordant < MIN_DISCORDANT
+    n_seeds, units = d.x.shape[0], d.x.shape[0] * d.x.shape[1]
     out: list[Optional[Interval]] = []
     for o, p in enumerate(point):
         if not math.isfinite(p):
             out.append(None)
             continue
-        if not dfs:  # one seed and one prompt per suite: a point, no level to estimate a spread from
-            out.append(Interval(float(p), -math.inf, math.inf, math.nan, math.nan, d.x.shape[0],
-                                d.x.shape[0] * d.x.shape[1], discordant, ahead))
+        if df_s <= 0 and df_p <= 0:  # one seed and one prompt per suite: a point, no level to estimate a spread from
+            out.append(Interval(float(p), -math.inf, math.inf, math.nan, math.nan, n_seeds, units, discordant, ahead))
             continue
-        var = float(v_seed[o] + v_prompt[o])
-        se = math.sqrt(var)
-        half = math.sqrt(sum(t_quantile(1 - ALPHA / 2, k) ** 2 * float(v[o])
-                             for v, k in ((v_seed, df_s), (v_prompt, df_p)) if k > 0))
-        df = _effective_df(half, se, dfs) if se > 0 else float(max(dfs))
+        vs, vp = float(v_seed[o]), float(v_prompt[o])
+        se, half, df = _spread(vs, vp, df_s, df_p)
         lo, hi = (-math.inf, math.inf) if thin else (p - half, p + half)
-        out.append(Interval(float(p), lo, hi, se, df, d.x.shape[0], d.x.shape[0] * d.x.shape[1], discordant, ahead,
-                            float(v_seed[o]) / var if var > 0 else 0.0))
+        out.append(Interval(float(p), lo, hi, se, df, n_seeds, units, discordant, ahead, vs / (vs + vp) if vs + vp > 0 else 0.0))
     return out
 
 

@@ -451,3 +451,14 @@ def test_p_value_mde_and_equivalence_follow_the_t_of_the_interval():
 def test_holm_adjusts_in_step_down_order():
     assert stats.holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
     assert stats.holm([]) == []
+
+
+def test_a_planned_mde_with_three_seeds_pays_the_seed_levels_two_df_even_without_training_variance():
+    """Unit noise sits in the seed totals, so with 3 seeds and no prompt effect the MDE is (t_2(0.975) +
+    t_2(0.8)) × σ_u / √(S U), not the normal (1.96 + 0.84) × it; one seed reads the prompts alone."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    se = 3.7 / np.sqrt(3 * 128)
+    assert stats.planned_mde(3.7, 3, 128) == pytest.approx((scipy_stats.t.ppf(0.975, 2) + scipy_stats.t.ppf(0.8, 2)) * se)
+    assert stats.planned_mde(3.7, 3, 128, sd_seed=0.2) > stats.planned_mde(3.7, 3, 128)
+    one = 3.7 / np.sqrt(128)
+    assert stats.planned_mde(3.7, 1, 128) == pytest.approx((scipy_stats.t.ppf(0.975, 127) + scipy_stats.t.ppf(0.8, 127)) * one)
