@@ -21,7 +21,7 @@ its formula: docs/sweeps.md, "How a table reads its intervals").
   SE² = V_seed + V_prompt, and the 95 % interval is f(T) ± h, h² = t_{S-1}² V_seed + t_{U-B}² V_prompt
   (t at 0.975): each level with the t of its own degrees of freedom, added as Banerjee (1961) adds the
   two parts of a Behrens–Fisher problem, which keeps the coverage at or above 95 % whichever level
-  carries the variance (tests/test_stats.py checks ≥ 94 % with 3 seeds in four regimes). `Interval.df`
+  carries the variance (tests/test_stats.py checks ≥ 94 % with 3 seeds in five regimes). `Interval.df`
   is the effective df, the t whose 0.975 quantile is h / SE; p-values, the MDE and the equivalence
   test use t(df) with that SE. One seed: no seed level, the interval is conditional on that seed.
   No resampling: the same runs give the same end points.
