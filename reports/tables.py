@@ -115,11 +115,11 @@ class Cell:
     decimals: int = 2
     text: str = ""
     bold: bool = False
-    lo: float | None = None  # 95 % interval, when the cell was resampled
+    lo: float | None = None  # 95 % interval, when the cell has per-prompt evidence
     hi: float | None = None
     flag: str = ""  # a footnote mark after the text (NOT_LOSSLESS_MARK on a row label)
     ranked: bool = True  # False: shown, never marked or bolded (CPU timings, a row that is another's drafter)
-    iv: Interval | None = None  # the statistics of a resampled cell: p-value, MDE, discordant units
+    iv: Interval | None = None  # the statistics of an interval cell: p-value, MDE, discordant units
     p_adj: float | None = None  # Holm-adjusted p over the table's comparisons (`apply_holm`)
 
     @property
