@@ -299,7 +299,7 @@ class EvalConfig:
     top_p: float = 1.0  # nucleus mass kept at temperature > 0 (1 = every token)
     # base of the per-(prompt, sample) seeds; every row of a setting draws the same random numbers
     sample_seed: int = 0
-    # generations per prompt at temperature > 0 (the intervals resample prompts with all their samples)
+    # generations per prompt at temperature > 0 (the intervals treat a prompt with all its samples as one unit)
     samples_per_prompt: int = 4
     # rounds of every sampled generation checked in distribution (rule and target states; 0 = none)
     check_rounds: int = 2

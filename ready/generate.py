@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "token_ids": g["tokens"],
             "text": tokenizer.decode(g["tokens"]) if tokenizer is not None else None,
             "new_tokens": len(g["tokens"]),
-            "tau": tau_of(g["accepted"]),
+            "tau": tau_of(g["accepted"], g["horizons"], k),
             "tps": tps_of(len(g["tokens"]), g["wall_s"]),
             "wall_s": g["wall_s"],
             "accepted": g["accepted"] if drafter is not None else [],

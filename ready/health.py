@@ -79,7 +79,8 @@ def check_metrics(metrics: Mapping[str, Optional[float]], method: str,
             raise HealthError(f"method {method!r}: metric {name} = {v:g}; expected {meaning}")
     if metrics.get("overall/tau") is None:
         raise HealthError(f"method {method!r}: the evaluation produced no overall/tau; expected every "
-                          "benchmark to decode at least one prompt")
+                          "benchmark to decode at least one prompt, with a budget that lets some round observe every draft "
+                          "position (ready.metrics.tau)")
 
 
 def generations_problem(gens_by_bench: Mapping[str, Iterable[Any]], max_new_tokens: int) -> Optional[str]:

@@ -1,34 +1,37 @@
 """Decoding metrics: acceptance, tau, throughput, speedup, gain and draft-prefix survival.
 
-What every number in every table means:
+What every number in every table means (the one definition `ready.stats`, the reports and the
+MLflow metrics all read):
 
 - Round i is one target verification of a drafted block of K tokens. A_i in 0..K is the
   number of drafts accepted (the longest prefix equal to the target's greedy argmax); the
-  round commits c_i = A_i + 1 tokens (the accepted drafts plus the target's correction, or its
-  bonus token when all K match), fewer when the token budget or EOS cuts the last round
-  (a round whose accepted drafts exhaust the budget appends no correction: c_i = A_i).
-  Autoregressive decoding is the K = 0 case: every step is a round with A_i = 0 that commits
-  one token.
+  round appends the accepted drafts plus the target's correction (its bonus token when all K
+  match), c_i = A_i + 1 tokens, fewer when the token budget or EOS cuts it (`committed`).
+  Autoregressive decoding is the K = 0 case: every step is a round with A_i = 0.
 - The horizon h_i in 0..K is the number of draft positions that could still be observed in
-  round i: K, unless the token budget or an accepted EOS ended the sequence inside the
-  block. Positions past the horizon are *censored* (nobody can tell whether they would have
-  been accepted) and A_i is capped at h_i.
-- tau = sum_i c_i / #rounds, committed tokens per round pooled over every round of every
-  sequence of a benchmark (the first token, from the prefill, belongs to no round).
-- Draft-prefix survival (cumulative, not conditional):
-      P_j = (1 / N_j) * sum_{i : h_i >= j} 1{A_i >= j},   N_j = #{i : h_i >= j},
-  for j = 1..K. A round with h_i < j is left out of N_j, never counted as a rejection.
-  P_j is None when no round observed position j.
+  round i: min(K, tokens left in the budget, position of an accepted EOS draft). Positions
+  past the horizon are *censored* (nobody can tell whether they would have been accepted)
+  and A_i is capped at h_i.
+- Draft-prefix survival (cumulative, not conditional), j = 1..K:
+      P_j = hits_j / N_j,   hits_j = #{i : h_i >= j, A_i >= j},   N_j = #{i : h_i >= j}.
+  A round with h_i < j is left out of N_j, never counted as a rejection. P_j is None when
+  no round observed position j.
+- tau = 1 + sum_j P_j: the tokens a verification round commits, E[A + 1] = 1 + sum_j
+  P(A >= j), read from the censored survival, so a round the budget (or EOS) cut counts for
+  the positions it observed and no further. Without cut rounds (h_i = K, c_i = A_i + 1 for
+  every round) it is sum_i c_i / #rounds; with them, that plain ratio would count a cut
+  round's missing tokens as rejections and pull every row's tau, and every gain, towards 1.
+  tau is None when some position j <= K was never observed (no round reached it).
+- Pooling: a benchmark pools the rounds of all its sequences (sums of hits_j and N_j), and
+  `overall` pools every benchmark's rounds the same way (`overall`, `ready.stats.OVERALL`):
+  a ratio of sums, never a mean of the benchmarks' values.
 - TPS = new tokens / wall time. The clock of one generation (see `ready.decode.engine`)
   starts just before the target's prefill of the prompt and stops once the last new token
   is known: it includes prefill, drafting, verification, commits and the Python loop; it
   excludes tokenisation, cache allocation and warm-up runs. On CUDA the device is
-  synchronised at both ends. A benchmark's TPS = sum of new tokens / sum of wall times.
+  synchronised at both ends. Pooled TPS = sum of new tokens / sum of wall times.
   `prefill_s` is recorded separately, so decode-only throughput can be derived.
 - speedup = TPS / TPS_AR on the same prompts and budget; gain_pct(x, base) = 100 (x/base - 1).
-- Overall (Table 1's "average" row): the unweighted mean over benchmarks of tau, TPS and
-  each P_j; counts are summed; lossless is 1 only if every benchmark is lossless; the
-  overall speedup is the overall TPS over the overall AR TPS.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 
 @dataclass
@@ -47,7 +53,7 @@ class SequenceLog:
     accepted: list[int] = field(default_factory=list)  # A_i per round
     horizons: list[int] = field(default_factory=list)  # h_i per round
     prefill_s: float = 0.0
-    committed: list[int] = field(default_factory=list)  # c_i per round; empty = A_i + 1 (older logs)
+    committed: list[int] = field(default_factory=list)  # c_i per round, tokens appended (a record; tau reads A and h)
 
     @property
     def rounds(self) -> int:
@@ -63,16 +69,27 @@ def check_rounds(accepted: Sequence[int], horizons: Sequence[int], proposals: in
             raise ValueError(f"round {i}: expected 0 <= A <= h <= K, got A={a}, h={h}, K={proposals}")
 
 
-def tau(accepted: Sequence[int], committed: Optional[Sequence[int]] = None) -> Optional[float]:
-    """Mean tokens committed per round, sum(c_i) / rounds (c_i = A_i + 1 when `committed` is not
-    given); None when there was no round."""
-    if len(accepted) == 0:
+def tau_of_counts(hits: ArrayLike, observed: ArrayLike) -> np.ndarray:
+    """tau = 1 + sum_j hits_j / observed_j over the last axis (the module docstring's rule); NaN where
+    some position was never observed. Works on one count vector [K] or a stack [..., K] of them."""
+    h, n = np.asarray(hits, dtype=np.float64), np.asarray(observed, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(n > 0, h / np.where(n > 0, n, 1.0), np.nan)
+    return 1.0 + p.sum(-1)
+
+
+def _tau_or_none(hits: Sequence[int], observed: Sequence[int], rounds: int) -> Optional[float]:
+    if rounds == 0:
         return None
-    if committed:
-        if len(committed) != len(accepted):
-            raise ValueError(f"committed ({len(committed)} rounds) and accepted ({len(accepted)} rounds) differ in length")
-        return sum(committed) / len(accepted)
-    return sum(a + 1 for a in accepted) / len(accepted)
+    value = float(tau_of_counts(hits, observed))
+    return value if math.isfinite(value) else None
+
+
+def tau(accepted: Sequence[int], horizons: Sequence[int], proposals: int) -> Optional[float]:
+    """Committed tokens per round, 1 + sum_j P_j with censoring past each round's horizon; None when
+    there was no round or a position j <= K was never observed."""
+    hits, observed = survival_counts(accepted, horizons, proposals)
+    return _tau_or_none(hits, observed, len(accepted))
 
 
 def survival_counts(accepted: Sequence[int], horizons: Sequence[int], proposals: int) -> tuple[list[int], list[int]]:
@@ -150,10 +167,9 @@ class Metrics:
 
 
 def summarize(logs: Sequence[SequenceLog], benchmark: str, method: str, proposals: int) -> Metrics:
-    """Pool the rounds of every sequence of one benchmark into its metrics."""
+    """Pool the rounds of every sequence of one benchmark into its metrics (tau from the pooled survival)."""
     accepted = [a for log in logs for a in log.accepted]
     horizons = [h for log in logs for h in log.horizons]
-    committed = [c for log in logs for c in (log.committed or [a + 1 for a in log.accepted])]
     hits, observed = survival_counts(accepted, horizons, proposals)
     hist = [0] * (proposals + 1)
     for a in accepted:
@@ -169,7 +185,7 @@ def summarize(logs: Sequence[SequenceLog], benchmark: str, method: str, proposal
         new_tokens=new_tokens,
         wall_s=wall,
         prefill_s=sum(log.prefill_s for log in logs),
-        tau=tau(accepted, committed),
+        tau=_tau_or_none(hits, observed, len(accepted)),
         tps=tps(new_tokens, wall),
         survival=[h / n if n else None for h, n in zip(hits, observed)],
         survival_n=observed,
@@ -183,13 +199,15 @@ def with_ar(metrics: Metrics, ar: Metrics) -> Metrics:
     return metrics
 
 
-def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
-    present = [v for v in values if v is not None and not math.isnan(v)]
-    return sum(present) / len(present) if present else None
+def _hits(m: Metrics) -> list[int]:
+    """Rounds with A >= j among those that observed j, per position (P_j × N_j, exact integers)."""
+    return [round(p * n) if p is not None else 0 for p, n in zip(m.survival, m.survival_n)]
 
 
 def overall(per_benchmark: Sequence[Metrics], ar: Optional[Sequence[Metrics]] = None) -> Metrics:
-    """Table 1's average row: unweighted mean over benchmarks (see the module docstring)."""
+    """Every benchmark's rounds pooled (ratios of sums, the module docstring): survival and tau from the
+    summed hits_j and N_j, TPS from the summed tokens and wall times; counts are summed; lossless is 1
+    only if every benchmark is lossless; the speedup is the pooled TPS over AR's pooled TPS."""
     if not per_benchmark:
         raise ValueError("overall() needs at least one benchmark's metrics")
     methods = {m.method for m in per_benchmark}
@@ -198,19 +216,24 @@ def overall(per_benchmark: Sequence[Metrics], ar: Optional[Sequence[Metrics]] = 
         raise ValueError(f"overall() mixes methods {sorted(methods)} / block sizes {sorted(sizes)}")
     k = sizes.pop()
     lossless = [m.lossless for m in per_benchmark]
+    hits = [sum(_hits(m)[j] for m in per_benchmark) for j in range(k)]
+    observed = [sum(m.survival_n[j] for m in per_benchmark) for j in range(k)]
+    rounds = sum(m.rounds for m in per_benchmark)
+    new_tokens = sum(m.new_tokens for m in per_benchmark)
+    wall = sum(m.wall_s for m in per_benchmark)
     out = Metrics(
         benchmark="overall",
         method=methods.pop(),
         proposals=k,
         prompts=sum(m.prompts for m in per_benchmark),
-        rounds=sum(m.rounds for m in per_benchmark),
-        new_tokens=sum(m.new_tokens for m in per_benchmark),
-        wall_s=sum(m.wall_s for m in per_benchmark),
+        rounds=rounds,
+        new_tokens=new_tokens,
+        wall_s=wall,
         prefill_s=sum(m.prefill_s for m in per_benchmark),
-        tau=_mean([m.tau for m in per_benchmark]),
-        tps=_mean([m.tps for m in per_benchmark]) or 0.0,
-        survival=[_mean([m.survival[j] for m in per_benchmark]) for j in range(k)],
-        survival_n=[sum(m.survival_n[j] for m in per_benchmark) for j in range(k)],
+        tau=_tau_or_none(hits, observed, rounds),
+        tps=tps(new_tokens, wall),
+        survival=[h / n if n else None for h, n in zip(hits, observed)],
+        survival_n=observed,
         accept_hist=[sum(m.accept_hist[a] for m in per_benchmark) for a in range(k + 1)],
         lossless=None if any(v is None for v in lossless) else int(all(lossless)),
     )

@@ -50,7 +50,7 @@ def _figure(tracking_uri: str, loaded: dict[str, pl.DataFrame], out_dir: Path,
         variants = collect.aggregate(runs)
         n = seeds_text(collect.seed_counts(variants))
         model = ", ".join(collect.models(runs)) or "unknown model"
-        bands = ("95 % bands: bootstrap over seeds, then prompts" if any(c.lo for p in curves.values() for c in p)
+        bands = ("95 % bands over seeds and prompts" if any(c.lo for p in curves.values() for c in p)
                  else "bands: ± std over seeds")
         paths = plot_survival(curves, f"Draft-prefix survival — sweep {sweep}, {model}, {n}; {bands}",
                               out_dir / FIGURE_STEM)

@@ -159,7 +159,7 @@ def verified_design(a: Sequence[Mapping], b: Optional[Sequence[Mapping]] = None)
     x = np.asarray(seeds, dtype=float)
     if not (x[..., 1] > 0).any():
         return None
-    return stats.Design(x, strata)
+    return stats.Design(x, strata, (2,) if b is None else (2, 2))
 
 
 def _gain(t: np.ndarray) -> np.ndarray:
@@ -222,7 +222,7 @@ def build(runs: pl.DataFrame, evaluations: Mapping[str, dict], sweep: str = SWEE
             row.vs_full["tau"] = stats.gain_pct(a, b, stats.OVERALL, "tau")
             row.vs_full["tps"] = stats.gain_pct(a, b, stats.OVERALL, "tps")
             d = verified_design([mine[s] for s in common], [full[s] for s in common])
-            row.vs_full["verified"] = None if d is None else _first(stats.estimate(d, _gain, paired=True))
+            row.vs_full["verified"] = None if d is None else _first(stats.estimate(d, _gain, paired=True, row=stats.pooled))
         except stats.StatsError as e:
             notes.append(f"{row.label}: not paired with the full schedule ({e})")
     return Report(sweep, rows, notes, settings)

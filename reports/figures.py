@@ -1,7 +1,8 @@
 """Figure 5: cumulative draft-prefix survival P_j by draft position, DSpark vs ReaDy, per benchmark.
 
 With the runs' evaluation.json, each curve is P_j pooled over seeds and prompts with a 95 % band
-(bootstrap over seeds, then prompts; `ready.stats.survival`). Without them, the curve is the mean
+(`ready.stats.survival`: the closed-form crossed interval; P_j censored at each round's horizon, the
+counts τ = 1 + Σ_j P_j is read from, `ready.metrics`). Without them, the curve is the mean
 over seeds of the logged `<benchmark>/survival_<j>` metrics (already cumulative and censored
 there) with a ± std band. Not-lossless runs are left out either way.
 """

@@ -11,19 +11,23 @@ positive control is read as its spec runs it, whatever `--profile` says.
 Each finding names the sweep that tests it, the paper's figure, and the paired comparisons that
 decide it: row A against row B of the same sweep setting, seed by seed and prompt by prompt, as a
 gain in τ (%) with its 95 % interval (`reports.intervals`, `ready.stats`: every suite's prompts
-pooled, crossed bootstrap over seeds and prompts, t on Satterthwaite's df), on the evaluation suites
-(`overall`) and teacher-forced on held-out regenerated sequences (`heldout_tf`), and with the
-comparison's minimum detectable effect (MDE) at 80 % power. The verdict reads the engine-τ
-intervals only:
+pooled, the closed-form crossed seeds × prompts interval), on the evaluation suites (`overall`) and
+teacher-forced on held-out regenerated sequences (`heldout_tf`), and with the comparison's minimum
+detectable effect (MDE) at 80 % power. The verdict reads the engine-τ comparison only, and first
+asks whether it is thin:
 
+- a thin comparison (fewer than `ready.stats.MIN_DISCORDANT` differing units) has no interval, MDE
+  or TOST: the exact sign test on its differing units decides a direction (p < 0.05) or nothing;
+  an absence claim on it is inconclusive, unless the sign test shows the placebo beating its
+  reference (then it does not hold);
 - a directional claim ("A beats B") reproduces when its interval lies above 0, does not when it
-  lies below 0, and is inconclusive otherwise; a comparison on fewer than
-  `ready.stats.MIN_DISCORDANT` differing units is read by its sign test instead;
-- an absence claim ("the placebo does not beat FT", "full rank adds little over r = 8") is a claim
-  too: it reproduces only by two one-sided tests (TOST, level 0.05) that the gain lies within
-  ± its declared margin (`Comparison.margin`), and only when that margin is at least the
-  comparison's MDE; it does not reproduce when the row clearly beats its reference (the placebo:
-  the interval lies above 0; saturation: above the margin); otherwise it is inconclusive;
+  lies below 0, and is inconclusive otherwise;
+- an absence claim ("the placebo does not beat FT", "full rank adds little over r = 8") has three
+  outcomes: it reproduces (holds) only by two one-sided tests (TOST, level 0.05) that the gain lies
+  within ± its declared margin (`Comparison.margin`), and only when that margin is at least the
+  comparison's MDE; it does not reproduce when the interval lies wholly outside the margin (above
+  +margin or below -margin; the placebo's claim also fails when the interval lies above 0);
+  otherwise it is inconclusive;
 - a finding reproduces only when every one of its claims does (an intersection-union test: each
   at level 0.05, no multiplicity correction needed);
 - a finding about how the reader should be built (rank, source layers, injection) is only worth
@@ -119,47 +123,61 @@ def _fmt(iv: Optional[Interval]) -> str:
         return "—"
     if iv.thin:  # too few differing units for an interval: the count and the sign test
         return (f"{iv.value:+.2f} ({iv.discordant} of {iv.units:,} units differ, {iv.ahead} ahead; "
-                f"sign test p {iv.sign_p:.2f})")
+                f"sign test p {iv.sign_p:.2g})")
     return f"{iv.value:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}]"
 
 
 def _mde(iv: Optional[Interval]) -> str:
     if iv is None:
         return "—"
+    if iv.thin:
+        return "— (thin)"
     df = "∞" if not math.isfinite(iv.df) else f"{iv.df:.1f}"
     return f"{iv.mde():.2f} (df {df})"
 
 
+def _sign(iv: Interval) -> int:
+    """+1 / -1 when the exact sign test on a thin comparison's differing units shows the row ahead / behind
+    at level ALPHA, else 0."""
+    if iv.sign_p >= stats.ALPHA:
+        return 0
+    return 1 if 2 * iv.ahead > (iv.discordant or 0) else -1
+
+
 def judge(c: Comparison, iv: Optional[Interval]) -> Optional[str]:
-    """reproduces / does not / inconclusive for one comparison (None for an informational row)."""
+    """reproduces / does not / inconclusive for one comparison (None for an informational row); thinness is
+    checked first (module docstring)."""
     if c.claim == "info":
         return None
     if iv is None:
         return "not run"
-    if c.claim in ("null", "saturated"):  # absence of an effect: an equivalence test, or nothing
-        if _shown(iv, c.bound if c.claim == "saturated" else 0.0) > 0:
+    absence = c.claim in ("null", "saturated")
+    if iv.thin:
+        shown = _sign(iv)
+        if absence:
+            return "does not" if c.claim == "null" and shown > 0 else "inconclusive"
+    elif absence:
+        m = c.bound
+        if iv.lo > m or iv.hi < -m or (c.claim == "null" and iv.lo > 0):
             return "does not"
-        if c.bound < iv.mde() or iv.tost_p(c.bound) >= stats.ALPHA:
+        if m < iv.mde() or iv.tost_p(m) >= stats.ALPHA:
             return "inconclusive"
         return "reproduces"
-    direction = _shown(iv) * (-1 if c.claim == "below" else 1)
+    else:
+        shown = 1 if iv.lo > 0 else (-1 if iv.hi < 0 else 0)
+    direction = shown * (-1 if c.claim == "below" else 1)
     return "reproduces" if direction > 0 else ("does not" if direction < 0 else "inconclusive")
 
 
-def _shown(iv: Interval, above: float = 0.0) -> int:
-    """+1 / -1 when the gain is shown above `above` / below 0 (its interval; for a thin comparison the sign
-    test on the differing units, against 0 only), else 0."""
-    if iv.thin:
-        if iv.sign_p >= stats.ALPHA or above:
-            return 0
-        return 1 if 2 * iv.ahead > (iv.discordant or 0) else -1
-    return 1 if iv.lo > above else (-1 if iv.hi < 0 else 0)
-
-
 def reason(c: Comparison, iv: Optional[Interval]) -> str:
-    """Why an absence claim is inconclusive or reproduces (its margin, MDE and TOST p); "" otherwise."""
-    if iv is None or c.claim not in ("null", "saturated") or judge(c, iv) == "does not":
+    """Why an absence claim holds, fails or is inconclusive (thinness, margin, MDE, TOST p); "" otherwise."""
+    if iv is None or c.claim not in ("null", "saturated"):
         return ""
+    if iv.thin:
+        return (f"thin: {iv.discordant} of {iv.units:,} units differ; an exact sign test decides a direction, "
+                "not equivalence")
+    if judge(c, iv) == "does not":
+        return f"interval outside ±{c.bound:g} %" if (iv.lo > c.bound or iv.hi < -c.bound) else "interval above 0"
     mde = iv.mde()
     if c.bound < mde:
         return f"MDE {mde:.2f} % > margin ±{c.bound:g} %: too little data to show no effect"
@@ -171,7 +189,7 @@ def reconcile(verdict: Optional[str], engine: Optional[Interval], tf: Optional[I
     side of the engine's (both metrics certain, and opposed)."""
     if verdict not in ("reproduces", "does not") or engine is None or tf is None:
         return verdict
-    engine_sign = 1 if engine.lo > 0 else (-1 if engine.hi < 0 else 0)
+    engine_sign = _sign(engine) if engine.thin else (1 if engine.lo > 0 else (-1 if engine.hi < 0 else 0))
     tf_sign = 1 if tf.lo > 0 else (-1 if tf.hi < 0 else 0)
     return "inconclusive" if engine_sign * tf_sign < 0 else verdict
 
@@ -282,11 +300,13 @@ def render(tracking_uris: Sequence[str], cache_dir: Optional[Path] = None, profi
         where += f", engine gains on suite `{suite}` only"
     intro = (f"# The paper's ablation findings {where}\n\n"
              "Generated by `python -m reports.findings` from the MLflow store; every gain pools every suite's "
-             "prompts and is paired (same prompts, same seeds) with a 95 % interval: value ± t × SE, SE from a "
-             "bootstrap that resamples seeds and prompts jointly, t on Satterthwaite's df (near seeds − 1 where "
-             "seeds disagree). MDE: the smallest true gain the comparison detects with 80 % power. \"No effect\" "
-             "and \"saturated\" reproduce only by two one-sided tests within a declared margin that is at least "
-             "the MDE. Verdict rules: `reports/findings.py`.\n")
+             "prompts (τ = 1 + Σ_j P_j, censored at the token budget) and is paired (same prompts, same seeds) "
+             "with a closed-form 95 % interval: the seed level on seeds − 1 df plus the prompt level on prompts − "
+             "suites df (docs/sweeps.md). MDE: the smallest true gain the comparison detects with 80 % power. A "
+             f"comparison on fewer than {stats.MIN_DISCORDANT} differing units is thin: no interval, MDE or TOST, "
+             "only the exact sign test. \"No effect\" and \"saturated\" hold only by two one-sided tests within a "
+             "declared margin that is at least the MDE, do not hold when the interval lies outside the margin, and "
+             "are inconclusive otherwise. Verdict rules: `reports/findings.py`.\n")
     sections = [finding_section(f, tracking_uris, cache_dir, profile, suite) for f in (POSITIVE_CONTROL, *FINDINGS)]
     return "\n".join([intro] + sections)
 

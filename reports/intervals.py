@@ -2,7 +2,7 @@
 
 A row (variant) contributes its latest finished, lossless run of every seed that logged an
 evaluation.json. A comparison of row A with reference row R pairs seed s of A with seed s of R
-and resamples seeds and prompts jointly (the crossed design, `ready.stats`). A reference with a
+and reads seeds and prompts as one crossed design (`ready.stats`). A reference with a
 single run that shares A's base drafter (param `train.base_seed`; a spec that replicates only the
 adaptation stages) is paired with each of A's seeds. Whatever cannot be paired is said in a note,
 never silently dropped. Rows that resolve to the same drafter as an earlier row (a rank clamped to

@@ -2,16 +2,16 @@
 
 A `Table` holds numbers, not strings; `reports.latex` and `reports.markdown` render it. Gains are
 recomputed here, never read from the gains the runner logged: paired by prompt and seed from the
-runs' evaluation.json with a 95 % interval (`reports.intervals`, `ready.stats`: crossed bootstrap
-over seeds and prompts, t on Satterthwaite's df), or, for runs without per-prompt logs, as a ratio
-of seed means. The rules every table follows (and states in its caption):
+runs' evaluation.json with a 95 % interval (`reports.intervals`, `ready.stats`: the closed-form
+crossed seeds × prompts interval), or, for runs without per-prompt logs, as a ratio of seed means.
+The rules every table follows (and states in its caption):
 
 - a comparison is marked when its p-value stays below ALPHA after Holm's correction over the
   table's comparisons (`apply_holm`);
 - a row is bold only when its paired interval against every other row excludes 0 in its favour
   (`best_row`: an intersection-union test, no correction needed);
 - a comparison resting on fewer than `ready.stats.MIN_DISCORDANT` differing units shows the count,
-  not an interval, and is never marked;
+  not an interval, and is never marked (its exact sign test is `reports.findings`' to read);
 - a row that resolves to another row's drafter (a rank clamped to d_k) says so in its label and is
   never marked or bolded; CPU timings are never ranked.
 
@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 import polars as pl
 
 from ready import stats
-from ready.stats import N_RESAMPLES, Interval
+from ready.stats import Interval
 from reports import collect
 from reports.collect import METHOD_NAMES, Stat, Variant
 from reports.intervals import Counts, Evidence, count_text
@@ -115,11 +115,11 @@ class Cell:
     decimals: int = 2
     text: str = ""
     bold: bool = False
-    lo: float | None = None  # 95 % interval, when the cell was resampled
+    lo: float | None = None  # 95 % interval, when the cell has per-prompt evidence
     hi: float | None = None
     flag: str = ""  # a footnote mark after the text (NOT_LOSSLESS_MARK on a row label)
     ranked: bool = True  # False: shown, never marked or bolded (CPU timings, a row that is another's drafter)
-    iv: Interval | None = None  # the statistics of a resampled cell: p-value, MDE, discordant units
+    iv: Interval | None = None  # the statistics of an interval cell: p-value, MDE, discordant units
     p_adj: float | None = None  # Holm-adjusted p over the table's comparisons (`apply_holm`)
 
     @property
@@ -342,20 +342,19 @@ def _reading(counts: Sequence[Counts], with_rounds: str, cells: Sequence[Cell] =
         return [f"No per-prompt logs (evaluation.json): gains are ratios of seed means without intervals, "
                 f"and nothing is marked or bolded{with_rounds}."]
     dfs = [c.iv.df for c in cells if c.comparison and c.iv is not None]
-    df = f" (here {_span(dfs, '.1f')})" if dfs and all(map(math.isfinite, dfs)) else ""
+    df = f" here {_span(dfs, '.1f')}" if dfs and all(map(math.isfinite, dfs)) else ""
     out = [
         f"Per cell: {count_text(counts)}.",
-        "Gains are paired by prompt and seed against the reference row and pool every suite's prompts (ratio of "
-        "sums); [lo, hi] is a 95 % interval, value ± t × SE: SE from a bootstrap that resamples seeds and prompts "
-        f"jointly ({N_RESAMPLES:,} resamples), t on Satterthwaite's degrees of freedom over seeds and prompts{df}, "
-        "which fall to seeds − 1 where the seeds disagree.",
+        "τ = 1 + Σ_j P_j, censored at the token budget; gains are paired by prompt and seed against the reference "
+        "row and pool every suite's prompts; [lo, hi] is a closed-form 95 % interval, the seed level on seeds − 1 "
+        f"degrees of freedom plus the prompt level on prompts − suites (effective df{df}; docs/sweeps.md).",
         f"{EFFECT_MARK} marks a comparison that stays significant (p < {stats.ALPHA:g}) after Holm's correction over "
         f"the table's {family} comparisons; bold: a row whose paired interval against every other row excludes 0 "
         "in its favour.",
     ]
     if any(c.thin for c in cells):
         out.append(f"(k of N differ): the two rows decode differently on fewer than {stats.MIN_DISCORDANT} seed × "
-                   "prompt units, too few for an interval; never marked.")
+                   "prompt units, too few for an interval (an exact sign test reads them); never marked.")
     mdes = [c.iv.mde() for c in mde_cells if c.iv is not None and c.has_interval]
     if mdes:
         out.append(f"Smallest Δτ vs DSpark detectable at {stats.POWER * 100:.0f} % power: {_span(mdes, '.1f')} %.")
@@ -505,7 +504,7 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
         r = [v.stats[f"{SUMMARY}/rounds"].mean for v in ordered if f"{SUMMARY}/rounds" in v.stats]
         rounds = f" ({min(r):,.0f}–{max(r):,.0f} rounds per seed)" if r else ""
     about = _reading(counts, rounds, cells, family, [r[2] for r in rows], bool(ev.clones))
-    about += ["τ pooled over seeds and every suite's prompts (ratio of sums)"
+    about += ["τ pooled over seeds and every suite's prompts (sums of the survival counts)"
               + ("" if any_evidence else " (mean ± std over seeds)") + "; TPS mean ± std over seeds.",
               "State reliance: τ with the row's own states minus τ with another prompt's states."]
     about += [t for t in (_timing(ev),) if t] + _search_about(sweep, evaluations) + _sampling_about(evaluations)
@@ -518,22 +517,34 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
 
 
 def with_pooled(runs: pl.DataFrame, evaluations: Mapping[str, dict], benches: Sequence[str]) -> pl.DataFrame:
-    """Add `_pooled/tau` and `_pooled/tps` per run: every suite's prompts pooled (ratio of sums, as
-    `ready.stats` pools `overall`), from the run's evaluation.json, else its logged `overall/<m>`
-    (pooled by `ready.stats.run_metrics`); null for a run that misses a benchmark."""
-    values: dict[str, list[float | None]] = {"tau": [], "tps": []}
+    """Per run, τ of every benchmark and `_pooled/tau`, `_pooled/tps` (every suite's prompts pooled, as
+    `ready.stats` pools `overall`) recomputed from the run's evaluation.json by today's rule
+    (`ready.metrics`), so a store written by older code reads the same; without one, the logged
+    `<b>/tau` and `overall/<m>`. `_pooled` is null for a run that misses a benchmark."""
+    tallied: list[stats.RunTallies | None] = []
     for r in runs.iter_rows(named=True):
-        complete = all(r.get(f"{b}/{m}") is not None for b in benches for m in values)
         run = None
         if evaluations.get(r["run_id"]) is not None:
             try:
                 run = stats.tallies(evaluations[r["run_id"]])
             except stats.StatsError:
                 run = None
+        tallied.append(run if run is not None and run.benchmarks else None)
+    columns = []
+    for b in benches:
+        if f"{b}/tau" in runs.columns:
+            logged = runs[f"{b}/tau"].to_list()
+            fresh = [stats.point([t], b) if t is not None and b in t.benchmarks else None for t in tallied]
+            columns.append(pl.Series(f"{b}/tau", [f if f is not None else x for f, x in zip(fresh, logged)],
+                                     dtype=pl.Float64))
+    values: dict[str, list[float | None]] = {"tau": [], "tps": []}
+    for r, run in zip(runs.iter_rows(named=True), tallied):
+        complete = all(r.get(f"{b}/{m}") is not None for b in benches for m in values)
         for m in values:
-            point = stats.point([run], stats.OVERALL, m) if run is not None and run.benchmarks else None
+            point = stats.point([run], stats.OVERALL, m) if run is not None else None
             values[m].append((point if point is not None else r.get(f"{SUMMARY}/{m}")) if complete else None)
-    return runs.with_columns([pl.Series(f"{POOLED}/{m}", v, dtype=pl.Float64) for m, v in values.items()])
+    columns += [pl.Series(f"{POOLED}/{m}", v, dtype=pl.Float64) for m, v in values.items()]
+    return runs.with_columns(columns)
 
 
 def _tps_tau(v: Variant | None, bench: str, notes: _Notes) -> tuple[Stat | None, Stat | None]:

@@ -556,7 +556,8 @@ def _evaluate(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, 
     return record
 
 
-EVALUATION_BUILD_VERSION = 3  # 2: the state swap decodes through the batched engine; 3: records name K "proposals"
+EVALUATION_BUILD_VERSION = 4  # 2: the state swap decodes through the batched engine; 3: records name K "proposals";
+# 4: the record's tau is 1 + Σ P_j, censored at the budget (ready.metrics), not committed tokens / rounds
 
 
 def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, folder: Path, suites: dict,

@@ -134,13 +134,13 @@ class Oracle:
         return torch.tensor([nxt])
 
 
-def test_tau_counts_committed_tokens_so_a_round_cut_by_the_budget_counts_what_it_appended(target):
+def test_a_round_the_budget_cuts_counts_its_observed_drafts_not_its_missing_bonus(target):
     prompt = [1, 2, 3, 4]
     ar = Engine(target).generate(prompt, 20).tokens
     gen = Engine(target, Oracle(prompt, ar)).generate(prompt, 4)  # prefill gives 1, the round may add 3
-    assert gen.accepted == [3] and gen.committed == [3]  # all 3 drafts accepted, no room for the bonus
+    assert gen.accepted == [3] and gen.horizons == [3] and gen.committed == [3]  # no room for the bonus
     res = evaluate(target, Oracle(prompt, ar), [prompt], 4, warmup=0, progress=False)
-    assert res.metrics.tau == 3.0  # committed tokens per round, not A + 1 = 4
+    assert res.metrics.tau == 4.0  # 1 + P_1 + P_2 + P_3 (ready.metrics): the budget, not the drafter, lost a token
 
 
 def test_interleaved_ar_times_each_prompt_beside_the_drafter_instead_of_reusing_stored_timings(target):

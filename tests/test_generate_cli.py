@@ -13,6 +13,7 @@ import torch
 
 from ready.decode import Engine
 from ready.generate import main
+from ready.metrics import survival
 from ready.target import HybridConfig, HybridLM, save_target
 
 torch.set_num_threads(1)  # tiny models: one thread beats two on a shared machine
@@ -73,7 +74,7 @@ def test_ngram_with_lossless_check_over_a_prompts_file(ckpt, capsys, tmp_path):
     for r, prompt in zip(report["results"], [[1, 2, 3, 1, 2], [1, 2, 3, 4, 1], [4, 5], [6, 7, 8]]):
         assert r["token_ids"] == Engine(model).generate(prompt, 12).tokens
         assert len(r["accepted"]) == len(r["horizons"]) >= 1
-        assert r["tau"] == pytest.approx(sum(a + 1 for a in r["accepted"]) / len(r["accepted"]))
+        assert r["tau"] == pytest.approx(1 + sum(survival(r["accepted"], r["horizons"], 3)))  # ready.metrics.tau
     assert report["summary"]["new_tokens"] == sum(r["new_tokens"] for r in report["results"])
 
 

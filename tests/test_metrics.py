@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from ready.metrics import (
@@ -17,10 +18,37 @@ ACCEPTED = [3, 0, 1, 2, 0, 1]
 HORIZONS = [3, 3, 3, 2, 1, 1]
 
 
-def test_tau_is_mean_tokens_committed_per_round():
-    # (4 + 1 + 2 + 3 + 1 + 2) / 6
-    assert tau(ACCEPTED) == pytest.approx(13 / 6)
-    assert tau([]) is None
+def test_tau_is_one_plus_the_censored_survival_summed_over_positions():
+    # 1 + P_1 + P_2 + P_3 = 1 + 4/6 + 2/4 + 1/3: the cut rounds r4-r6 count for the positions they observed
+    assert tau(ACCEPTED, HORIZONS, 3) == pytest.approx(2.5)
+    # without cut rounds it is the plain committed tokens per round, (4 + 1 + 2) / 3
+    assert tau(ACCEPTED[:3], HORIZONS[:3], 3) == pytest.approx(7 / 3)
+    assert tau([0, 0, 0], [0, 0, 0], 0) == 1.0  # AR: one token a step
+    assert tau([], [], 3) is None
+    assert tau([1, 2], [2, 2], 4) is None  # positions 3 and 4 never observed: no tau to report
+
+
+def test_a_token_budget_does_not_bias_tau():
+    """2,000 generations of a drafter whose rounds accept A = min(K, Geometric) drafts, each stopped by a
+    40-token budget that cuts its last rounds: tau from the censored survival recovers the drafter's
+    E[A + 1] (within 0.5 %), while the plain committed-tokens-per-round ratio falls short by several
+    percent, because it counts the tokens a cut round could not append as rejections."""
+    rng = np.random.default_rng(0)
+    k, budget, p = 6, 40, 0.72
+    true = 1 + sum(p ** j for j in range(1, k + 1))  # E[min(K, G) + 1] = 1 + Σ_j P(A >= j), P(A >= j) = p^j
+    accepted, horizons, committed = [], [], []
+    for _ in range(2000):
+        made = 1  # the prefill token
+        while made < budget:
+            left = budget - made
+            h = min(k, left)
+            a = min(int(rng.geometric(1 - p)) - 1, h)
+            c = min(a + 1, left)
+            accepted.append(a), horizons.append(h), committed.append(c)
+            made += c
+    plain = sum(committed) / len(committed)
+    assert tau(accepted, horizons, k) == pytest.approx(true, rel=0.005)
+    assert plain < 0.97 * true  # 4.7 % short here
 
 
 def test_survival_is_cumulative_and_leaves_censored_rounds_out():
@@ -69,7 +97,7 @@ def test_summarize_pools_rounds_of_all_sequences():
     ]
     m = summarize(logs, "gsm8k", "ready", 3)
     assert (m.prompts, m.rounds, m.new_tokens) == (2, 6, 16)
-    assert m.tau == pytest.approx(13 / 6)
+    assert m.tau == pytest.approx(2.5)
     assert m.tps == pytest.approx(16 / 4.0)
     assert m.prefill_s == pytest.approx(0.3)
     assert m.survival == pytest.approx([4 / 6, 2 / 4, 1 / 3])
@@ -81,21 +109,25 @@ def test_summarize_pools_rounds_of_all_sequences():
     json.dumps(m.to_dict())  # JSON-serialisable
 
 
-def test_overall_is_the_unweighted_mean_over_benchmarks():
+def test_overall_pools_every_benchmarks_rounds():
+    """One pooling: the overall survival and tau come from the summed hits_j and N_j of every benchmark,
+    TPS from the summed tokens and wall times (ratios of sums, not means of the benchmarks' values)."""
     a = summarize([SequenceLog(10, 1.0, [3, 3], [3, 3])], "a", "ready", 3)
     b = summarize([SequenceLog(30, 10.0, [0, 1, 2, 0], [3, 3, 2, 1])], "b", "ready", 3)
     a.lossless, b.lossless = 1, 0
     o = overall([a, b])
     assert o.benchmark == "overall"
-    assert b.tau == pytest.approx(7 / 4)
-    assert o.tau == pytest.approx((4.0 + 7 / 4) / 2)
-    assert o.tps == pytest.approx((10.0 + 3.0) / 2)
     # b: P1 = 2/4, P2 = 1/3 (r4 censored), P3 = 0/2
-    assert o.survival == pytest.approx([(1 + 0.5) / 2, (1 + 1 / 3) / 2, (1 + 0) / 2])
+    assert b.survival == pytest.approx([2 / 4, 1 / 3, 0 / 2]) and b.tau == pytest.approx(1 + 2 / 4 + 1 / 3)
+    # pooled: hits (2+2, 2+1, 2+0) over observed (2+4, 2+3, 2+2)
+    assert o.survival == pytest.approx([4 / 6, 3 / 5, 2 / 4]) and o.survival_n == [6, 5, 4]
+    assert o.tau == pytest.approx(1 + 4 / 6 + 3 / 5 + 2 / 4)
+    assert o.tau != pytest.approx((a.tau + b.tau) / 2)  # not the mean over benchmarks
+    assert o.tps == pytest.approx(40 / 11.0)
     assert o.rounds == 6 and o.new_tokens == 40 and o.lossless == 0
     ar_a = summarize([SequenceLog(10, 2.0, [0] * 9, [0] * 9)], "a", "ar", 0)
     ar_b = summarize([SequenceLog(30, 30.0, [0] * 29, [0] * 29)], "b", "ar", 0)
-    assert overall([a, b], ar=[ar_a, ar_b]).speedup == pytest.approx(6.5 / 3.0)
+    assert overall([a, b], ar=[ar_a, ar_b]).speedup == pytest.approx((40 / 11.0) / (40 / 32.0))
 
 
 def test_overall_refuses_to_mix_methods():
@@ -109,9 +141,11 @@ def test_mlflow_metric_names_follow_the_contract():
     m = summarize([SequenceLog(10, 2.0, [1, 2], [2, 2])], "humaneval", "ready", 3)
     m.speedup, m.lossless = 2.5, 1
     flat = m.mlflow_metrics()
-    assert flat["humaneval/tau"] == pytest.approx(2.5)
     assert flat["humaneval/tps"] == 5.0 and flat["humaneval/lossless"] == 1.0
     assert flat["humaneval/survival_1"] == 1.0 and flat["humaneval/survival_2"] == 0.5
-    assert "humaneval/survival_3" not in flat  # nobody observed position 3
+    assert "humaneval/survival_3" not in flat  # nobody observed position 3 ...
+    assert "humaneval/tau" not in flat  # ... so no tau either
+    flat = summarize([SequenceLog(10, 2.0, [1, 2], [2, 2])], "humaneval", "ready", 2).mlflow_metrics()
+    assert flat["humaneval/tau"] == pytest.approx(1 + 1.0 + 0.5)
     assert all(isinstance(v, float) and not math.isnan(v) for v in flat.values())
     assert isinstance(m, Metrics)

@@ -8,6 +8,7 @@ import random
 import polars as pl
 import pytest
 
+from ready import metrics
 from ready.calibration import calibration, rounds_of
 from reports.calibration import build, plot_reliability, render
 
@@ -76,7 +77,7 @@ def test_rows_pair_each_schedule_with_the_full_one_and_score_the_heads_calibrati
         setting = "conf" if r.schedule == "confidence" else "full"
         recs = [p for s in (0, 1) for b in evals[f"{setting}-{r.method}-{s}"]["benchmarks"].values() for p in b["prompts"]]
         ver = sum(n + 1 for p in recs for n in p["verified"]) / sum(len(p["verified"]) for p in recs)
-        tau = sum(sum(p["committed"]) for p in recs) / sum(len(p["accepted"]) for p in recs)
+        tau = metrics.tau([a for p in recs for a in p["accepted"]], [h for p in recs for h in p["horizons"]], K)
         assert r.verified.value == pytest.approx(ver) and r.verified.lo <= ver <= r.verified.hi
         assert r.tau.value == pytest.approx(tau)
         assert r.calibration == calibration(rounds_of(recs), K)

@@ -1,10 +1,12 @@
-"""The findings' verdicts follow the intervals: effects must clear 0; "no effect" and "saturated" need an
-equivalence test within a margin at least the MDE; thin comparisons are read by their sign test."""
+"""The findings' verdicts follow the intervals: effects must clear 0; "no effect" and "saturated" hold by an
+equivalence test within a margin at least the MDE, fail when the interval lies outside the margin, and are
+inconclusive otherwise; thin comparisons are read by their exact sign test before anything else."""
 
+import numpy as np
 import pytest
 
 from ready.stats import Interval
-from reports.findings import Comparison, _fmt, control_verdict, judge, overall_verdict, reason
+from reports.findings import Comparison, _fmt, _mde, control_verdict, judge, overall_verdict, reason
 
 
 def test_a_directional_claim_needs_its_interval_on_the_right_side_of_zero():
@@ -29,10 +31,13 @@ def test_no_effect_is_claimed_only_by_an_equivalence_test_within_a_margin_at_lea
     wide_ok = Interval(0.3, -0.2, 0.8, se=0.25, df=2)  # the same SE on 2 df: MDE (4.30 + 1.06) × 0.25 > 1
     assert judge(sat, wide_ok) == "inconclusive"
     assert judge(sat, Interval(1.5, 0.5, 2.5)) == "inconclusive"
-    assert judge(sat, Interval(3.0, 2.0, 4.0)) == "does not"  # clearly above the margin
+    assert judge(sat, Interval(3.0, 2.0, 4.0)) == "does not"  # wholly above the margin
+    assert judge(sat, Interval(-3.0, -4.0, -2.0)) == "does not"  # wholly below it: "saturated" fails there too
+    assert reason(sat, Interval(-3.0, -4.0, -2.0)) == "interval outside ±1 %"
     null = Comparison("placebo", "ft", "null")
     assert judge(null, Interval(0.1, -0.3, 0.5, se=0.2, df=30)) == "reproduces"
     assert judge(null, Interval(2.0, 0.5, 3.5)) == "does not"  # the placebo clearly beats FT
+    assert judge(null, Interval(-2.0, -2.5, -1.5)) == "does not"  # far below FT: not "no effect" either
     control = Interval(-0.10, -0.95, 0.75, se=0.43)  # the positive control's placebo vs FT: absence of evidence
     assert judge(null, control) == "inconclusive"
     assert judge(Comparison("placebo", "ft", "null", margin=2.0), control) == "reproduces"  # a wider declared margin
@@ -40,14 +45,22 @@ def test_no_effect_is_claimed_only_by_an_equivalence_test_within_a_margin_at_lea
     assert judge(Comparison("a", "b", "info"), Interval(1, 0, 2)) is None
 
 
-def test_a_thin_comparison_is_read_by_its_sign_test():
-    """r=8 vs the placebo differed on 2 of 384 units: [-0.22, +0.00] is no interval; 2 units decide nothing."""
+def test_a_thin_comparison_is_read_by_its_sign_test_before_any_mde_or_tost():
+    """Fewer than MIN_DISCORDANT differing units: no interval, so no MDE and no TOST; the exact sign test on
+    the differing units decides a direction, and an absence claim stays inconclusive (r=8 vs the placebo
+    once rested on 11 of 384 units and read "equivalent, p 6e-6" by a t on 18 df)."""
     above = Comparison("r=8", "placebo", "precondition")
-    two = Interval(-0.06, -0.22, 0.0, discordant=2, ahead=0, units=384)
+    two = Interval(-0.06, -np.inf, np.inf, se=0.05, df=18, discordant=2, ahead=0, units=384)
     assert two.thin and judge(above, two) == "inconclusive"
-    eight = Interval(0.4, 0.1, 0.7, discordant=8, ahead=8, units=384)  # 8 of 8 ahead: sign test p = 0.008
+    eight = Interval(0.4, -np.inf, np.inf, se=0.1, df=18, discordant=8, ahead=8, units=384)  # sign test p 0.008
     assert judge(above, eight) == "reproduces" and judge(Comparison("a", "b", "below"), eight) == "does not"
-    assert "2 of 384 units differ, 0 ahead; sign test p 0.50" in _fmt(two)
+    assert "2 of 384 units differ, 0 ahead; sign test p 0.5" in _fmt(two)
+    eleven = Interval(0.05, -np.inf, np.inf, se=0.02, df=18, discordant=11, ahead=6, units=384)
+    sat = Comparison("r=128", "r=8", "saturated")
+    assert judge(sat, eleven) == "inconclusive" and reason(sat, eleven).startswith("thin: 11 of 384 units differ")
+    assert _mde(eleven) == "— (thin)"  # judge never asked for an MDE or a TOST (both raise on a thin interval)
+    null = Comparison("placebo", "ft", "null")
+    assert judge(null, eleven) == "inconclusive" and judge(null, eight) == "does not"  # 8 of 8 ahead: it beats FT
 
 
 def test_one_failed_comparison_decides_and_a_missing_row_says_not_run():

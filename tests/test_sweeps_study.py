@@ -278,13 +278,13 @@ def test_relative_metrics_pair_each_drafting_run_with_the_references_of_its_seed
     c = tracking.client(f"sqlite:///{ws / 'mlflow.db'}")
     exp = tracking.ensure_experiment(c, "paired")
     evals, ids = {}, {}
-    for seed in (0, 1):
-        ds = {"humaneval": bench_rounds(10 + seed, 8, 20)}
+    for seed in (0, 1):  # 32 prompts: enough differing units (ready.stats.MIN_DISCORDANT) for an interval
+        ds = {"humaneval": bench_rounds(10 + seed, 32, 20)}
         rows = {"dspark": ds,
-                "ft": {"humaneval": bench_rounds(20 + seed, 8, 20, 0.02, ds["humaneval"])},
-                "placebo": {"humaneval": bench_rounds(30 + seed, 8, 20, 0.01, ds["humaneval"])},
-                "ready": {"humaneval": bench_rounds(40 + seed, 8, 20, 0.10 + 0.05 * seed, ds["humaneval"])},
-                "dflash": {"humaneval": bench_rounds(50 + seed, 8, 20, -0.05, ds["humaneval"])}}
+                "ft": {"humaneval": bench_rounds(20 + seed, 32, 20, 0.02, ds["humaneval"])},
+                "placebo": {"humaneval": bench_rounds(30 + seed, 32, 20, 0.01, ds["humaneval"])},
+                "ready": {"humaneval": bench_rounds(40 + seed, 32, 20, 0.10 + 0.05 * seed, ds["humaneval"])},
+                "dflash": {"humaneval": bench_rounds(50 + seed, 32, 20, -0.05, ds["humaneval"])}}
         for method, r in rows.items():
             evals[method, seed] = evaluation(method, r)
             tau = stats.tau([stats.tallies(evals[method, seed])], "overall").value
