@@ -1,4 +1,4 @@
-"""The embedded default's conversations from the standard library, and how they reach pretraining and evaluation."""
+"""The embedded default's conversations from the corpus, and how they reach pretraining and evaluation."""
 
 from __future__ import annotations
 
