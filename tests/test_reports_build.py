@@ -17,6 +17,7 @@ import pytest
 
 from evaluation_logs import bench_rounds, evaluation, metrics_of
 from ready import stats
+from ready.mlflow_store import ensure_experiment
 from reports import latex, markdown
 from reports.build import build_reports, main
 from reports.collect import load_evaluations, load_runs
@@ -108,7 +109,7 @@ def _log(client, exp_id, parent_id, sweep, table, *, method, label, order, seed,
 
 def _logged_sweep(client, sweep, table, rows, device):
     """A sweep whose runs carry evaluation.json, with the metrics the pipeline derives from it."""
-    exp_id = client.create_experiment(f"ready-{sweep}")
+    exp_id = ensure_experiment(client, sweep)  # its artifacts beside the store, under tmp
     parent = client.create_run(exp_id, tags={"ready.kind": "sweep", "ready.sweep": sweep})
     for method, label, order, *_ in rows:
         for seed in (0, 1):
@@ -119,7 +120,7 @@ def _logged_sweep(client, sweep, table, rows, device):
 
 
 def _sweep(client, sweep, table, variants):
-    exp_id = client.create_experiment(f"ready-{sweep}")
+    exp_id = ensure_experiment(client, sweep)  # its artifacts beside the store, under tmp
     parent = client.create_run(exp_id, tags={"ready.kind": "sweep", "ready.sweep": sweep})
     for method, label, order, per_seed in variants:
         for seed, metrics in enumerate(per_seed):
