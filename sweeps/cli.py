@@ -37,6 +37,7 @@ COMMANDS = {
     "build-data": "ready.data.build",
     "basegen": "sweeps.basegen",
     "check-workers": "sweeps.check_workers",
+    "ui": "sweeps.ui",
 }
 # the groups: name -> (package whose modules with a `main` are its commands, what they are)
 GROUPS = {
