@@ -60,8 +60,10 @@ def prepare_common(cfg, methods, progress: bool = True) -> None:
     _log("prepare_common", cfg, "prepare")
 
 
-def prepare_shared(cfg, methods, progress: bool = True) -> None:
+def prepare_shared(cfg, methods, progress: bool = True, callback=None) -> None:
     _log("prepare", cfg, "prepare")
+    if callback is not None:  # as the base drafter's training reports each step
+        callback("train/base/loss", 1.0, 1)
     n = int(os.environ.get("FAKE_PREPARE_BARRIER", "0"))
     if n > 1:
         _wait_for(n, "prepare")

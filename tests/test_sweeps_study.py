@@ -89,6 +89,18 @@ def test_with_several_workers_the_base_drafters_of_the_seeds_are_built_side_by_s
     assert {b["pid"] for b in calls(ws, "prepare")[3:]} == {os.getpid()}
 
 
+def test_base_drafters_built_side_by_side_show_one_progress_bar_over_their_steps(ws: Path, capsys):
+    """The builds run in other processes; their training steps reach one bar in the sweep's process."""
+    from ready.train.stages import num_steps
+    from sweeps.prepare import prepare_artifacts
+
+    sweep = load_sweep("inject_pos", ["seeds=[0,1,2]"])
+    prepare_artifacts(RUNNER, sweep, progress=True, workers=2)
+    err = capsys.readouterr().err
+    total = 3 * num_steps(sweep.common.train.base.samples, sweep.common.train.base.batch_size)
+    assert "base drafters (3, 3 at a time)" in err and f"{total}/{total}" in err
+
+
 def test_base_drafters_build_all_at_once_up_to_twice_the_workers():
     from sweeps.prepare import builds_at_once
 
