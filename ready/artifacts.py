@@ -43,6 +43,26 @@ class ArtifactError(ValueError):
     """A folder the user supplied does not match the manifest it was written with."""
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where /proc tells it (os.umask can only be read by
+    setting it, which races with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _as_umask_says(path: str | os.PathLike, folder: bool = False) -> None:
+    """Give a temp file or folder (mkstemp: 0600, mkdtemp: 0700) the mode a plain create would have had,
+    so what is renamed into place is readable by the group and others as the umask says."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~umask())
+
+
 def artifact_dir(root: str | os.PathLike, kind: str, spec: Any) -> Path:
     """Where the artifact of `kind` built from `spec` (a JSON-able config) lives."""
     return Path(root) / kind / config_hash(spec)
@@ -222,6 +242,7 @@ def atomic_dir(final: str | os.PathLike, spec: Any = None) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     spec_hash = None if spec is None else config_hash(spec)
     try:
+        _as_umask_says(tmp, folder=True)
         yield tmp
         _write_marker(tmp, spec_hash)
         if final.exists():
@@ -265,6 +286,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _as_umask_says(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -283,6 +305,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     os.close(fd)
     try:
         torch.save(obj, tmp)
+        _as_umask_says(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

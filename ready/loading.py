@@ -85,9 +85,9 @@ def target_dir(cfg: DictConfig, progress: bool = True) -> str:
 
 
 def inputs_identity(cfg: DictConfig) -> dict[str, str]:
-    """What decides a run's numbers beside its config: the corpus (the running interpreter's standard
-    library, from which the embedded target, its tokenizer, the default training prompts and the held-out
-    suite are made; Python 3.11 and 3.12 pretrain different targets from the same config) and, for a
+    """What decides a run's numbers beside its config: the corpus's digest (the pinned package's sources,
+    ready.data.corpus, from which the embedded target, its tokenizer, the default training prompts and the
+    held-out suite are made: the same on every install, and another when the pin moves) and, for a
     checkpoint folder, its weights' content; a conversation dataset's (`data.path`) and benchmark files'
     (`bench.paths`) stamps. A sweep setting includes it, so runs made from other inputs are never reused
     or paired with these."""

@@ -302,8 +302,17 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 NOTE_TAG = "mlflow.note.content"
 
 
+def artifact_location(uri: str, name: str) -> Optional[str]:
+    """Where a new experiment `name` of the store at `uri` keeps its runs' artifacts: for a sqlite file,
+    `mlruns/<name>` beside it, so a store and its artifacts stay together (MLflow's own default is
+    ./mlruns under whichever folder the process runs in); a server decides for itself (None)."""
+    db = _sqlite_file(uri)
+    return None if db is None else (db.resolve().parent / "mlruns" / name).as_uri()
+
+
 def ensure_experiment(c, name: str, note: str = "") -> str:
-    """The experiment id of `ready-<name>`, created on first use (safe when two processes race).
+    """The experiment id of `ready-<name>`, created on first use (safe when two processes race), its
+    artifacts beside a sqlite store (`artifact_location`).
 
     Tagged as a model-training experiment with `note` as the text the UI shows; an experiment made
     before these tags gets those it lacks (a note edited in the UI is kept)."""
@@ -311,8 +320,9 @@ def ensure_experiment(c, name: str, note: str = "") -> str:
     tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, **({NOTE_TAG: note} if note else {})}
     exp = retry(lambda: c.get_experiment_by_name(full))
     if exp is None:
+        where = artifact_location(c.tracking_uri, full)
         try:
-            return retry(lambda: c.create_experiment(full, tags=tags))
+            return retry(lambda: c.create_experiment(full, artifact_location=where, tags=tags))
         except Exception:
             exp = c.get_experiment_by_name(full)
             if exp is None:

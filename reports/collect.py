@@ -373,12 +373,13 @@ def slim(evaluation: dict) -> dict:
 
 
 def load_evaluations(tracking_uri: str, runs: pl.DataFrame, cache_dir: Optional[Path] = None,
-                     echo: Callable[[str], None] = lambda _msg: None) -> dict[str, dict]:
+                     echo: Callable[[str], None] = lambda _msg: None, write_cache: bool = True) -> dict[str, dict]:
     """Run id -> the run's evaluation.json (per-prompt decoding logs, `slim`med), for every finished run.
 
     Artifacts are downloaded through MLflow once and kept, slimmed, under `cache_dir/<run id>.json`
-    (a finished run's artifact never changes). A run without the artifact (older runs) is left
-    out; tables then show gains without intervals and say so.
+    (a finished run's artifact never changes); `write_cache` False reads that cache but adds nothing
+    to it (a command that only reads). A run without the artifact (older runs) is left out; tables
+    then show gains without intervals and say so.
     """
     from ready.artifacts import atomic_write_text
 
@@ -400,7 +401,7 @@ def load_evaluations(tracking_uri: str, runs: pl.DataFrame, cache_dir: Optional[
                 except Exception:  # no such artifact: an older run, or one that failed to log it
                     continue
             out[run_id] = slim(json.loads(text))
-            if cached is not None:
+            if cached is not None and write_cache:
                 atomic_write_text(cached, json.dumps(out[run_id]))
         except (OSError, ValueError) as e:
             echo(f"run {run_id}: {EVALUATION} unreadable ({type(e).__name__}: {str(e)[:120]}); no intervals from it")

@@ -234,7 +234,7 @@ def profile_runs(runs: Any, sweep: str, profile: Optional[str]) -> Any:
 
 
 def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: Optional[Path],
-                    profile: Optional[str] = None, suite: Optional[str] = None) -> str:
+                    profile: Optional[str] = None, suite: Optional[str] = None, write_cache: bool = True) -> str:
     """One finding as Markdown: the paper's figure, a table of paired gains, the verdict. `profile`:
     read the sweep's runs made with that profile (the positive control: its spec's, always). `suite`:
     the engine gains on that benchmark's prompts only (default every suite's, pooled)."""
@@ -247,7 +247,7 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
         runs = collect.latest_setting(runs)[0] if control else profile_runs(runs, finding.sweep, profile)
     except ReportError as e:
         return "\n".join(head + [f"**Verdict: not run** — {e}", ""])
-    evidence = Evidence(runs, collect.load_evaluations(tracking_uri, runs, cache_dir))
+    evidence = Evidence(runs, collect.load_evaluations(tracking_uri, runs, cache_dir, write_cache=write_cache))
     variants = {v.name: v for v in collect.aggregate(runs)}
     names = {v.variant_id: v.name for v in variants.values()}
 
@@ -293,7 +293,7 @@ def finding_section(finding: Finding, tracking_uris: Sequence[str], cache_dir: O
 
 
 def render(tracking_uris: Sequence[str], cache_dir: Optional[Path] = None, profile: Optional[str] = None,
-           suite: Optional[str] = None) -> str:
+           suite: Optional[str] = None, write_cache: bool = True) -> str:
     where = (f"in the setting of profile `{profile}` (experiments/profiles/{profile}.yaml; every sweep run as "
              f"`python -m sweeps.run NAME profile={profile}`)" if profile else "on the embedded default")
     if suite:
@@ -307,7 +307,8 @@ def render(tracking_uris: Sequence[str], cache_dir: Optional[Path] = None, profi
              "only the exact sign test. \"No effect\" and \"saturated\" hold only by two one-sided tests within a "
              "declared margin that is at least the MDE, do not hold when the interval lies outside the margin, and "
              "are inconclusive otherwise. Verdict rules: `reports/findings.py`.\n")
-    sections = [finding_section(f, tracking_uris, cache_dir, profile, suite) for f in (POSITIVE_CONTROL, *FINDINGS)]
+    sections = [finding_section(f, tracking_uris, cache_dir, profile, suite, write_cache)
+                for f in (POSITIVE_CONTROL, *FINDINGS)]
     return "\n".join([intro] + sections)
 
 
@@ -331,7 +332,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--suite", default=None,
                    help="engine gains on this benchmark's prompts only (e.g. humaneval; default every suite pooled)")
     p.add_argument("--out", default=None, help="write the Markdown here instead of stdout")
-    p.add_argument("--cache-dir", default="reports/out/.cache/evaluations", help="where downloaded evaluation.json files are kept")
+    p.add_argument("--cache-dir", default="reports/out/.cache/evaluations",
+                   help="where downloaded evaluation.json files are kept (read; written only with --out)")
     args = p.parse_args(argv)
     uris = args.tracking_uri or [collect.default_tracking_uri()]
     try:  # a missing or unreadable store is one line before any verdict (and before --out is touched)
@@ -340,7 +342,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ReportError(f"tracking URI {', '.join(repr(u) for u in uris)}: none of the findings' sweeps "
                               f"({', '.join(sorted({f.sweep for f in (POSITIVE_CONTROL, *FINDINGS)}))}) is there; "
                               "expected the store the sweeps wrote (run `python -m sweeps.run NAME` first)")
-        text = render(uris, Path(args.cache_dir), args.profile, args.suite)
+        text = render(uris, Path(args.cache_dir), args.profile, args.suite,
+                      write_cache=bool(args.out))  # without --out it only reads: it writes nothing
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,16 @@ _ESCAPES = {
     "−": "--",
     "†": r"$^{\dagger}$",
     "‡": r"$^{\ddagger}$",
+    "Σ": r"$\Sigma$",
+    "α": r"$\alpha$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "≈": r"$\approx$",
+    "·": r"$\cdot$",
+    "√": r"$\surd$",
+    "²": r"$^{2}$",
+    "—": "---",
+    "…": r"\ldots{}",
 }
 
 MISSING = r"--$^{\dagger}$"

@@ -40,6 +40,7 @@ COMMANDS = {
     "check-workers": "sweeps.check_workers",
     "relocate-store": "sweeps.relocate",
     "phases": "sweeps.phases",
+    "ui": "sweeps.ui",
 }
 # the groups: name -> (package whose modules with a `main` are its commands, what they are)
 GROUPS = {

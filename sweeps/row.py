@@ -54,6 +54,7 @@ from ready.threads import cpu_threads
 from ready.train import ensure_base_drafter, train_variant
 from ready.train.conversations import load_counts
 from ready.train.regen import build_regen_data, build_validation_data, regen_artifact
+from ready.train.stages import MetricsCallback
 from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.train.teacher_store import ensure_teacher_store
 
@@ -209,14 +210,16 @@ def prepare_common(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: 
     return loaded
 
 
-def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True) -> None:
+def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: bool = True,
+                   callback: Optional[MetricsCallback] = None) -> None:
     """Build what every row of a sweep setting shares, once, before workers start (so parallel
     workers never build the same thing twice): `prepare_common`'s artifacts and, when a row drafts,
-    the base DSpark drafter of `cfg.train.base_seed`. Their phases stay in `PHASES` for the caller to log."""
+    the base DSpark drafter of `cfg.train.base_seed` (its training metrics go to `callback`: the
+    sweep's progress bar over side-by-side builds). Their phases stay in `PHASES` for the caller to log."""
     try:
         loaded = prepare_common(cfg, methods, progress)
         if any(m != "ar" for m in methods):
-            ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress)
+            ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, callback=callback, progress=progress)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
         if not is_out_of_memory(e):
             raise

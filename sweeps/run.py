@@ -24,12 +24,14 @@ from typing import Optional, Sequence
 
 from ready.allocator import keep_freed_memory
 from ready.config import ConfigError, entry_point, length_mismatch
-from ready.mlflow_store import redact
+from ready.data.corpus import load_corpus
+from ready.mlflow_store import DEFAULT_TRACKING_URI, redact
 from sweeps import study as st
 from sweeps import tracking
 from sweeps.prepare import prepare_artifacts, release_shared
 from sweeps.spec import EXPERIMENTS_DIR, Sweep, axis_settings, list_sweeps, load_sweep
 from sweeps.table import render
+from sweeps.ui import command
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -347,6 +349,7 @@ def run_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
     grid = st.open_grid_study(storage, sweep)
     print(f"[sweeps] {sweep.name}: study {st.grid_study_name(sweep)} in {st.describe_storage(args.storage, run_dir)}; "
           f"MLflow {redact(uri)}, experiment {tracking.experiment_name(sweep.name)}", flush=True)
+    print(f"[sweeps] {load_corpus(sweep.common.corpus).describe()}", flush=True)  # in the setting hash too
 
     rows = st.plan(grid, sweep, c, experiment_id)
     counts = {s: sum(r.status == s for r in rows) for s in ("finished", "queued", "waiting", "running")}
@@ -432,11 +435,6 @@ def _outcomes(grid, parent_id: str) -> tuple[set[str], set[str]]:
     return ran, failed
 
 
-def _experiment_id(uri: str, sweep: Sweep) -> str:
-    exp = tracking.client(uri).get_experiment_by_name(tracking.experiment_name(sweep.name))
-    return exp.experiment_id if exp is not None else ""
-
-
 def _report(uri: str, sweep: Sweep, out_dir: Path) -> None:
     try:
         from reports.build import build_reports
@@ -446,12 +444,38 @@ def _report(uri: str, sweep: Sweep, out_dir: Path) -> None:
     try:
         files = build_reports(uri, [sweep.name], out_dir)
         print(f"[sweeps] reports: {', '.join(str(f) for f in files)}", flush=True)
-        if uri.startswith("sqlite:///"):  # the run table, not MLflow's GenAI view (docs/sweeps.md)
-            print(f"[sweeps] compare the runs: mlflow ui --backend-store-uri {uri}, then open "
-                  f"http://localhost:5000/#/experiments/{_experiment_id(uri, sweep)}?workflowType=machine_learning",
-                  flush=True)
+        # the store named unless it is ./mlflow.db (MLflow exports the URI into this process's environment, not
+        # into the shell's, so the environment here cannot tell what a command in that shell would find)
+        store = "" if uri == tracking.resolve_tracking_uri(DEFAULT_TRACKING_URI) else f" --tracking-uri {uri}"
+        # `ready ui` opens the run table, not MLflow's GenAI view (docs/sweeps.md); commands run as printed
+        print(f"[sweeps] compare the runs: {command(f'ui {sweep.name}{store}')}", flush=True)
+        _findings_hint(uri, sweep, store)
     except Exception as e:  # a report problem must not hide that the sweep itself finished
         print(f"[sweeps] reports failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+def _findings_hint(uri: str, sweep: Sweep, store: str) -> None:
+    """Name the sweeps the paper's findings read (`reports.findings`) and the command of each one this
+    store has no runs of yet (made with this sweep's profile; the positive control with its own)."""
+    from reports import collect
+    from reports.errors import ReportError
+    from reports.findings import FINDINGS, POSITIVE_CONTROL, profile_runs
+
+    profile = f" profile={sweep.profile}" if sweep.profile else ""
+    stored = set(collect.list_sweeps(uri))
+    missing = []
+    for f in (POSITIVE_CONTROL, *FINDINGS):
+        try:
+            if f.sweep not in stored:
+                raise ReportError(f.sweep)
+            if f is not POSITIVE_CONTROL:
+                profile_runs(collect.load_runs(uri, f.sweep), f.sweep, sweep.profile)
+        except ReportError:
+            missing.append(command(f"sweep {f.sweep}{'' if f is POSITIVE_CONTROL else profile}{store}"))
+    judge = command(f"findings{f' --profile {sweep.profile}' if sweep.profile else ''}{store}")
+    print(f"[sweeps] the paper's findings: {judge} judges them from sweeps "
+          f"{', '.join(f.sweep for f in (POSITIVE_CONTROL, *FINDINGS))}"
+          + (f"; not run yet: {'; '.join(missing)}" if missing else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from ready.config import (EXPERIMENTS_DIR, SEED_MAX, SEED_RANGE, ConfigError, Layer, blame, clean_message, config_hash,
                           exact_mode, layer_keys, load_config, merge, nest, parse_override, read_yaml, seed_ok, to_container,
                           yaml_problem)
+from ready.data.corpus import CorpusError
 from ready.loading import inputs_identity
 
 METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
@@ -244,8 +245,12 @@ _UNUSED_BY = {
 def setting_hash(name: str, cfg: DictConfig) -> str:
     """A sweep setting: the sweep, its common config and what the runs are made from beside it (the corpus,
     a checkpoint's weights: `ready.loading.inputs_identity`). Runs are reused and paired only within one
-    setting, so a table never mixes rows of two targets that one config built from two interpreters."""
-    return config_hash({"sweep": name, "common": canonical(cfg, "ready"), "made_from": inputs_identity(cfg)})
+    setting, so a table never mixes rows of two targets that one config built from two corpora."""
+    try:
+        made_from = inputs_identity(cfg)
+    except CorpusError as e:  # the pinned corpus package is missing or another version: one line
+        raise SpecError(str(e)) from None
+    return config_hash({"sweep": name, "common": canonical(cfg, "ready"), "made_from": made_from})
 
 
 def _drop(tree: dict, dotted: str) -> None:

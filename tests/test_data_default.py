@@ -18,7 +18,7 @@ from ready.data.default import (DefaultTargetError, default_target_dir, ensure_d
                                 target_spec, training_prompts)
 from ready.data.tokenizer import load_tokenizer
 
-# A small slice of the stdlib and a few optimizer steps: the whole build takes seconds.
+# A small slice of the corpus and a few optimizer steps: the whole build takes seconds.
 SMALL_CORPUS = dict(max_files=60, heldout_fraction=0.2, vocab_size=512)
 FEW_STEPS = dict(steps=4, batch_size=2, seq_len=32, lr=3e-3, heldout_windows=2, sample_tokens=8)
 

@@ -122,6 +122,8 @@ def test_wheel_installs_kernels_as_ready_kernels_in_a_fresh_venv(tmp_path):
              f"for m in ({mods}, ready):\n"
              "    assert Path(m.__file__).is_relative_to(site), m.__file__\n"
              "assert ready.reader.fused_state_reader() is ready_kernels.state_reader.state_reader\n"
+             "import ready.data.corpus as corpus\n"  # the corpus manifest ships as package data
+             "assert corpus.MANIFEST.is_relative_to(site) and corpus.read_manifest()['files']\n"
              "print('ok')\n")
     assert _run([str(py), "-c", check], tmp_path).strip().endswith("ok")
 

@@ -17,6 +17,7 @@ import pytest
 
 from evaluation_logs import bench_rounds, evaluation, metrics_of
 from ready import stats
+from ready.mlflow_store import ensure_experiment
 from reports import latex, markdown
 from reports.build import build_reports, main
 from reports.collect import load_evaluations, load_runs
@@ -108,7 +109,7 @@ def _log(client, exp_id, parent_id, sweep, table, *, method, label, order, seed,
 
 def _logged_sweep(client, sweep, table, rows, device):
     """A sweep whose runs carry evaluation.json, with the metrics the pipeline derives from it."""
-    exp_id = client.create_experiment(f"ready-{sweep}")
+    exp_id = ensure_experiment(client, sweep)  # its artifacts beside the store, under tmp
     parent = client.create_run(exp_id, tags={"ready.kind": "sweep", "ready.sweep": sweep})
     for method, label, order, *_ in rows:
         for seed in (0, 1):
@@ -119,7 +120,7 @@ def _logged_sweep(client, sweep, table, rows, device):
 
 
 def _sweep(client, sweep, table, variants):
-    exp_id = client.create_experiment(f"ready-{sweep}")
+    exp_id = ensure_experiment(client, sweep)  # its artifacts beside the store, under tmp
     parent = client.create_run(exp_id, tags={"ready.kind": "sweep", "ready.sweep": sweep})
     for method, label, order, per_seed in variants:
         for seed, metrics in enumerate(per_seed):
@@ -462,8 +463,10 @@ def test_no_survival_anywhere_skips_the_figure_with_a_message(store, tmp_path, m
     monkeypatch.setattr(reports.build, "MAIN_SWEEP", "no-such-sweep")  # do not fall back to `main`
     messages = []
     paths = build_reports(store, ["layers", "inject_pos"], tmp_path, echo=messages.append)
-    assert sorted(p.name for p in paths) == ["table4.md", "table4.tex", "table6.md", "table6.tex"]
-    assert messages[-1].startswith("fig5_survival: not written; no sweep among layers, inject_pos has survival metrics")
+    tables = [p.name for p in paths if p.stem != "tables"]  # tables.tex (+ .pdf): the document of them all
+    assert sorted(tables) == ["table4.md", "table4.tex", "table6.md", "table6.tex"]
+    assert any(m.startswith("fig5_survival: not written; no sweep among layers, inject_pos has survival metrics")
+               for m in messages) and messages[-1].startswith("tables.pdf: ")
 
 
 def test_unknown_sweep_and_missing_store_are_one_clear_error(store, tmp_path, capsys):
@@ -501,3 +504,35 @@ def test_findings_on_one_suite_pair_that_suites_prompts_only(store):
         assert f"--suite {suite}" in text
     pooled = stats.gain_pct([t["r=128", s] for s in (0, 1)], [t["r=8", s] for s in (0, 1)], "overall")
     assert f"{pooled.value:+.2f}" not in next(line for line in text.splitlines() if line.startswith("| r=128 vs r=8 |"))
+
+
+def test_without_pdflatex_build_says_so_and_writes_the_document_to_compile(store, tmp_path, monkeypatch, capsys):
+    import reports.build as build
+
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    assert main(["--tracking-uri", store, "--sweep", "rank", "--out", str(tmp_path)]) == 0
+    said = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("tables.pdf")]
+    assert said == [f"tables.pdf: not compiled: pdflatex is not on PATH (Debian/Ubuntu: apt-get install "
+                    f"texlive-latex-base texlive-latex-recommended); the .tex files are written ({tmp_path / 'tables.tex'})"]
+    assert r"\input{table3}" in (tmp_path / "tables.tex").read_text() and not (tmp_path / "tables.pdf").exists()
+
+
+@needs_tex
+def test_with_pdflatex_build_compiles_every_table_and_figure_into_one_pdf(store, tmp_path, capsys):
+    assert main(["--tracking-uri", store, "--out", str(tmp_path)]) == 0
+    (said,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("tables.pdf")]
+    assert said.startswith("tables.pdf: compiled by pdflatex from tables.tex (") and said.endswith(str(tmp_path / "tables.pdf"))
+    assert (tmp_path / "tables.pdf").read_bytes()[:5] == b"%PDF-"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".aux", ".log")) == []  # pdflatex's own files stay in a temp folder
+
+
+def test_findings_without_out_only_reads(store, tmp_path, capsys):
+    """`reports.findings` prints; it writes nothing (no evaluation cache) unless --out asks for a file."""
+    from reports.findings import main as findings
+
+    cache = tmp_path / "cache"
+    assert findings(["--tracking-uri", store, "--cache-dir", str(cache)]) == 0
+    assert "## Rank 8 is near saturation" in capsys.readouterr().out
+    assert not cache.exists()
+    assert findings(["--tracking-uri", store, "--cache-dir", str(cache), "--out", str(tmp_path / "f.md")]) == 0
+    assert (tmp_path / "f.md").is_file() and len(list(cache.glob("*.json"))) == 2 * len(RANK_ROWS)

@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from ready.mlflow_store import ensure_experiment
 from reports.build import build_reports
 from reports.collect import load_runs
 from reports.concurrency import tps_by_concurrency
@@ -39,7 +40,7 @@ def store(tmp_path_factory):
     client = MlflowClient(tracking_uri=uri)
     clock = 1_700_000_000_000
     for sweep, (table, settings) in SWEEPS.items():
-        exp = client.create_experiment(f"ready-{sweep}")
+        exp = ensure_experiment(client, sweep)  # its artifacts beside the store, under tmp
         for setting, conc, limit, rows in settings:
             for method, label, order, per_seed in rows:
                 for seed, value in enumerate(per_seed):

@@ -1,4 +1,4 @@
-"""The embedded default's conversations from the standard library, and how they reach pretraining and evaluation."""
+"""The embedded default's conversations from the corpus, and how they reach pretraining and evaluation."""
 
 from __future__ import annotations
 
@@ -55,6 +55,18 @@ def test_a_documented_function_becomes_its_header_and_docstring_then_its_body():
 def test_a_file_that_does_not_parse_or_is_not_python_gives_no_function_task():
     assert list(function_tasks(Doc("bad.py", "def f(:\n"))) == []
     assert list(function_tasks(Doc("notes.txt", SOURCE))) == []
+
+
+def test_a_file_is_parsed_once_per_process_however_many_conversation_sets_cut_it(monkeypatch):
+    """The target's pretraining conversations and the drafter's training ones are cut from the same files."""
+    import ast
+
+    parsed = []
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda text, *a, **k: parsed.append(len(text)) or real(text, *a, **k))
+    doc = Doc("memo_probe.py", SOURCE + "\n# a text no other test parses\n")
+    first, again = list(function_tasks(doc)), list(function_tasks(Doc(doc.path, doc.text)))
+    assert first == again and len(first) == 2 and len(parsed) == 1
 
 
 def test_conversations_hold_their_token_budgets_and_alternate_kinds(tmp_path):

@@ -5,8 +5,10 @@ the config so rows differ), with the per-prompt records of an evaluation.json so
 intervals are computed as for real runs, and appends one line per call to $FAKE_RUN_LOG so tests can count
 who ran what. Knobs (environment, so worker processes see them too):
 FAKE_RUN_SLEEP seconds per call; FAKE_RUN_BARRIER=N makes the first call of every process wait
-until N processes have started a call (forces real overlap); FAKE_RUN_FAIL=<label> fails rows
-whose name contains it. This file holds no tests.
+until N processes have started a call (forces real overlap); FAKE_PREPARE_BARRIER=N makes every base
+drafter build wait until N processes have started one, then log its end (builds that overlap pass it,
+builds one after another never would); FAKE_RUN_FAIL=<label> fails rows whose name contains it. This
+file holds no tests.
 """
 
 from __future__ import annotations
@@ -40,10 +42,16 @@ def _wait_for_peers() -> None:
     if _started or n <= 1:
         return
     _started = True
+    _wait_for(n)
+
+
+def _wait_for(n: int, event: str = "") -> None:
+    """Until `n` processes have logged a call (`event` only, when given); the 60 s deadline only ends a
+    wait that can never be met."""
     deadline = time.time() + 60
     while time.time() < deadline:
-        lines = Path(os.environ["FAKE_RUN_LOG"]).read_text().splitlines()
-        if len({json.loads(x)["pid"] for x in lines}) >= n:
+        lines = [json.loads(x) for x in Path(os.environ["FAKE_RUN_LOG"]).read_text().splitlines()]
+        if len({x["pid"] for x in lines if not event or x["event"] == event}) >= n:
             return
         time.sleep(0.05)
 
@@ -52,9 +60,14 @@ def prepare_common(cfg, methods, progress: bool = True) -> None:
     _log("prepare_common", cfg, "prepare")
 
 
-def prepare_shared(cfg, methods, progress: bool = True) -> None:
+def prepare_shared(cfg, methods, progress: bool = True, callback=None) -> None:
     _log("prepare", cfg, "prepare")
-    time.sleep(float(os.environ.get("FAKE_PREPARE_SLEEP", "0")))
+    if callback is not None:  # as the base drafter's training reports each step
+        callback("train/base/loss", 1.0, 1)
+    n = int(os.environ.get("FAKE_PREPARE_BARRIER", "0"))
+    if n > 1:
+        _wait_for(n, "prepare")
+    _log("prepare_end", cfg, "prepare")
 
 
 def run_variant(cfg, method: str = "ready", progress: bool = True) -> VariantResult:

@@ -328,28 +328,46 @@ def test_rows_hash_as_before_the_concurrency_key_unless_they_batch():
     assert canonical(merge(schema(), {}), "ready")["config"]["eval"]["concurrency"] == 8  # today's default batches
 
 
-def _fake_stdlib(root: Path, flavour: str) -> Path:
-    """A standard library of 60 small modules; `flavour` changes one of them (another interpreter's)."""
+def _fake_corpus(root: Path, flavour: str) -> Path:
+    """A corpus folder of 60 small modules; `flavour` changes one of them (another version's sources)."""
     for i in range(60):
         (root / f"mod{i:02d}.py").parent.mkdir(parents=True, exist_ok=True)
         (root / f"mod{i:02d}.py").write_text(f'"""Module {i}."""\n\nVALUE = {i}\n' + (flavour if i == 7 else ""))
     return root
 
 
-def test_another_interpreters_standard_library_is_another_setting(tmp_path: Path, monkeypatch):
-    """The embedded target is pretrained on the running interpreter's standard library: one config on
-    Python 3.11 and 3.12 builds two targets, so their runs must never be reused or paired as one setting.
-    The rows' own hashes stay the config's."""
+def test_another_corpus_is_another_setting(tmp_path: Path, monkeypatch):
+    """The embedded target is pretrained on the corpus: one config on two corpora builds two targets, so
+    their runs must never be reused or paired as one setting. The rows' own hashes stay the config's."""
     import ready.data.corpus as corpus
 
     settings, hashes = [], []
     for flavour in ("", "EXTRA = 1\n", ""):
-        monkeypatch.setattr(corpus, "stdlib_root", lambda f=flavour: _fake_stdlib(tmp_path / f"lib{len(f)}", f))
+        folder = _fake_corpus(tmp_path / f"lib{len(flavour)}", flavour)
+        monkeypatch.setattr(corpus, "_package_corpus", lambda *args, f=folder: corpus.load_corpus(
+            dict(zip(("heldout_fraction", "max_files", "max_file_kb", "seed"), args)), root=f))
         sweep = load_sweep("rank", ["seeds=[0]"])
         settings.append(sweep.setting)
         hashes.append([j.config_hash for j in sweep.jobs()])
     assert settings[0] != settings[1] and settings[0] == settings[2]
     assert hashes[0] == hashes[1] == hashes[2]
+
+
+def test_another_version_of_the_corpus_package_stops_the_sweep_in_one_line(tmp_path: Path, monkeypatch):
+    import json
+
+    import ready.data.corpus as corpus
+
+    manifest = json.loads(corpus.MANIFEST.read_text())
+    (tmp_path / "m.json").write_text(json.dumps({**manifest, "version": "0.0.1"}))
+    monkeypatch.setattr(corpus, "MANIFEST", tmp_path / "m.json")
+    corpus._package_corpus.cache_clear()
+    try:
+        with pytest.raises(SpecError, match=rf"^corpus: sympy {manifest['version']} is installed; expected "
+                                            r"sympy==0\.0\.1, whose sources are the embedded corpus"):
+            load_sweep("rank", ["seeds=[0]"])
+    finally:
+        corpus._package_corpus.cache_clear()
 
 
 def test_a_checkpoints_new_weights_are_another_setting(tmp_path: Path):

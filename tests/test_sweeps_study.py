@@ -75,17 +75,31 @@ def test_with_several_workers_the_base_drafters_of_the_seeds_are_built_side_by_s
     exactly once."""
     from sweeps.prepare import prepare_artifacts
 
-    monkeypatch.setenv("FAKE_PREPARE_SLEEP", "1.0")
+    monkeypatch.setenv("FAKE_PREPARE_BARRIER", "3")  # each build ends only once all three have started
     sweep = load_sweep("inject_pos", ["seeds=[0,1,2]"])
     prepare_artifacts(RUNNER, sweep, progress=False, workers=2)
     common, bases = calls(ws, "prepare_common"), calls(ws, "prepare")
     assert [c["pid"] for c in common] == [os.getpid()]
     assert sorted(b["base_seed"] for b in bases) == [0, 1, 2]
     assert os.getpid() not in {b["pid"] for b in bases} and len({b["pid"] for b in bases}) == 3
-    starts = sorted(b["t"] for b in bases)
-    assert starts[-1] - starts[0] < 0.9  # built at the same time, not one after the other
+    logged = [json.loads(x)["event"] for x in (ws / "calls.jsonl").read_text().splitlines()]  # in the order logged
+    events = [e for e in logged if e in ("prepare", "prepare_end")]
+    assert events == ["prepare"] * 3 + ["prepare_end"] * 3  # every build started before any ended: side by side
+    monkeypatch.delenv("FAKE_PREPARE_BARRIER")
     prepare_artifacts(RUNNER, sweep, progress=False, workers=1)  # one worker: in this process, one after another
     assert {b["pid"] for b in calls(ws, "prepare")[3:]} == {os.getpid()}
+
+
+def test_base_drafters_built_side_by_side_show_one_progress_bar_over_their_steps(ws: Path, capsys):
+    """The builds run in other processes; their training steps reach one bar in the sweep's process."""
+    from ready.train.stages import num_steps
+    from sweeps.prepare import prepare_artifacts
+
+    sweep = load_sweep("inject_pos", ["seeds=[0,1,2]"])
+    prepare_artifacts(RUNNER, sweep, progress=True, workers=2)
+    err = capsys.readouterr().err
+    total = 3 * num_steps(sweep.common.train.base.samples, sweep.common.train.base.batch_size)
+    assert "base drafters (3, 3 at a time)" in err and f"{total}/{total}" in err
 
 
 def test_base_drafters_build_all_at_once_up_to_twice_the_workers():

@@ -1,4 +1,4 @@
-"""The embedded default target: tokenizer + `tiny` target pretrained on the stdlib corpus, cached.
+"""The embedded default target: tokenizer + `tiny` target pretrained on the embedded corpus, cached.
 
 `ensure_default_target(cfg)` returns a folder that `ready.target.load_target`,
 `transformers.AutoTokenizer` and `transformers.Qwen3_5ForCausalLM` all load:
@@ -79,7 +79,7 @@ def ensure_tokenizer(cfg: Any, progress: bool = True) -> Path:
         t0 = time.perf_counter()
         if progress:
             print(f"[ready] training the byte-level BPE ({cfg.corpus.vocab_size} tokens) on "
-                  f"{len(corpus.train)} stdlib files ({corpus.train_bytes() / 1e6:.1f} MB)", file=sys.stderr, flush=True)
+                  f"{len(corpus.train)} files of {corpus.source} ({corpus.train_bytes() / 1e6:.1f} MB)", file=sys.stderr, flush=True)
         ids = build_tokenizer(corpus.train, int(cfg.corpus.vocab_size), tmp, chat=True)
         ids["build_time_s"] = time.perf_counter() - t0
         (tmp / "special_tokens.json").write_text(json.dumps(ids, indent=2) + "\n")
@@ -172,7 +172,7 @@ def ensure_default_target(cfg: Any, progress: bool = True) -> Path:
 
 
 def chat_stream(docs: list[Doc], tokenizer: Any, seq_len: int, seed: int, eos_id: int) -> "torch.Tensor":
-    """The standard library's conversations of `docs` with their own answers (ready.data.stdlib_chats),
+    """The corpus's conversations of `docs` with their own answers (ready.data.stdlib_chats),
     rendered with the chat template (thinking off, as evaluation renders by default) and concatenated,
     EOS after each: the stream `pretrain.chat_fraction` of the target's windows come from. A user turn
     holds up to half a window, an answer the rest."""

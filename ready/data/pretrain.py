@@ -5,7 +5,7 @@ by EOS), AdamW (weight decay on matrices only), linear warmup then cosine decay 
 `min_lr_ratio * lr`, gradient clipping; a tqdm bar shows the loss. Held-out loss is measured on
 fixed, non-overlapping windows of the held-out split.
 
-`chat_fraction` of the windows are cut from a second stream instead: the standard library's
+`chat_fraction` of the windows are cut from a second stream instead: the corpus's
 conversations (ready.data.stdlib_chats) rendered with the chat template, so the target learns to
 answer a chat prompt, which is how evaluation and the drafter's training data pose their prompts.
 
@@ -34,7 +34,7 @@ def token_stream(docs: Iterable[Doc], tokenizer: Any, eos_id: int) -> torch.Tens
     """All documents tokenised and concatenated, each followed by EOS (int64, 1-D)."""
     texts = [d.text for d in docs]
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:  # batch-encode in Rust: seconds for the whole stdlib
+    if backend is not None:  # batch-encode in Rust: seconds for the whole corpus
         encoded = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
     else:
         encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]

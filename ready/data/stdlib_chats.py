@@ -1,4 +1,5 @@
-"""Conversations built from the standard library: the embedded default's chat training data.
+"""Conversations built from the embedded corpus (ready.data.corpus; the module keeps the name it had when the
+corpus was the standard library): the embedded default's chat training data.
 
 No machine here reaches a dataset hub, so the embedded default trains its drafters on conversations
 made offline from the corpus (ready.data.corpus), in the two tasks its evaluation suites pose:
@@ -25,6 +26,7 @@ from __future__ import annotations
 import ast
 import random
 import textwrap
+from functools import lru_cache
 from typing import Any, Iterator, Optional
 
 from ready.data.corpus import Doc
@@ -38,6 +40,18 @@ CONTINUE_PER_FILE = 2  # stretches cut from each file (different line starts)
 def function_tasks(doc: Doc) -> Iterator[tuple[str, str]]:
     """(header + docstring, body) of every function in a Python file that has a docstring and a body
     of at least MIN_BODY_LINES lines, in source order; a file that does not parse gives none."""
+    yield from _function_tasks(doc)
+
+
+@lru_cache(maxsize=None)
+def _function_tasks(doc: Doc) -> tuple[tuple[str, str], ...]:
+    """`function_tasks` of `doc`, parsed once per process: the target's pretraining conversations and the
+    drafter's training and validation conversations are cut from the same files, in the same process of a
+    cold sweep (which parsed each file twice; parsing is ~60 % of the conversations' CPU time)."""
+    return tuple(_parse_tasks(doc))
+
+
+def _parse_tasks(doc: Doc) -> Iterator[tuple[str, str]]:
     if not doc.path.endswith(".py"):
         return
     try:

@@ -1,9 +1,9 @@
-"""Which conversations a row's drafter trains on (and is validated on): `data.path`'s or the standard library's.
+"""Which conversations a row's drafter trains on (and is validated on): `data.path`'s or the corpus's.
 
 - `data.path` set: the dataset's conversations (ready.data.conversations). `regen.num_samples` of them
   are drawn with `regen.seed` for training; the validation conversations (the teacher-forced metric,
   `eval.heldout_tf_samples`) are drawn from the rows not drawn for training.
-- `data.path` null (the embedded default): the standard library's conversations
+- `data.path` null (the embedded default): the corpus's conversations
   (ready.data.stdlib_chats), training from the drafter's training files and validation from the
   validation files (`ready.data.default.prompt_docs`), each drawn with `regen.seed`.
 
@@ -58,7 +58,7 @@ def source_key(cfg: Any, tokenizer: Any, split: str) -> dict:
 
 def conversations_for(cfg: Any, tokenizer: Any, split: str, n: int) -> tuple[list[Messages], dict[str, float]]:
     """(up to `n` conversations of `split` with their original answers, the dataset's load counts ({} for
-    the standard library's)), drawn with `regen.seed`, in a fixed order."""
+    the corpus's)), drawn with `regen.seed`, in a fixed order."""
     _check_split(split)
     rng = random.Random(int(cfg.regen.seed))
     if cfg.data.path:
@@ -81,7 +81,7 @@ def conversations_for(cfg: Any, tokenizer: Any, split: str, n: int) -> tuple[lis
     convs = stdlib_conversations(docs, tokenizer, _user_tokens(cfg, tokenizer), int(cfg.regen.response_len),
                                  int(cfg.corpus.seed))
     if not convs:
-        raise TrainingChatsError(f"the standard library's {split} files give no conversation; expected some "
+        raise TrainingChatsError(f"the corpus's {split} files give no conversation; expected some "
                                  "(raise corpus.max_files or regen.prompt_len)")
     picked = sorted(rng.sample(range(len(convs)), min(n, len(convs))))
     return [convs[i] for i in picked], {}
