@@ -84,16 +84,6 @@ class Report:
     settings: dict[str, str]  # schedule -> setting
 
 
-def _common(runs: pl.DataFrame) -> dict[str, str]:
-    fin = runs.filter(pl.col("status") == collect.FINISHED)
-    out = {}
-    for col in (c for c in fin.columns if c.startswith(collect.PARAM_PREFIX) and c not in IGNORED):
-        values = fin[col].drop_nulls().unique()
-        if len(values) == 1:
-            out[col] = str(values[0])
-    return out
-
-
 def schedule_settings(runs: pl.DataFrame) -> tuple[dict[str, str], list[str]]:
     """schedule -> the newest compatible setting that ran it (module docstring), and what was left out."""
     if runs.height == 0:
@@ -102,7 +92,7 @@ def schedule_settings(runs: pl.DataFrame) -> tuple[dict[str, str], list[str]]:
     runs = runs.with_columns(sched.alias("schedule"), pl.col("ready.setting").fill_null("").alias("group"))
     last = runs.group_by("group").agg(pl.col("start_time").max()).sort("start_time", nulls_last=False)
     newest = last["group"].to_list()
-    reference = _common(runs.filter(pl.col("group") == newest[-1]))
+    reference = collect.common_params(runs.filter(pl.col("group") == newest[-1]), IGNORED)
     chosen: dict[str, str] = {}
     notes: list[str] = []
     for group in reversed(newest):
@@ -110,8 +100,8 @@ def schedule_settings(runs: pl.DataFrame) -> tuple[dict[str, str], list[str]]:
         ran = sorted(set(part["schedule"].to_list()) - set(chosen))
         if not ran:
             continue
-        diff = sorted(k[len(collect.PARAM_PREFIX):] for k in set(reference) & set(_common(part))
-                      if reference[k] != _common(part)[k])
+        mine = collect.common_params(part, IGNORED)
+        diff = sorted(k[len(collect.PARAM_PREFIX):] for k in set(reference) & set(mine) if reference[k] != mine[k])
         if diff:
             notes.append(f"setting {group or '(untagged)'} ({', '.join(ran)}) left out: it differs from the newest "
                          f"setting in {', '.join(diff[:4])}" + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else ""))

@@ -313,6 +313,19 @@ def with_concurrency(runs: pl.DataFrame) -> pl.DataFrame:
     return runs.with_columns(value.fill_null(1).alias("concurrency"))
 
 
+def common_params(runs: pl.DataFrame, ignored: Iterable[str] = ()) -> dict[str, str]:
+    """Params (`param.*` columns, but `ignored`) with a single value over the finished runs: the config a
+    group of runs shares."""
+    fin = runs.filter(pl.col("status") == FINISHED)
+    skip = set(ignored)
+    out = {}
+    for col in (c for c in fin.columns if c.startswith(PARAM_PREFIX) and c not in skip):
+        values = fin[col].drop_nulls().unique()
+        if len(values) == 1:
+            out[col] = str(values[0])
+    return out
+
+
 def finished(runs: pl.DataFrame) -> pl.DataFrame:
     """The latest FINISHED run of every (variant, seed): a re-run of the same seed counts once."""
     return (

@@ -65,17 +65,6 @@ def _groups(runs: pl.DataFrame) -> pl.DataFrame:
     return runs.with_columns(group.alias("group"))
 
 
-def _common(runs: pl.DataFrame) -> dict[str, str]:
-    """Params with a single value over the finished runs of one setting (its common config)."""
-    fin = runs.filter(pl.col("status") == collect.FINISHED)
-    out = {}
-    for col in (c for c in fin.columns if c.startswith(collect.PARAM_PREFIX) and c not in IGNORED):
-        values = fin[col].drop_nulls().unique()
-        if len(values) == 1:
-            out[col] = str(values[0])
-    return out
-
-
 def _differences(a: Mapping[str, str], b: Mapping[str, str]) -> list[str]:
     """Keys both settings fix to different values (keys one of them lacks, newer than its runs, pass)."""
     return sorted(k[len(collect.PARAM_PREFIX):] for k in set(a) & set(b) if a[k] != b[k])
@@ -93,7 +82,7 @@ def tps_by_concurrency(runs: pl.DataFrame) -> TpsFigure | None:
     newest = last["group"].to_list()
     if len(runs.filter(pl.col("status") == collect.FINISHED)["concurrency"].unique()) < 2:
         return None
-    reference = _common(runs.filter(pl.col("group") == newest[-1]))
+    reference = collect.common_params(runs.filter(pl.col("group") == newest[-1]), IGNORED)
     notes: list[str] = []
     chosen: dict[int, str] = {}  # concurrency -> the newest compatible setting that ran it
     for group in reversed(newest):
@@ -101,7 +90,7 @@ def tps_by_concurrency(runs: pl.DataFrame) -> TpsFigure | None:
         ran = sorted(set(part.filter(pl.col("status") == collect.FINISHED)["concurrency"].to_list()) - set(chosen))
         if not ran:
             continue
-        diff = _differences(reference, _common(part))
+        diff = _differences(reference, collect.common_params(part, IGNORED))
         if diff:
             shown = ", ".join(diff[:4]) + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
             notes.append(f"setting {group or '(untagged)'} (concurrency {', '.join(map(str, ran))}) left out: "
