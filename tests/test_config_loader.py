@@ -250,7 +250,7 @@ def test_every_sweep_row_resolves_as_before(name):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"preset": "nope"}, r"^preset 'nope' not found at .*presets/nope.yaml; expected one of \['local_checkpoint_template', "),
-    ({"profile": "nope"}, r"^profile 'nope' not found at .*profiles/nope.yaml; expected one of \['paper_recipe', "),
+    ({"profile": "nope"}, r"^profile 'nope' not found at .*profiles/nope.yaml; expected one of \['gpu_shape', 'paper_recipe', "),
     ({"files": ["/no/such.yaml"]}, r"^config file /no/such.yaml does not exist; expected a YAML file of config keys"),
     ({"overrides": ["reader.rank"]}, r"^override 'reader.rank': expected KEY=VALUE \(e.g. reader.rank=16\)$"),
     ({"overrides": ["reader.layers=[30,"]}, r"^override 'reader.layers=\[30,': the value '\[30,' is not valid YAML"),
