@@ -172,13 +172,13 @@ def free_device_memory() -> None:
 def serving_dtype(drafter: Any, target: Any) -> Any:
     """The drafter as evaluation decodes with it: in the target's dtype when that is 16-bit (a trained drafter is
     saved with its fp32 master weights; the paper serves it in BF16 beside the BF16 target, and
-    ready.bench.engine times it so), unchanged beside a float32 target."""
+    benchmarks.engine times it so), unchanged beside a float32 target."""
     dtype = getattr(target, "dtype", torch.float32)
     return drafter.to(dtype=dtype) if dtype in (torch.bfloat16, torch.float16) else drafter
 
 
 def engine_tags(cfg: DictConfig, loaded: LoadedTarget) -> dict[str, str]:
-    """What evaluation decoded on, as the engine benchmarks (ready.bench.engine) time it: CUDA graphs for the
+    """What evaluation decoded on, as the engine benchmarks (benchmarks.engine) time it: CUDA graphs for the
     target's verify and the draft step (on CUDA), torch.compile'd layers inside them (`target.compile`), the
     fused Triton kernels (importable `ready_kernels`), the exact mode and the batch (`eval.concurrency`)."""
     cuda = loaded.device == "cuda"

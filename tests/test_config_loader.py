@@ -1,7 +1,7 @@
 """One config loader for every entry point (issue 45, item 3): for every preset, profile, config file
 and a few override sets, the loader gives exactly the config each entry point built before it had
 one loader. The `_old_*` functions are frozen copies of those earlier code paths (ready.train.launch,
-ready.bench.train_scale, ready.bench.engine, ready.generate, the `schema <- a.b=v` commands and
+benchmarks.train_scale, benchmarks.engine, ready.generate, the `schema <- a.b=v` commands and
 sweeps.spec), kept here only as the reference the loader must reproduce."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _old_launch(preset: Optional[str], config: Optional[str], overrides: Sequenc
 
 
 def _old_train_scale(preset: str, profile: Optional[str], overrides: Sequence[str]) -> DictConfig:
-    """ready.bench.train_scale.bench_config before issue 45."""
+    """benchmarks.train_scale.bench_config before issue 45."""
     cfg = _old_launch(preset, None, [])
     if profile:
         path = EXPERIMENTS_DIR / "profiles" / f"{profile}.yaml"
@@ -52,7 +52,7 @@ def _old_train_scale(preset: str, profile: Optional[str], overrides: Sequence[st
 
 
 def _old_engine(preset: str, block_size: int) -> tuple[Any, Any]:
-    """ready.bench.engine.drafter_configs before issue 45 (the drafter and reader sections only)."""
+    """benchmarks.engine.drafter_configs before issue 45 (the drafter and reader sections only)."""
     layers = []
     for f in (EXPERIMENTS_DIR / "base.yaml", EXPERIMENTS_DIR / "presets" / f"{preset}.yaml"):
         raw = OmegaConf.load(f)
@@ -69,7 +69,7 @@ def _old_generate_default() -> DictConfig:
 
 
 def _old_overrides_only(overrides: Sequence[str]) -> DictConfig:
-    """ready.data.build, ready.bench.train, ready.diagnostics.copy_probe and heldout_setup before issue 45."""
+    """ready.data.build, benchmarks.train, benchmarks.diagnostics.copy_probe and heldout_setup before issue 45."""
     cfg = merge(schema(), OmegaConf.from_dotlist(list(overrides)), source="command line")
     validate(cfg)
     return cfg
@@ -161,13 +161,13 @@ def _launch(preset, config, overrides):
 
 
 def _train_scale(preset, profile, overrides):
-    from ready.bench.train_scale import bench_config
+    from benchmarks.train_scale import bench_config
 
     return bench_config(preset, profile, overrides)
 
 
 def _engine(preset, block_size):
-    from ready.bench.engine import drafter_configs
+    from benchmarks.engine import drafter_configs
 
     return drafter_configs(preset, block_size)
 
@@ -177,7 +177,7 @@ def _generate_default():
 
 
 def _overrides_only(overrides):
-    return load_config(overrides=overrides)  # ready.data.build, ready.bench.train, copy_probe, heldout_setup
+    return load_config(overrides=overrides)  # ready.data.build, benchmarks.train, copy_probe, heldout_setup
 
 
 @pytest.mark.parametrize("preset", [None, *PRESETS])
@@ -305,7 +305,7 @@ def test_every_draft_layer_resolves_without_the_sweep_runner():
 
 
 def test_entry_points_report_a_bad_preset_in_one_line(capsys):
-    from ready.bench.engine import main as engine_main
+    from benchmarks.engine import main as engine_main
     from ready.train.launch import main as launch_main
 
     assert launch_main(["--preset", "nope"]) == 2

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("ready", "sweeps", "reports")
+PACKAGES = ("ready", "benchmarks", "sweeps", "reports")
 
 # lint-imports over the packages below argv[1]: `ready_kernels` is argv[2]/ready_kernels (a link to its
 # kernels/), and an editable install's path hook, which may map `ready_kernels` to another clone's
