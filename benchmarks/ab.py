@@ -63,7 +63,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ready.artifacts import atomic_write_text
 from ready.config import entry_point
-from ready.stats import mean_interval
+from reports.stats import mean_interval
 
 # dotted paths into the engine JSON (benchmarks/engine.py), reported for every process
 METRICS = {

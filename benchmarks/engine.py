@@ -98,8 +98,8 @@ import torch
 import ready
 import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
 import ready_kernels
-from ready.artifacts import atomic_write_text
 from benchmarks import copy_rate
+from ready.artifacts import atomic_write_text
 from ready.config import ConfigError, entry_point, load_config
 from ready.cuda_graph import capture, replay_us
 from ready.decode.engine import Engine
@@ -111,8 +111,8 @@ from ready.decode.sampling import SamplingParams
 from ready.decode.schedule import SCHEDULES, VerifySchedule
 from ready.drafter import DSparkDrafter
 from ready.reader import StateSource, read_states
-from ready.stats import mean_interval, t_quantile
 from ready.target import PRESETS, load_target
+from reports.stats import mean_interval, t_quantile
 
 DRAFTERS = ("random", "dspark", "ready")
 _T0 = time.monotonic()

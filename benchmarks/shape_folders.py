@@ -27,8 +27,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ready.artifacts import atomic_dir
 from benchmarks.engine import build_drafter
+from ready.artifacts import atomic_dir
 from ready.config import ConfigError, entry_point, load_config
 from ready.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, dspark_config
 from ready.loading import pick_device, random_target

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from ready.data.pretrain import insert_repeats
 from benchmarks.diagnostics.copy_probe import copy_fidelity, copy_prompts, fidelity, main
+from ready.data.pretrain import insert_repeats
 
 
 class Copier(torch.nn.Module):

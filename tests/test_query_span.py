@@ -181,7 +181,7 @@ def test_logging_needs_a_run(tmp_path):
 def test_a_sweep_row_s_run_is_measured_logged_and_tabled(target, tmp_path, monkeypatch, capsys):
     from omegaconf import OmegaConf
 
-    from ready import mlflow_store
+    from reports import mlflow_store
     from ready.config import schema
     from benchmarks.diagnostics import query_span
     from ready.drafter import save_drafter

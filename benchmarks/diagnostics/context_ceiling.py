@@ -25,8 +25,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ready.config import entry_point
 from benchmarks.diagnostics.heldout_setup import heldout_setup
+from ready.config import entry_point
 from ready.drafter import load_drafter
 from ready.target.layers import Attention
 from ready.train.regen import RegenData

@@ -25,15 +25,15 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
-from ready import mlflow_store
-from ready.config import entry_point, merge
 from benchmarks.diagnostics.heldout_setup import heldout_setup
+from ready.config import entry_point, merge
 from ready.drafter import DSparkDrafter, load_drafter
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.pipeline import ensure_base_drafter
 from ready.train.regen import build_regen_data
 from ready.train.stages import evaluate_loss, stage_seed, train_stage
 from ready.train.teacher_forced import teacher_forced_acceptance
+from reports import mlflow_store
 
 STAGE2_RATIO = 2.5  # stage 2 : stage 1 steps (paper: 50k : 20k samples)
 

@@ -58,10 +58,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ready import mlflow_store
-from ready.config import entry_point
 from benchmarks.diagnostics.heldout_setup import heldout_config
 from benchmarks.diagnostics.theory import projector
+from ready.config import entry_point
 from ready.drafter import DrafterError, load_drafter
 from ready.drafter.export import resolve_source
 from ready.loading import load_configured_target
@@ -69,13 +68,14 @@ from ready.train.regen import build_validation_data
 from ready.train.regen_data import RegenData
 from ready.train.teacher_forced import full_block_anchors
 from ready.train.teacher_pass import reads_shuffled_states
+from reports import mlflow_store
 
 RTOL = 1e-3  # singular values <= RTOL * sigma_max of the prefix queries count as zero (see the module doc)
 PREFIX = "prop1"  # MLflow metric prefix
 STATS = ("mean", "p10", "p50", "p90")
 METRICS = ("outside_share", "novel_share", "novel_share_read", "random_outside_share", "random_novel_share",
            "prefix_rank")
-RELIANCE = "overall/state_reliance"  # sweeps.tracking (ready.stats.run_metrics): tau own states - tau swapped
+RELIANCE = "overall/state_reliance"  # sweeps.tracking (reports.stats.run_metrics): tau own states - tau swapped
 HELDOUT_TAU = "heldout_tf/tau"
 QUANTILE_MAX = 1 << 24
 # query_shares' keys -> the names pooled per (layer, head); each also for the random reference but novel_read

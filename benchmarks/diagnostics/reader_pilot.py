@@ -40,10 +40,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ready.config import entry_point, merge
-from ready.data import training_prompts
 from benchmarks.diagnostics.copy_probe import copy_fidelity, copy_prompts
 from benchmarks.diagnostics.heldout_setup import heldout_setup
+from ready.config import entry_point, merge
+from ready.data import training_prompts
 from ready.drafter import load_drafter
 from ready.reader import StateSource
 from ready.train.pipeline import ensure_base_drafter
