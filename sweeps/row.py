@@ -57,6 +57,7 @@ from ready.train.regen import build_regen_data, build_validation_data, regen_art
 from ready.train.stages import MetricsCallback
 from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.train.teacher_store import ensure_teacher_store
+from sweeps.torchrun import run_under_torchrun
 
 METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
 AR_BUILD_VERSION = 2  # 2: generations name K "proposals" (was "block_size")
@@ -219,7 +220,8 @@ def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: 
     try:
         loaded = prepare_common(cfg, methods, progress)
         if any(m != "ar" for m in methods):
-            ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, callback=callback, progress=progress)
+            ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, callback=callback, progress=progress,
+                                launch=run_under_torchrun)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
         if not is_out_of_memory(e):
             raise
@@ -363,14 +365,14 @@ def _curve(path: Path) -> list[tuple[int, float]]:
 def _drafter(cfg: DictConfig, method: str, loaded: LoadedTarget, progress: bool):
     """(drafter dir, training curves) for a method that drafts."""
 
-    base = Path(ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress))
+    base = Path(ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress, launch=run_under_torchrun))
     curves: dict[str, list[tuple[int, float]]] = {}
     if not cfg.drafter.checkpoint:
         curves["base"] = _curve(base.parent)
     if method in ("dspark", "dflash"):
         return base, curves
     final = Path(train_variant(cfg, loaded.target, loaded.tokenizer, base, Path(cfg.artifacts_dir) / "stages",
-                               progress=progress))
+                               progress=progress, launch=run_under_torchrun))
     stage2 = final.parent
     curves["stage2"] = _curve(stage2)
     spec = json.loads((stage2 / "spec.json").read_text()) if (stage2 / "spec.json").is_file() else {}
