@@ -175,8 +175,8 @@ def test_two_trees_run_in_fresh_processes_on_cpu(tmp_path, capsys):
     copy, broken = tmp_path / "copy", tmp_path / "broken"
     for name in ("ready", "benchmarks", "kernels"):  # another source tree: this one's code, elsewhere
         shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    (broken / "ready" / "bench").mkdir(parents=True)
-    (broken / "kernels").mkdir()
+    for name in ("ready", "benchmarks", "kernels"):
+        (broken / name).mkdir(parents=True)
     for f in ("ready/__init__.py", "benchmarks/__init__.py"):
         (broken / f).write_text("")
     (broken / "benchmarks/engine.py").write_text("raise SystemExit('error: this tree is broken')\n")
@@ -206,8 +206,8 @@ def test_two_trees_run_in_fresh_processes_on_cpu(tmp_path, capsys):
 def fake_tree(root, tok_s: float, bench: str = "benchmarks"):
     """A source tree whose engine benchmark prints one JSON line with an AR rate, and a kernels folder;
     its benchmarks in `bench` (benchmarks/, or ready/bench/ as before issue 76)."""
-    (root / bench).mkdir(parents=True)
-    (root / "kernels").mkdir()
+    for folder in ("ready", bench, "kernels"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
     (root / "kernels" / "marker.py").write_text(f"TOK_S = {tok_s}\n")
     for pkg in {root / "ready", root / bench}:
         (pkg / "__init__.py").write_text("")
