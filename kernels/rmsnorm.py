@@ -6,7 +6,7 @@ order: x * rsqrt(...) is rounded to x's dtype first, then multiplied by the weig
 y = (offset + weight) * (x / rms(x)).to(dtype), two roundings where the default has one.
 
 The Triton kernel (one program per row, the whole row in registers) is used by `rms_norm` only
-where the benchmark showed it beats torch (see `PREFER_TRITON` and ready/bench/kernels.py), and only
+where the benchmark showed it beats torch (see `PREFER_TRITON` and benchmarks/kernels.py), and only
 without autograd (the drafter trains through the torch op).
 """
 

@@ -207,7 +207,7 @@ CONFIGS = (
     Config(16, 256, 2, 4, 4), Config(16, 256, 3, 4, 4), Config(16, 256, 4, 4, 4), Config(16, 512, 2, 4, 3),
     Config(16, 512, 4, 4, 3), Config(32, 256, 3, 4, 4), Config(16, 128, 4, 2, 6), Config(16, 256, 1, 2, 6),
     # the 8-row down projection (5120 x 17408): 45.35 us against 46.77 for the best above (H200, cold-weight
-    # graph timing, `ready.bench.small_m --grid`, docs/data/cold_tuner_h200_grid_m8.json)
+    # graph timing, `benchmarks.small_m --grid`, docs/data/cold_tuner_h200_grid_m8.json)
     Config(32, 256, 2, 4, 3),
     # one row (the AR step): the GEMV kernel, 1..8 rows of W per program (the winners of an 81-config
     # grid on the 27B shapes, docs/data/small_m_gemv_grid_h200.json)

@@ -3,7 +3,7 @@
 `load_configured_target(cfg)` resolves `target.device` (`pick_device`) and `target.source`
 (`target_dir`: the pretrained embedded default, a local checkpoint, or a bare preset), loads the
 target frozen in `target.dtype` and the exact mode the config asks for, and its tokenizer and
-EOS id. A sweep row (`sweeps.row`) and every held-out diagnostic (`ready.diagnostics`) start here,
+EOS id. A sweep row (`sweeps.row`) and every held-out diagnostic (`benchmarks.diagnostics`) start here,
 so they measure the same target the same way.
 """
 

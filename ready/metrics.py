@@ -1,6 +1,6 @@
 """Decoding metrics: acceptance, tau, throughput, speedup, gain and draft-prefix survival.
 
-What every number in every table means (the one definition `ready.stats`, the reports and the
+What every number in every table means (the one definition `reports.stats`, the reports and the
 MLflow metrics all read):
 
 - Round i is one target verification of a drafted block of K tokens. A_i in 0..K is the
@@ -23,7 +23,7 @@ MLflow metrics all read):
   round's missing tokens as rejections and pull every row's tau, and every gain, towards 1.
   tau is None when some position j <= K was never observed (no round reached it).
 - Pooling: a benchmark pools the rounds of all its sequences (sums of hits_j and N_j), and
-  `overall` pools every benchmark's rounds the same way (`overall`, `ready.stats.OVERALL`):
+  `overall` pools every benchmark's rounds the same way (`overall`, `reports.stats.OVERALL`):
   a ratio of sums, never a mean of the benchmarks' values.
 - TPS = new tokens / wall time. The clock of one generation (see `ready.decode.engine`)
   starts just before the target's prefill of the prompt and stops once the last new token

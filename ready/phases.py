@@ -85,7 +85,7 @@ def _cuda_device(device: Optional[torch.device | str]) -> Optional[torch.device]
 
 def phase_metrics(phases: dict[str, Phase], prefix: str = "phase") -> dict[str, float]:
     """MLflow metrics of a record: `<prefix>/<name>_s` and, on CUDA, `<prefix>/<name>_peak_gb` (1e9 bytes,
-    as ready.bench.train_scale reports peaks)."""
+    as benchmarks.train_scale reports peaks)."""
     out: dict[str, float] = {}
     for name, p in phases.items():
         out[f"{prefix}/{name}_s"] = round(p.seconds, 3)

@@ -152,7 +152,7 @@ class StateReader(nn.Module):
 
     def queries(self, h: torch.Tensor) -> torch.Tensor:
         """The key-space queries q = U_m^T z the reader issues for h [N, P, D] -> [N, P, M, d_k] fp32
-        (what `read_states` multiplies the states by; ready.diagnostics.query_span measures them)."""
+        (what `read_states` multiplies the states by; benchmarks.diagnostics.query_span measures them)."""
         return torch.einsum("npmr,mrk->npmk", self._z(h).float(), self.U.float())
 
     def features(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:

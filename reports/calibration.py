@@ -12,7 +12,7 @@ anything else is left out and said so. Per drafting method (DSpark, ReaDy) and s
 lossless seeds' evaluation.json:
 
 - τ, tokens verified per round (drafts verified + the anchor; `ready.calibration`) and TPS, pooled over every
-  suite's prompts and the seeds, with 95 % intervals from the crossed bootstrap (`ready.stats`);
+  suite's prompts and the seeds, with 95 % intervals from the crossed bootstrap (`reports.stats`);
 - the confidence schedule against the full one, paired prompt by prompt and seed by seed (the two settings
   decode the same prompts with the same drafters): Δτ %, Δ tokens verified per round %, ΔTPS % with
   intervals (TPS on CPU is indicative, never ranked);
@@ -36,10 +36,10 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import polars as pl
 
-from ready import stats
 from ready.artifacts import atomic_write_text
 from ready.calibration import calibration, rounds_of
 from ready.config import entry_point
+from reports import stats
 from reports import collect
 from reports.errors import ReportError
 from reports.figures import save_figure

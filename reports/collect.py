@@ -16,8 +16,8 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import polars as pl
 
-from ready.mlflow_store import TrackingError, check_uri, database_url, newer_store
 from reports.errors import ReportError
+from reports.mlflow_store import TrackingError, check_uri, database_url, newer_store
 
 EXPERIMENT_PREFIX = "ready-"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"

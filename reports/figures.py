@@ -1,7 +1,7 @@
 """Figure 5: cumulative draft-prefix survival P_j by draft position, DSpark vs ReaDy, per benchmark.
 
 With the runs' evaluation.json, each curve is P_j pooled over seeds and prompts with a 95 % band
-(`ready.stats.survival`: the closed-form crossed interval; P_j censored at each round's horizon, the
+(`reports.stats.survival`: the closed-form crossed interval; P_j censored at each round's horizon, the
 counts τ = 1 + Σ_j P_j is read from, `ready.metrics`). Without them, the curve is the mean
 over seeds of the logged `<benchmark>/survival_<j>` metrics (already cumulative and censored
 there) with a ± std band. Not-lossless runs are left out either way.
@@ -19,7 +19,7 @@ import polars as pl
 
 from ready.artifacts import atomic_write_bytes
 from reports import collect
-from ready import stats
+from reports import stats
 from reports.collect import METHOD_NAMES, Variant
 from reports.intervals import Evidence
 from reports.tables import BENCHMARK_NAMES, SUMMARY

@@ -10,13 +10,13 @@ positive control is read as its spec runs it, whatever `--profile` says.
 
 Each finding names the sweep that tests it, the paper's figure, and the paired comparisons that
 decide it: row A against row B of the same sweep setting, seed by seed and prompt by prompt, as a
-gain in τ (%) with its 95 % interval (`reports.intervals`, `ready.stats`: every suite's prompts
+gain in τ (%) with its 95 % interval (`reports.intervals`, `reports.stats`: every suite's prompts
 pooled, the closed-form crossed seeds × prompts interval), on the evaluation suites (`overall`) and
 teacher-forced on held-out regenerated sequences (`heldout_tf`), and with the comparison's minimum
 detectable effect (MDE) at 80 % power. The verdict reads the engine-τ comparison only, and first
 asks whether it is thin:
 
-- a thin comparison (fewer than `ready.stats.MIN_DISCORDANT` differing units) has no interval, MDE
+- a thin comparison (fewer than `reports.stats.MIN_DISCORDANT` differing units) has no interval, MDE
   or TOST: the exact sign test on its differing units decides a direction (p < 0.05) or nothing;
   an absence claim on it is inconclusive, unless the sign test shows the placebo beating its
   reference (then it does not hold);
@@ -48,12 +48,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ready import stats
 from ready.config import entry_point
-from ready.stats import Interval
+from reports import stats
 from reports import collect
 from reports.errors import ReportError
 from reports.intervals import Evidence
+from reports.stats import Interval
 
 MARKER = "<!-- generated below by python -m reports.findings; hand-written text above this line is kept -->"
 SATURATION_PCT = 1.0  # "near saturation": the full-rank gain over r = 8 lies within ±1 % τ

@@ -1,8 +1,8 @@
-"""The per-prompt evidence behind a table: each row's runs as `ready.stats` tallies, paired by seed.
+"""The per-prompt evidence behind a table: each row's runs as `reports.stats` tallies, paired by seed.
 
 A row (variant) contributes its latest finished, lossless run of every seed that logged an
 evaluation.json. A comparison of row A with reference row R pairs seed s of A with seed s of R
-and reads seeds and prompts as one crossed design (`ready.stats`). A reference with a
+and reads seeds and prompts as one crossed design (`reports.stats`). A reference with a
 single run that shares A's base drafter (param `train.base_seed`; a spec that replicates only the
 adaptation stages) is paired with each of A's seeds. Whatever cannot be paired is said in a note,
 never silently dropped. Rows that resolve to the same drafter as an earlier row (a rank clamped to
@@ -16,10 +16,10 @@ from typing import Mapping, Optional, Sequence
 
 import polars as pl
 
-from ready import stats
-from ready.stats import Interval, RunTallies
+from reports import stats
 from reports import collect
 from reports.collect import Variant
+from reports.stats import Interval, RunTallies
 
 
 @dataclass(frozen=True)

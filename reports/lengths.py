@@ -1,7 +1,7 @@
 """Decoding against the context length (issue 46 item 1): decode tok/s of AR, DSpark and ReaDy, and what
 reading the states costs, against the prompt length, from the engine benchmark's JSON.
 
-    python -m ready.bench.engine --target qwen3_5_27b --device cuda --dtype bfloat16 --drafter dspark,ready \\
+    python -m benchmarks.engine --target qwen3_5_27b --device cuda --dtype bfloat16 --drafter dspark,ready \\
         --breakdown --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --json \\
         --prompt-len 1024,8192,32768 --out lengths.json
     python -m reports.lengths lengths.json --out docs/img/lengths_h200     # writes .pdf and .png
@@ -46,7 +46,7 @@ def _entries(doc: Any, source: str) -> list[dict]:
     entries = doc.get("by_prompt_len", [doc]) if isinstance(doc, dict) else None
     if not entries or not all(isinstance(e, dict) and "prompt_len" in e
                               and "decode_tokens_per_s" in (e.get("ar") or {}) for e in entries):
-        raise ReportError(f"{source}: not the JSON of `python -m ready.bench.engine` (expected `prompt_len` and "
+        raise ReportError(f"{source}: not the JSON of `python -m benchmarks.engine` (expected `prompt_len` and "
                           f"`ar.decode_tokens_per_s` per length, or `by_prompt_len`)")
     return entries
 
@@ -135,7 +135,7 @@ def plot(points: list[LengthPoint], gpu: str, bandwidth: Optional[float], out_st
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m reports.lengths", description=__doc__.split("\n")[0])
-    p.add_argument("files", nargs="+", type=Path, help="JSON of `python -m ready.bench.engine --prompt-len ...`")
+    p.add_argument("files", nargs="+", type=Path, help="JSON of `python -m benchmarks.engine --prompt-len ...`")
     p.add_argument("--out", type=Path, required=True, help="figure path without suffix (.pdf and .png are written)")
     args = p.parse_args(argv)
     try:

@@ -2,7 +2,7 @@
 
 A `Table` holds numbers, not strings; `reports.latex` and `reports.markdown` render it. Gains are
 recomputed here, never read from the gains the runner logged: paired by prompt and seed from the
-runs' evaluation.json with a 95 % interval (`reports.intervals`, `ready.stats`: the closed-form
+runs' evaluation.json with a 95 % interval (`reports.intervals`, `reports.stats`: the closed-form
 crossed seeds × prompts interval), or, for runs without per-prompt logs, as a ratio of seed means.
 The rules every table follows (and states in its caption):
 
@@ -10,7 +10,7 @@ The rules every table follows (and states in its caption):
   table's comparisons (`apply_holm`);
 - a row is bold only when its paired interval against every other row excludes 0 in its favour
   (`best_row`: an intersection-union test, no correction needed);
-- a comparison resting on fewer than `ready.stats.MIN_DISCORDANT` differing units shows the count,
+- a comparison resting on fewer than `reports.stats.MIN_DISCORDANT` differing units shows the count,
   not an interval, and is never marked (its exact sign test is `reports.findings`' to read);
 - a row that resolves to another row's drafter (a rank clamped to d_k) says so in its label and is
   never marked or bolded; CPU timings are never ranked.
@@ -28,11 +28,11 @@ from typing import Callable, Mapping, Sequence
 
 import polars as pl
 
-from ready import stats
-from ready.stats import Interval
+from reports import stats
 from reports import collect
 from reports.collect import METHOD_NAMES, Stat, Variant
 from reports.intervals import Counts, Evidence, count_text
+from reports.stats import Interval
 
 SUMMARY = "overall"  # the benchmark key of the whole-suite metrics the ablation tables report
 POOLED = "_pooled"  # per run, every suite's prompts pooled (ratio of sums): Table 1's last row
@@ -518,7 +518,7 @@ def ablation_table(sweep: str, runs: pl.DataFrame, spec: TableSpec,
 
 def with_pooled(runs: pl.DataFrame, evaluations: Mapping[str, dict], benches: Sequence[str]) -> pl.DataFrame:
     """Per run, τ of every benchmark and `_pooled/tau`, `_pooled/tps` (every suite's prompts pooled, as
-    `ready.stats` pools `overall`) recomputed from the run's evaluation.json by today's rule
+    `reports.stats` pools `overall`) recomputed from the run's evaluation.json by today's rule
     (`ready.metrics`), so a store written by older code reads the same; without one, the logged
     `<b>/tau` and `overall/<m>`. `_pooled` is null for a run that misses a benchmark."""
     tallied: list[stats.RunTallies | None] = []

@@ -2,14 +2,15 @@
 
     ready --help                          # every command, with the module it runs and what it does
     ready sweep rank --dry-run            # = python -m sweeps.run rank --dry-run
-    ready bench engine --json             # = python -m ready.bench.engine --json
+    ready bench engine --json             # = python -m benchmarks.engine --json
     ready diagnose context_ceiling --windows 16
 
 A command hands the rest of its command line to its module's `main(argv)`, so every flag and its help
 live once, in the module that owns them (`ready sweep --help` is `python -m sweeps.run --help`), and
 every `python -m` command keeps working as it is. The commands are `COMMANDS` (the top-level entry
-points) plus the groups in `GROUPS`, discovered: every module of `ready.bench` (`ready bench NAME`) and
-`ready.diagnostics` (`ready diagnose NAME`) with a top-level `main` is a command. Help is read from the
+points) plus the groups in `GROUPS`, discovered: every module of `benchmarks` (`ready bench NAME`) and
+`benchmarks.diagnostics` (`ready diagnose NAME`) with a top-level `main` is a command (a group's own modules:
+the subpackage benchmarks/diagnostics is no `ready bench` command). Help is read from the
 modules' sources without importing them, and a module is imported only when its command runs, so
 `ready --help` needs no torch. Installed as the console script `ready` ([project.scripts]); without the
 install, `python -m sweeps.cli` is the same. It sits above the library because its commands do.
@@ -31,11 +32,11 @@ COMMANDS = {
     "findings": "reports.findings",
     "lengths-figure": "reports.lengths",
     "calibration": "reports.calibration",
-    "generate": "ready.generate",
-    "export": "ready.drafter.export",
-    "launch": "ready.train.launch",
+    "generate": "sweeps.commands.generate",
+    "export": "sweeps.commands.export",
+    "launch": "sweeps.commands.train_launch",
     "launch-row": "sweeps.launch",
-    "build-data": "ready.data.build",
+    "build-data": "sweeps.commands.build_data",
     "basegen": "sweeps.basegen",
     "check-workers": "sweeps.check_workers",
     "relocate-store": "sweeps.relocate",
@@ -44,8 +45,8 @@ COMMANDS = {
 }
 # the groups: name -> (package whose modules with a `main` are its commands, what they are)
 GROUPS = {
-    "bench": ("ready.bench", "benchmarks, each prints JSON"),
-    "diagnose": ("ready.diagnostics", "diagnostics: one-off questions asked of the method"),
+    "bench": ("benchmarks", "benchmarks, each prints JSON"),
+    "diagnose": ("benchmarks.diagnostics", "diagnostics: one-off questions asked of the method"),
 }
 # modules run as `python -m` that are not commands, and why
 NOT_COMMANDS = {
@@ -94,7 +95,8 @@ def summary(tree: ast.Module) -> str:
 
 
 def group_commands(package: str) -> dict[str, str]:
-    """name -> module for every module of `package` with a top-level `main`, by name."""
+    """name -> module for every module of `package` itself (not of its subpackages) with a top-level `main`,
+    by name."""
     folder = source(package).parent
     out = {}
     for path in sorted(folder.glob("*.py")):
@@ -107,7 +109,7 @@ def group_commands(package: str) -> dict[str, str]:
 
 
 def table() -> dict[str, str]:
-    """Every command line -> its module: "sweep" -> "sweeps.run", "bench engine" -> "ready.bench.engine"."""
+    """Every command line -> its module: "sweep" -> "sweeps.run", "bench engine" -> "benchmarks.engine"."""
     out = dict(COMMANDS)
     for group, (package, _) in GROUPS.items():
         out.update({f"{group} {name}": module for name, module in group_commands(package).items()})

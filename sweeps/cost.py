@@ -87,7 +87,7 @@ def load_rates(preset: str, experiments_dir: Path | str = EXPERIMENTS_DIR) -> di
     path = rates_path(preset, experiments_dir)
     if not path.is_file():
         raise CostError(f"--cost: no measured rates for preset {preset!r}; expected {path} (rates measured on a GPU "
-                        "by ready.bench.train_scale and ready.bench.engine, each citing its docs/data/ JSON)")
+                        "by benchmarks.train_scale and benchmarks.engine, each citing its docs/data/ JSON)")
     try:
         raw = json.loads(path.read_text())
         out: dict[str, dict[str, Rate]] = {}

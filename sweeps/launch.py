@@ -5,7 +5,7 @@
         --rdzv-id r8 -m sweeps.launch --sweep rank --row "r=8" ...           # two hosts (docs/sweeps.md)
 
 The row's resolved config is the one `python -m sweeps.run NAME` runs (overrides go to the sweep);
-the training and every other option (`--what`, `--out-dir`, `--json`, ...) are `ready.train.launch`'s.
+the training and every other option (`--what`, `--out-dir`, `--json`, ...) are `sweeps.commands.train_launch`'s.
 The sweep's spec lives above the library, so this command does too.
 """
 
@@ -17,9 +17,9 @@ from typing import Optional, Sequence
 from omegaconf import DictConfig
 
 from ready.config import entry_point
-from ready.train import launch
-from ready.train.launch import LaunchError
+from sweeps.commands import train_launch
 from sweeps.spec import load_sweep
+from sweeps.torchrun import LaunchError
 
 
 def sweep_row_config(sweep: str, row: str, seed: Optional[int], overrides: Sequence[str]) -> DictConfig:
@@ -36,8 +36,8 @@ def sweep_row_config(sweep: str, row: str, seed: Optional[int], overrides: Seque
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse the launcher's options plus `--sweep/--row/--seed` and train that row (ready.train.launch.run)."""
-    p = launch.parser(prog="python -m sweeps.launch", description=__doc__.split("\n")[0])
+    """Parse the launcher's options plus `--sweep/--row/--seed` and train that row (sweeps.commands.train_launch.run)."""
+    p = train_launch.parser(prog="python -m sweeps.launch", description=__doc__.split("\n")[0])
     p.add_argument("--sweep", required=True, help="take the config of one sweep row (with --row, --seed)")
     p.add_argument("--row", default=None, help="the row's label, as in `python -m sweeps.run NAME --dry-run`")
     p.add_argument("--seed", type=int, default=None, help="the row's seed (default: its first)")
@@ -48,7 +48,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise LaunchError("--sweep needs --row LABEL (python -m sweeps.run NAME --dry-run lists the labels)")
         return sweep_row_config(args.sweep, args.row, args.seed, args.overrides)
 
-    return launch.run(args, config)
+    return train_launch.run(args, config)
 
 
 if __name__ == "__main__":

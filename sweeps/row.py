@@ -57,6 +57,7 @@ from ready.train.regen import build_regen_data, build_validation_data, regen_art
 from ready.train.stages import MetricsCallback
 from ready.train.teacher_forced import teacher_forced_acceptance
 from ready.train.teacher_store import ensure_teacher_store
+from sweeps.torchrun import run_under_torchrun
 
 METHODS = ("ar", "dspark", "dflash", "ft", "placebo", "ready")
 AR_BUILD_VERSION = 2  # 2: generations name K "proposals" (was "block_size")
@@ -172,13 +173,13 @@ def free_device_memory() -> None:
 def serving_dtype(drafter: Any, target: Any) -> Any:
     """The drafter as evaluation decodes with it: in the target's dtype when that is 16-bit (a trained drafter is
     saved with its fp32 master weights; the paper serves it in BF16 beside the BF16 target, and
-    ready.bench.engine times it so), unchanged beside a float32 target."""
+    benchmarks.engine times it so), unchanged beside a float32 target."""
     dtype = getattr(target, "dtype", torch.float32)
     return drafter.to(dtype=dtype) if dtype in (torch.bfloat16, torch.float16) else drafter
 
 
 def engine_tags(cfg: DictConfig, loaded: LoadedTarget) -> dict[str, str]:
-    """What evaluation decoded on, as the engine benchmarks (ready.bench.engine) time it: CUDA graphs for the
+    """What evaluation decoded on, as the engine benchmarks (benchmarks.engine) time it: CUDA graphs for the
     target's verify and the draft step (on CUDA), torch.compile'd layers inside them (`target.compile`), the
     fused Triton kernels (importable `ready_kernels`), the exact mode and the batch (`eval.concurrency`)."""
     cuda = loaded.device == "cuda"
@@ -219,7 +220,8 @@ def prepare_shared(cfg: DictConfig, methods: Sequence[str] = METHODS, progress: 
     try:
         loaded = prepare_common(cfg, methods, progress)
         if any(m != "ar" for m in methods):
-            ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, callback=callback, progress=progress)
+            ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, callback=callback, progress=progress,
+                                launch=run_under_torchrun)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
         if not is_out_of_memory(e):
             raise
@@ -363,14 +365,14 @@ def _curve(path: Path) -> list[tuple[int, float]]:
 def _drafter(cfg: DictConfig, method: str, loaded: LoadedTarget, progress: bool):
     """(drafter dir, training curves) for a method that drafts."""
 
-    base = Path(ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress))
+    base = Path(ensure_base_drafter(cfg, loaded.target, loaded.tokenizer, progress=progress, launch=run_under_torchrun))
     curves: dict[str, list[tuple[int, float]]] = {}
     if not cfg.drafter.checkpoint:
         curves["base"] = _curve(base.parent)
     if method in ("dspark", "dflash"):
         return base, curves
     final = Path(train_variant(cfg, loaded.target, loaded.tokenizer, base, Path(cfg.artifacts_dir) / "stages",
-                               progress=progress))
+                               progress=progress, launch=run_under_torchrun))
     stage2 = final.parent
     curves["stage2"] = _curve(stage2)
     spec = json.loads((stage2 / "spec.json").read_text()) if (stage2 / "spec.json").is_file() else {}

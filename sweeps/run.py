@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 from ready.allocator import keep_freed_memory
 from ready.config import ConfigError, entry_point, length_mismatch
 from ready.data.corpus import load_corpus
-from ready.mlflow_store import DEFAULT_TRACKING_URI, redact
+from reports.mlflow_store import DEFAULT_TRACKING_URI, redact
 from sweeps import study as st
 from sweeps import tracking
 from sweeps.prepare import prepare_artifacts, release_shared

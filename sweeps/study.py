@@ -41,7 +41,7 @@ from optuna.trial import TrialState
 
 from ready.config import load_config
 from ready.health import check_metrics
-from ready.mlflow_store import database_problem, database_url, redact
+from reports.mlflow_store import database_problem, database_url, redact
 from sweeps import tracking
 from sweeps.liveness import STALE_AFTER_S, pid_alive, process_start
 from sweeps.spec import Job, Sweep, Variant, search_config
@@ -164,7 +164,7 @@ def damaged_journal(path: Path) -> str:
 
 def open_storage(url: Optional[str], run_dir: Path):
     """`None` -> journal file under `run_dir` (`Journal`); a URL with `://` -> an RDB storage (PostgreSQL, ...),
-    in the form the docs write it (`postgresql://...`: `ready.mlflow_store.database_url` names the driver),
+    in the form the docs write it (`postgresql://...`: `reports.mlflow_store.database_url` names the driver),
     checked with one connection first so an unreachable server is one line within seconds."""
     if not url:
         from optuna.storages import JournalStorage
@@ -420,7 +420,7 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
         metrics = result.metrics()
         check_metrics(metrics, job.variant.method, int(job.cfg.drafter.block_size) - 1)  # broken model: FAILED, not FINISHED
         metrics["time/run_s"] = time.time() - t0
-        from ready.stats import run_metrics  # intervals from this run's per-prompt logs
+        from reports.stats import run_metrics  # intervals from this run's per-prompt logs
 
         metrics.update(run_metrics(result.evaluation))
         resolved = result.resolved

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ready.loading import inputs_identity
 from ready.metrics import gain_pct, speedup
-from ready.mlflow_store import (
+from reports.mlflow_store import (
     TrackingError, _file_lock, _sqlite_file, check_server, client, ensure_experiment as _ensure_experiment,
     experiment_name, flatten, prepare_store, resolve_tracking_uri, retry
 )
@@ -329,7 +329,7 @@ def _benchmarks(metrics: dict[str, float]) -> list[str]:
 
 
 # drafting rows and the reference rows their paired gains are taken against (docs/interfaces.md):
-# reference method -> the gain's name in `ready.stats.relative_metrics` ("" -> tau_gain_pct)
+# reference method -> the gain's name in `reports.stats.relative_metrics` ("" -> tau_gain_pct)
 PAIRED_REFERENCES = {"dspark": "", "ft": "ft", "placebo": "placebo"}
 DRAFTING_METHODS = ("dflash", "ft", "placebo", "ready")
 
@@ -342,9 +342,9 @@ def relative_metrics(metrics: dict[str, float], ar: Optional[dict[str, float]],
     With this run's `evaluation` (evaluation.json) and `references` (reference method -> the
     evaluation.json of that method's run of the same seed), the τ gains become paired per-prompt
     estimates with 95 % intervals: `tau_gain_pct[_lo|_hi]` vs dspark, `tau_gain_vs_ft_pct[...]`,
-    `tau_gain_vs_placebo_pct[...]` for each benchmark, `overall` and `heldout_tf` (ready.stats).
+    `tau_gain_vs_placebo_pct[...]` for each benchmark, `overall` and `heldout_tf` (reports.stats).
     """
-    from ready.stats import relative_metrics as paired
+    from reports.stats import relative_metrics as paired
 
     out: dict[str, float] = {}
     for b in _benchmarks(metrics):
@@ -404,7 +404,7 @@ def log_relative_metrics(c, experiment_id: str, setting: str, runs: Optional[Ite
     """
     from mlflow.entities import Metric
 
-    from ready.stats import StatsError
+    from reports.stats import StatsError
 
     ar = setting_runs(c, experiment_id, setting, "ar")
     refs = {m: setting_runs(c, experiment_id, setting, m) for m in PAIRED_REFERENCES}

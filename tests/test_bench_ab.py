@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ready.bench import ab
+from benchmarks import ab
 from ready.target import save_target
 from tiny_models import small_target
 
@@ -86,7 +86,7 @@ def test_a_budget_stops_before_a_round_that_cannot_finish_and_still_summarizes(t
 
 
 def test_the_step_trace_is_ab_d_on_the_metrics_given(tmp_path, monkeypatch, capsys):
-    """`--bench step_trace` runs `python -m ready.bench.step_trace` in each process and compares only the
+    """`--bench step_trace` runs `python -m benchmarks.step_trace` in each process and compares only the
     dotted paths given with --metric (the engine's figures do not exist there)."""
     ran = []
 
@@ -173,13 +173,13 @@ def test_two_trees_run_in_fresh_processes_on_cpu(tmp_path, capsys):
     torch.manual_seed(0)
     target = save_target(small_target(num_layers=4), tmp_path / "t")
     copy, broken = tmp_path / "copy", tmp_path / "broken"
-    for name in ("ready", "kernels"):  # another source tree: this one's code, elsewhere
+    for name in ("ready", "benchmarks", "kernels"):  # another source tree: this one's code, elsewhere
         shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    (broken / "ready" / "bench").mkdir(parents=True)
-    (broken / "kernels").mkdir()
-    for f in ("ready/__init__.py", "ready/bench/__init__.py"):
+    for name in ("ready", "benchmarks", "kernels"):
+        (broken / name).mkdir(parents=True)
+    for f in ("ready/__init__.py", "benchmarks/__init__.py"):
         (broken / f).write_text("")
-    (broken / "ready/bench/engine.py").write_text("raise SystemExit('error: this tree is broken')\n")
+    (broken / "benchmarks/engine.py").write_text("raise SystemExit('error: this tree is broken')\n")
     out = tmp_path / "ab"
     code = ab.main(["--variant", "here", "--variant", "copy", "--variant", "broken",
                     "--tree", f"copy={copy}", "--tree", f"broken={broken}", "--rounds", "2", "--out", str(out),
@@ -203,22 +203,25 @@ def test_two_trees_run_in_fresh_processes_on_cpu(tmp_path, capsys):
     assert copy_minus_here["rounds"] == [0, 1] and copy_minus_here["interval"] is not None
 
 
-def fake_tree(root, tok_s: float):
-    """A source tree whose engine benchmark prints one JSON line with an AR rate, and a kernels folder."""
-    (root / "ready" / "bench").mkdir(parents=True)
-    (root / "kernels").mkdir()
+def fake_tree(root, tok_s: float, bench: str = "benchmarks"):
+    """A source tree whose engine benchmark prints one JSON line with an AR rate, and a kernels folder;
+    its benchmarks in `bench` (benchmarks/, or ready/bench/ as before issue 76)."""
+    for folder in ("ready", bench, "kernels"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
     (root / "kernels" / "marker.py").write_text(f"TOK_S = {tok_s}\n")
-    for pkg in (root / "ready", root / "ready" / "bench"):
+    for pkg in {root / "ready", root / bench}:
         (pkg / "__init__.py").write_text("")
-    (root / "ready" / "bench" / "engine.py").write_text(
+    (root / bench / "engine.py").write_text(
         "import json\nfrom ready_kernels.marker import TOK_S\n"
         "print(json.dumps({'ar': {'decode_tokens_per_s': TOK_S}}))\n")
     return root
 
 
-def test_a_variant_can_run_another_source_tree(tmp_path, capsys):
-    """--tree: each variant's processes import `ready` and `ready_kernels` from its own tree, not this one."""
-    before, after = fake_tree(tmp_path / "before", 70.0), fake_tree(tmp_path / "after", 72.5)
+@pytest.mark.parametrize("before_bench", ["benchmarks", "ready/bench"])
+def test_a_variant_can_run_another_source_tree(tmp_path, capsys, before_bench):
+    """--tree: each variant's processes import `ready` and `ready_kernels` from its own tree, not this one;
+    a tree from before issue 76 runs its ready/bench/ as `benchmarks`."""
+    before, after = fake_tree(tmp_path / "before", 70.0, before_bench), fake_tree(tmp_path / "after", 72.5)
     out = tmp_path / "ab"
     code = ab.main(["--variant", "before", "--variant", "after", "--tree", f"before={before}",
                     "--tree", f"after={after}", "--rounds", "2", "--out", str(out)])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ready.bench.step_trace import kernel_difference, kernel_events, kernel_part, main, summarize
+from benchmarks.step_trace import kernel_difference, kernel_events, kernel_part, main, summarize
 
 
 def test_kernel_events_keeps_device_kernels_in_start_order():
@@ -79,7 +79,7 @@ def test_no_kernels_is_a_clear_error():
 def test_the_replayer_repeats_one_verify_on_the_same_context():
     import torch
 
-    from ready.bench.step_trace import step_replayer
+    from benchmarks.step_trace import step_replayer
     from ready.target import load_target
 
     torch.manual_seed(0)
@@ -107,7 +107,7 @@ def test_bad_token_sizes_are_refused(tokens, capsys, monkeypatch):
 
 
 def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
-    from ready.bench import step_trace
+    from benchmarks import step_trace
 
     loads = []
     monkeypatch.setattr(step_trace, "load_target", lambda *a, **k: loads.append(a) or "target")
@@ -126,7 +126,7 @@ def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
 def test_the_draft_replayer_repeats_the_batched_draft_step_and_its_bound_counts_weights_and_lm_head():
     import torch
 
-    from ready.bench.step_trace import draft_replayer, draft_stream_bytes
+    from benchmarks.step_trace import draft_replayer, draft_stream_bytes
     from ready.target import load_target
 
     torch.manual_seed(0)
@@ -152,7 +152,7 @@ def test_bad_draft_batches_are_refused(capsys, monkeypatch):
 def test_the_bounds_default_to_the_copy_rate_of_the_gpu_by_name(monkeypatch):
     import torch
 
-    from ready.bench import COPY_BYTES_PER_S, copy_rate
+    from benchmarks import COPY_BYTES_PER_S, copy_rate
 
     assert copy_rate("cpu") == 0.0
     for name, rate in (("NVIDIA H100 80GB HBM3", COPY_BYTES_PER_S["H100"]), ("NVIDIA H200", COPY_BYTES_PER_S["H200"]),
@@ -165,7 +165,7 @@ def test_the_bounds_default_to_the_copy_rate_of_the_gpu_by_name(monkeypatch):
 def test_op_times_charge_each_kernel_to_the_op_and_shapes_that_launched_it():
     import torch
 
-    from ready.bench.step_trace import op_times
+    from benchmarks.step_trace import op_times
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from ready.bench.train_scale import TRAIN_STAGES, main
+from benchmarks.train_scale import TRAIN_STAGES, main
 
 ARGS = ["--target", "tiny", "--device", "cpu", "--quick", "--threads", "1", "--no-progress", "--json", "--gpus", "1,4"]
 

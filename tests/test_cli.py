@@ -46,16 +46,19 @@ def _runs_as_main(tree: ast.Module) -> bool:
 
 def test_every_bench_and_diagnostics_module_with_a_main_is_a_command():
     table = cli.table()
-    for group, folder in (("bench", "ready/bench"), ("diagnose", "ready/diagnostics")):
-        want = {m.rsplit(".", 1)[1] for m in _modules_with(ROOT / folder, _has_main)}
+    for group, folder in (("bench", "benchmarks"), ("diagnose", "benchmarks/diagnostics")):
+        # the group's own modules: benchmarks/diagnostics/ is a group of its own, not `ready bench diagnostics`
+        want = {m.rsplit(".", 1)[1] for m in _modules_with(ROOT / folder, _has_main)
+                if m.rsplit(".", 1)[0] == folder.replace("/", ".")}
         got = {line.split(" ", 1)[1] for line in table if line.startswith(group + " ")}
         assert got == want, f"ready {group}: commands {sorted(got)}, modules with a main {sorted(want)}"
-    assert table["bench engine"] == "ready.bench.engine"
-    assert table["diagnose context_ceiling"] == "ready.diagnostics.context_ceiling"
+    assert "bench diagnostics" not in table and "bench context_ceiling" not in table
+    assert table["bench engine"] == "benchmarks.engine"
+    assert table["diagnose context_ceiling"] == "benchmarks.diagnostics.context_ceiling"
 
 
 def test_every_python_m_entry_point_is_a_command_or_said_why_not():
-    entry_points = set().union(*(_modules_with(ROOT / top, _runs_as_main) for top in ("ready", "sweeps", "reports")))
+    entry_points = set().union(*(_modules_with(ROOT / top, _runs_as_main) for top in ("ready", "benchmarks", "sweeps", "reports")))
     commands = set(cli.table().values())
     missing = entry_points - commands - set(cli.NOT_COMMANDS)
     assert not missing, f"give {sorted(missing)} a command in sweeps/cli.py (COMMANDS) or a reason in NOT_COMMANDS"
@@ -74,7 +77,7 @@ def test_the_console_script_is_declared():
 def test_help_lists_every_command_without_importing_torch():
     code = ("import sys; from sweeps.cli import main; rc = main(['--help']); "
             "rc |= main(['bench', '--help']) | main(['diagnose', '--help']); "
-            "heavy = sorted(m for m in ('torch', 'omegaconf', 'mlflow', 'polars', 'ready.bench.engine') "
+            "heavy = sorted(m for m in ('torch', 'omegaconf', 'mlflow', 'polars', 'benchmarks.engine') "
             "if m in sys.modules); print('IMPORTED', heavy, rc)")
     out = _python("-c", code)
     assert out.returncode == 0, out.stderr
@@ -135,7 +138,7 @@ def test_the_exit_status_is_what_python_m_would_give(result, status):
 
 
 def test_a_module_s_own_exit_status_wins():
-    from ready.diagnostics import induction_toy
+    from benchmarks.diagnostics import induction_toy
 
     assert cli.exit_status(induction_toy, []) == 1 and cli.exit_status(induction_toy, [{"step": 1}]) == 0
 

@@ -1,7 +1,7 @@
 """One config loader for every entry point (issue 45, item 3): for every preset, profile, config file
 and a few override sets, the loader gives exactly the config each entry point built before it had
-one loader. The `_old_*` functions are frozen copies of those earlier code paths (ready.train.launch,
-ready.bench.train_scale, ready.bench.engine, ready.generate, the `schema <- a.b=v` commands and
+one loader. The `_old_*` functions are frozen copies of those earlier code paths (sweeps.commands.train_launch,
+benchmarks.train_scale, benchmarks.engine, sweeps.commands.generate, the `schema <- a.b=v` commands and
 sweeps.spec), kept here only as the reference the loader must reproduce."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ OVERRIDES = [
 # --- frozen copies of the earlier code paths ------------------------------------------------------
 
 def _old_launch(preset: Optional[str], config: Optional[str], overrides: Sequence[str]) -> DictConfig:
-    """ready.train.launch.load_config before issue 45."""
+    """sweeps.commands.train_launch.load_config before issue 45."""
     cfg = schema()
     layers = [EXPERIMENTS_DIR / "base.yaml"] + ([EXPERIMENTS_DIR / "presets" / f"{preset}.yaml"] if preset else [])
     layers += [Path(config)] if config else []
@@ -41,7 +41,7 @@ def _old_launch(preset: Optional[str], config: Optional[str], overrides: Sequenc
 
 
 def _old_train_scale(preset: str, profile: Optional[str], overrides: Sequence[str]) -> DictConfig:
-    """ready.bench.train_scale.bench_config before issue 45."""
+    """benchmarks.train_scale.bench_config before issue 45."""
     cfg = _old_launch(preset, None, [])
     if profile:
         path = EXPERIMENTS_DIR / "profiles" / f"{profile}.yaml"
@@ -52,7 +52,7 @@ def _old_train_scale(preset: str, profile: Optional[str], overrides: Sequence[st
 
 
 def _old_engine(preset: str, block_size: int) -> tuple[Any, Any]:
-    """ready.bench.engine.drafter_configs before issue 45 (the drafter and reader sections only)."""
+    """benchmarks.engine.drafter_configs before issue 45 (the drafter and reader sections only)."""
     layers = []
     for f in (EXPERIMENTS_DIR / "base.yaml", EXPERIMENTS_DIR / "presets" / f"{preset}.yaml"):
         raw = OmegaConf.load(f)
@@ -63,13 +63,13 @@ def _old_engine(preset: str, block_size: int) -> tuple[Any, Any]:
 
 
 def _old_generate_default() -> DictConfig:
-    """ready.generate's config for `--target default` before issue 45."""
+    """sweeps.commands.generate's config for `--target default` before issue 45."""
     base = EXPERIMENTS_DIR / "base.yaml"
     return merge(schema(), OmegaConf.load(base), source=str(base))
 
 
 def _old_overrides_only(overrides: Sequence[str]) -> DictConfig:
-    """ready.data.build, ready.bench.train, ready.diagnostics.copy_probe and heldout_setup before issue 45."""
+    """sweeps.commands.build_data, benchmarks.train, benchmarks.diagnostics.copy_probe and heldout_setup before issue 45."""
     cfg = merge(schema(), OmegaConf.from_dotlist(list(overrides)), source="command line")
     validate(cfg)
     return cfg
@@ -156,28 +156,28 @@ def _no_checkpoint_env(monkeypatch):
 
 
 def _launch(preset, config, overrides):
-    """`python -m ready.train.launch --preset P --config FILE a.b=v` (its main's call)."""
+    """`python -m sweeps.commands.train_launch --preset P --config FILE a.b=v` (its main's call)."""
     return load_config(preset=preset, files=[config] if config else [], overrides=overrides)
 
 
 def _train_scale(preset, profile, overrides):
-    from ready.bench.train_scale import bench_config
+    from benchmarks.train_scale import bench_config
 
     return bench_config(preset, profile, overrides)
 
 
 def _engine(preset, block_size):
-    from ready.bench.engine import drafter_configs
+    from benchmarks.engine import drafter_configs
 
     return drafter_configs(preset, block_size)
 
 
 def _generate_default():
-    return load_config()  # ready.generate's `--target default`
+    return load_config()  # sweeps.commands.generate's `--target default`
 
 
 def _overrides_only(overrides):
-    return load_config(overrides=overrides)  # ready.data.build, ready.bench.train, copy_probe, heldout_setup
+    return load_config(overrides=overrides)  # sweeps.commands.build_data, benchmarks.train, copy_probe, heldout_setup
 
 
 @pytest.mark.parametrize("preset", [None, *PRESETS])
@@ -189,7 +189,7 @@ def test_launch_presets_and_overrides(preset, overrides):
 def test_launch_with_a_config_file(tmp_path: Path, monkeypatch):
     partial = tmp_path / "partial.yaml"
     partial.write_text("reader: {rank: 12, layers: [30]}\ntrain:\n  stage2: {samples: 9}\n")
-    resolved = tmp_path / "resolved.yaml"  # what ready.train.torchrun hands its child processes
+    resolved = tmp_path / "resolved.yaml"  # what sweeps.torchrun hands its child processes
     OmegaConf.save(_old_launch("tiny", None, ["reader.rank=3", "seed=5"]), resolved, resolve=True)
     for preset, file, overrides in [(None, partial, []), ("tiny", partial, OVERRIDES[1]), ("qwen3_5_27b", partial, []),
                                     (None, resolved, []), (None, resolved, ["eval.max_new_tokens=9"])]:
@@ -305,8 +305,8 @@ def test_every_draft_layer_resolves_without_the_sweep_runner():
 
 
 def test_entry_points_report_a_bad_preset_in_one_line(capsys):
-    from ready.bench.engine import main as engine_main
-    from ready.train.launch import main as launch_main
+    from benchmarks.engine import main as engine_main
+    from sweeps.commands.train_launch import main as launch_main
 
     assert launch_main(["--preset", "nope"]) == 2
     err = capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ready.diagnostics.context_ceiling import greedy_change_rate, rejection_share
+from benchmarks.diagnostics.context_ceiling import greedy_change_rate, rejection_share
 from ready.train import greedy_responses
 from test_train_helpers import micro_prompts, micro_target
 
@@ -66,7 +66,7 @@ def test_an_untrained_drafters_rejections_are_its_anchor_positions(regenerated):
 
 
 def test_cutting_only_attention_to_a_window_that_holds_every_prefix_changes_nothing(regenerated):
-    from ready.diagnostics.context_ceiling import attention_only_change_rate, attention_window
+    from benchmarks.diagnostics.context_ceiling import attention_only_change_rate, attention_window
 
     target, data = regenerated
     assert attention_only_change_rate(target, data, window=int(data.tokens.shape[1])) == (0.0, 6 * 10)

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
+from benchmarks.diagnostics.copy_probe import copy_fidelity, copy_prompts, fidelity, main
 from ready.data.pretrain import insert_repeats
-from ready.diagnostics.copy_probe import copy_fidelity, copy_prompts, fidelity, main
 
 
 class Copier(torch.nn.Module):
@@ -40,7 +40,7 @@ def test_fill_puts_random_ids_in_the_source_and_repeats_them():
 
 
 def test_fidelity_is_one_for_a_perfect_copier(monkeypatch):
-    import ready.diagnostics.copy_probe as copy_probe
+    import benchmarks.diagnostics.copy_probe as copy_probe
     import ready.train as train
 
     def greedy(model, prompts, n, eos_id=None, batch_size=1, progress=False):  # uncached greedy

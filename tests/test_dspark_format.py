@@ -18,8 +18,8 @@ import torch
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import Engine
 from ready.drafter import DrafterError, DSparkDrafter, load_drafter, save_drafter
-from ready.drafter.export import main as export_main
 from ready.target import HybridConfig, HybridLM, load_target, save_target
+from sweeps.commands.export import main as export_main
 
 specforge = pytest.importorskip("specforge.modeling.draft.dspark")
 transformers = pytest.importorskip("transformers")
@@ -293,7 +293,7 @@ def test_export_loads_in_specforge_and_back_here_bit_for_bit(target, hf, tmp_pat
 
 
 def test_generate_reads_an_export(target_dir, target, tmp_path, capsys):
-    from ready.generate import main as generate
+    from sweeps.commands.generate import main as generate
 
     ref = specforge_model("rnn")
     ref.save_pretrained(tmp_path / "sf")

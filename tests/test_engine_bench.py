@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ready.bench.engine import (
+from benchmarks.engine import (
     ForcedRounds, abba, calibrated_confidence, consistency, forced_acceptance, main, paired_difference, paired_ratio,
     parse_accept_dist, verify_bound
 )
@@ -129,7 +129,7 @@ def test_benchmark_prints_consistent_json_on_cpu(tmp_path, capsys):
     assert always["tau"] == 4.0 and always["rounds"] == 10
     assert never["tau"] == 1.0 and never["rounds"] == 39
     assert res["bound"]["tokens_per_s"] > 0
-    # which source tree produced the figures travels with them (ready.bench.ab A/Bs trees)
+    # which source tree produced the figures travels with them (benchmarks.ab A/Bs trees)
     assert Path(res["source"]["ready"]) == Path(__file__).resolve().parent.parent
 
 
@@ -218,7 +218,7 @@ def test_batched_benchmark_one_engine_at_a_time_holds_one_and_runs_the_same_roun
     before the next is built, and the drafters still run identical rounds."""
     import weakref
 
-    import ready.bench.engine as bench_engine
+    import benchmarks.engine as bench_engine
 
     alive, most = [], [0]
 

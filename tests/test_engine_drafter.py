@@ -1,5 +1,5 @@
 """The team's DSpark / ReaDy drafters run through the engine over the Drafter protocol: output
-stays lossless, and `python -m ready.generate --method dspark|ready --drafter DIR` loads them."""
+stays lossless, and `python -m sweeps.commands.generate --method dspark|ready --drafter DIR` loads them."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 import ready.reader as reader_mod
 import ready.target.layers as layers_mod
 from ready.config import DrafterConfig, ReaderConfig
-from ready.drafter import save_drafter
 from ready.decode import Engine, evaluate
-from ready.generate import main
+from ready.drafter import save_drafter
 from ready.target import HybridLM, save_target
+from sweeps.commands.generate import main
 
 from tiny_models import VOCAB, small_target
 

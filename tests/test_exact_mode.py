@@ -368,7 +368,7 @@ class _no_lossless_warning:
 
 
 def test_generate_cli_reports_both_checks(capsys, tmp_path):
-    from ready.generate import main
+    from sweeps.commands.generate import main
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("[1, 2, 3, 4, 5, 6, 7, 8]\n[9, 8, 7]\n")

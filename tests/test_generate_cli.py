@@ -1,4 +1,4 @@
-"""`python -m ready.generate`: generates, reports per-prompt metrics as JSON, and turns bad input
+"""`python -m sweeps.commands.generate`: generates, reports per-prompt metrics as JSON, and turns bad input
 into one clear line on stderr."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ready.decode import Engine
-from ready.generate import main
 from ready.metrics import survival
 from ready.target import HybridConfig, HybridLM, save_target
+from sweeps.commands.generate import main
 
 torch.set_num_threads(1)  # tiny models: one thread beats two on a shared machine
 WORDS = ["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to"]
@@ -121,8 +121,8 @@ def test_text_prompt_without_tokenizer_is_refused(capsys):
 def test_module_entry_point(ckpt):
     path, _ = ckpt
     proc = subprocess.run(
-        [sys.executable, "-m", "ready.generate", "--target", str(path), "--method", "ngram", "--prompt-ids", "1,2",
-         "--max-new-tokens", "5", "--device", "cpu", "--threads", "1", "--json"],
+        [sys.executable, "-m", "sweeps.commands.generate", "--target", str(path), "--method", "ngram",
+         "--prompt-ids", "1,2", "--max-new-tokens", "5", "--device", "cpu", "--threads", "1", "--json"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
     )
     assert proc.returncode == 0, proc.stderr

@@ -13,7 +13,7 @@ import torch
 
 import ready.loading
 import ready.train.pipeline
-from ready.bench.shape_folders import write_folders
+from benchmarks.shape_folders import write_folders
 from ready.loading import load_configured_target
 from ready.phases import PHASES, PhaseRecord, phase_metrics
 from ready.target.checkpoint import load_target

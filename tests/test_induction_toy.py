@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ready.diagnostics.induction_toy import copy_batch, main
+from benchmarks.diagnostics.induction_toy import copy_batch, main
 
 
 def test_every_masked_token_is_predictable_by_copying_what_followed_the_previous_token_before():

@@ -22,7 +22,7 @@ import ready.fastops as fastops
 import ready.reader as reader
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "ready", "sweeps", "reports", "kernels")
+SOURCES = ("pyproject.toml", "README.md", "ready", "benchmarks", "sweeps", "reports", "kernels")
 KERNEL_MODULES = sorted(p.stem for p in (ROOT / "kernels").glob("*.py"))
 
 
@@ -32,7 +32,7 @@ def _setuptools_table() -> dict:
 
 def test_pyproject_lists_every_package_and_maps_kernels():
     st = _setuptools_table()
-    found = sorted(".".join(p.parent.relative_to(ROOT).parts) for top in ("ready", "sweeps", "reports")
+    found = sorted(".".join(p.parent.relative_to(ROOT).parts) for top in ("ready", "benchmarks", "sweeps", "reports")
                    for p in (ROOT / top).rglob("__init__.py") if "__pycache__" not in p.parts)
     missing = sorted(set(found) - set(st["packages"]))
     assert not missing, f"add {missing} to [tool.setuptools] packages in pyproject.toml (a wheel would lack them)"
@@ -129,7 +129,7 @@ def test_wheel_installs_kernels_as_ready_kernels_in_a_fresh_venv(tmp_path):
 
     # the console script `ready` ([project.scripts]) runs from the wheel: its help reads the installed sources
     helped = _run([str(venv / "bin" / "ready"), "--help"], tmp_path)
-    assert "sweeps.run" in helped and "ready.bench.engine" in helped and "ready.diagnostics.theory" in helped
+    assert "sweeps.run" in helped and "benchmarks.engine" in helped and "benchmarks.diagnostics.theory" in helped
 
     # a regular `kernels` package (as the PyPI distribution installs) is not shadowed by kernels/ in the
     # working directory, and ready_kernels still comes from the wheel

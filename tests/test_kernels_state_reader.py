@@ -158,8 +158,8 @@ def test_paper_size_on_cuda(dtype, r, B):
 
 
 def test_stage_benchmark_kernel_run_to_the_end_is_the_reader():
-    """ready/bench/kernel_stages.py times the reader cut after each stage; uncut, it must be the reader."""
-    stages = importlib.import_module("ready.bench.kernel_stages")
+    """benchmarks/kernel_stages.py times the reader cut after each stage; uncut, it must be the reader."""
+    stages = importlib.import_module("benchmarks.kernel_stages")
     H, d, r, P, M = 2, 16, 8, 3, 4
     ssm, layer_idx, slots, z, U, V = make_inputs(3, 2, H, d, d, [2, 0], 1, P, r, torch.float32, grad=False)
     out = torch.zeros(1, P, M * r + M, device=DEVICE)

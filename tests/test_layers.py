@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("ready", "sweeps", "reports")
+PACKAGES = ("ready", "benchmarks", "sweeps", "reports")
 
 # lint-imports over the packages below argv[1]: `ready_kernels` is argv[2]/ready_kernels (a link to its
 # kernels/), and an editable install's path hook, which may map `ready_kernels` to another clone's
@@ -57,6 +57,8 @@ def _copy_tree(dest: Path) -> Path:
     ("kernels/rmsnorm.py", "import ready.config", "ready_kernels.rmsnorm -> ready.config"),  # a kernel imports the library
     ("ready/target/cache.py", "import ready.decode.engine", "ready.target.cache -> ready.decode.engine"),  # a room imports one above it
     ("ready/train/anchors.py", "import ready.train.stages", "No cycles are allowed in ready.train"),  # a cycle
+    ("ready/metrics.py", "import reports.stats", "ready.metrics -> reports.stats"),  # the library imports the reports
+    ("benchmarks/engine.py", "import sweeps.row", "benchmarks.engine -> sweeps.row"),  # siblings: neither imports the other
 ])
 def test_an_upward_import_or_a_cycle_breaks_the_contract(tmp_path, module, line, broken):
     """The same check on a copy of the tree with one import added fails and names it."""

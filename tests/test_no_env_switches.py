@@ -10,7 +10,7 @@ READS = re.compile(r"""(environ\s*(\.get\s*\(|\[)|getenv\s*\()\s*f?["']READY_"""
 
 def test_no_module_reads_a_ready_environment_variable():
     offenders = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-                 for pkg in ("ready", "kernels", "sweeps", "reports")
+                 for pkg in ("ready", "benchmarks", "kernels", "sweeps", "reports")
                  for path in sorted((ROOT / pkg).rglob("*.py"))
                  for n, line in enumerate(path.read_text().splitlines(), 1) if READS.search(line)]
     assert not offenders, "READY_* environment switches (make them config fields):\n" + "\n".join(offenders)

@@ -2,9 +2,9 @@
 items 2, 4, 5 and the file cases of 9), each run as the probe ran it: the command, its exit status,
 its one line, and what is (not) loaded, written or lost.
 
-G below is the probe's `python -m ready.generate --target T --drafter D --method dspark ...` over a
+G below is the probe's `python -m sweeps.commands.generate --target T --drafter D --method dspark ...` over a
 tiny target T and a DSpark drafter folder D as SpecForge writes one (config.json with dflash_config +
-model.safetensors); E is `python -m ready.drafter.export SRC OUT`.
+model.safetensors); E is `python -m sweeps.commands.export SRC OUT`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def copy(base: Path, name: str, tmp_path: Path) -> Path:
 
 def generate(capsys, target: Path, drafter: Path | None = None, *extra: str) -> tuple[int, list[str], str]:
     """G (with --method ngram when there is no drafter): (exit status, its error lines, its stdout)."""
-    from ready.generate import main
+    from sweeps.commands.generate import main
 
     args = ["--target", str(target), *(["--drafter", str(drafter), "--method", "dspark"] if drafter else
                                        ["--method", "ngram"]), *PROMPT, *extra]
@@ -265,7 +265,7 @@ def test_inf_weights_are_refused_like_nan(kind: str, base: Path, tmp_path: Path,
 
 def export(capsys, *args: str) -> tuple[int, list[str], str]:
     """E: (exit status, its error lines, the rest of its stderr and stdout)."""
-    from ready.drafter.export import main
+    from sweeps.commands.export import main
 
     code = main(list(args))
     out = capsys.readouterr()
@@ -517,11 +517,11 @@ def test_parameters_beyond_the_hosts_memory_are_refused_before_allocation(kind: 
 
 
 # ---------------------------------------------------------------------------------------------
-# 9. ready.generate's own options
+# 9. sweeps.commands.generate's own options
 
 
 def test_prompts_with_bytes_that_are_not_utf8_are_one_line(base: Path, tmp_path: Path, capsys) -> None:
-    from ready.generate import main
+    from sweeps.commands.generate import main
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(b'{"prompt_ids": [1, 2]}\n{"prompt": "def \xff\xfe add"}\n')
@@ -534,7 +534,7 @@ def test_prompts_with_bytes_that_are_not_utf8_are_one_line(base: Path, tmp_path:
 
 @pytest.mark.parametrize("option, value, shown", [
     ("--threads", "-2", "error: --threads -2; expected an integer >= 1 (CPU threads)"),
-    ("--eos-id", "1e22", "error: argument --eos-id: invalid int value: '1e22' (python -m ready.generate --help lists "
+    ("--eos-id", "1e22", "error: argument --eos-id: invalid int value: '1e22' (python -m sweeps.commands.generate --help lists "
                          "the options)"),
     ("--eos-id", str(10**22), f"error: --eos-id {10**22}; expected a token id of the target (0..7)"),
     ("--eos-id", "-1", "error: --eos-id -1; expected a token id >= 0"),
@@ -543,7 +543,7 @@ def test_prompts_with_bytes_that_are_not_utf8_are_one_line(base: Path, tmp_path:
     ("--warmup", "-3", "error: --warmup -3; expected an integer >= 0 (untimed generations)"),
 ])
 def test_a_generate_option_out_of_range_is_one_line(option: str, value: str, shown: str, base: Path, capsys) -> None:
-    from ready.generate import main
+    from sweeps.commands.generate import main
 
     try:
         code = main(["--target", str(base / "target"), "--method", "ar", *PROMPT, option, value])

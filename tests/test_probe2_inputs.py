@@ -135,7 +135,7 @@ def test_python_m_applies_the_same_rule(tmp_path: Path) -> None:
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "ready.data.build", "reader.rnak=8"], cwd=tmp_path, env=env,
+    out = subprocess.run([sys.executable, "-m", "sweeps.commands.build_data", "reader.rnak=8"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and out.stdout == ""
     assert errors(out.stderr) == ["error: command line: bad value at key 'reader.rnak': Key 'rnak' not in "

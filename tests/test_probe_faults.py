@@ -58,7 +58,7 @@ def word_tokenizer():
 
 
 def tiny_checkpoint(folder: Path, head: float = 0.0) -> Path:
-    """A tiny hybrid target with its tokenizer, as `ready.generate --target DIR` reads it."""
+    """A tiny hybrid target with its tokenizer, as `sweeps.commands.generate --target DIR` reads it."""
     from ready.target import HybridConfig, HybridLM, save_target
 
     torch.manual_seed(0)
@@ -100,7 +100,7 @@ def nan_bytes(folder: Path) -> str:
 
 @pytest.mark.parametrize("break_it", [nan_weight, nan_bytes])
 def test_generate_refuses_a_checkpoint_with_nan_weights(break_it, tmp_path: Path, capsys) -> None:
-    from ready.generate import main as generate
+    from sweeps.commands.generate import main as generate
 
     folder = tiny_checkpoint(tmp_path / "target")
     (folder / "DONE").unlink()  # a user's folder: no manifest to catch the change first
@@ -114,7 +114,7 @@ def test_generate_refuses_a_checkpoint_with_nan_weights(break_it, tmp_path: Path
 
 
 def test_generate_refuses_a_target_whose_logits_overflow(tmp_path: Path, capsys) -> None:
-    from ready.generate import main as generate
+    from sweeps.commands.generate import main as generate
 
     folder = tiny_checkpoint(tmp_path / "target", head=3e38)  # finite weights, logits beyond float32
     code = generate(["--target", str(folder), "--method", "ngram", "--prompt", "def add(a, b):",

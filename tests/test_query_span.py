@@ -1,4 +1,4 @@
-"""ready.diagnostics.query_span: the shares are right where the answer is known, the tolerance decides the
+"""benchmarks.diagnostics.query_span: the shares are right where the answer is known, the tolerance decides the
 numerical span, the queries are the ones the target and the reader use, and a tiny drafter end to end."""
 
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ready.diagnostics.query_span import (METRICS, RTOL, QuerySpanError, check_drafter, flat_metrics, main, measure,
+from benchmarks.diagnostics.query_span import (METRICS, RTOL, QuerySpanError, check_drafter, flat_metrics, main, measure,
                                           prefix_projectors, query_shares, rows_table)
-from ready.diagnostics.theory import decompose, projector
+from benchmarks.diagnostics.theory import decompose, projector
 from ready.reader import StateSource, read_states_torch
 from ready.target.gdn_ops import recurrent_gated_delta_rule
 from ready.train.regen_data import RegenData
@@ -181,9 +181,9 @@ def test_logging_needs_a_run(tmp_path):
 def test_a_sweep_row_s_run_is_measured_logged_and_tabled(target, tmp_path, monkeypatch, capsys):
     from omegaconf import OmegaConf
 
-    from ready import mlflow_store
+    from reports import mlflow_store
     from ready.config import schema
-    from ready.diagnostics import query_span
+    from benchmarks.diagnostics import query_span
     from ready.drafter import save_drafter
     from ready.loading import LoadedTarget
 
@@ -216,7 +216,7 @@ def test_a_sweep_row_s_run_is_measured_logged_and_tabled(target, tmp_path, monke
 
 
 def test_a_rows_relative_drafter_path_is_found_under_the_artifacts_dir_given_on_the_command_line(tmp_path):
-    from ready.diagnostics.query_span import moved_artifact
+    from benchmarks.diagnostics.query_span import moved_artifact
 
     (tmp_path / "elsewhere/stages/s2/drafter").mkdir(parents=True)
     recorded = Path("artifacts/stages/s2/drafter")  # as the sweep recorded it, relative to where it ran

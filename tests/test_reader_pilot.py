@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ready.diagnostics.reader_pilot import probe, reader_ablation
+from benchmarks.diagnostics.reader_pilot import probe, reader_ablation
 from ready.train import greedy_responses
 from test_train_helpers import micro_prompts, micro_target
 

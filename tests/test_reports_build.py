@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from evaluation_logs import bench_rounds, evaluation, metrics_of
-from ready import stats
-from ready.mlflow_store import ensure_experiment
+from reports import stats
 from reports import latex, markdown
 from reports.build import build_reports, main
 from reports.collect import load_evaluations, load_runs
 from reports.errors import ReportError
 from reports.figures import survival_curves
+from reports.mlflow_store import ensure_experiment
 from reports.tables import build_table
 
 BENCHES = ("humaneval", "heldout")
@@ -206,7 +206,7 @@ def _rows(md: str) -> dict[str, list[str]]:
 
 
 def _pooled(sweep_rows, device, label, ref=None, metric="tau", seeds=(0, 1)):
-    """What the table should show for `label`: from the logs, with ready.stats directly."""
+    """What the table should show for `label`: from the logs, with reports.stats directly."""
     t = {k: stats.tallies(v) for k, v in logs(tuple(sweep_rows), device).items()}
     if ref is None:
         return stats.tau([t[label, s] for s in seeds], "overall")
@@ -255,7 +255,7 @@ def test_a_not_lossless_seed_is_left_out_and_footnoted(built):
     # r=32's seed 1 (+50 %) was not lossless: the row is seed 0 alone (+5 %), paired with DSpark's seed 0
     r32 = _pooled(RANK_ROWS, "cpu", "r=32", "DSpark", seeds=(0,))
     assert r32.value == pytest.approx(5.0, abs=0.05)
-    # one seed × 16 prompts: fewer than ready.stats.MIN_DISCORDANT differing units, a count and no interval
+    # one seed × 16 prompts: fewer than reports.stats.MIN_DISCORDANT differing units, a count and no interval
     assert r32.thin and rows["r=32‡"][1] == f"{r32.value:+.1f} ({r32.discordant} of 16 differ)"
     assert "‡ Not lossless: r=32: seed(s) 1 not lossless (speculative output differed from AR greedy); left out" in md
     assert r"r=32$^{\ddagger}$" in (out / "table3.tex").read_text()

@@ -146,7 +146,7 @@ def test_slimmed_evaluations_keep_every_number_the_statistics_need():
     import numpy as np
 
     from evaluation_logs import bench_rounds, evaluation
-    from ready import stats
+    from reports import stats
 
     rounds = {"humaneval": bench_rounds(1, 4, 10)}
     full = evaluation("ready", rounds, swapped=rounds)

@@ -8,10 +8,10 @@ import statistics
 
 import pytest
 
-from ready.mlflow_store import ensure_experiment
 from reports.build import build_reports
 from reports.collect import load_runs
 from reports.concurrency import tps_by_concurrency
+from reports.mlflow_store import ensure_experiment
 
 # sweep -> settings, oldest first: (setting, eval.concurrency param (None: predates the key), bench.limit,
 # rows: (method, label, order, overall/tps per seed; a (tps, 0) pair is a run that was not lossless))

@@ -5,8 +5,8 @@ inconclusive otherwise; thin comparisons are read by their exact sign test befor
 import numpy as np
 import pytest
 
-from ready.stats import Interval
 from reports.findings import Comparison, _fmt, _mde, control_verdict, judge, overall_verdict, reason
+from reports.stats import Interval
 
 
 def test_a_directional_claim_needs_its_interval_on_the_right_side_of_zero():

@@ -14,7 +14,7 @@ DATA = Path(__file__).resolve().parent.parent / "docs" / "data"
 
 
 def engine_entry(n: int, gpu: str = "NVIDIA H200", drafters: bool = True) -> dict:
-    """One length of `python -m ready.bench.engine`'s JSON, the fields the figure reads."""
+    """One length of `python -m benchmarks.engine`'s JSON, the fields the figure reads."""
     e = {"prompt_len": n, "gpu": gpu, "ar": {"decode_tokens_per_s": 70.0 - n / 1e4},
          "bound": {"bandwidth_bytes_per_s": 4.27e12, "step_ms_with_kv": 12.0 + n / 1e5}}
     if drafters:
@@ -61,7 +61,7 @@ def test_files_of_two_gpus_or_a_length_twice_are_one_clear_error(tmp_path, capsy
         load_points([a, a])
     bad = write(tmp_path / "bad.json", {"rows": []})
     assert main([str(bad), "--out", str(tmp_path / "x")]) == 2
-    assert "bad.json: not the JSON of `python -m ready.bench.engine`" in capsys.readouterr().err
+    assert "bad.json: not the JSON of `python -m benchmarks.engine`" in capsys.readouterr().err
     assert not list(tmp_path.glob("x.*"))  # nothing written
     no_ar = write(tmp_path / "no_ar.json", {"prompt_len": 256, "ar": {}})
     with pytest.raises(ReportError, match="no_ar.json: .*expected `prompt_len` and `ar.decode_tokens_per_s`"):

@@ -6,9 +6,9 @@ import polars as pl
 import pytest
 
 from evaluation_logs import bench_rounds, evaluation, metrics_of
-from ready import stats
-from ready.stats import Interval
+from reports import stats
 from reports import collect, latex, markdown
+from reports.stats import Interval
 from reports.tables import CPU_TIMING, Cell, apply_holm, best_row, build_table, spec_for
 
 BENCHES = ("humaneval", "gsm8k")
@@ -38,7 +38,7 @@ def _iv(mean, lo, hi, kind="gain"):
 def test_bold_needs_a_paired_win_against_every_other_row():
     from types import SimpleNamespace
 
-    from ready.stats import Interval
+    from reports.stats import Interval
 
     a, b, c = (SimpleNamespace(name=n) for n in "abc")
     score = {"a": 5.0, "b": 4.0, "c": 3.0}

@@ -1,4 +1,4 @@
-"""ready.stats on hand-built evaluation logs: the paired interval agrees with scipy's paired
+"""reports.stats on hand-built evaluation logs: the paired interval agrees with scipy's paired
 bootstrap (one seed) and with a plain loop (seeds, then prompts); a 1 % τ gain over ~500 rounds
 is noise, a 10 % one is not; point estimates are the metrics the evaluation reports."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from evaluation_logs import K, bench_rounds, evaluation, record
-from ready import stats
 from ready.metrics import SequenceLog, overall, summarize
+from reports import stats
 
 
 def _row(seed, gain=0.0, ref=None, prompts=10, rounds=50, **kw):

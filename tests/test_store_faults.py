@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from fault_helpers import SWEEP, errors, fake_runner_env, raced_store, store_copy, sweep_args, wait_for_a_started_row
-from ready.mlflow_store import PROBE_TIMEOUT_S
 from reports.build import main as reports_main
+from reports.mlflow_store import PROBE_TIMEOUT_S
 from sweeps import tracking
 from sweeps.run import main
 from sweeps.spec import EXPERIMENTS_DIR, SpecError, load_sweep

@@ -81,7 +81,7 @@ def run_variant(cfg, method: str = "ready", progress: bool = True) -> VariantRes
     boost = {"ar": 0, "dspark": 1, "ft": 1, "placebo": 1}.get(method, 1 + (int(cfg.reader.rank) % 5 > 2) + int(cfg.seed) % 2)
     per_bench, records = [], {}
     for b, suite in enumerate(cfg.bench.suites):
-        # 16 prompts a suite: 32 units a run, enough (ready.stats.MIN_DISCORDANT) for a one-run paired interval
+        # 16 prompts a suite: 32 units a run, enough (reports.stats.MIN_DISCORDANT) for a one-run paired interval
         prompts = [[min(k, (i + j + boost + b) % (k + 1)) for i in range(6)] if k else [0] * 8 for j in range(16)]
         logs = [SequenceLog(new_tokens=1 + sum(a + 1 for a in acc), wall_s=0.5 + 0.1 * b, accepted=acc,
                             horizons=[k] * len(acc)) for acc in prompts]

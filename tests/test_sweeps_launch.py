@@ -1,10 +1,10 @@
-"""sweeps.launch: one sweep row's config for ready.train.launch, resolved as `python -m sweeps.run` resolves it."""
+"""sweeps.launch: one sweep row's config for sweeps.commands.train_launch, resolved as `python -m sweeps.run` resolves it."""
 
 from __future__ import annotations
 
 import pytest
 
-from ready.train.launch import LaunchError
+from sweeps.commands.train_launch import LaunchError
 from sweeps.launch import main, sweep_row_config
 from sweeps.spec import load_sweep
 

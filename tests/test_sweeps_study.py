@@ -287,12 +287,12 @@ def _logged_run(c, exp_id: str, setting: str, method: str, seed: int, evaluation
 
 def test_relative_metrics_pair_each_drafting_run_with_the_references_of_its_seed(ws: Path):
     from evaluation_logs import bench_rounds, evaluation
-    from ready import stats
+    from reports import stats
 
     c = tracking.client(f"sqlite:///{ws / 'mlflow.db'}")
     exp = tracking.ensure_experiment(c, "paired")
     evals, ids = {}, {}
-    for seed in (0, 1):  # 32 prompts: enough differing units (ready.stats.MIN_DISCORDANT) for an interval
+    for seed in (0, 1):  # 32 prompts: enough differing units (reports.stats.MIN_DISCORDANT) for an interval
         ds = {"humaneval": bench_rounds(10 + seed, 32, 20)}
         rows = {"dspark": ds,
                 "ft": {"humaneval": bench_rounds(20 + seed, 32, 20, 0.02, ds["humaneval"])},

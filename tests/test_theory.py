@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from ready.diagnostics.theory import check, decompose, equal_readout_twin, projector
+from benchmarks.diagnostics.theory import check, decompose, equal_readout_twin, projector
 
 
 def test_decomposition_is_exact_and_second_term_vanishes_for_full_row_rank():
@@ -49,7 +49,7 @@ def test_check_rejects_a_query_count_that_is_not_rank_deficient():
 
 
 def test_cli_prints_json():
-    r = subprocess.run([sys.executable, "-m", "ready.diagnostics.theory", "--d-k", "8", "--d-v", "6", "--queries", "3"],
+    r = subprocess.run([sys.executable, "-m", "benchmarks.diagnostics.theory", "--d-k", "8", "--d-v", "6", "--queries", "3"],
                        capture_output=True, text=True, check=True)
     out = json.loads(r.stdout)
     assert out["holds"] is True and out["d_k"] == 8

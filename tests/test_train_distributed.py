@@ -16,9 +16,10 @@ from pathlib import Path
 from ready.drafter import DSparkDrafter, load_drafter
 from ready.target import save_target
 from ready.train import distributed, greedy_responses
-from ready.train.launch import stage_logs
 from ready.train.pipeline import PipelineError, ensure_base_drafter, train_variant
 from ready.train.stages import CHECKPOINT, TrainStageError, train_stage
+from sweeps.commands.train_launch import stage_logs
+from sweeps.torchrun import run_under_torchrun
 from test_train_helpers import micro_cfg, micro_prompts, micro_target
 
 # 16 sequences, global batch 4: base 4 steps, stage 1 and stage 2 2 steps each
@@ -56,7 +57,8 @@ def _logs(root: Path, final: Path) -> dict[str, dict]:
 def _compare(tmp_path: Path, device: str, loss_tol: float, weight_tol: float) -> None:
     one_target, one = _setup(tmp_path / "one", device, 1)
     two_target, two = _setup(tmp_path / "two", device, 2)
-    final_two = train_variant(two, two_target, None, None, tmp_path / "two" / "stages", progress=False, prompts=PROMPTS)
+    final_two = train_variant(two, two_target, None, None, tmp_path / "two" / "stages", progress=False, prompts=PROMPTS,
+                              launch=run_under_torchrun)
     final_one = train_variant(one, one_target, None, None, tmp_path / "one" / "stages", progress=False, prompts=PROMPTS)
 
     assert torch.equal(_regen(tmp_path / "one"), _regen(tmp_path / "two"))  # sharded regeneration = one process's
@@ -77,7 +79,8 @@ def _compare(tmp_path: Path, device: str, loss_tol: float, weight_tol: float) ->
 
 
 def test_two_gloo_processes_under_torchrun_follow_one_process(tmp_path):
-    """train.devices=2 hands the row's training to torchrun (2 gloo processes); the regenerated data,
+    """train.devices=2 hands the row's training to torchrun (2 gloo processes: the launcher a sweep row gives the
+    pipeline, sweeps.torchrun.run_under_torchrun); the regenerated data,
     every stage's loss curve and the final drafter equal one process's at the same global batch."""
     _compare(tmp_path, "cpu", loss_tol=1e-5, weight_tol=1e-4)
 
@@ -135,17 +138,25 @@ def test_a_killed_two_process_stage_resumes_in_one_process(tmp_path):
         assert torch.allclose(w_cut[n], w_whole[n], rtol=1e-4, atol=1e-4), n
 
 
-def test_a_stage_torchrun_did_not_build_is_an_error_not_a_second_training(tmp_path, monkeypatch):
+def test_a_stage_torchrun_did_not_build_is_an_error_not_a_second_training(tmp_path):
     """After the hand-over to torchrun the stage must be built (e.g. the row's in-memory target is
     the one the config names); otherwise one clear error, never a silent one-process training."""
-    import ready.train.torchrun
-
     calls = []
-    monkeypatch.setattr(ready.train.torchrun, "run_under_torchrun", lambda *a, **k: calls.append(a[1]))
     target, cfg = _setup(tmp_path, "cpu", 2)
     with pytest.raises(PipelineError, match="did not build this stage"):
-        ensure_base_drafter(cfg, target, None, progress=False, prompts=PROMPTS)
+        ensure_base_drafter(cfg, target, None, progress=False, prompts=PROMPTS, launch=lambda *a, **k: calls.append(a[1]))
     assert calls == ["base"]
+
+
+def test_several_devices_without_a_launcher_is_one_clear_error(tmp_path):
+    """The library starts no processes itself: train.devices=2 outside torchrun, with nothing built and no
+    launcher given, is one error naming the key, never a silent one-process training."""
+    target, cfg = _setup(tmp_path, "cpu", 2)
+    with pytest.raises(PipelineError, match=r"bad value at key 'train.devices': 2 data-parallel processes"):
+        ensure_base_drafter(cfg, target, None, progress=False, prompts=PROMPTS)
+    with pytest.raises(PipelineError, match=r"key 'train.devices'"):
+        train_variant(cfg, target, None, None, tmp_path / "stages", progress=False, prompts=PROMPTS)
+    assert not (tmp_path / "artifacts" / "drafter_base").exists()
 
 
 def test_a_batch_smaller_than_the_process_count_is_refused(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ answer a chat prompt, which is how evaluation and the drafter's training data po
 `repeat_fraction` > 0 gives that share of the training windows a span of their own text repeated
 further on (`insert_repeats`), to push the target towards in-context copying, which large models do
 and the tiny target does not (it continues a repeated segment ~5 % of the time: `python -m
-ready.diagnostics.copy_probe --built`). At the default budget it does not teach copying either
+benchmarks.diagnostics.copy_probe --built`). At the default budget it does not teach copying either
 (docs/findings.md, "v4 diagnosis"); with `target.attention_window` small, a copy from beyond the
 window would have to go through the GDN states. Held-out loss stays on plain text.
 """
@@ -82,7 +82,7 @@ def insert_repeats(windows: torch.Tensor, fraction: float, gen: torch.Generator,
     """A copy of `windows` [B, T] where each row, with probability `fraction`, has a span of
     `span` tokens (uniform, inclusive) copied to a place 0..`max_gap` tokens after the span ends.
     With `fill` = (lo, hi) the span is first replaced by random ids in [lo, hi), so only copying
-    predicts its repeat (`ready.diagnostics.copy_probe`)."""
+    predicts its repeat (`benchmarks.diagnostics.copy_probe`)."""
     out = windows.clone()
     B, T = out.shape
     for b in range(B):

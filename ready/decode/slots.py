@@ -15,7 +15,7 @@ drafter reads them (the state placebo). Two stores:
   cache never holds more than prompt + budget tokens.
 
 The engine takes `SingleSlot` for one slot and `RaggedSlots` for more (`Engine(..., slots=...)` forces
-either; `python -m ready.bench.engine --batch 1 --slots ragged` times a batch of one on the ragged store
+either; `python -m benchmarks.engine --batch 1 --slots ragged` times a batch of one on the ragged store
 beside the single-slot sections). Both produce the same tokens: tests/test_engine_batch.py decodes every
 prompt through both.
 """

@@ -1,15 +1,14 @@
 """Export a drafter as a DSpark folder that SpecForge, DeepSpec and SGLang's DSpark worker load.
 
-    python -m ready.drafter.export SRC OUT [--dtype bfloat16] [--tracking-uri sqlite:///mlflow.db] [--allow-unfinished]
-
-SRC is a drafter folder (a sweep's stage folder `.../drafter`, a base drafter, a DSpark folder) or
-the MLflow run id of a sweep row (its evaluation.json names the drafter it evaluated). The folders
-this tool writes are DSpark folders already (ready/drafter/checkpoint.py), so the export checks the
-source against its manifest, refuses what a DSpark consumer would run differently (a context window),
-optionally casts the weights, and writes OUT atomically: config.json + model.safetensors, and for a
-ReaDy drafter its reader (`ready_reader` block + ready_reader.safetensors), which DSpark-only
-loaders ignore and `ready.generate --drafter OUT` reads back. A drafter without a Markov head
-(`drafter.head: none`) is written as a DFlash folder, which SpecForge's DFlashDraftModel loads.
+Its command line is `ready export SRC OUT` (sweeps/commands/export.py). SRC is a drafter folder (a
+sweep's stage folder `.../drafter`, a base drafter, a DSpark folder) or the MLflow run id of a sweep row
+(its evaluation.json names the drafter it evaluated). The folders this tool writes are DSpark folders
+already (ready/drafter/checkpoint.py), so the export checks the source against its manifest, refuses
+what a DSpark consumer would run differently (a context window), optionally casts the weights, and
+writes OUT atomically: config.json + model.safetensors, and for a ReaDy drafter its reader
+(`ready_reader` block + ready_reader.safetensors), which DSpark-only loaders ignore and `ready generate
+--drafter OUT` reads back. A drafter without a Markov head (`drafter.head: none`) is written as a DFlash
+folder, which SpecForge's DFlashDraftModel loads.
 
 The weights are checked as every loader checks them (floating dtypes, each tensor once, finite), and
 a `--dtype` that cannot hold a value (1e6 in float16) is refused naming the tensor. OUT is new, an
@@ -21,18 +20,16 @@ run's drafter with a warning.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from ready.artifacts import ArtifactError, atomic_dir, check_folder, written_from
 from ready.checkpoint_files import inside
-from ready.config import entry_point
 from ready.drafter.checkpoint import CONFIG_FILE, READER_FILE, WEIGHTS_FILE, own_blocks, read_json, read_weights, weight_files
 from ready.drafter.model import DrafterError
 
@@ -150,31 +147,3 @@ def export(src: Path, out: Path, dtype: Optional[str] = None) -> Path:
         if reader:
             save_file(reader, str(tmp / READER_FILE), metadata={"format": "pt"})
     return out
-
-
-@entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ready.drafter.export", description=__doc__.splitlines()[0])
-    ap.add_argument("src", help="a drafter folder, or the MLflow run id of a sweep row (runs:/ID or ID)")
-    ap.add_argument("out", help="the DSpark folder to write: new, or an earlier export (nothing else is replaced)")
-    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast the weights (default: as saved)")
-    ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db", help="MLflow store of the run (default %(default)s)")
-    ap.add_argument("--allow-unfinished", action="store_true",
-                    help="export the drafter of a run that did not finish (FAILED, KILLED, RUNNING), with a warning")
-    a = ap.parse_args(argv)
-    try:
-        source = resolve_source(a.src, a.tracking_uri, unfinished="warn" if a.allow_unfinished else "refuse")
-        out = export(source, Path(a.out), a.dtype)
-    except DrafterError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # OUT under a file, a read-only folder, a full disk
-        print(f"error: {a.out}: cannot write the export ({e.strerror or e}); expected a writable place for a new "
-              "folder", file=sys.stderr)
-        return 2
-    print(json.dumps({"exported": str(out)}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -464,7 +464,7 @@ class GatedDeltaNet(nn.Module):
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """The L2-normalised queries [B, H_v, T, d_k] (fp32, before the d_k^-0.5 scale, key heads
         repeated to the value heads) a full pass over x [B, T, hidden] (this layer's normed input)
-        reads its states with: the span of the target's own queries (ready.diagnostics.query_span)."""
+        reads its states with: the span of the target's own queries (benchmarks.diagnostics.query_span)."""
         qkv, _, b, a = lin(x, self.in_proj.weight).split(self.split, dim=-1)
         q = self._heads(self._conv(qkv, None)[0], b, a)[0]
         return q * self.dk**0.5

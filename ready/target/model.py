@@ -72,7 +72,7 @@ class HybridLM(nn.Module):
         # force it (compile_layers sets True; `target.compile` in a run's config)
         self.compile_in_graphs: Optional[bool] = None
         # > 0: `prefill` runs a longer prompt in pieces of at most this many tokens, so a long context's
-        # activations are those of one piece beside the weights (`ready.bench.engine --prefill-chunk`)
+        # activations are those of one piece beside the weights (`benchmarks.engine --prefill-chunk`)
         self.prefill_chunk: int = 0
 
     def compile_layers(self, enable: bool = True) -> None:

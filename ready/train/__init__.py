@@ -1,6 +1,6 @@
 """Drafter training: target-regenerated data, the loss, anchor sampling, the three stages, and
 the per-variant pipeline (base DSpark -> ReaDy stage 1 -> stage 2), in one process or
-data-parallel under torchrun (ready.train.distributed, ready.train.launch)."""
+data-parallel under torchrun (ready.train.distributed; the launch is the caller's: `ready launch`)."""
 
 from ready.train.anchors import gather_blocks, sample_anchors
 from ready.train.loss import LossTerms, draft_loss, position_weights

@@ -1,8 +1,8 @@
 """Data-parallel training over torch.distributed: who this process is, and the collectives training needs.
 
-A training run is data-parallel when torchrun starts it (`torchrun --nproc-per-node N -m
-ready.train.launch ...`), or when `train.devices = N > 1` makes a plain process start torchrun
-for its training (`ready.train.torchrun.run_under_torchrun`). Every process (rank) holds the
+A training run is data-parallel when torchrun starts it (`ready launch` under torchrun), or when
+`train.devices = N > 1` makes a plain process hand its training to the launcher its caller gave
+(`ready.train.pipeline`'s `launch`; a sweep row's starts torchrun). Every process (rank) holds the
 frozen target and the drafter; per step each rank takes its contiguous slice of the same global
 batch (same sequence ids, same anchors) and DDP sums the gradients, so N ranks follow one
 process's loss curve up to floating-point rounding. Rank 0 alone logs and writes files

@@ -24,9 +24,10 @@ LoRA adapters are merged into the backbone before saving, so every saved drafter
 Data-parallel (ready.train.distributed): under torchrun every rank runs these functions; rank 0
 decides whether an artifact is already built, writes it, and the others wait at a barrier, so
 `artifacts_dir` must be a filesystem every rank sees. A plain process with `train.devices = N > 1`
-does not train itself: `ensure_base_drafter` and `train_variant` run the same call under
-`torchrun --standalone --nproc-per-node N` (ready.train.launch) when something is still to be
-built, then read the artifacts. The callback is then not called (the curves are in train.json).
+does not train itself: `ensure_base_drafter` and `train_variant` hand the same call to the `launch` their
+caller gives (a sweep row's: `torchrun --standalone --nproc-per-node N` on N processes of this host) when
+something is still to be built, then read the artifacts. The callback is then not called (the curves are
+in train.json). How to start processes is the caller's business, so the library names no command.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from ready.config import config_hash, to_container
 from ready.drafter import DSparkDrafter, load_drafter, save_drafter
 from ready.phases import PHASES
 from ready.threads import cpu_threads
-from ready.train import distributed, torchrun
+from ready.train import distributed
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.regen import RegenData, build_regen_data, regen_artifact, target_fingerprint
 from ready.train.stages import MetricsCallback, TrainResult, length_buckets, stage_seed, train_stage
@@ -56,6 +57,9 @@ DRAFTER_SUBDIR = "drafter"
 LOG_FILE = "train.json"
 STAGES_SUBDIR = "stages"  # <artifacts_dir>/stages: where sweep rows keep their stage folders (sweeps.row)
 Prompts = Optional[torch.Tensor]  # explicit training prompts [N, prompt_len]; None = the corpus's
+# runs launch(cfg, what, base_drafter_dir, out_dir, prompts) on `train.devices` processes and returns once they end:
+# `what` is "base" or "variant", as `built` reads it
+Launch = Callable[[Any, str, Optional[str | Path], Optional[str | Path], Prompts], None]
 
 
 class PipelineError(ValueError):
@@ -172,15 +176,17 @@ def ensure_base_drafter(
     callback: Optional[MetricsCallback] = None,
     progress: bool = True,
     prompts: Prompts = None,
+    launch: Optional[Launch] = None,
 ) -> Path:
-    """The base DSpark drafter's folder: `drafter.checkpoint` when given, else trained from scratch (cached)."""
+    """The base DSpark drafter's folder: `drafter.checkpoint` when given, else trained from scratch (cached);
+    with `train.devices` > 1 outside torchrun, trained by `launch`."""
     if cfg.drafter.checkpoint:
         path = Path(cfg.drafter.checkpoint)
         if not path.is_dir():
             raise PipelineError(f"drafter.checkpoint = {str(path)!r} is not a folder; expected a DSpark drafter folder "
                                 "(config.json with dflash_config + model.safetensors)")
         return path
-    launched = _launch_if_asked(cfg, target, tokenizer, "base", None, None, prompts)
+    launched = _launch_if_asked(cfg, target, tokenizer, "base", None, None, prompts, launch)
     return _ensure_base(cfg, target, tokenizer, callback, progress, prompts, launched)
 
 
@@ -226,14 +232,16 @@ def train_variant(
     callback: Optional[MetricsCallback] = None,
     progress: bool = True,
     prompts: Prompts = None,
+    launch: Optional[Launch] = None,
 ) -> Path:
     """Train one variant (reader config of `cfg`) and return the folder of its final drafter.
 
     base_drafter_dir: a base DSpark drafter folder; None = `ensure_base_drafter(cfg, ...)`.
     With the reader on: stage 1 trains the reader, stage 2 the reader + LoRA. With the reader
-    off (the no-state control): both stages train LoRA only, with the same budgets.
+    off (the no-state control): both stages train LoRA only, with the same budgets. With
+    `train.devices` > 1 outside torchrun, `launch` trains it (the module docstring).
     """
-    launched = _launch_if_asked(cfg, target, tokenizer, "variant", base_drafter_dir, out_dir, prompts)
+    launched = _launch_if_asked(cfg, target, tokenizer, "variant", base_drafter_dir, out_dir, prompts, launch)
     data, data_id = _data_and_spec(cfg, target, tokenizer, progress, prompts)
     if base_drafter_dir is None:
         base_drafter_dir = (Path(cfg.drafter.checkpoint) if cfg.drafter.checkpoint
@@ -311,15 +319,20 @@ def built(cfg: Any, target: Any, tokenizer: Any, what: str, base_drafter_dir: Op
 
 
 def _launch_if_asked(cfg: Any, target: Any, tokenizer: Any, what: str, base_drafter_dir: Optional[str | Path],
-                     out_dir: Optional[str | Path], prompts: Prompts) -> bool:
-    """With `train.devices = N > 1` in a process outside torchrun, run this call under torchrun on
-    N processes (unless all is built already); True when it did. Inside torchrun: join its group."""
+                     out_dir: Optional[str | Path], prompts: Prompts, launch: Optional[Launch]) -> bool:
+    """With `train.devices = N > 1` in a process outside torchrun, run this call on N processes with
+    `launch` (unless all is built already); True when it did. Inside torchrun: join its group."""
     distributed.init_from_env(target.embed_tokens.weight.device.type)  # no-op outside torchrun
-    if int(cfg.train.devices) <= 1 or distributed.under_torchrun():
+    n = int(cfg.train.devices)
+    if n <= 1 or distributed.under_torchrun():
         return False
     if built(cfg, target, tokenizer, what, base_drafter_dir, out_dir, prompts):
         return False
-    torchrun.run_under_torchrun(cfg, what, base_drafter_dir, out_dir, prompts)
+    if launch is None:
+        raise PipelineError(f"bad value at key 'train.devices': {n} data-parallel processes asked of a caller that "
+                            "trains in one; expected 1 here, or a sweep row (`ready sweep`, which starts torchrun) "
+                            "or a process torchrun started (`ready launch`)")
+    launch(cfg, what, base_drafter_dir, out_dir, prompts)
     return True
 
 

@@ -13,7 +13,7 @@ their own full-block anchors (`compact_anchors`), not the span of every row's, w
 (assistant turns at different places) is mostly other rows' anchors.
 
 `tau` = sum over blocks of (A + 1) / blocks, per sequence tallies kept for paired resampling
-(`ready.stats`).
+(`reports.stats`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,23 @@
-"""`torchrun ... -m ready.train.launch`: one row's training (data, base drafter, stage 1, stage 2), data-parallel.
+"""`torchrun ... -m sweeps.commands.train_launch`: one row's training (data, base drafter, stage 1, stage 2), data-parallel.
 
-    torchrun --standalone --nproc-per-node 2 -m ready.train.launch [a.b=v ...]     # this host's GPUs 0 and 1
-    torchrun --standalone --nproc-per-node 2 -m ready.train.launch --what base     # data + base drafter only
-    torchrun ... -m sweeps.launch --sweep rank --row "r=8" --seed 0 [a.b=v]        # one sweep row's config
+    torchrun --standalone --nproc-per-node 2 -m sweeps.commands.train_launch [a.b=v ...]  # this host's GPUs 0 and 1
+    torchrun --standalone --nproc-per-node 2 -m sweeps.commands.train_launch --what base  # data + base drafter only
+    torchrun ... -m sweeps.launch --sweep rank --row "r=8" --seed 0 [a.b=v]              # one sweep row's config
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29500 \\
-        --rdzv-id r8 -m ready.train.launch ...                                     # two hosts (docs/sweeps.md)
-    python -m ready.train.launch ... --json out.json                               # one process; a summary
-    python -m ready.train.launch --compare one.json two.json                       # speed-up, loss agreement
+        --rdzv-id r8 -m sweeps.commands.train_launch ...                                  # two hosts (docs/sweeps.md)
+    python -m sweeps.commands.train_launch ... --json out.json                            # one process; a summary
+    python -m sweeps.commands.train_launch --compare one.json two.json                    # speed-up, loss agreement
 
 Config: `ready.config.load_config` (schema <- experiments/base.yaml <- --preset <- --config FILE <- a.b=v;
-a sweep row's resolved config: `sweeps.launch --sweep/--row/--seed`, the same options above the library).
+a sweep row's resolved config: `sweeps.launch --sweep/--row/--seed`, the same options).
 Every rank loads the target, joins the group (NCCL on CUDA, gloo on CPU) and calls
 ready.train.pipeline, which writes cached artifacts (rank 0): a sweep row with the same config
 later finds them built. `--out-dir` defaults to `<artifacts_dir>/stages`, where sweep rows look.
 
-`run_under_torchrun` (ready.train.torchrun) is how a process with `train.devices = N > 1` hands its
-training to N processes on this host (ready.train.pipeline calls it): the config goes to a file,
-torchrun runs this module on it, the caller waits and then reads the artifacts.
+`run_under_torchrun` (sweeps.torchrun) is how a process with `train.devices = N > 1` hands its
+training to N processes on this host (a sweep row gives it to ready.train.pipeline): the config goes to
+a file, torchrun runs this module on it, the caller waits and then reads the artifacts.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -37,10 +36,9 @@ from ready.loading import pick_device, target_dir
 from ready.target import load_target
 from ready.train import distributed
 from ready.train.pipeline import STAGES_SUBDIR, ensure_base_drafter, train_variant
-from ready.train.torchrun import LaunchError, run_under_torchrun, torchrun_command
+from sweeps.torchrun import LaunchError, run_under_torchrun
 
-__all__ = ["LaunchError", "compare", "load_for_training", "main", "parser", "run", "run_under_torchrun",
-           "stage_logs", "torchrun_command", "train"]
+__all__ = ["LaunchError", "compare", "load_for_training", "main", "parser", "run", "stage_logs", "train"]
 
 
 def load_for_training(cfg: DictConfig, prompts_arg: Optional[str]) -> tuple[Any, Any, Optional[torch.Tensor]]:
@@ -77,9 +75,11 @@ def train(cfg: DictConfig, what: str, base_drafter_dir: Optional[str], out_dir: 
     target, tokenizer, prompts = load_for_training(cfg, prompts_arg)
     out = Path(out_dir) if out_dir else Path(cfg.artifacts_dir) / STAGES_SUBDIR
     t0 = time.perf_counter()
+    launch = run_under_torchrun  # `python -m` of this module with train.devices = N > 1: N processes train
     base = Path(base_drafter_dir) if base_drafter_dir else ensure_base_drafter(cfg, target, tokenizer, progress=w.main,
-                                                                                prompts=prompts)
-    final = base if what == "base" else train_variant(cfg, target, tokenizer, base, out, progress=w.main, prompts=prompts)
+                                                                                prompts=prompts, launch=launch)
+    final = base if what == "base" else train_variant(cfg, target, tokenizer, base, out, progress=w.main, prompts=prompts,
+                                                      launch=launch)
     return {"world_size": w.size, "device": str(target.embed_tokens.weight.device.type), "what": what,
             "drafter": str(final), "seconds": round(time.perf_counter() - t0, 3),
             "stages": {**stage_logs(Path(base)), **stage_logs(Path(final))}}
@@ -115,7 +115,8 @@ def compare(a: dict, b: dict) -> dict:
     return out
 
 
-def parser(prog: str = "python -m ready.train.launch", description: Optional[str] = None) -> argparse.ArgumentParser:
+def parser(prog: str = "python -m sweeps.commands.train_launch",
+           description: Optional[str] = None) -> argparse.ArgumentParser:
     """The launcher's own options (`--what`, `--out-dir`, `--json`, `--compare`, ...) and `a.b=v` overrides;
     `main` adds where the config comes from (`--preset`, `--config`), `sweeps.launch` a sweep row."""
     p = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n")[0],
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace, make_config: Callable[[], DictConfig]) -> int:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m ready.train.launch`: the config from `--preset`, `--config` and `a.b=v` (a sweep row: `sweeps.launch`)."""
+    """`python -m sweeps.commands.train_launch`: the config from `--preset`, `--config` and `a.b=v` (a sweep row: `sweeps.launch`)."""
     p = parser()
     p.add_argument("--preset", default=None, help="experiments/presets/<name>.yaml")
     p.add_argument("--config", default=None, help="a YAML config merged over base.yaml and the preset")

@@ -3,7 +3,7 @@
 Triton, CUDA).
 
     git worktree add ../before HEAD~1
-    python -m ready.bench.ab --variant before --tree before=../before --variant after \\
+    python -m benchmarks.ab --variant before --tree before=../before --variant after \\
         --rounds 3 --out ab_runs -- --target qwen3_5_27b --device cuda --dtype bfloat16 \\
         --prompt-len 256 --new-tokens 192 --repeats 3 --verify-iters 10 --verify-tokens ""
 
@@ -12,7 +12,7 @@ A/B is a change between two trees.
 
 The unit is a process: compilation and the kernel tuners' choices happen once per process, and
 processes on one machine differ by more than the repeats inside one (0.3-1 tok/s on the 27B preset).
-Each round runs every variant once, in a fresh `python -m ready.bench.engine` process with the
+Each round runs every variant once, in a fresh `python -m benchmarks.engine` process with the
 variant's tree and environment, the order reversed every other round so drift over the machine's lifetime
 falls on all variants alike. A difference pairs the rounds in which both of its processes finished;
 the exit code is 1 when any process failed (its reason and stderr tail are in its JSON).
@@ -29,10 +29,10 @@ would end past it, judged by the slowest process so far after the first (which p
 is not started, and the summary of the rounds that ran is written as usual (`stopped` says why it
 ended early).
 
-`--bench step_trace` runs `python -m ready.bench.step_trace` instead of the engine benchmark (give the
+`--bench step_trace` runs `python -m benchmarks.step_trace` instead of the engine benchmark (give the
 figures to compare with `--metric`), e.g. a change to the draft step, paired over fresh processes:
 
-    python -m ready.bench.ab --bench step_trace --variant after --variant before --tree before=../before \\
+    python -m benchmarks.ab --bench step_trace --variant after --variant before --tree before=../before \\
         --metric b1_ms=steps.0.replay_ms --metric b32_ms=steps.1.replay_ms --rounds 3 --out ab_draft \\
         -- --draft dspark --batch 1,32 --replays 10
 
@@ -41,11 +41,12 @@ arguments (e.g. one per device call, when a call holds only two rounds): their r
 paired within its round.
 
 `--tree NAME=PATH` runs variant NAME from another source tree of this project (another commit's
-`ready/`, `kernels/` and `experiments/`, e.g. `git worktree add ../old HEAD~1` or `git archive <commit> ready
-kernels experiments`): its processes import `ready` from PATH and `ready_kernels` from PATH/kernels, and read
-presets and base.yaml from PATH/experiments, whose keys follow that commit's config schema (the engine
-JSON's `source` says which tree ran), so a code change is A/B'd against the code before it in the same
-paired rounds.
+`ready/`, `benchmarks/`, `kernels/` and `experiments/`, e.g. `git worktree add ../old HEAD~1` or `git archive
+<commit> ready benchmarks kernels experiments`): its processes import `ready` and `benchmarks` from PATH and
+`ready_kernels` from PATH/kernels, and read presets and base.yaml from PATH/experiments, whose keys follow that
+commit's config schema (the engine JSON's `source` says which tree ran), so a code change is A/B'd against
+the code before it in the same paired rounds. A tree from before issue 76, whose benchmarks were
+`ready/bench/`, runs as it is: that folder is linked in as `benchmarks`.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from ready.artifacts import atomic_write_text
 from ready.config import entry_point
-from ready.stats import mean_interval
+from reports.stats import mean_interval
 
-# dotted paths into the engine JSON (ready/bench/engine.py), reported for every process
+# dotted paths into the engine JSON (benchmarks/engine.py), reported for every process
 METRICS = {
     "ar_tok_s": "ar.decode_tokens_per_s",
     "ar_step_ms": "ar.step_ms",
@@ -72,7 +73,7 @@ METRICS = {
     "verify_k_ms": "verify.verify_ms",
     "verify_ratio": "verify.ratio",
 }
-BENCHES = ("engine", "step_trace")  # `--bench`: the module of ready.bench each process runs
+BENCHES = ("engine", "step_trace")  # `--bench`: the module of benchmarks each process runs
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -104,21 +105,30 @@ def parse_variant(words: Sequence[str]) -> tuple[str, dict[str, str]]:
 def tree_root(name: str, tree: Path) -> Path:
     """The resolved source tree of `--tree name=tree`; refused unless it holds this project's code."""
     root = tree.expanduser().resolve()
-    if not (root / "ready" / "bench" / "engine.py").is_file() or not (root / "kernels").is_dir():
+    if bench_folder(root) is None or not (root / "kernels").is_dir():
         raise ABError(f"--tree {name}={tree}: expected a source tree of this project "
-                      "(with ready/bench/engine.py and kernels/)")
+                      "(with benchmarks/engine.py, or ready/bench/engine.py before issue 76, and kernels/)")
     return root
 
 
+def bench_folder(root: Path) -> Optional[Path]:
+    """The benchmarks of the source tree `root`: benchmarks/, or ready/bench/ in a tree from before issue 76
+    (None when it has neither)."""
+    return next((f for f in (root / "benchmarks", root / "ready" / "bench") if (f / "engine.py").is_file()), None)
+
+
 def tree_env(root: Path, links: Path) -> dict[str, str]:
-    """The environment in which `python -m ready.bench.engine` imports `ready` from the source tree
-    `root` and `ready_kernels` from root/kernels (linked under `links`, a folder of the variant's own).
-    PYTHONSAFEPATH keeps `python -m` from putting the working folder, this tree, first."""
+    """The environment in which `python -m benchmarks.engine` imports `ready` and `benchmarks` from the
+    source tree `root` and `ready_kernels` from root/kernels, linked under `links` (a folder of the variant's
+    own), as is an older tree's ready/bench as `benchmarks`. PYTHONSAFEPATH keeps `python -m` from putting
+    the working folder, this tree, first."""
     links.mkdir(parents=True, exist_ok=True)
-    link = links / "ready_kernels"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(root / "kernels", target_is_directory=True)
+    for name, target in (("ready_kernels", root / "kernels"), ("benchmarks", bench_folder(root))):
+        link = links / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        if target is not None and target != root / name:  # a tree's own benchmarks/ is found on PYTHONPATH
+            link.symlink_to(target, target_is_directory=True)
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {"PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join([str(root), str(links), *rest])}
 
@@ -175,8 +185,8 @@ def output_json(stdout: str) -> Optional[dict[str, Any]]:
 
 def run_process(engine_args: Sequence[str], env: dict[str, str], timeout: Optional[float],
                 bench: str = "engine") -> dict[str, Any]:
-    """One benchmark (`ready.bench.<bench>`) in a fresh process: its JSON, or {"failed": why, "stderr": tail}."""
-    cmd = [sys.executable, "-m", f"ready.bench.{bench}", *engine_args, "--json"]
+    """One benchmark (`benchmarks.<bench>`) in a fresh process: its JSON, or {"failed": why, "stderr": tail}."""
+    cmd = [sys.executable, "-m", f"benchmarks.{bench}", *engine_args, "--json"]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
@@ -216,7 +226,7 @@ def summarize(names: Sequence[str], runs: dict[str, list[Optional[dict]]], metri
 def run_ab(variants: dict[str, dict[str, str]], engine_args: Sequence[str], rounds: int, out: Path,
            metrics: dict[str, str], timeout: Optional[float] = None, budget: Optional[float] = None,
            clock: Callable[[], float] = time.perf_counter, bench: str = "engine") -> dict[str, Any]:
-    """Run `rounds` rounds of every variant (`ready.bench.<bench>` with `engine_args`), writing each
+    """Run `rounds` rounds of every variant (`benchmarks.<bench>` with `engine_args`), writing each
     process's JSON and the summary under `out`.
     With `budget` (seconds), a round that would not end within it is not started (`round_fits`): an
     unpaired process costs device time and adds nothing, and the summary is written either way."""
@@ -274,7 +284,7 @@ def pool(folders: Sequence[Path], out: Path, extra: dict[str, str]) -> dict[str,
     metrics: dict[str, str] = {}
     for f in folders:
         if not (f / "ab.json").is_file():
-            raise ABError(f"--pool {f}: no ab.json there (expected a folder written by python -m ready.bench.ab)")
+            raise ABError(f"--pool {f}: no ab.json there (expected a folder written by python -m benchmarks.ab)")
         doc = json.loads((f / "ab.json").read_text())
         if names is None:
             names, engine_args, bench = list(doc["variants"]), list(doc["engine_args"]), doc.get("bench", "engine")
@@ -299,8 +309,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     engine_args = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
-    ap = argparse.ArgumentParser(prog="python -m ready.bench.ab", description=__doc__.splitlines()[0],
-                                 epilog="Arguments after -- go to python -m ready.bench.<--bench>.")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0],
+                                 epilog="Arguments after -- go to python -m benchmarks.<--bench>.")
     ap.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME [VAR=value]",
                     help="a variant's name and environment (give two or more; the first is the reference)")
     ap.add_argument("--bench", choices=BENCHES, default=None,

@@ -1,4 +1,5 @@
-"""The MLflow store the sweeps and the diagnostics log to: where it is, opening it safely, experiments.
+"""The MLflow store the sweeps and the diagnostics log to and the reports read: where it is, opening it
+safely, experiments.
 
 `resolve_tracking_uri` picks the store (`--tracking-uri`, $MLFLOW_TRACKING_URI, else ./mlflow.db);
 `client(uri)` opens it once it is usable (`prepare_store`: a new sqlite file is created and migrated

@@ -1,8 +1,8 @@
 """Does the reader learn anything from the states? A one-seed pilot, in minutes instead of a sweep.
 
-    python -m ready.diagnostics.reader_pilot [--drafter DIR] [a.b=value ...]
+    python -m benchmarks.diagnostics.reader_pilot [--drafter DIR] [a.b=value ...]
     # in the positive control's setting (experiments/profiles/state_context.yaml):
-    python -m ready.diagnostics.reader_pilot 'drafter.context_layers=[-1]' drafter.context_window=1 \
+    python -m benchmarks.diagnostics.reader_pilot 'drafter.context_layers=[-1]' drafter.context_window=1 \
         train.base.samples=3200 train.stage1.samples=384 train.stage1.lr=0.003
 
 From the base DSpark drafter of the config (built if missing, cached like a sweep's), it trains
@@ -20,7 +20,7 @@ state-independent shift (docs/findings.md, positive control v3). Prints JSON; on
 differences with the standard error of τ (≈ 0.02 on 128 sequences), not as a finding.
 
 `--task copy` asks the capacity question on text where the states are all that matters: every
-prompt is a corpus segment followed by its own first `--copy-lead` tokens (`ready.diagnostics.copy_probe.copy_prompts`), so a
+prompt is a corpus segment followed by its own first `--copy-lead` tokens (`benchmarks.diagnostics.copy_probe.copy_prompts`), so a
 target that copies continues the segment from `--copy-source` tokens back, beyond a windowed
 target's attention and the drafter's context window; only the GDN states carry it. Training and
 held-out sequences are both built that way (train and validation splits), and `copy_fidelity` says
@@ -40,10 +40,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from benchmarks.diagnostics.copy_probe import copy_fidelity, copy_prompts
+from benchmarks.diagnostics.heldout_setup import heldout_setup
 from ready.config import entry_point, merge
 from ready.data import training_prompts
-from ready.diagnostics.copy_probe import copy_fidelity, copy_prompts
-from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import load_drafter
 from ready.reader import StateSource
 from ready.train.pipeline import ensure_base_drafter
@@ -119,7 +119,7 @@ def _loss_ends(losses: Sequence[float]) -> list[float]:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.reader_pilot", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.reader_pilot", description=__doc__.split("\n")[0])
     p.add_argument("--drafter", default=None, help="probe this trained ReaDy drafter instead of training stage 1")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--task", choices=("text", "copy"), default="text",

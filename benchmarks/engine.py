@@ -1,12 +1,12 @@
 """Benchmark the decoding engine: AR tokens/s, verify-vs-step cost, forced-acceptance TPS, and the
 DSpark / ReaDy round at paper size.
 
-    python -m ready.bench.engine --target tiny --device cpu --json
-    python -m ready.bench.engine --target qwen3_5_27b --device cuda --dtype bfloat16 \
+    python -m benchmarks.engine --target tiny --device cpu --json
+    python -m benchmarks.engine --target qwen3_5_27b --device cuda --dtype bfloat16 \
         --accept-dist "0:0.1,3:0.3,7:0.6" --accept-dist "0:0.05,3:0.25,7:0.7" --json
-    python -m ready.bench.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
+    python -m benchmarks.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
         --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --breakdown --json
-    python -m ready.bench.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
+    python -m benchmarks.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
         --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --batch 1,2,4,8,16 --batch-only --json
 
 Prints one JSON object (stdout, or --out); on stderr one `[bench N s]` line per finished section, so
@@ -23,7 +23,7 @@ a run cut by a time limit still shows what it measured. Its keys:
   tau * step_ms / verify_ms is what a zero-overhead engine would reach; `engine_efficiency`
   = measured decode speedup / ideal.
 - `bound`: weight bytes streamed per step / memory bandwidth (given by --bandwidth; default the GPU's
-  measured copy rate, `ready.bench.COPY_BYTES_PER_S`: 4.27e12 B/s on an H200, 3.0e12 on an H100; none on
+  measured copy rate, `benchmarks.COPY_BYTES_PER_S`: 4.27e12 B/s on an H200, 3.0e12 on an H100; none on
   CPU or another GPU); `step_ms_with_kv` adds the K/V bytes the full-attention layers read at the decode's
   mean context (prompt + new tokens / 2).
 - `--prompt-len 1024,8192,32768`: every section at each length in turn, one loaded target:
@@ -53,7 +53,7 @@ a run cut by a time limit still shows what it measured. Its keys:
   and the kernels whose time differs most between them.
 - `small_m`: the shapes the small-M linear tuned and what each picked (CUDA); `fused_gemv`: the same
   for the AR step's fused projections (kernels/fused_gemv.py).
-- `source`: the source tree whose `ready` and `ready_kernels` ran (`ready.bench.ab --tree` A/Bs trees).
+- `source`: the source tree whose `ready` and `ready_kernels` ran (`benchmarks.ab --tree` A/Bs trees).
 - `batched` (`--batch 1,2,4,8,16`): AR, DSpark and ReaDy (the `--drafter` kinds, paper-size drafters as
   above, forced acceptance from the first `--accept-dist`, reseeded per call so both drafters run identical
   rounds) through `ready.decode.engine.Engine` with B slots at each batch size: `--waves` x B prompts per timed call,
@@ -98,8 +98,8 @@ import torch
 import ready
 import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are read)
 import ready_kernels
+from benchmarks import copy_rate
 from ready.artifacts import atomic_write_text
-from ready.bench import copy_rate
 from ready.config import ConfigError, entry_point, load_config
 from ready.cuda_graph import capture, replay_us
 from ready.decode.engine import Engine
@@ -111,8 +111,8 @@ from ready.decode.sampling import SamplingParams
 from ready.decode.schedule import SCHEDULES, VerifySchedule
 from ready.drafter import DSparkDrafter
 from ready.reader import StateSource, read_states
-from ready.stats import mean_interval, t_quantile
 from ready.target import PRESETS, load_target
+from reports.stats import mean_interval, t_quantile
 
 DRAFTERS = ("random", "dspark", "ready")
 _T0 = time.monotonic()
@@ -968,7 +968,7 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
 @entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     TIMELINE.clear()  # this run's marks (one process runs main once; tests run it many times)
-    ap = argparse.ArgumentParser(prog="python -m ready.bench.engine", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="tiny", help="preset or checkpoint directory (default tiny)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
@@ -989,7 +989,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help=f"with --breakdown: the TPS-ratio / breakdown disagreement (%%) that fails the run (default {TOLERANCE_PCT})")
     ap.add_argument("--verify-iters", type=int, default=20)
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the bound (default: the GPU's measured copy rate, "
-                    "ready.bench.COPY_BYTES_PER_S; no bound for a card not listed there unless given)")
+                    "benchmarks.COPY_BYTES_PER_S; no bound for a card not listed there unless given)")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--compile", action="store_true", default=None,
                     help="torch.compile the target layers inside CUDA graphs (the default on CUDA; see --no-compile)")

@@ -1,7 +1,7 @@
 """Benchmark the target: prefill tokens/s and decode step time, against the weight-streaming bound.
 
-    python -m ready.bench.target --preset tiny --device cpu --json
-    python -m ready.bench.target --preset qwen3_5_27b --device cuda --dtype bfloat16 --json
+    python -m benchmarks.target --preset tiny --device cpu --json
+    python -m benchmarks.target --preset qwen3_5_27b --device cuda --dtype bfloat16 --json
 
 Decode step = verify one token + commit (batch 1), the unit of AR decoding; on CUDA the
 forward is replayed from a CUDA graph (GraphedVerify).
@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ready.bench import copy_rate
+from benchmarks import copy_rate
 from ready.config import entry_point
 from ready.target import GraphedVerify, load_target
 
@@ -109,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--bandwidth", type=float, default=None,
-                    help="bytes/s for the bound (default: the GPU's measured copy rate, ready.bench.COPY_BYTES_PER_S; "
+                    help="bytes/s for the bound (default: the GPU's measured copy rate, benchmarks.COPY_BYTES_PER_S; "
                          "none on CPU or another GPU)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--profile", action="store_true", help="add the top kernels of one eager decode step")

@@ -1,6 +1,6 @@
 """Where one graphed decode step's time goes: kernels, the gaps between them, per kernel name.
 
-    python -m ready.bench.step_trace --target qwen3_5_27b --dtype bfloat16 --json
+    python -m benchmarks.step_trace --target qwen3_5_27b --dtype bfloat16 --json
 
 Replays the captured verify graph of `--tokens` tokens (1 = the AR step; no commit between
 replays, so every replay sees the same context) and reports:
@@ -20,7 +20,7 @@ time goes reads off one list (a kernel the sizes dispatch differently shows as o
 another up).
 
 `--draft dspark|ready --batch 1,32` traces the drafter's graphed draft step instead (the paper-size,
-public-DSpark-shaped drafter of `ready.bench.engine`, random weights), for B rows at each batch size
+public-DSpark-shaped drafter of `benchmarks.engine`, random weights), for B rows at each batch size
 (B = 1: the single-sequence step; above: the engine's batched step, `ready.decode.batch_draft`), after
 a short decode has captured it; `bound_ms` is the time to stream the drafter's weights and the LM head
 (every position's logits need every row) at `--bandwidth`, the goal's yardstick (issue 46 item 2).
@@ -42,8 +42,8 @@ from typing import Any, Optional
 
 import torch
 
-from ready.bench import copy_rate
-from ready.bench.engine import build_drafter, forced_acceptance
+from benchmarks import copy_rate
+from benchmarks.engine import build_drafter, forced_acceptance
 from ready.config import entry_point
 from ready.decode.engine import Engine
 from ready.decode.graphs import GraphRunner
@@ -307,7 +307,7 @@ def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], pro
 
 @entry_point
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ready.bench.step_trace", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.step_trace", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen3_5_27b", help="preset name or checkpoint directory")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tokens", default="1", help="tokens per verify (1 = the AR step); a comma list, e.g. 1,8, "
@@ -320,7 +320,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch", default="1", help="with --draft: rows per draft step, a comma list (e.g. 1,32)")
     ap.add_argument("-k", "--proposals", dest="block_size", type=int, default=7, help="with --draft: K, tokens proposed per round (default 7)")
     ap.add_argument("--bandwidth", type=float, default=None,
-                    help="bytes/s of the draft's stream bound (default: the GPU's copy rate, ready.bench.COPY_BYTES_PER_S)")
+                    help="bytes/s of the draft's stream bound (default: the GPU's copy rate, benchmarks.COPY_BYTES_PER_S)")
     ap.add_argument("--by-grid", action="store_true", help="split each kernel's rows by launch grid (its shapes)")
     ap.add_argument("--ops", action="store_true", help="with --draft: also the device time per torch op and "
                     "input shapes of the step's body run eagerly (`by_op`)")

@@ -1,6 +1,6 @@
 """Where training stops paying: held-out loss and teacher-forced tau against each stage's budget.
 
-    python -m ready.diagnostics.plateau [--base 25,50,100,200,400] [--stage1 4,8,16,32,64] [key=value ...]
+    python -m benchmarks.diagnostics.plateau [--base 25,50,100,200,400] [--stage1 4,8,16,32,64] [key=value ...]
 
 Every budget is its own training run with its own warmup + cosine schedule (a point on the curve
 is what a run of that many steps ends at, not the middle of a longer run). Stage 2 always gets
@@ -25,15 +25,15 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import OmegaConf
 
-from ready import mlflow_store
+from benchmarks.diagnostics.heldout_setup import heldout_setup
 from ready.config import entry_point, merge
-from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import DSparkDrafter, load_drafter
 from ready.train.lora import has_lora, merge_lora_
 from ready.train.pipeline import ensure_base_drafter
 from ready.train.regen import build_regen_data
 from ready.train.stages import evaluate_loss, stage_seed, train_stage
 from ready.train.teacher_forced import teacher_forced_acceptance
+from reports import mlflow_store
 
 STAGE2_RATIO = 2.5  # stage 2 : stage 1 steps (paper: 50k : 20k samples)
 
@@ -127,7 +127,7 @@ def _mlflow_logger(uri: Optional[str], cfg: Any) -> tuple[Callable, Callable]:
 
 @entry_point
 def main(argv: Optional[list[str]] = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.plateau", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.plateau", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", default="25,50,100,200,400", help="base drafter budgets in optimizer steps")
     p.add_argument("--stage1", default="4,8,16,32,64", help="stage 1 budgets in steps (stage 2 gets 2.5x)")

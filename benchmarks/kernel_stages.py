@@ -1,9 +1,9 @@
 """Where the fused kernels' microseconds go, on a CUDA GPU; prints JSON.
 
-    python -m ready.bench.kernel_stages            # paper sizes, both state dtypes
+    python -m benchmarks.kernel_stages             # paper sizes, both state dtypes
 
 Times variants that stop early, and plain memory floors, under the same CUDA-graph timing as
-ready/bench/kernels.py (`graph_us`, 16 calls on rotating inputs):
+benchmarks/kernels.py (`graph_us`, 16 calls on rotating inputs):
 
 - reader stages (one program per state, as `state_reader`): `load` reads the state and its
   sum of squares only; `us` adds W = U S; `wv` adds G = W V; `full` is the whole op;
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ready.bench.kernels import Timer
+from benchmarks.kernels import Timer
 from ready.config import entry_point
 from ready_kernels import state_reader as sr
 
@@ -115,7 +115,7 @@ def verify_floor(timer: Timer, calls: int = 16) -> dict[str, float]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: --help only
     if not torch.cuda.is_available():
-        sys.exit("ready.bench.kernel_stages: needs a CUDA device")
+        sys.exit("benchmarks.kernel_stages: needs a CUDA device")
     timer = Timer(reps=50, smoke=False)
     result = {"device": torch.cuda.get_device_name(), "unit": "us per call, CUDA graph of 16 calls",
               "reader_fp32_states": reader_stages(timer, torch.float32),

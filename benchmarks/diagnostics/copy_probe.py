@@ -1,8 +1,8 @@
 """Does the tiny target learn in-context copying, and after how much pretraining?
 
-    python -m ready.diagnostics.copy_probe --device cuda --batch 16 --checks 640,1280,2560,5120 target.attention_window=16
-    python -m ready.diagnostics.copy_probe --device cuda --data random --symbols 64 --batch 32 --checks 250,500,1000
-    python -m ready.diagnostics.copy_probe --built target.attention_window=16   # the config's target, as built
+    python -m benchmarks.diagnostics.copy_probe --device cuda --batch 16 --checks 640,1280,2560,5120 target.attention_window=16
+    python -m benchmarks.diagnostics.copy_probe --device cuda --data random --symbols 64 --batch 32 --checks 250,500,1000
+    python -m benchmarks.diagnostics.copy_probe --built target.attention_window=16  # the config's target, as built
 
 ReaDy reads what the target's GDN states hold about older text; a positive control needs a target
 that retrieves specific older text (copies it), not only its gist. This trains a fresh target of the
@@ -89,7 +89,7 @@ def _fidelities(model: Any, segments: torch.Tensor, rand_segments: torch.Tensor)
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.copy_probe", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.copy_probe", description=__doc__.split("\n")[0])
     p.add_argument("--built", action="store_true", help="measure the config's built target; train nothing")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--data", choices=("text", "repeats", "random"), default="text")

@@ -1,8 +1,8 @@
 """Which token mixers of the hybrid target learn content-based copying, on a dense toy task?
 
-    python -m ready.diagnostics.induction_toy --layers LALA --steps 4000 --batch 64 --device cuda
-    python -m ready.diagnostics.induction_toy --layers LLLL ...   # GDN only
-    python -m ready.diagnostics.induction_toy --layers AA ...     # attention only
+    python -m benchmarks.diagnostics.induction_toy --layers LALA --steps 4000 --batch 64 --device cuda
+    python -m benchmarks.diagnostics.induction_toy --layers LLLL ...  # GDN only
+    python -m benchmarks.diagnostics.induction_toy --layers AA ...  # attention only
 
 `copy_probe` showed the tiny target copying older text poorly, and not at all for random ids. This
 asks the architecture question apart from the corpus: small models of the target's own classes
@@ -69,7 +69,7 @@ def toy_model(layers: str, symbols: int, hidden: int = 128):
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.induction_toy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.induction_toy", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", default="LALA", help="one letter per layer: L = Gated DeltaNet, A = full attention")
     p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--checks", type=int, default=8, help="measurements, evenly spaced (default 8)")

@@ -1,16 +1,16 @@
 """Exact mode on the GPU: are the row-invariant ops invariant, what does exact mode cost, how often
 does the fast path flip ties. Prints one JSON object.
 
-    python -m ready.bench.exact --probe --json
+    python -m benchmarks.exact --probe --json
         op level, no model: exact_linear (27B projection shapes), row_norm, the GDN verify kernel, and
         (for contrast) the fast tuned linear and cuBLAS: is row i of an M-row call the same bits as
         the 1-row call of row i? Then the tiny target in bf16: verify(8) vs 8 steps, eager and in
         CUDA graphs with compiled layers, fast and exact.
-    python -m ready.bench.exact --probe-attention --json
+    python -m benchmarks.exact --probe-attention --json
         exact mode's attention at the 27B shapes: bits across static-buffer capacities (279 .. 4096) and
         row counts (8 rows vs 1), for the fixed-order kernel (kernels/exact_attention.py) and the per-row
         SDPA it replaced; error against the float32 reference; µs per call.
-    python -m ready.bench.exact --target qwen3_5_27b --cost --flips PROMPTS.jsonl --new-tokens 200 --json
+    python -m benchmarks.exact --target qwen3_5_27b --cost --flips PROMPTS.jsonl --new-tokens 200 --json
         --cost: per mode, the step and verify(K+1) graph replays (µs, CUDA events), AR decode tok/s
         (Engine.generate), and verify(K+1) vs K+1 steps bit for bit on the target itself;
         --flips: `evaluate` with the n-gram drafter in fast and in exact mode (lossless_exact,
@@ -316,7 +316,7 @@ def flips(model, prompts: list[list[int]], new_tokens: int, k: int, modes=("fast
 
 @entry_point
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ready.bench.exact", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.exact", description=__doc__.split("\n\n")[0])
     p.add_argument("--probe", action="store_true", help="op-level and tiny-target invariance probes")
     p.add_argument("--target", help="preset for --cost / --flips (e.g. qwen3_5_27b)")
     p.add_argument("--cost", action="store_true")
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("ready.bench.exact needs CUDA", file=sys.stderr)
+        print("benchmarks.exact needs CUDA", file=sys.stderr)
         return 2
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.probe_attention:

@@ -1,8 +1,8 @@
 """Generate with the target, greedily, autoregressively or with a drafter.
 
-    python -m ready.generate --target tiny --method ngram --prompt-ids 1,2,3 --max-new-tokens 32 --json
-    python -m ready.generate --target default --method ngram -k 7 --prompt "def parse(" --max-new-tokens 64
-    python -m ready.generate --target DIR --drafter DRAFTER_DIR --method ready --prompts prompts.jsonl \
+    python -m sweeps.commands.generate --target tiny --method ngram --prompt-ids 1,2,3 --max-new-tokens 32 --json
+    python -m sweeps.commands.generate --target default --method ngram -k 7 --prompt "def parse(" --max-new-tokens 64
+    python -m sweeps.commands.generate --target DIR --drafter DRAFTER_DIR --method ready --prompts prompts.jsonl \
         --max-new-tokens 256 --device cuda --json --check-lossless
 
 `--target` is a preset (`tiny`, `qwen3_5_27b`: random weights), `default` (the embedded target
@@ -54,7 +54,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = Parser(prog="python -m ready.generate", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m sweeps.commands.generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="preset name, 'default', or a checkpoint directory")
     p.add_argument("--drafter", help="drafter checkpoint directory (methods dspark and ready)")
     p.add_argument("--method", required=True, choices=METHODS)

@@ -1,14 +1,14 @@
 """Write a preset's random target as a Hugging Face folder and a DSpark folder of its drafter shape, once.
 
-    python -m ready.bench.shape_folders --target qwen3_5_27b --target-out /data/q27 --drafter-out /data/dspark27
-    python -m ready.bench.shape_folders --target tiny --target-out /tmp/t --drafter-out /tmp/d     # seconds, CPU
+    python -m benchmarks.shape_folders --target qwen3_5_27b --target-out /data/q27 --drafter-out /data/dspark27
+    python -m benchmarks.shape_folders --target tiny --target-out /tmp/t --drafter-out /tmp/d      # seconds, CPU
 
 What `target.source=DIR drafter.checkpoint=DIR` load at a model's size when no real checkpoint is at hand:
 - the target folder: the very target `target.pretrain=false` builds for the preset (ready.loading.random_target:
   random weights, seed 0, the embedded tokenizer) as `config.json` + sharded safetensors
   (`model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, `--shard-gb` each, as Hugging Face
   shards a large checkpoint) + the tokenizer files; at the 27B preset 53.8 GB in bf16;
-- the drafter folder: a random DSpark drafter of the preset's shape (ready.bench.engine.build_drafter: its
+- the drafter folder: a random DSpark drafter of the preset's shape (benchmarks.engine.build_drafter: its
   sequence head non-zero) in the target's dtype, written as a public DSpark checkpoint is
   (`config.json` with `dflash_config` and `model.safetensors`, no block of this tool's own), so the sweep
   reads it through the path a SpecForge or DeepSpec folder takes; 1.86 B parameters, 3.7 GB in bf16.
@@ -27,8 +27,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from benchmarks.engine import build_drafter
 from ready.artifacts import atomic_dir
-from ready.bench.engine import build_drafter
 from ready.config import ConfigError, entry_point, load_config
 from ready.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, dspark_config
 from ready.loading import pick_device, random_target
@@ -96,7 +96,7 @@ def write_dspark_folder(drafter: Any, folder: Path) -> Path:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ready.bench.shape_folders", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.shape_folders", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("overrides", nargs="*", help="config overrides a.b=v (after the preset and the gpu_shape profile)")
     ap.add_argument("--target", default="tiny", help="the preset whose architecture and drafter shape to write")

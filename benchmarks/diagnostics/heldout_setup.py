@@ -1,5 +1,5 @@
-"""The set-up the held-out diagnostics share (`ready.diagnostics.plateau`, `ready.diagnostics.context_ceiling`,
-`ready.diagnostics.reader_pilot`, `ready.diagnostics.query_span`): a config from command-line overrides
+"""The set-up the held-out diagnostics share (`benchmarks.diagnostics.plateau`, `benchmarks.diagnostics.context_ceiling`,
+`benchmarks.diagnostics.reader_pilot`, `benchmarks.diagnostics.query_span`): a config from command-line overrides
 (over a sweep row's resolved config, when given), the loaded target, and the held-out regenerated
 sequences (`eval.heldout_tf_samples`) they measure on."""
 

@@ -1,10 +1,10 @@
 """Proposition 1 on a trained drafter: how far the reader's queries leave the span of the target's own.
 
-    python -m ready.diagnostics.query_span --source RUN_ID --tracking-uri sqlite:///mlflow.db [--log-mlflow]
-    python -m ready.diagnostics.query_span --source DRAFTER_FOLDER [key=value ...] [--out prop1.json]
-    python -m ready.diagnostics.query_span --rows RUN_ID RUN_ID ... --tracking-uri ...   # one table
+    python -m benchmarks.diagnostics.query_span --source RUN_ID --tracking-uri sqlite:///mlflow.db [--log-mlflow]
+    python -m benchmarks.diagnostics.query_span --source DRAFTER_FOLDER [key=value ...] [--out prop1.json]
+    python -m benchmarks.diagnostics.query_span --rows RUN_ID RUN_ID ... --tracking-uri ...  # one table
 
-Proposition 1 (`ready.diagnostics.theory`): from a state S (d_v x d_k) whose readouts O = S Q of the
+Proposition 1 (`benchmarks.diagnostics.theory`): from a state S (d_v x d_k) whose readouts O = S Q of the
 queries Q are exposed, a new query q* is answered by O alone only inside span(Q);
 S (I - Π_Q) q* needs S itself. The target itself has read each GDN state with its own queries, so
 what the reader can add beyond the target's own readouts lies where its queries leave the span of
@@ -58,10 +58,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ready import mlflow_store
+from benchmarks.diagnostics.heldout_setup import heldout_config
+from benchmarks.diagnostics.theory import projector
 from ready.config import entry_point
-from ready.diagnostics.heldout_setup import heldout_config
-from ready.diagnostics.theory import projector
 from ready.drafter import DrafterError, load_drafter
 from ready.drafter.export import resolve_source
 from ready.loading import load_configured_target
@@ -69,13 +68,14 @@ from ready.train.regen import build_validation_data
 from ready.train.regen_data import RegenData
 from ready.train.teacher_forced import full_block_anchors
 from ready.train.teacher_pass import reads_shuffled_states
+from reports import mlflow_store
 
 RTOL = 1e-3  # singular values <= RTOL * sigma_max of the prefix queries count as zero (see the module doc)
 PREFIX = "prop1"  # MLflow metric prefix
 STATS = ("mean", "p10", "p50", "p90")
 METRICS = ("outside_share", "novel_share", "novel_share_read", "random_outside_share", "random_novel_share",
            "prefix_rank")
-RELIANCE = "overall/state_reliance"  # sweeps.tracking (ready.stats.run_metrics): tau own states - tau swapped
+RELIANCE = "overall/state_reliance"  # sweeps.tracking (reports.stats.run_metrics): tau own states - tau swapped
 HELDOUT_TAU = "heldout_tf/tau"
 QUANTILE_MAX = 1 << 24
 # query_shares' keys -> the names pooled per (layer, head); each also for the random reference but novel_read
@@ -386,7 +386,7 @@ def rows_table(entries: Sequence[dict[str, Any]]) -> str:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ready.diagnostics.query_span", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.query_span", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--source", help="a ReaDy drafter folder, or a sweep row's MLflow run id (runs:/ID or ID)")

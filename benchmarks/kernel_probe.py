@@ -1,7 +1,7 @@
 """One call of each kernel variant between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \
-        python -m ready.bench.kernel_probe
+        python -m benchmarks.kernel_probe
 
 Kernel durations without launch overhead and the stall reasons behind them (paper sizes, batch 1).
 """

@@ -1,8 +1,8 @@
 """Benchmark the fused kernels against their torch references on a CUDA GPU; prints JSON.
 
-    python -m ready.bench.kernels --json                 # paper and tiny sizes, JSON on stdout
-    python -m ready.bench.kernels --json --out b.json    # also write it to a file
-    python -m ready.bench.kernels --smoke                # CPU: run every case once (Triton interpreter), no timing
+    python -m benchmarks.kernels --json                  # paper and tiny sizes, JSON on stdout
+    python -m benchmarks.kernels --json --out b.json     # also write it to a file
+    python -m benchmarks.kernels --smoke                 # CPU: run every case once (Triton interpreter), no timing
 
 It times the kernels of `kernels/`, the import package `ready_kernels` of the installed project
 (pyproject.toml maps it; `pip install -e .` first).
@@ -15,7 +15,7 @@ holding a single call, replayed back to back; `eager_us` is a Python loop over t
 `launch_floor_us` is one tiny kernel per call inside a graph. `--ops` picks some of the ops
 (reader, verify, gdn_fused, commit, rmsnorm). A faster kernel here is a lead, not a result: the
 phased GDN front won here and lost inside the verify graph (kernels/NOTES.md), so check a change
-with `python -m ready.bench.ab` before believing it.
+with `python -m benchmarks.ab` before believing it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-# `python -m ready.bench.kernels --smoke` or `ready bench kernels --smoke`: before triton is imported
+# `python -m benchmarks.kernels --smoke` or `ready bench kernels --smoke`: before triton is imported
 if "--smoke" in sys.argv[1:]:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -297,16 +297,16 @@ def main(argv=None) -> None:
         timer = Timer(1, smoke=True)
     else:
         if not torch.cuda.is_available():
-            sys.exit("ready.bench.kernels: needs a CUDA device (use --smoke for a CPU check of the code paths)")
+            sys.exit("benchmarks.kernels: needs a CUDA device (use --smoke for a CPU check of the code paths)")
         dev, sizes, calls = "cuda", args.sizes.split(","), args.calls
         timer = Timer(args.reps, smoke=False)
     for name in sizes:
         if name not in SIZES:
-            sys.exit(f"ready.bench.kernels: unknown size {name!r}; expected one of {sorted(SIZES)}")
+            sys.exit(f"benchmarks.kernels: unknown size {name!r}; expected one of {sorted(SIZES)}")
     wanted = args.ops.split(",")
     for op in wanted:
         if op not in OPS:
-            sys.exit(f"ready.bench.kernels: unknown op {op!r} in --ops; expected some of {','.join(OPS)}")
+            sys.exit(f"benchmarks.kernels: unknown op {op!r} in --ops; expected some of {','.join(OPS)}")
     import triton
 
     result = {

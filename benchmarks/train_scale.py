@@ -1,7 +1,7 @@
 """What a training run at paper scale costs, measured on random weights; prints one JSON object.
 
-    python -m ready.bench.train_scale --target qwen3_5_27b --device cuda --json
-    python -m ready.bench.train_scale --target tiny --device cpu --quick --json      # plumbing check, seconds
+    python -m benchmarks.train_scale --target qwen3_5_27b --device cuda --json
+    python -m benchmarks.train_scale --target tiny --device cpu --quick --json       # plumbing check, seconds
 
 No checkpoint is needed: the target is the preset's architecture with random weights (bf16 on CUDA)
 and the drafter has the preset's DSpark shape (experiments/presets/<target>.yaml: for qwen3_5_27b the
@@ -16,7 +16,7 @@ public 27B DSpark layout), also random. Sections (`--sections`, default all):
 - `prefill`: batch-1 prefill (`target.prefill`, LM head included) over prompts of each `--prefill-lengths`,
   against the bf16 tensor-core bound 2 * matmul parameters * tokens / `--peak-flops` (default 989e12 on
   CUDA, H200 dense bf16; no bound on CPU). Matmul parameters leave out the embedding table (a gather, as
-  ready.bench.target leaves it out of the streamed bytes); attention FLOPs are not counted.
+  benchmarks.target leaves it out of the streamed bytes); attention FLOPs are not counted.
 - `train`: for `base` (DSpark from scratch, every drafter parameter), `stage1` (the reader only) and
   `stage2` (reader + LoRA on the drafter): `--warmup-steps` untimed then `--train-steps` timed optimizer
   steps of ready.train.stages.train_stage itself (teacher pass on the frozen target, drafter forward_train
@@ -461,7 +461,7 @@ def _check(a: argparse.Namespace, z: dict) -> tuple[list[str], list[str], list[i
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Parse arguments, run the sections, print (and return) one JSON object."""
-    ap = argparse.ArgumentParser(prog="python -m ready.bench.train_scale", description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.train_scale", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("overrides", nargs="*", help="config overrides a.b=v (after the preset and profile)")
     ap.add_argument("--target", default="tiny", help="preset: target architecture + drafter shape (default tiny)")

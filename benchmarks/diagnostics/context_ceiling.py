@@ -1,6 +1,6 @@
 """How much could reading states add at all? The target's dependence on text beyond a window.
 
-    python -m ready.diagnostics.context_ceiling --windows 4,8,16,32,64 [a.b=value ...]
+    python -m benchmarks.diagnostics.context_ceiling --windows 4,8,16,32,64 [a.b=value ...]
 
 On held-out target-regenerated sequences (the validation split of the teacher-forced metric), each
 response token is the target's greedy choice given the whole prefix. For a window W, the same
@@ -25,8 +25,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from benchmarks.diagnostics.heldout_setup import heldout_setup
 from ready.config import entry_point
-from ready.diagnostics.heldout_setup import heldout_setup
 from ready.drafter import load_drafter
 from ready.target.layers import Attention
 from ready.train.regen import RegenData
@@ -124,7 +124,7 @@ def rejection_share(drafter: Any, target: Any, data: RegenData, window: int, bat
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m ready.diagnostics.context_ceiling", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.context_ceiling", description=__doc__.split("\n")[0])
     p.add_argument("--windows", default="4,8,16,32,64", help="comma list of context windows W (tokens)")
     p.add_argument("--drafter", default=None, help="a trained drafter's folder: where its rejections fall")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")

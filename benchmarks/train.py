@@ -1,6 +1,6 @@
 """Benchmark of the training pipeline on the embedded default; prints JSON.
 
-    python -m ready.bench.train [--variants N] [--limit N] [key=value ...]
+    python -m benchmarks.train [--variants N] [--limit N] [key=value ...]
 
 Builds (or reuses) the pretrained tiny target, the regenerated data and the base DSpark
 drafter, evaluates AR, the n-gram drafter and the base drafter on the configured suites

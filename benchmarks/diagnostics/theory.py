@@ -9,7 +9,7 @@ The first term is fixed by (O, Q) alone; the second needs S itself. It vanishes 
 row rank (Π_Q = I). Outside span(Q) it does not: S' = S + X (I - Π_Q) has the same readouts
 (S' Q = S Q) yet answers q* differently. `check` measures all of this on random matrices.
 
-    python -m ready.diagnostics.theory --d-k 16 --d-v 16 --queries 6 --seed 0    # prints JSON
+    python -m benchmarks.diagnostics.theory --d-k 16 --d-v 16 --queries 6 --seed 0  # prints JSON
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run from the repository root on a CUDA machine:
 
-    python -m ready.bench.small_m --json [--out docs/data/small_m_h200.json]
+    python -m benchmarks.small_m --json [--out docs/data/small_m_h200.json]
 
 For each weight shape (N, K) of the fused target (GDN in_proj, attention qkv, MLP gate_up, down,
 out/o projection, LM head) and each row count M, it times F.linear and every Triton configuration
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-# `python -m ready.bench.small_m --smoke` or `ready bench small_m --smoke`: before triton is imported
+# `python -m benchmarks.small_m --smoke` or `ready bench small_m --smoke`: before triton is imported
 if "--smoke" in sys.argv[1:]:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -70,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if a.shapes and not smoke:
         unknown = sorted(set(a.shapes.split(",")) - set(SHAPES_27B))
         if unknown:
-            raise SystemExit(f"ready.bench.small_m: unknown --shapes {unknown}; expected names from {sorted(SHAPES_27B)}")
+            raise SystemExit(f"benchmarks.small_m: unknown --shapes {unknown}; expected names from {sorted(SHAPES_27B)}")
         shapes = {n: SHAPES_27B[n] for n in a.shapes.split(",")}
     timer = (lambda fn: (fn(), 1.0)[1]) if smoke else None
     configs = grid_configs() if a.grid else sm.CONFIGS

@@ -1,10 +1,12 @@
-"""Hand a training call to torchrun: `train.devices = N > 1` in a plain process (ready.train.pipeline).
+"""Hand a row's training to torchrun: `train.devices = N > 1` in a plain process (a sweep row).
 
-`run_under_torchrun` writes the config to a file, runs `torchrun --standalone --nproc-per-node N -m
-ready.train.launch` on it with this interpreter, waits, and leaves the artifacts for the caller to
-read. The child side (one rank's training, the command line) is `ready.train.launch`.
+`run_under_torchrun` is the launcher that `sweeps.row` gives `ready.train.pipeline` (its `launch`): it
+writes the config to a file, runs `torchrun --standalone --nproc-per-node N -m
+sweeps.commands.train_launch` on it with this interpreter, waits, and leaves the artifacts for the caller
+to read. The child side (one rank's training, the command line `ready launch`) is
+`sweeps.commands.train_launch`. Both live above the library: the library trains in the process it is
+called in and is handed the launcher, so it names no command of its own.
 """
-
 from __future__ import annotations
 
 import os
@@ -26,10 +28,10 @@ class LaunchError(ValueError):
 
 
 def torchrun_command(nproc: int, args: Sequence[str]) -> list[str]:
-    """`torchrun --standalone --nproc-per-node N -m ready.train.launch ARGS` with this interpreter
+    """`torchrun --standalone --nproc-per-node N -m sweeps.commands.train_launch ARGS` with this interpreter
     (a free rendezvous port on this host, so several rows can launch at once)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
-            "-m", "ready.train.launch", *args]
+            "-m", "sweeps.commands.train_launch", *args]
 
 
 def run_under_torchrun(cfg: DictConfig, what: str, base_drafter_dir: Optional[str | Path] = None,
@@ -57,7 +59,7 @@ def run_under_torchrun(cfg: DictConfig, what: str, base_drafter_dir: Optional[st
             args += ["--prompts", str(Path(tmp) / "prompts.pt")]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
-        print(f"[ready] training on {n} data-parallel processes: torchrun --nproc-per-node {n} -m ready.train.launch",
+        print(f"[ready] training on {n} data-parallel processes: torchrun --nproc-per-node {n} -m sweeps.commands.train_launch",
               file=sys.stderr, flush=True)
         proc = subprocess.Popen(torchrun_command(n, args), env=env)
         try:

@@ -1,7 +1,7 @@
 """Build (or find in the cache) the embedded default target and print its metrics as JSON.
 
-    python -m ready.data.build                       # the default config
-    python -m ready.data.build pretrain.steps=100 artifacts_dir=/tmp/art threads.shared=1
+    python -m sweeps.commands.build_data             # the default config
+    python -m sweeps.commands.build_data pretrain.steps=100 artifacts_dir=/tmp/art threads.shared=1
 
 Prints one JSON object: the target folder, whether it was a cache hit, the wall time of this
 call, and the build's metrics.json (held-out loss, train time, tokens seen, a greedy sample). The build
