@@ -45,7 +45,7 @@ from ready.decode.sampling import params_from
 from ready.drafter import load_drafter
 from ready.drafter.checkpoint import has_markov_head, is_drafter_folder
 from ready.health import HealthError, check_target, generations_problem
-from ready.fastops import load_kernel
+from ready.fastops import fused_on
 from ready.loading import (WEIGHT_FILES, LoadedTarget, PipelineConfigError, configure_target, load_configured_target,
                            target_dir, weights_id)
 from ready.metrics import Metrics, overall
@@ -180,10 +180,10 @@ def serving_dtype(drafter: Any, target: Any) -> Any:
 def engine_tags(cfg: DictConfig, loaded: LoadedTarget) -> dict[str, str]:
     """What evaluation decoded on, as the engine benchmarks (ready.bench.engine) time it: CUDA graphs for the
     target's verify and the draft step (on CUDA), torch.compile'd layers inside them (`target.compile`), the
-    fused Triton kernels (importable `ready_kernels`), the exact mode and the batch (`eval.concurrency`)."""
+    fused Triton kernels (where `ready.fastops.fused_on` says Triton runs), the exact mode and the batch (`eval.concurrency`)."""
     cuda = loaded.device == "cuda"
     compiled = compile_in_graphs(cfg)
-    kernels = cuda and load_kernel("small_m_gemm") is not None
+    kernels = cuda and fused_on(torch.device("cuda"))
     parts = (["cuda_graphs"] if cuda else ["eager"]) + (["compiled_layers"] if cuda and compiled is not False else []) \
         + (["triton_kernels"] if kernels else ["torch_ops"])
     drafter = str(loaded.target.dtype).removeprefix("torch.") if loaded.target.dtype in (torch.bfloat16, torch.float16) \
