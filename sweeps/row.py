@@ -35,7 +35,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import cached
-from ready.config import compile_in_graphs, config_hash, exact_mode, to_container
+from ready.config import compile_in_graphs, config_hash, exact_mode, restore_retired, to_container
 from ready.data import load_suite
 from ready.decode.rounds import Generation
 from ready.calibration import verification_metrics
@@ -585,6 +585,7 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, draft
         for key in ("verify_schedule", "confidence_threshold", "verify_budget"):
             evals.pop(key, None)
     evals["exact"] = exact_mode(cfg)  # auto resolved: float32 auto hashes as the earlier `false`
+    restore_retired(evals, "eval")  # keys removed from the schema: the evaluations cached before stay found
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "eval": evals, "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),
