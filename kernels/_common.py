@@ -3,6 +3,12 @@
 Every op module in this folder holds `<op>_reference` (plain torch), `<op>_triton` and `<op>`
 (dispatch). The dispatch picks Triton when the tensors live on CUDA and Triton imports; the
 reference otherwise. Tests run `<op>_triton` on CPU tensors under `TRITON_INTERPRET=1`.
+
+The Triton guard is here and only here: every op module defines its Triton part under `if
+HAS_TRITON:`, so each module imports on any machine and keeps its torch reference. Triton is a
+dependency in pyproject.toml, but an environment may lack it (a hand-made path, a platform
+without wheels) or hold one that fails on import (an incompatible build); `TRITON_ERROR` says
+which, and `ready.fastops` reports it once where CUDA is present.
 """
 
 from __future__ import annotations
@@ -11,12 +17,15 @@ import os
 
 import torch
 
-try:  # Triton is optional: CPU-only installs use the torch references.
+try:  # the one Triton guard (module docstring)
     import triton  # noqa: F401
+    import triton.language  # noqa: F401
 
     HAS_TRITON = True
-except ImportError:  # pragma: no cover - depends on the install
+    TRITON_ERROR = ""
+except Exception as _err:  # pragma: no cover - depends on the install: absent (ImportError) or broken (any error)
     HAS_TRITON = False
+    TRITON_ERROR = f"{type(_err).__name__}: {(str(_err).splitlines() or [''])[0]}".rstrip(": ")
 
 
 class KernelInputError(ValueError):
@@ -29,9 +38,16 @@ def require(ok: bool, message: str) -> None:
         raise KernelInputError(message)
 
 
+def triton_runs_on(device: torch.device) -> bool:
+    """True when a kernel on `device` runs its Triton code: a CUDA device and an importable Triton. The one
+    test of where Triton runs: every op's dispatch asks it (`use_triton`), and so does the library
+    (`ready.fastops.fused`)."""
+    return HAS_TRITON and device.type == "cuda"
+
+
 def use_triton(*tensors: torch.Tensor) -> bool:
-    """True when every tensor is on CUDA and Triton is importable."""
-    return HAS_TRITON and all(t.is_cuda for t in tensors)
+    """True when every tensor is on a device Triton runs on (`triton_runs_on`)."""
+    return all(triton_runs_on(t.device) for t in tensors)
 
 
 def require_triton() -> None:

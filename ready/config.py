@@ -279,7 +279,6 @@ class EvalConfig:
     # (docs/sweeps.md "How much data a comparison needs"); regen.response_len 48 still covers them
     max_new_tokens: int = 40  # issue 44: 16 -> 40 (~17 rounds a prompt, 6 % budget-cut; MDE: docs/sweeps.md)
     warmup_rounds: int = 1
-    use_kernels: bool = True  # fused Triton kernels on CUDA; torch references elsewhere
     # auto | on | off: time AR in the same process as each drafting row, prompt by prompt
     # alternating with it, so speedups are paired (auto = on CUDA; CPU timing is indicative only)
     interleave_ar: str = "auto"
@@ -357,6 +356,56 @@ class Config:
 
 class ConfigError(ValueError):
     """A config the user wrote is wrong; the message names the key and what was expected."""
+
+
+# Keys removed from the schema: (the value every run before the removal had, why it went). A layer that
+# still sets one at that value loads without it (a trial stored before, an old spec file); another value is
+# a ConfigError saying why. `restore_retired` puts them back where results are keyed by config (a row's
+# hash, a cached evaluation), so the runs and caches made before the removal are still found.
+RETIRED: dict[str, tuple[Any, str]] = {
+    "eval.use_kernels": (True, "nothing read it: the fused Triton kernels run wherever CUDA and Triton do "
+                               "(ready.fastops), and a kernel A/B compares two source trees (ready.bench.ab --tree)"),
+}
+
+
+def restore_retired(tree: dict, section: str = "") -> dict:
+    """`tree` (a config as a nested dict, or its `section`) with each retired key put back at its old value
+    wherever the section holding it is present; for what is hashed, so hashes stay as before the removal."""
+    prefix = f"{section}." if section else ""
+    for key, (old, _) in RETIRED.items():
+        if not key.startswith(prefix):
+            continue
+        *parents, last = key[len(prefix):].split(".")
+        node: Any = tree
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node[last] = old
+    return tree
+
+
+def _retired_node(tree: Any, key: str) -> Any:
+    """The mapping in `tree` that holds `key`'s last part, or None."""
+    *parents, _ = key.split(".")
+    for p in parents:
+        tree = tree.get(p) if isinstance(tree, (dict, DictConfig)) else None
+    return tree if isinstance(tree, (dict, DictConfig)) else None
+
+
+def _without_retired(layer: Any, source: str) -> Any:
+    """`layer` without the retired keys it sets at their old value (a copy; `layer` itself when it sets
+    none); another value is a ConfigError naming the key and why it went."""
+    for key, (old, why) in RETIRED.items():
+        last = key.rsplit(".", 1)[-1]
+        node = _retired_node(layer, key)
+        if node is None or last not in node:
+            continue
+        if node[last] != old:
+            raise ConfigError(f"{source}: bad value at key '{key}': {node[last]!r}; this key was removed ({why}); "
+                              f"expected no such key (or its old value {old!r}, which changes nothing)")
+        layer = OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else copy.deepcopy(layer)
+        del _retired_node(layer, key)[last]
+    return layer
 
 
 MainT = TypeVar("MainT", bound=Callable[..., Any])
@@ -765,6 +814,7 @@ def load_config(preset: Optional[str] = None, profile: Optional[str] = None,
     else:
         cfg = schema()
     for source, layer in named:
+        layer = _without_retired(layer, source)
         cfg = merge(cfg, layer, source=source)
         provenance.append((source, layer_keys(layer)))
     default = next((source for source, keys in reversed(provenance) if keys), "config")

@@ -11,72 +11,42 @@ f_j = [u_j1 .. u_jM, log rms(S_1) .. log rms(S_M)] goes through a bottleneck MLP
 h'_j = h_j + Δh_j. The MLP's output projection starts at zero, so an untrained reader is the
 identity. States use the Hugging Face layout S[d_k, d_v] (S̄_m in the paper = S^T here).
 
-The read itself is `ready_kernels.state_reader.state_reader` when that fused op exists (it reads
-the cache in place by GDN index and slot); `read_states_torch` is the same computation in
-vectorised torch, used until then.
+The read is written once, in `ready_kernels.state_reader`: its Triton kernel where `ready.fastops.fused`
+says the device runs Triton (it reads the cache in place by GDN index and slot), its torch
+reference `state_reader_reference` (the one the kernel is tested against) everywhere else.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ready import fastops
+from ready_kernels import state_reader
 
 
 class ReaderError(ValueError):
     """A reader setting that does not fit the target; the message says what was expected."""
 
 
-def read_states_torch(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
-                      U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Readouts and log-RMS scales, [B, P, M*r + M] fp32 (see the module docstring).
-
-    ssm [L_gdn, S, H, d_k, d_v]; layer_idx [Ls] GDN indices; slots [B] rows of ssm;
-    z [B, P, M, r] with M = Ls*H (pair m = layer m // H, head m % H); U [M, r, d_k]; V [M, d_v, r].
-    """
-    B, P, M, r = z.shape
-    d_k, d_v = ssm.shape[-2:]
-    S = ssm if _whole(layer_idx, ssm.shape[0]) else ssm.index_select(0, layer_idx)
-    S = S if _whole(slots, ssm.shape[1]) else S.index_select(1, slots)  # [Ls, B, H, d_k, d_v]
-    S = S.transpose(0, 1).reshape(B, M, d_k, d_v).float()  # a view for training's teacher states
-    rms = torch.sqrt(torch.linalg.vector_norm(S, dim=(-2, -1)).square() / (d_k * d_v) + eps)  # [B, M]
-    q = torch.einsum("bpmr,mrk->bmpk", z.float(), U.float())  # U^T z: [B, M, P, d_k]
-    w = torch.matmul(q, S)  # S^T q: [B, M, P, d_v]; u = V^T S̄^T q / sqrt(d_k), each state read in place
-    u = torch.einsum("bmpv,mvr->bpmr", w, V.float()) / (rms * math.sqrt(d_k))[:, None, :, None]
-    return torch.cat([u.reshape(B, P, M * r), rms.log()[:, None, :].expand(B, P, M)], dim=-1)
-
-
-def _whole(idx: torch.Tensor, n: int) -> bool:
-    """`idx` is 0..n-1 in order (checked on the host, so CPU only)."""
-    return idx.device.type == "cpu" and idx.numel() == n and bool(torch.equal(idx, torch.arange(n)))
-
-
-_FUSED: Any = None
-
-
-def fused_state_reader() -> Optional[Callable[..., torch.Tensor]]:
-    """`ready_kernels.state_reader.state_reader` (the fused op's dispatch), or None when it cannot be
-    imported (`ready.fastops` says so on stderr when the fused op was wanted)."""
-    global _FUSED
-    if _FUSED is None:
-        mod = fastops.load_kernel("state_reader")
-        _FUSED = mod.state_reader if mod is not None else False
-    return _FUSED or None
+# the torch path is the kernel's reference itself (this name is how tests read it)
+read_states_torch = state_reader.state_reader_reference
 
 
 def read_states(ssm: torch.Tensor, layer_idx: torch.Tensor, slots: torch.Tensor, z: torch.Tensor,
                 U: torch.Tensor, V: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """`read_states_torch`'s numbers, through the fused op when it is available."""
-    op = fused_state_reader()
-    if op is not None:
-        return op(ssm, layer_idx, slots, z, U, V, eps=eps)
-    return read_states_torch(ssm, layer_idx, slots, z, U, V, eps)
+    """Readouts and log-RMS scales [B, P, M*r + M] in z's dtype (see the module docstring): the fused
+    kernel where `fastops.fused(z)`, its torch reference elsewhere (the same numbers,
+    tests/test_kernels_state_reader.py).
+
+    ssm [L_gdn, S, H, d_k, d_v]; layer_idx [Ls] GDN indices; slots [B] rows of ssm;
+    z [B, P, M, r] with M = Ls*H (pair m = layer m // H, head m % H); U [M, r, d_k]; V [M, d_v, r].
+    """
+    read = state_reader.state_reader_triton if fastops.fused(z) else state_reader.state_reader_reference
+    return read(ssm, layer_idx, slots, z, U, V, eps)
 
 
 @dataclass
@@ -141,7 +111,7 @@ class StateReader(nn.Module):
     def _z(self, h: torch.Tensor) -> torch.Tensor:
         """z = W_q RMSNorm(h) for h [N, P, D] -> [N, P, M, r]."""
         N, P, _ = h.shape
-        fast = fastops.drafting_ops() if (h.is_cuda and not torch.is_grad_enabled() and type(self.query) is nn.Linear) else None
+        fast = fastops.drafting_ops() if (fastops.fused(h) and not torch.is_grad_enabled() and type(self.query) is nn.Linear) else None
         if fast is not None:  # drafting on CUDA: one fused norm kernel and the small-M linear, same numbers
             z = fast.linear(fast.rms_norm(h, self.norm_weight, 1e-6, 0.0), self.query.weight)
         else:
@@ -156,7 +126,7 @@ class StateReader(nn.Module):
         return torch.einsum("npmr,mrk->npmk", self._z(h).float(), self.U.float())
 
     def features(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:
-        """f for every position of h [N, P, D] (N = len(source.slots)) -> [N, P, M*r + M] fp32."""
+        """f for every position of h [N, P, D] (N = len(source.slots)) -> [N, P, M*r + M] in h's dtype."""
         return read_states(source.ssm, source.layer_idx, source.slots, self._z(h), self.U, self.V, self.eps)
 
     def delta(self, h: torch.Tensor, source: StateSource) -> torch.Tensor:

@@ -35,7 +35,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ready.artifacts import cached
-from ready.config import compile_in_graphs, config_hash, exact_mode, to_container
+from ready.config import compile_in_graphs, config_hash, exact_mode, restore_retired, to_container
 from ready.data import load_suite
 from ready.decode.rounds import Generation
 from ready.calibration import verification_metrics
@@ -45,7 +45,7 @@ from ready.decode.sampling import params_from
 from ready.drafter import load_drafter
 from ready.drafter.checkpoint import has_markov_head, is_drafter_folder
 from ready.health import HealthError, check_target, generations_problem
-from ready.fastops import load_kernel
+from ready.fastops import fused_on
 from ready.loading import (WEIGHT_FILES, LoadedTarget, PipelineConfigError, configure_target, load_configured_target,
                            target_dir, weights_id)
 from ready.metrics import Metrics, overall
@@ -181,10 +181,10 @@ def serving_dtype(drafter: Any, target: Any) -> Any:
 def engine_tags(cfg: DictConfig, loaded: LoadedTarget) -> dict[str, str]:
     """What evaluation decoded on, as the engine benchmarks (benchmarks.engine) time it: CUDA graphs for the
     target's verify and the draft step (on CUDA), torch.compile'd layers inside them (`target.compile`), the
-    fused Triton kernels (importable `ready_kernels`), the exact mode and the batch (`eval.concurrency`)."""
+    fused Triton kernels (where `ready.fastops.fused_on` says Triton runs), the exact mode and the batch (`eval.concurrency`)."""
     cuda = loaded.device == "cuda"
     compiled = compile_in_graphs(cfg)
-    kernels = cuda and load_kernel("small_m_gemm") is not None
+    kernels = cuda and fused_on(torch.device("cuda"))
     parts = (["cuda_graphs"] if cuda else ["eager"]) + (["compiled_layers"] if cuda and compiled is not False else []) \
         + (["triton_kernels"] if kernels else ["torch_ops"])
     drafter = str(loaded.target.dtype).removeprefix("torch.") if loaded.target.dtype in (torch.bfloat16, torch.float16) \
@@ -587,6 +587,7 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, draft
         for key in ("verify_schedule", "confidence_threshold", "verify_budget"):
             evals.pop(key, None)
     evals["exact"] = exact_mode(cfg)  # auto resolved: float32 auto hashes as the earlier `false`
+    restore_retired(evals, "eval")  # keys removed from the schema: the evaluations cached before stay found
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,
             "target": target_id, "dtype": str(cfg.target.dtype), "device": loaded.device, "prompts": suites,
             "eval": evals, "regen": to_container(cfg.regen), "corpus": to_container(cfg.corpus),

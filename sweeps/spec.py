@@ -24,8 +24,8 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ready.config import (EXPERIMENTS_DIR, SEED_MAX, SEED_RANGE, ConfigError, Layer, blame, clean_message, config_hash,
-                          exact_mode, layer_keys, load_config, merge, nest, parse_override, read_yaml, seed_ok, to_container,
-                          yaml_problem)
+                          exact_mode, layer_keys, load_config, merge, nest, parse_override, read_yaml, restore_retired,
+                          seed_ok, to_container, yaml_problem)
 from ready.data.corpus import CorpusError
 from ready.loading import inputs_identity
 
@@ -271,6 +271,7 @@ def canonical(cfg: DictConfig, method: str) -> dict:
             _drop(tree, key)
     if tree.get("data") == {}:  # training on the corpus prompts, as every row before data.path
         tree.pop("data")
+    restore_retired(tree)  # keys removed from the schema hash at the value every earlier row had
     if "eval" in tree:  # auto / on / true name the same decoding (a float32 auto row hashes as before: false)
         tree["eval"]["exact"] = exact_mode(cfg)
     drafter = tree.get("drafter")

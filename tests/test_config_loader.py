@@ -285,6 +285,21 @@ def test_bad_files_are_named_with_what_was_expected(tmp_path: Path):
     assert load_config(files=[tmp_path / "range.yaml"], overrides=["reader.rank=4"]).reader.rank == 4
 
 
+def test_a_retired_key_loads_at_its_old_value_and_is_refused_at_another():
+    """`eval.use_kernels` left the schema (ready.config.RETIRED): a config stored before (a queued trial's)
+    still loads, its key dropped; asking for another value says the key was removed and why."""
+    from ready.config import ConfigError, to_container
+
+    stored = to_container(load_config())
+    stored["eval"]["use_kernels"] = True
+    cfg = load_config(files=[("the stored config of job x", stored)], overrides=["eval.use_kernels=true"])
+    assert "use_kernels" not in cfg.eval and to_container(cfg) == to_container(load_config())
+    assert stored["eval"]["use_kernels"] is True  # the caller's layer is left as it was
+    with pytest.raises(ConfigError, match=r"^command line: bad value at key 'eval.use_kernels': False; this key was "
+                                          r"removed \(nothing read it"):
+        load_config(overrides=["eval.use_kernels=false"])
+
+
 def test_a_profile_is_its_config_section_and_a_missing_base_yaml_is_the_schema(tmp_path: Path):
     from ready.config import ConfigError
 

@@ -188,8 +188,8 @@ def test_bf16_draft_on_the_small_m_gemm_and_triton_norms_matches_the_torch_ops(m
     kernel) and their norms one Triton kernel each; the proposals' logits agree with the torch ops' to
     bf16 rounding, captured and eager alike."""
     from ready import fastops
+    from ready_kernels import small_m_gemm as sm
 
-    sm = fastops.load_kernel("small_m_gemm")
     tgt = tiny_target().cuda().to(torch.bfloat16)
     fast, plain = (drafter_for(tgt, inject_layers=[0, -1]).cuda().to(torch.bfloat16) for _ in range(2))
     plain.load_state_dict(fast.state_dict())
@@ -211,10 +211,9 @@ def test_the_one_launch_rotary_serves_every_draft_path_with_the_torch_bits(targe
     draft alike, and its storing form writes the static draft's context keys and values into their
     buffers; in float32 (here through Triton's interpreter) the drafts are the torch ops' bits."""
     import ready.drafter.layers as layers
-    from ready import fastops
 
-    if fastops.load_kernel("rope") is None or DEVICE != "cpu":
-        pytest.skip("needs ready_kernels.rope on the CPU interpreter (the CUDA test below covers the GPU)")
+    if DEVICE != "cpu":
+        pytest.skip("runs ready_kernels.rope on the CPU interpreter (the CUDA test below covers the GPU)")
     from ready_kernels.rope import rope_store_triton, rope_triton
 
     eager, static = _pair(target, inject_layers=[0, -1])
@@ -236,9 +235,11 @@ def test_exact_drafting_kernels_give_the_bits_of_the_torch_ops(monkeypatch, head
     (`ready_kernels.rope`) and the keys' rotary with both K and V written into the context buffers
     (`rope_store`). With the torch ops in their place the tokens and the float32 logits are the same
     bits, round after round."""
+    import importlib
+
     from ready import fastops
 
-    kernel = fastops.load_kernel("rope" if op == "rope_store" else op)
+    kernel = importlib.import_module(f"ready_kernels.{'rope' if op == 'rope_store' else op}")
     tgt = tiny_target().cuda().to(torch.bfloat16)
     fused, plain = (drafter_for(tgt, head=head, inject_layers=[0, -1]).cuda().to(torch.bfloat16) for _ in range(2))
     torch.nn.init.normal_(fused.markov_head.markov_w2.weight, std=0.5)  # a bias that changes tokens

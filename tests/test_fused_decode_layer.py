@@ -12,6 +12,7 @@ import importlib
 import pytest
 import torch
 
+from ready import fastops
 from ready.target import HybridLM, layers
 from tiny_models import VOCAB, small_target
 
@@ -31,8 +32,6 @@ def _target(dtype: torch.dtype) -> HybridLM:
 def fused(monkeypatch):
     """Switch the fused block on for CPU tensors (it is a CUDA-only fast path otherwise)."""
     mod = importlib.import_module("ready_kernels.fused_gemv")
-    if layers.GDN_FUSED_KERNEL is None:
-        pytest.skip("ready_kernels.gdn_fused is not importable")
 
     def switch(on: bool) -> None:
         monkeypatch.setattr(layers, "FUSED_GEMV", mod if on else None)
@@ -76,7 +75,7 @@ def test_the_fast_path_takes_the_fused_block_only_for_one_token_on_cuda():
     cache = target.new_cache(1, 16).gdn_slots[0]
     one = torch.zeros(1, 1, 64, dtype=torch.bfloat16)
     assert not layers.fuses_decode(layer, one, "verify", cache)  # CPU tensors: the unfused block
-    if layers.FUSED_GEMV is not None:  # a CUDA machine: the guard itself
+    if torch.cuda.is_available() and fastops.fused_on(torch.device("cuda")):  # a CUDA machine: the guard itself
         cuda = one.cuda()
         assert layers.fuses_decode(layer, cuda, "verify", cache)
         assert not layers.fuses_decode(layer, cuda.expand(1, 2, 64), "verify", cache)
@@ -85,7 +84,7 @@ def test_the_fast_path_takes_the_fused_block_only_for_one_token_on_cuda():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or layers.FUSED_GEMV is None, reason="needs CUDA and Triton")
+@pytest.mark.skipif(not torch.cuda.is_available() or not fastops.fused_on(torch.device("cuda")), reason="needs CUDA and Triton")
 def test_on_cuda_the_graphed_compiled_ar_step_matches_the_unfused_one(monkeypatch):
     """The engine's AR step (compiled layers in a CUDA graph, the tuned Triton kernel) in bf16: fed
     the same tokens, the fused block's logits agree with the unfused block's to bf16 rounding (the

@@ -17,9 +17,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 import ready.fastops as fastops
 import ready.reader as reader
+from ready_kernels import _common
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "ready", "benchmarks", "sweeps", "reports", "kernels")
@@ -45,44 +47,62 @@ def test_kernels_import_from_the_install_not_a_registration():
     import ready_kernels.state_reader as sr
 
     assert Path(sr.__file__).resolve() == ROOT / "kernels" / "state_reader.py"
-    assert reader.fused_state_reader() is sr.state_reader
-    assert not hasattr(fastops, "register")
+    assert reader.state_reader is sr and reader.read_states_torch is sr.state_reader_reference
+    assert not hasattr(fastops, "register") and not hasattr(fastops, "load_kernel")  # plain imports, no loader
 
 
 @pytest.fixture
 def fresh_warning(monkeypatch):
     monkeypatch.setattr(fastops, "_warned", False)
-    monkeypatch.setattr(reader, "_FUSED", None)
-    monkeypatch.setitem(sys.modules, "ready_kernels.state_reader", None)  # import now raises ImportError
 
 
-def test_missing_kernels_when_wanted_is_said_once_on_stderr(fresh_warning, monkeypatch, capsys):
-    monkeypatch.setattr(fastops, "fused_wanted", lambda: True)
-    assert reader.fused_state_reader() is None  # falls back to torch ...
-    assert fastops.load_kernel("state_reader") is None
+def _python(code: str, pythonpath: str = "") -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1",
+           **({"PYTHONPATH": pythonpath} if pythonpath else {})}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_an_install_without_ready_kernels_is_said_in_one_line_naming_the_fix():
+    """The kernels' torch references are the library's torch paths, so the library cannot run without
+    `ready_kernels` (an editable install from before kernels/ was mapped): one line says why and how to fix
+    it before the ImportError."""
+    run = _python("import sys; sys.modules['ready_kernels'] = None; import ready.reader")
+    assert run.returncode != 0
+    said = [line for line in run.stderr.splitlines() if "(ready)" in line]
+    assert len(said) == 1, run.stderr  # ... once, in one line naming the package and the fix
+    assert "ready_kernels" in said[0] and "pip install -e ." in said[0]
+    assert run.stderr.strip().splitlines()[-1].startswith(("ImportError", "ModuleNotFoundError"))
+
+
+def test_cuda_without_a_working_triton_is_said_once_and_runs_torch(fresh_warning, monkeypatch, capsys):
+    monkeypatch.setattr(_common, "HAS_TRITON", False)
+    monkeypatch.setattr(_common, "TRITON_ERROR", "RuntimeError: bad triton version")
+    cuda = torch.device("cuda")
+    assert not fastops.fused_on(cuda) and not fastops.fused_on(cuda)  # the torch paths run ...
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
-    assert len(lines) == 1, err  # ... and says so once, in one line naming the module and the fix
-    assert "ready_kernels.state_reader" in lines[0] and "pip install -e ." in lines[0]
+    assert len(lines) == 1, err  # ... and it is said once, in one line naming the cause and the fix
+    assert "bad triton version" in lines[0] and "pip install -e ." in lines[0]
 
 
-def test_missing_kernels_on_cpu_falls_back_quietly(fresh_warning, monkeypatch, capsys):
-    monkeypatch.setattr(fastops, "fused_wanted", lambda: False)
-    assert fastops.load_kernel("state_reader") is None
+def test_cpu_runs_torch_quietly(fresh_warning, monkeypatch, capsys):
+    x = torch.zeros(2)
+    assert not fastops.fused(x)
+    monkeypatch.setattr(_common, "HAS_TRITON", False)
+    assert not fastops.fused(x) and not fastops.fused_on(torch.device("cpu"))
     assert capsys.readouterr().err == ""
 
 
-def test_broken_kernel_module_is_said_even_on_cpu(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(fastops, "_warned", False)
-    monkeypatch.setattr(fastops, "fused_wanted", lambda: False)
-    (tmp_path / "ready_kernels").mkdir()
-    (tmp_path / "ready_kernels" / "broken_op.py").write_text("raise RuntimeError('bad triton version')\n")
-    import ready_kernels
-
-    monkeypatch.setattr(ready_kernels, "__path__", [*ready_kernels.__path__, str(tmp_path / "ready_kernels")])
-    assert fastops.load_kernel("broken_op") is None
-    err = capsys.readouterr().err
-    assert "ready_kernels.broken_op" in err and "bad triton version" in err
+def test_a_broken_triton_is_caught_by_the_one_guard(tmp_path):
+    """A Triton that fails on import (an incompatible build) leaves every kernel module importable with its
+    torch reference; `_common.TRITON_ERROR` keeps the cause for the line `fastops` says on CUDA."""
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text("raise RuntimeError('bad triton version')\n")
+    mods = ", ".join(f"ready_kernels.{m}" for m in KERNEL_MODULES)
+    run = _python(f"import ready.reader, {mods}\nfrom ready_kernels import _common\n"
+                  "print(_common.HAS_TRITON, _common.TRITON_ERROR)", pythonpath=str(tmp_path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "False RuntimeError: bad triton version"
 
 
 def _run(cmd: list[str], cwd: Path) -> str:
@@ -121,7 +141,7 @@ def test_wheel_installs_kernels_as_ready_kernels_in_a_fresh_venv(tmp_path):
              f"site = Path({str(site)!r})\n"
              f"for m in ({mods}, ready):\n"
              "    assert Path(m.__file__).is_relative_to(site), m.__file__\n"
-             "assert ready.reader.fused_state_reader() is ready_kernels.state_reader.state_reader\n"
+             "assert ready.reader.state_reader is ready_kernels.state_reader\n"
              "import ready.data.corpus as corpus\n"  # the corpus manifest ships as package data
              "assert corpus.MANIFEST.is_relative_to(site) and corpus.read_manifest()['files']\n"
              "print('ok')\n")

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from ready.reader import ReaderError, StateReader, StateSource, fused_state_reader, read_states_torch
+from ready.reader import ReaderError, StateReader, StateSource, read_states, read_states_torch
+from ready_kernels.state_reader import state_reader_reference
 
 D, H, DK, DV = 24, 2, 8, 6
 
@@ -114,9 +115,11 @@ def test_rank_above_d_k_is_one_clear_error():
         StateReader(D, 1, H, DK, DV, rank=9, mlp_hidden=4)
 
 
-def test_torch_path_gives_the_fused_ops_numbers_exactly():
-    op = fused_state_reader()
-    assert op is not None, "ready_kernels.state_reader cannot be imported; reinstall the project (pip install -e .)"
+def test_torch_path_is_the_kernels_reference_itself():
+    """The reader's math is written once: the library's torch path is the reference the Triton kernel is
+    tested against (tests/test_kernels_state_reader.py), and the library reads through it off CUDA."""
+    assert read_states_torch is state_reader_reference
+    op = read_states
     g = torch.Generator().manual_seed(0)
     for Ls, r in [(1, 2), (2, DK)]:
         M = Ls * H
@@ -147,6 +150,6 @@ def test_training_states_read_in_place_give_the_numbers_of_a_gathered_copy():
     shuffled = torch.empty_like(src.ssm)
     shuffled[layers[:, None], slots[None, :]] = src.ssm
     assert torch.equal(read_states_torch(shuffled, layers, slots, z, U, V), in_place)
-    op = fused_state_reader()
+    op = read_states
     assert torch.equal(op(src.ssm, src.layer_idx, src.slots, z, U, V, eps=1e-6), in_place)
     assert torch.equal(op(shuffled, layers, slots, z, U, V, eps=1e-6), in_place)

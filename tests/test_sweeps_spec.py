@@ -319,6 +319,19 @@ def test_a_knob_added_later_hashes_rows_as_before_it_at_its_default(key, value):
     assert job_hash(OmegaConf.create(tree), "ready") == job_hash(cfg, "ready")
 
 
+@pytest.mark.parametrize("method", ["ar", "dspark", "ready"])
+def test_a_knob_removed_later_hashes_rows_as_before_it(method):
+    """A key that left the schema (ready.config.RETIRED: eval.use_kernels) hashes at the value every earlier
+    row had, so finished rows and their settings are still found."""
+    from sweeps.spec import canonical, job_hash
+
+    cfg = merge(schema(), {})
+    assert "use_kernels" not in cfg.eval and canonical(cfg, method)["config"]["eval"]["use_kernels"] is True
+    tree = OmegaConf.to_container(cfg)
+    tree["eval"]["use_kernels"] = True  # a row resolved before the key was removed
+    assert job_hash(OmegaConf.create(tree), method) == job_hash(cfg, method)
+
+
 def test_rows_hash_as_before_the_concurrency_key_unless_they_batch():
     from sweeps.spec import canonical, job_hash
 

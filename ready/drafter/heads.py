@@ -40,10 +40,10 @@ class SequenceHeadError(ValueError):
 
 
 def add_argmax(base: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """One greedy position: float32(base) + bias into `out` [B, V] and its argmax [B]. On CUDA the kernels
-    package's one pass over the logits (`ready_kernels.add_argmax`: the same sums, torch's argmax);
-    elsewhere, or without that package, the torch ops it replaces."""
-    fast = fastops.drafting_ops() if base.is_cuda else None
+    """One greedy position: float32(base) + bias into `out` [B, V] and its argmax [B]. Where Triton runs
+    (`fastops.fused`), the kernels package's one pass over the logits (`ready_kernels.add_argmax`: the same
+    sums, torch's argmax); elsewhere the torch ops it replaces."""
+    fast = fastops.drafting_ops() if fastops.fused(base) else None
     if fast is not None:
         return fast.add_argmax(base, bias, out)
     torch.add(base.float(), bias, out=out)  # float32(base) first: a bf16 + bf16 add would round to bf16

@@ -91,7 +91,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fast = fastops.drafting_ops() if x.is_cuda and not torch.is_grad_enabled() and x.dtype == self.weight.dtype else None
+        fast = fastops.drafting_ops() if fastops.fused(x) and not torch.is_grad_enabled() and x.dtype == self.weight.dtype else None
         if fast is not None:  # one kernel that rounds as the two lines below do
             return fast.rms_norm(x, self.weight, self.eps, 0.0, cast_first=True)
         xf = x.float()
@@ -144,7 +144,7 @@ class Rotary(nn.Module):
 def _rotary_ops(x: torch.Tensor, cos: torch.Tensor) -> Optional[fastops.DraftingOps]:
     """The drafting kernels where the rotary of x may run as one launch: drafting (no autograd) on CUDA,
     tables in x's dtype."""
-    return fastops.drafting_ops() if x.is_cuda and not torch.is_grad_enabled() and cos.dtype == x.dtype else None
+    return fastops.drafting_ops() if fastops.fused(x) and not torch.is_grad_enabled() and cos.dtype == x.dtype else None
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -14,18 +14,13 @@ from ready import fastops
 from ready.target.cache import GDNSlot, KVSlot
 from ready.target.config import HybridConfig, TargetError
 from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
+from ready_kernels import decode_attention, fused_gemv, gdn_fused, gdn_verify, small_m_gemm
+from ready_kernels import exact_attention as exact_attention_op
+from ready_kernels import row_norm as row_norm_op
 
-
-def _small_m_linear():
-    """The tuned small-M linear of kernels/small_m_gemm.py (F.linear off CUDA or with autograd), and
-    its residual form r + x W^T."""
-    mod = fastops.load_kernel("small_m_gemm")
-    if mod is None:
-        return F.linear, lambda x, weight, residual: residual + F.linear(x, weight)
-    return mod.small_m_linear, mod.small_m_linear_add
-
-
-linear, linear_add = _small_m_linear()
+# the tuned small-M linear of kernels/small_m_gemm.py (F.linear off CUDA or with autograd), and its
+# residual form r + x W^T
+linear, linear_add = small_m_gemm.small_m_linear, small_m_gemm.small_m_linear_add
 
 
 # --- exact mode: every op of a verify pass gives a row the same bits whatever the number of rows ------
@@ -45,34 +40,13 @@ linear, linear_add = _small_m_linear()
 # body: `_elementwise` pads them so every element takes the vectorised body.
 
 
-def _load_exact_ops():
-    """(exact_linear, row_norm, tree_sum, exact_attention) from ready_kernels, loaded once at import
-    (traced code must not import); None when the kernel modules are missing (exact mode then says how
-    to fix it)."""
-    gemm, norm, attn = fastops.load_kernel("small_m_gemm"), fastops.load_kernel("row_norm"), fastops.load_kernel("exact_attention")
-    if gemm is None or norm is None or attn is None:
-        return None
-    return gemm.exact_linear, norm.row_norm, norm.tree_sum, attn.exact_attention
-
-
-_EXACT_OPS = _load_exact_ops()
-
-
-def _exact_ops():
-    if _EXACT_OPS is None:
-        raise RuntimeError("the target's exact mode needs ready_kernels.small_m_gemm, ready_kernels.row_norm and "
-                           "ready_kernels.exact_attention; "
-                           "reinstall the project (pip install -e .)")
-    return _EXACT_OPS
-
-
 def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return _exact_ops()[0](x, weight)
+    return small_m_gemm.exact_linear(x, weight)
 
 
 def row_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, offset: float = 0.0,
              mean: bool = True, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    return _exact_ops()[1](x, weight, eps, offset, mean, out_dtype)
+    return row_norm_op.row_norm(x, weight, eps, offset, mean, out_dtype)
 
 
 def lin(x: torch.Tensor, weight: torch.Tensor, exact: bool = False) -> torch.Tensor:
@@ -100,7 +74,7 @@ def exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n
     buffers [B, H_kv, L, hd] (only the last `window` of them with a sliding window), in fixed key
     blocks from 0 (`torch.ops.ready_kernels.exact_attention`: an
     opaque op, so torch.compile keeps it; Triton on CUDA, its row-invariant torch reference elsewhere)."""
-    return _exact_ops()[3](q, keys, values, n_keys, window=window or 0)
+    return exact_attention_op.exact_attention(q, keys, values, n_keys, window=window or 0)
 
 
 def fuse_state_dict_names(module: nn.Module, fused: str, parts: list[tuple[str, int]]) -> None:
@@ -329,33 +303,23 @@ class Attention(nn.Module):
         return out.transpose(1, 2).reshape(B, T, -1) * _elementwise(torch.sigmoid, gate, exact)
 
 
-def _optional_kernels():
-    """flash-linear-attention's chunked GDN (optional GPU extra) and our verify kernels: the recurrence,
-    the commit's replay, the fused verify (one launch) and the two-pass verify (fronts, then recurrence)."""
+def _fla_chunk():
+    """flash-linear-attention's chunked GDN (an optional GPU extra), or None."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk  # type: ignore
     except Exception:
-        fla_chunk = None
-
-    gv = fastops.load_kernel("gdn_verify")
-    gdn_verify, gdn_commit = (gv.gdn_verify, gv.gdn_commit) if gv is not None else (None, None)
-    gf = fastops.load_kernel("gdn_fused")
-    fused, two_pass = (gf.gdn_fused_verify, gf.gdn_two_pass_verify) if gf is not None else (None, None)
-    return fla_chunk, gdn_verify, gdn_commit, fused, two_pass
-
-
-FLA_CHUNK, GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL, GDN_FUSED_KERNEL, GDN_TWO_PASS_KERNEL = _optional_kernels()
-
-
-def _decode_attention_kernel():
-    """kernels/decode_attention.py where CUDA and Triton are present (16-bit fast-path decode and verify
-    attention)."""
-    if not fastops.fused_wanted():
         return None
-    return fastops.load_kernel("decode_attention")
+    return fla_chunk
 
 
-DECODE_ATTENTION = _decode_attention_kernel()
+FLA_CHUNK = _fla_chunk()
+# The kernels the target calls where `fastops.fused` says Triton runs: the verify's recurrence and the
+# commit's replay, the fused verify (one launch) and the two-pass verify (fronts, then recurrence), the
+# 16-bit fast path's split-key attention (kernels/decode_attention.py) and the AR step's fused GEMV. A
+# name set to None turns that kernel off (tests compare a path against the torch ops so).
+GDN_VERIFY_KERNEL, GDN_COMMIT_KERNEL = gdn_verify.gdn_verify, gdn_verify.gdn_commit
+GDN_FUSED_KERNEL, GDN_TWO_PASS_KERNEL = gdn_fused.gdn_fused_verify, gdn_fused.gdn_two_pass_verify
+DECODE_ATTENTION = decode_attention
 SplitKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
@@ -364,7 +328,7 @@ def split_kv_attention(dtype: torch.dtype, device: torch.device, num_heads: int,
     """kernels/decode_attention.py's split-key attention where it serves `queries` query positions: 16-bit
     CUDA, one KV head's query rows within its tile. None elsewhere (SDPA). The target's cached attention
     and the drafter's fixed-shape draft steps both ask here."""
-    if (DECODE_ATTENTION is None or device.type != "cuda" or dtype == torch.float32
+    if (DECODE_ATTENTION is None or not fastops.fused_on(device) or dtype == torch.float32
             or not DECODE_ATTENTION.fits(num_heads, num_kv_heads, queries)):
         return None
     return DECODE_ATTENTION.decode_attention
@@ -394,7 +358,7 @@ def fla_chunk_for(q: torch.Tensor, state_positions: Optional[torch.Tensor]) -> O
     would prefill ~1e-3 away from its own verify and fail the float32 tie margin (TIE_REL) that the
     lossless checks hold it to. Never with `state_positions` (fla returns only the final state), nor
     where a backward follows on a device whose fla backward is not trusted (`fla_backward_trusted`)."""
-    if FLA_CHUNK is None or not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+    if FLA_CHUNK is None or not fastops.fused(q) or q.dtype not in (torch.bfloat16, torch.float16):
         return None
     if state_positions is not None or (q.requires_grad and not fla_backward_trusted(q.device)):
         return None
@@ -511,7 +475,7 @@ class GatedDeltaNet(nn.Module):
         row-invariant ops (module comment above), for verify."""
         prefix = None if cache is None else cache.conv
         qkv, z, b, a = lin(x, self.in_proj.weight, exact).split(self.split, dim=-1)
-        if mode == "verify" and x.is_cuda and not exact and GDN_FUSED_KERNEL is not None:
+        if mode == "verify" and not exact and GDN_FUSED_KERNEL is not None and fastops.fused(x):
             return self._output(self.fused_verify(qkv, b, a, cache).transpose(1, 2), z, exact), None
         mixed, full = self._conv(qkv, prefix, exact, taps=mode == "verify")
         q, k, v, g, beta = self._heads(mixed, b, a, exact)
@@ -541,7 +505,7 @@ def verify_rule(device: torch.device, exact: bool) -> str:
     """The token step a verify pass runs on `device`, which the commit must replay with the same
     arithmetic: `kernel` (the Triton kernels' step, CUDA), `exact` (`_exact_recurrence`) or `torch`
     (`recurrent_gated_delta_rule`)."""
-    if device.type == "cuda" and GDN_COMMIT_KERNEL is not None:
+    if GDN_COMMIT_KERNEL is not None and fastops.fused_on(device):
         if (not exact and GDN_FUSED_KERNEL is not None) or GDN_VERIFY_KERNEL is not None:
             return "kernel"
     return "exact" if exact else "torch"
@@ -596,7 +560,7 @@ def _exact_recurrence(q, k, v, g, beta, init, out_states: Optional[torch.Tensor]
     over d_k: token t's arithmetic is the same whatever T (head-major inputs as in
     `recurrent_gated_delta_rule`; float32). Writes the state after every token into out_states
     [T, B, H, dk, dv] when given (what the commit installs)."""
-    tree_sum = _exact_ops()[2]
+    tree_sum = row_norm_op.tree_sum
     B, H, T, dk = k.shape
     S = q.new_zeros(B, H, dk, v.shape[-1]) if init is None else init.float()
     outs = []
@@ -626,22 +590,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-def _fused_gemv_kernel():
-    """kernels/fused_gemv.py where CUDA and Triton are present (the AR step's projections with the
-    post-attention norm and the residual adds folded in)."""
-    if not fastops.fused_wanted():
-        return None
-    return fastops.load_kernel("fused_gemv")
-
-
-FUSED_GEMV = _fused_gemv_kernel()
+# kernels/fused_gemv.py: the AR step's projections with the post-attention norm and the residual adds
+# folded in (None: off, as for the kernels above)
+FUSED_GEMV = fused_gemv
 
 
 def fuses_decode(layer: DecoderLayer, x: torch.Tensor, mode: str, cache: Optional[GDNSlot | KVSlot],
                  exact: bool = False) -> bool:
     """Whether `decoder_layer_forward` runs `fused_decode_layer`: the AR step (a verify pass of one
     token of one row) on the 16-bit CUDA fast path, without autograd."""
-    if FUSED_GEMV is None or exact or mode != "verify" or cache is None or not x.is_cuda:
+    if FUSED_GEMV is None or exact or mode != "verify" or cache is None or not fastops.fused(x):
         return False
     if x.dtype not in (torch.bfloat16, torch.float16) or x.shape[0] * x.shape[1] != 1:
         return False

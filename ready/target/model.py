@@ -13,11 +13,11 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ready import fastops
 from ready.target.cache import HybridCache
 from ready.target.config import EMBEDDINGS, HybridConfig, TargetError
 from ready.target.layers import (DecoderLayer, RMSNorm, Rope, commit_gdn, decoder_layer_forward, init_weights,
                                  keeps_verify_states, lin, pass_rope, rope_base)
+from ready_kernels import _common
 
 
 def _inductor_pdl(device: torch.device) -> dict:
@@ -27,8 +27,7 @@ def _inductor_pdl(device: torch.device) -> dict:
     PDL is off or this torch has no such option."""
     import torch._inductor.config as inductor
 
-    common = fastops.load_kernel("_common")
-    on = common is not None and common.pdl_enabled(device) and hasattr(inductor.triton, "enable_pdl")
+    on = _common.pdl_enabled(device) and hasattr(inductor.triton, "enable_pdl")
     return {"triton.enable_pdl": True} if on else {}
 
 
