@@ -364,7 +364,7 @@ class ConfigError(ValueError):
 # hash, a cached evaluation), so the runs and caches made before the removal are still found.
 RETIRED: dict[str, tuple[Any, str]] = {
     "eval.use_kernels": (True, "nothing read it: the fused Triton kernels run wherever CUDA and Triton do "
-                               "(ready.fastops), and a kernel A/B compares two source trees (ready.bench.ab --tree)"),
+                               "(ready.fastops), and a kernel A/B compares two source trees (benchmarks.ab --tree)"),
 }
 
 
