@@ -1,4 +1,4 @@
-"""Benchmarks: each prints JSON and is the source of a figure in docs/benchmarks.md or kernels/NOTES.md.
+"""Benchmarks: each prints JSON and is the source of a figure in docs/figures.md.
 
     python -m benchmarks.engine         # decoding engine: AR, verify cost, paper-size rounds (forced acceptance)
     python -m benchmarks.target         # the target's decode step against its memory-bandwidth bound

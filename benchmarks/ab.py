@@ -11,7 +11,7 @@ Code paths of this project are chosen by its config and code, never by the envir
 A/B is a change between two trees.
 
 The unit is a process: compilation and the kernel tuners' choices happen once per process, and
-processes on one machine differ by more than the repeats inside one (0.3-1 tok/s on the 27B preset).
+processes on one machine differ by more than the repeats inside one (docs/figures.md, "Conventions").
 Each round runs every variant once, in a fresh `python -m benchmarks.engine` process with the
 variant's tree and environment, the order reversed every other round so drift over the machine's lifetime
 falls on all variants alike. A difference pairs the rounds in which both of its processes finished;
@@ -158,8 +158,8 @@ def round_order(names: Sequence[str], r: int) -> list[str]:
 
 def process_estimate(walls: Sequence[float]) -> float:
     """Seconds to allow a further process: the slowest so far after the first. The A/B's first process
-    pays the machine's cold caches (compiles, kernel tuning; 134 s against 85-99 s for the next five on an
-    H100, 7 Dec), so counting it would refuse a round that a cold call still holds."""
+    pays the machine's cold caches (compiles, kernel tuning) and runs clearly longer than the processes
+    after it, so counting it would refuse a round that a cold call still holds."""
     return max(walls[1:] if len(walls) > 1 else walls)
 
 

@@ -9,7 +9,7 @@ benchmarks/kernels.py (`graph_us`, 16 calls on rotating inputs):
   sum of squares only; `us` adds W = U S; `wv` adds G = W V; `full` is the whole op;
 - verify floor: a kernel with the verify grid that only reads the live state and writes T copies
   (no recurrence), and torch's `fill_` of the same bytes.
-The differences between neighbouring stages are the costs kernels/NOTES.md quotes.
+The differences between neighbouring stages are the costs docs/figures.md quotes.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ HBM3e). `graph_us` is the per-call time inside one graph of `--calls` calls on r
 holding a single call, replayed back to back; `eager_us` is a Python loop over the same calls.
 `launch_floor_us` is one tiny kernel per call inside a graph. `--ops` picks some of the ops
 (reader, verify, gdn_fused, commit, rmsnorm). A faster kernel here is a lead, not a result: the
-phased GDN front won here and lost inside the verify graph (kernels/NOTES.md), so check a change
+phased GDN front won here and lost inside the verify graph (docs/kernels.md), so check a change
 with `python -m benchmarks.ab` before believing it.
 """
 

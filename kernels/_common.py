@@ -88,8 +88,8 @@ def pdl_launch(device: torch.device, early: bool = False) -> dict:
     also take an `EARLY` constexpr, the GEMVs): such a kernel signals `gdc_launch_dependents` right
     after its own wait, so the next kernel's programs can take the SMs its last wave frees (and start
     their weight loads) instead of launching when it has exited. The next kernel's `gdc_wait` still
-    waits for this one to finish. Always on (H200, 27B preset: -0.09 ms a graphed AR step, paired
-    over fresh processes; kernels/NOTES.md)."""
+    waits for this one to finish. Always on (a paired engine A/B on the H200 found the graphed AR step
+    shorter with it; docs/kernels.md)."""
     if not pdl_enabled(device):
         return {}
     args = {"launch_pdl": True, "PDL": True}

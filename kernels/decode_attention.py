@@ -6,9 +6,9 @@ For every (batch row b, query head h, query row t) at absolute position p = pos[
 
 with lo = 0, or lo = max(p + 1 - window, 0) for a sliding window; G = query heads per KV head (GQA),
 scale = head_dim^-0.5. This is what `Attention.attention` computes with SDPA and a mask over the whole
-buffer on the fast path. On the H200 that SDPA call took 14 µs per attention layer for one query at
-the 27B size (cuDNN's prefill-shaped tiles over a few hundred keys; kernels/NOTES.md): most of the
-GPU idled while a handful of programs walked the keys.
+buffer on the fast path. That SDPA call ran a decode query through cuDNN's prefill-shaped tiles over a
+few hundred keys: most of the GPU idled while a handful of programs walked the keys (docs/kernels.md).
+Figures, with their commands: docs/figures.md "Kernels".
 
 Two kernels, as flash-decoding does it. `_attend_kernel`, one program per (b, KV head, chunk of
 CHUNK keys), takes the G*T query rows of that KV head through its chunk in blocks of BLOCK_N (one
@@ -18,9 +18,8 @@ exit at once, so a long static buffer costs only empty programs. `_combine_kerne
 (b, KV head, query row), rescales the row's chunks to their common max and adds them, COMBINE_CHUNKS
 chunks a step. A buffer of one chunk is written directly, one kernel. Chunks hold CHUNK keys up to
 MAX_CHUNKS chunks a head and grow past that (`chunk_for`), so a 32k context is a few dozen chunks,
-not 500. On the H200 (27B, 256-token context) the pair takes 5.4 + 5.0 µs per
-layer against cuDNN SDPA's 14 µs; one program walking the whole buffer took 14.2 µs (serial load
-latency).
+not 500. The pair is several times faster than cuDNN SDPA per layer at the 27B size; one program walking
+the whole buffer was slower (serial load latency).
 
 Inference only (no autograd), fast mode only: the result matches SDPA to rounding but its bits
 follow the block split; exact mode has `exact_attention` (fixed key-block order, row-invariant).
@@ -38,7 +37,7 @@ from ._common import HAS_TRITON, next_pow2, require, require_triton, use_triton
 from .exact_attention import check_attention_inputs, exact_attention_reference
 
 BLOCK_N = 64  # keys per step of a program's loop
-CHUNK = 64  # keys per program (H200 A/B: 64 > 128 > the whole buffer in one program, kernels/NOTES.md)
+CHUNK = 64  # keys per program (an engine A/B chose 64 over 128 and the whole buffer: docs/kernels.md)
 MAX_CHUNKS = 32  # chunks per (batch row, KV head) before chunks grow: every buffer up to 2,048 keys keeps CHUNK
 PROGRAMS = 256  # or as many as fill the GPU: ~2 programs per SM of a 132-SM H100 / H200
 COMBINE_CHUNKS = 16  # chunks a combine program reads per step
@@ -178,8 +177,9 @@ def chunk_for(keys: int, heads: int, block_n: int = BLOCK_N) -> int:
     """Keys per program for a buffer of `keys` positions and `heads` = batch rows x KV heads: CHUNK, or at
     long contexts the smallest multiple of `block_n` that keeps the chunks per head within
     max(MAX_CHUNKS, PROGRAMS / heads). With fixed 64-key chunks a 32k context is 500+ chunks a head, whose
-    partials the combine walked one at a time: the 27B's AR step took 27.9 ms at 32k against 18.3 ms at
-    256 on an H100, where the extra KV it reads is ~0.7 ms (issue 46; not traced kernel by kernel)."""
+    partials the combine walked one at a time: the 27B's AR step then grew far more from 256 to 32k keys
+    than the extra K/V it reads (issue 46). With growing chunks it stays near its bound at every length
+    (docs/figures.md "Batch-1 decoding against the context length")."""
     most = max(MAX_CHUNKS, -(-PROGRAMS // max(heads, 1)))
     chunk = max(CHUNK, -(-keys // most))
     return -(-chunk // block_n) * block_n

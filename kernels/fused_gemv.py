@@ -2,8 +2,8 @@
 
     y = residual + W @ rmsnorm(x)        (rmsnorm: Qwen3.5's x / rms(x) * (1 + w); both parts optional)
 
-In the AR step (one token, batch 1) every projection is a GEMV that streams its weight at ~4 TB/s,
-and between two GEMVs sat tiny kernels of 1-3 us each, all latency. Two of them fold in cheaply:
+In the AR step (one token, batch 1) every projection is a GEMV that streams its weight near the card's
+copy rate (docs/figures.md), and between two GEMVs sat tiny kernels, all latency. Two of them fold in cheaply:
 
 - the post-attention residual add + RMSNorm (one kernel): the add goes into o_proj / out_proj's
   epilogue, the norm into gate_up's prologue. Every program of a GEMV reads the whole row x
@@ -13,7 +13,7 @@ and between two GEMVs sat tiny kernels of 1-3 us each, all latency. Two of them 
 
 An epilogue rounds the projection to the model dtype before adding, as the eager `x + h` sees it.
 
-Other prologues were measured and dropped (kernels/NOTES.md "Fused GEMV"): SwiGLU, the GDN
+Other prologues were measured and dropped (docs/kernels.md "Fused GEMV"): SwiGLU, the GDN
 output's gated norm, the attention output's sigmoid gate, and the input norm before in_proj made
 those GEMVs slower in the graphed step than the kernels they replaced.
 

@@ -2,10 +2,9 @@
 
 On the GPU a verify pass of a Gated DeltaNet layer (the AR step is a verify of one token) ran,
 between the input projection and the output norm, five small inductor kernels (conv taps + SiLU,
-the q/k L2 norms, the gates), the recurrence (`gdn_verify`) and a copy of the conv windows: about
-18 µs per layer at the 27B size, of which the recurrence's state traffic is ~1.5 µs
-(kernels/NOTES.md). `gdn_fused_verify` takes the projection's raw outputs and does all of it in one
-kernel.
+the q/k L2 norms, the gates), the recurrence (`gdn_verify`) and a copy of the conv windows, most of
+their time launch and latency rather than the recurrence's state traffic (docs/kernels.md).
+`gdn_fused_verify` takes the projection's raw outputs and does all of it in one kernel.
 
 Inputs, as the layer holds them (H = value heads, nk key heads, C = 2 nk d_k + H d_v, W = conv kernel - 1):
 
@@ -25,8 +24,8 @@ beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias); then `gdn_verify`'s to
 arithmetic does not depend on T, so verify(K+1) and K+1 AR steps compute the same values.
 
 A chunk form (fronts in [16, C] tiles, a triangular solve instead of T serial steps) was written and
-measured 17x slower than the token loop at T=8 on the H200 (411 vs 24 µs), so verify blocks keep the
-loop (kernels/NOTES.md; code in git history at 211e58f).
+measured far slower than the token loop at T=8 on the H200, so verify blocks keep the loop
+(docs/kernels.md; code in git history at 211e58f).
 """
 
 from __future__ import annotations
@@ -111,7 +110,7 @@ if HAS_TRITON:
         """One program per (batch row, value head, d_v block), as `gdn_verify`; the q/k front of a
         key head is recomputed by each of its programs (it is tiny) and its windows written by one.
         (Computing token t+1's front during token t's recurrence, as gdn_verify prefetches its
-        inputs, did not make verify(8) measurably faster on the H200: kernels/NOTES.md.)"""
+        inputs, did not make verify(8) measurably faster on the H200: docs/kernels.md.)"""
         i_bh = tl.program_id(0)
         i_v = tl.program_id(1)
         b = (i_bh // H).to(tl.int64)
@@ -334,8 +333,9 @@ def gdn_two_pass_verify_triton(mixed: torch.Tensor, b: torch.Tensor, a: torch.Te
                                ) -> tuple[torch.Tensor, None, torch.Tensor]:
     """The same verify as two launches: every token's front at once (`_gdn_front_kernel`, its q, k, v, g,
     beta and windows; k | v | g | beta straight into out_inputs), then `gdn_verify`'s recurrence over
-    them. The fused kernel computes each token's front inside its serial token loop, which at T = 8 made
-    it 24 µs a layer against ~5 at T = 1 (kernels/NOTES.md); here only the recurrence is serial."""
+    them. The fused kernel computes each token's front inside its serial token loop, which made a block
+    of 8 tokens cost several times the one-token launch (docs/figures.md "The AR step and verify(8), part by
+    part"); here only the recurrence is serial."""
     require_triton()
     require(out_inputs is not None, "gdn_two_pass_verify: out_inputs is required (the recurrence reads them)")
     B, T, C, H, dv, W = _check(mixed, b, a, conv_state, conv_weight, A_log, dt_bias, initial_state, nk, dk,

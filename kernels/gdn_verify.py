@@ -7,8 +7,8 @@ S is d_k x d_v and the readout sums over d_k):
 
 `gdn_verify` reads the live state (never writes it) and returns the outputs; it can also write the
 state after every token (`states [B, T, H, d_k, d_v]` float32; tests and benchmarks). The engine
-does not keep those states: writing 8 fp32 states a layer cost the H200 about 0.35 ms a verify
-(kernels/NOTES.md). Its verify keeps each token's inputs instead (`input_width`: [k | v | g | beta]
+does not keep those states: writing 8 fp32 states a layer cost a verify more than the replay costs
+the commit (docs/kernels.md). Its verify keeps each token's inputs instead (`input_width`: [k | v | g | beta]
 float32 per value head, `cache.pending_inputs`), and `gdn_commit` replays the accepted tokens from
 the live state in one launch over every layer, with the same token step on the same tile, so the
 replayed state has the bits the verify's chain had. `conv_windows` gives the causal-conv windows
@@ -18,7 +18,7 @@ The Triton kernel runs one program per (batch row, head, d_v block): the d_v col
 independent in this recurrence, so each program keeps its S[:, block] in registers for all T tokens.
 The next token's inputs are loaded while the current one is computed, and both reductions of a token
 read the previous state, side by side. (A chunk form, a compile-time-unrolled token loop and other
-column splits were measured slower on the H200 while every state was written; kernels/NOTES.md.)
+column splits were measured slower on the H200 while every state was written; docs/kernels.md.)
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 from ._common import HAS_TRITON, last_dim_contiguous, next_pow2, require, require_triton, use_triton
 
 # The launch of every kernel that steps a GDN state (verify, fused verify, the commit's replay): 16-column
-# slices of S with 2 warps (fastest in the H200 sweep at H = 48, d = 128, T = 8: kernels/NOTES.md). One
+# slices of S with 2 warps (fastest in the H200 sweep at H = 48, d = 128, T = 8: docs/kernels.md). One
 # tile and one warp count give one reduction order, so the replay rounds as the verify's chain did.
 BLOCK_V, NUM_WARPS = 16, 2
 

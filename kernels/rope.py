@@ -5,7 +5,7 @@
 with `cos` and `signed_sin` the drafter's tables (`ready.drafter.layers.Rotary`: the sign of rotate-half
 sits in the sin table). Torch runs it as four kernels a call (two products, the cat, the add), each
 rounding to x's dtype; the draft step makes 15 such calls (queries, block keys and context keys of five
-layers): about 60 small kernels of a 3.1 ms step at B = 1 (H100; docs/benchmarks.md). Here one program
+layers): about 60 small kernels a draft step (docs/kernels.md "Rotary"). Here one program
 per (batch row, position) rotates every head of it, rounding each product and the sum to x's dtype as
 torch does, so the result has torch's bits on the GPU (float32 inside; no fused multiply-add).
 

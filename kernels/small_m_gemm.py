@@ -3,7 +3,7 @@
 At batch 1 every target projection multiplies 1..8 token rows by a weight that is hundreds of MB:
 the op is a stream of W through the GPU, and its speed is the rate at which W is read. cuBLAS
 picks GEMV kernels near that rate for M = 1, but for M = 2..8 its small-M GEMMs read W markedly
-slower (verify of 2 tokens cost 1.4x an AR step on the H200, kernels/NOTES.md).
+slower, so a verify of 2 tokens cost far more than an AR step (docs/kernels.md "Small-M linear").
 
 The Triton kernel here reads every W element once: one program per (BN rows of W, K slice),
 the x rows padded to 16 for `tl.dot`, fp32 accumulation. With SPLIT > 1 the K range is split
@@ -198,7 +198,8 @@ class Config:
 
 
 DEFAULT = Config()
-# The candidates the tuner times (H200 sweeps: kernels/NOTES.md "Small-M linear").
+# The candidates the tuner times (chosen from H200 sweeps: docs/kernels.md "Small-M linear"; figures:
+# docs/figures.md "Kernels").
 CONFIGS = (
     Config(16, 256, 1, 4, 4), Config(32, 256, 1, 4, 4), Config(64, 128, 1, 4, 4), Config(64, 256, 1, 4, 3),
     Config(16, 512, 1, 4, 3), Config(32, 512, 1, 4, 3), Config(32, 128, 1, 4, 5), Config(128, 128, 1, 8, 3),
@@ -206,8 +207,8 @@ CONFIGS = (
     # weights with few rows (N = 5120): 16-row blocks split over K, many programs, so the last wave is short
     Config(16, 256, 2, 4, 4), Config(16, 256, 3, 4, 4), Config(16, 256, 4, 4, 4), Config(16, 512, 2, 4, 3),
     Config(16, 512, 4, 4, 3), Config(32, 256, 3, 4, 4), Config(16, 128, 4, 2, 6), Config(16, 256, 1, 2, 6),
-    # the 8-row down projection (5120 x 17408): 45.35 us against 46.77 for the best above (H200, cold-weight
-    # graph timing, `benchmarks.small_m --grid`, docs/data/cold_tuner_h200_grid_m8.json)
+    # the 8-row down projection (5120 x 17408): faster than the best above in a cold-weight graph-timed grid
+    # (H200, `benchmarks.small_m --grid`, docs/data/cold_tuner_h200_grid_m8.json)
     Config(32, 256, 2, 4, 3),
     # one row (the AR step): the GEMV kernel, 1..8 rows of W per program (the winners of an 81-config
     # grid on the 27B shapes, docs/data/small_m_gemv_grid_h200.json)
@@ -303,7 +304,7 @@ def device_timer(fn: Callable[[], object]) -> float:
     the engine runs them, so a busy host (e.g. compile workers during a warm-up) cannot stretch a short
     kernel's time to its Python launch time; L2 is not flushed (`SmallMTuner` rotates copies of a large
     weight instead, `cold_weights`). Timing each call launched from Python (triton's do_bench) made the
-    tuner's choices change from process to process (kernels/NOTES.md "Tuning from a CUDA graph")."""
+    tuner's choices change from process to process (docs/kernels.md "Tuning from a CUDA graph")."""
     return float(triton.testing.do_bench_cudagraph(fn, rep=12, return_mode="median"))
 
 

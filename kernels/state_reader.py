@@ -14,7 +14,7 @@ no gather copy. The Triton forward computes, per (b, m), W = U_m S_m on tensor c
 split operands, as accurate as fp32 FMAs), G = W V_m / (rms_m sqrt(d_k)) and u = G^T z for every
 position, so the state is touched exactly once per batch row. One program per state: spreading a
 state over several programs read it faster but cost more in the cross-program finish, and plain
-FMA products were slower (kernels/NOTES.md has the measurements).
+FMA products were slower (docs/kernels.md; its figures: docs/figures.md).
 
 Training: `state_reader` is differentiable w.r.t. z, U and V (the states are frozen inputs);
 the backward is written in torch (einsums), checked against autograd through the reference.
@@ -213,7 +213,7 @@ def _launch_forward(ssm, layer_idx, slots, z, U, V, eps, out, dims, block_k=None
     BV = max(16, next_pow2(dv))
     BP = max(16, next_pow2(P))
     # the whole state in one block up to 128 x 128 (all loads in flight at once); 8 warps for a
-    # 64 KB fp32 block, 4 for a 32 KB 16-bit one (H200 sweeps, kernels/NOTES.md)
+    # 64 KB fp32 block, 4 for a 32 KB 16-bit one (H200 sweeps, docs/kernels.md)
     BK = block_k or max(16, min(next_pow2(dk), 16384 // BV))
     warps = num_warps or (8 if BK * BV * ssm.element_size() >= 65536 else 4)
     _state_reader_fwd_kernel[(B * M,)](

@@ -266,7 +266,7 @@ class BenchmarkConfig:
     # MT-Bench's first-turn evaluation pose it); all = every user turn, in order, as consecutive user
     # messages of one chat-template prompt with no assistant turns between them (the files hold no answers
     # and none are generated; a template that insists on alternating roles is refused), joined by blank
-    # lines without a template (docs/benchmarks.md "DeepSpec's evaluation prompts")
+    # lines without a template (docs/sweeps.md "DeepSpec's evaluation prompts")
     turns: str = "first"
 
 
@@ -290,9 +290,9 @@ class EvalConfig:
     heldout_tf_samples: int = 128
     # auto | on | off. exact mode: the target's verify and AR step run row-invariant kernels, so the
     # speculative output equals AR token for token in 16-bit too (lossless_exact); off = the fast path,
-    # checked by greedy_valid within a tie margin. auto = on for a bfloat16/float16 target (3 % AR cost on
-    # the H200, 27B preset), off for float32 (bit-identical there already; exact mode's CPU path is slow)
-    # (docs/benchmarks.md "What lossless means")
+    # checked by greedy_valid within a tie margin. auto = on for a bfloat16/float16 target (its cost:
+    # docs/figures.md "Exact mode and lossless"), off for float32 (bit-identical there already; exact mode's
+    # CPU path is slow) (docs/sweeps.md "Lossless")
     exact: str = "auto"
     # sampling (docs/sweeps.md "Sampling"): 0 = greedy, the paper's setting; > 0 = AR and speculative sampling
     # with the standard acceptance rule (exact in distribution), lossless then = the distribution check

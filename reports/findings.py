@@ -1,7 +1,7 @@
 """`python -m reports.findings`: the paper's five ablation findings, checked against this store.
 
-    python -m reports.findings                       # Markdown to stdout (docs/findings.md is its output)
-    python -m reports.findings --out docs/findings.md   # keeps the hand-written text above MARKER
+    python -m reports.findings                       # Markdown to stdout
+    python -m reports.findings --out FILE            # keeps FILE's hand-written text above MARKER
     python -m reports.findings --profile state_context  # the same findings where the reader has state information
 
 `--profile NAME` reads the sweeps as run with `profile=NAME` (`python -m sweeps.run rank

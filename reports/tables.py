@@ -285,7 +285,7 @@ def _lossless_notes(variants: Sequence[Variant], aside: dict[str, tuple[int, ...
 
 def _tie_flip_note(evaluations: Mapping[str, dict]) -> str | None:
     """Footnote: prompts that are greedy-valid but not identical to AR (16-bit fast mode's tie flips),
-    counted from the per-prompt records of the runs' evaluation.json (docs/benchmarks.md)."""
+    counted from the per-prompt records of the runs' evaluation.json (docs/sweeps.md "Lossless")."""
     prompts = flips = 0
     for ev in evaluations.values():
         for bench in ((ev or {}).get("benchmarks") or {}).values():

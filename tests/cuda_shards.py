@@ -13,9 +13,9 @@ Each shard runs in its own pytest process (CUDA state does not leak between shar
                                                          # (judged on its report if pytest had already summed up)
     python tests/cuda_shards.py --record tests/cuda_durations.json --json $OUT/cuda.json
 
-Run shards one after another (or one per device call): shards sharing one GPU ran past their estimates
-(6 Dec, an H100, three at once: 371 s for a shard estimated at 355 s, another past 480 s); one after
-another on an H100 the three shards of that day took 311, 222 and 104 s.
+Run shards one after another (or one per device call): shards sharing one GPU ran past their estimates,
+one after another they kept them (an H100, 6 Dec). The latest runs: docs/figures.md "Where the CUDA tests
+stand".
 
 Exit status 0 only when every shard that ran passed (a skipped test is not a pass: on a machine
 without CUDA every test skips, and the line says so).

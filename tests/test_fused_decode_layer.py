@@ -91,8 +91,7 @@ def test_on_cuda_the_graphed_compiled_ar_step_matches_the_unfused_one(monkeypatc
     MLP's normed input is not rounded to 16 bits) at every step, and so does the greedy choice
     wherever the unfused block's top two logits lie further apart than that rounding. (Comparing two
     free-running greedy continuations instead fails on a near tie: on the H200 a 0.9 % logit
-    difference flipped one token at step 5 of 8 and the sequences parted,
-    docs/data/ab_rope_residual_h200_diag_fused_vs_unfused_tokens.txt.)"""
+    difference flipped one token at step 5 of 8 and the sequences parted.)"""
     from ready.decode.graphs import GraphRunner
 
     mod = layers.FUSED_GEMV

@@ -180,5 +180,5 @@ def test_each_worker_gets_train_devices_gpus():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_nccl_gpus_follow_one_gpu(tmp_path):
     """The NCCL path: 2 GPUs against 1. Training runs under bf16 autocast on CUDA, so the tolerances
-    are looser (not yet calibrated on hardware: docs/benchmarks.md "Data-parallel training")."""
+    are looser (not yet calibrated on hardware: docs/sweeps.md "Measuring data-parallel training")."""
     _compare(tmp_path, "cuda", loss_tol=2e-2, weight_tol=5e-2)

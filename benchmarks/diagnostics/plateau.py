@@ -9,7 +9,7 @@ drafter that `train.base` builds (cached), for ReaDy (the configured reader) and
 control (reader off). Each point is measured on held-out regenerated sequences of the validation
 split (`eval.heldout_tf_samples` of them): the training loss and the teacher-forced tau. Curves go
 to MLflow (experiment `ready-plateau`, one run per curve, the budget as the step) and the JSON
-summary to stdout; docs/findings.md records the budgets chosen from them.
+summary to stdout; docs/figures.md "Training budgets" records the curves the defaults were chosen from.
 """
 
 from __future__ import annotations

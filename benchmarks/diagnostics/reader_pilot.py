@@ -16,7 +16,7 @@ trained ReaDy drafter instead. For a ReaDy reader it also reports:
 - `tau_other_states`: τ with the states of another block of the batch (what the states add).
 
 A reader that moves h but whose τ does not change with Δh = 0 or with other states has learned a
-state-independent shift (docs/findings.md, positive control v3). Prints JSON; one seed, so compare
+state-independent shift (positive control v3: `git show b5af749:docs/findings.md`). Prints JSON; one seed, so compare
 differences with the standard error of τ (≈ 0.02 on 128 sequences), not as a finding.
 
 `--task copy` asks the capacity question on text where the states are all that matters: every

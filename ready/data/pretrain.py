@@ -13,8 +13,8 @@ answer a chat prompt, which is how evaluation and the drafter's training data po
 further on (`insert_repeats`), to push the target towards in-context copying, which large models do
 and the tiny target does not (it continues a repeated segment ~5 % of the time: `python -m
 benchmarks.diagnostics.copy_probe --built`). At the default budget it does not teach copying either
-(docs/findings.md, "v4 diagnosis"); with `target.attention_window` small, a copy from beyond the
-window would have to go through the GDN states. Held-out loss stays on plain text.
+(the v4 diagnosis: `git show b5af749:docs/findings.md`); with `target.attention_window` small, a copy
+from beyond the window would have to go through the GDN states. Held-out loss stays on plain text.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Evaluation: decode a benchmark's prompts with AR and with a drafter, check the speculative
 output against greedy decoding, and compute the metrics.
 
-Two checks (docs/benchmarks.md "What lossless means"):
+Two checks (docs/sweeps.md "Lossless"):
 
 - `lossless_exact`: the speculative tokens equal the AR tokens, token for token. In float32 and in
   the target's exact mode (`target.exact`) this is the claim. In 16-bit fast mode, verify (K+1 rows)
@@ -482,7 +482,7 @@ def evaluate(target: Any, drafter: Optional[Drafter], prompts: Sequence[Sequence
     elif mismatch is not None:
         print(f"note ({benchmark}, {method}): greedy-valid with {tie_flips} tie flip(s) within the margin, not "
               f"identical to AR (first at prompt {mismatch.prompt_index}, new token {mismatch.position}; smallest "
-              f"margin {min(margins):.4g}); expected in 16-bit fast mode, see docs/benchmarks.md", file=sys.stderr)
+              f"margin {min(margins):.4g}); expected in 16-bit fast mode, see docs/sweeps.md", file=sys.stderr)
     lossless = greedy_valid
 
     metrics, ar_metrics = _summaries(ar, spec, benchmark, method, drafter, lossless)

@@ -159,7 +159,7 @@ class SingleSlot:
         """The greedy AR step's commit, issued before the host reads the token: the one verified token is
         always kept, and its argmax `argmaxes` [1, 1] goes into the committed tokens on the device, so the
         commit's launches queue behind the pass instead of following the host's read (the two-engine loop's
-        order; after the read they added ~0.1-0.4 ms to each 18 ms H100 step, docs/benchmarks.md). The
+        order; after the read they lengthened every AR step, as a paired H100 A/B showed). The
         round's `commit` then only counts the token. (`live`: the one slot decodes.)"""
         self.target.commit(self.cache, 1)
         self.tokens[:, self.t:self.t + 1].copy_(argmaxes)

@@ -173,7 +173,7 @@ class ContextAttention(nn.Module):
 
     def _normed(self, proj: nn.Linear, norm: RMSNorm, x: torch.Tensor, heads: int) -> torch.Tensor:
         """x [B, N, D] projected to `heads` heads, each normed -> [B, heads, N, hd] (one kernel for the norm
-        and the rotation together was tried and removed: kernels/NOTES.md)."""
+        and the rotation together was tried and removed: docs/kernels.md)."""
         B, N, _ = x.shape
         return norm(project(proj, x).view(B, N, heads, self.head_dim)).transpose(1, 2)
 

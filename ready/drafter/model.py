@@ -201,8 +201,8 @@ class DSparkDrafter(nn.Module):
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """The LM head over h [..., D] in the head's dtype, as one 2-D product: a strided h (the draft step's
-        h[:, 1:] of B > 1 rows) made F.linear run one product per row, each streaming the whole head (H100:
-        28 ms at B = 32). Not converted to float32 here: the greedy head adds its bias in float32 in the same
+        h[:, 1:] of B > 1 rows) made F.linear run one product per row, each streaming the whole head (the
+        batched draft step was then many times its bound). Not converted to float32 here: the greedy head adds its bias in float32 in the same
         pass as its argmax (`heads.add_argmax`)."""
         head = self._shared[1]
         w = head.weight.detach()

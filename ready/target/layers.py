@@ -178,7 +178,8 @@ def pass_rope(base: torch.Tensor | int, T: int, rot_dim: int, theta: float, dtyp
               device: torch.device, exact: bool = False) -> Rope:
     """Positions base + 0..T-1 (`base`: a static cache's device counter, one per row [B] in a ragged cache,
     or the committed length) with their cos / sin, computed once per pass: inside every layer's fused
-    kernels the transcendentals cost the 27B verify(8) ~0.2 ms on the H200 (docs/benchmarks.md)."""
+    kernels the transcendentals lengthened the 27B verify (the H200 A/B "rotary inputs once per pass", in
+    git: `git show a56215a:docs/benchmarks.md`)."""
     steps = torch.arange(T, device=device)
     if isinstance(base, torch.Tensor) and base.dim() == 1:  # per-row lengths: positions [B, T]
         pos = base[:, None] + steps
@@ -448,7 +449,7 @@ class GatedDeltaNet(nn.Module):
         keeps states, its state into cache.pending_states); returns the outputs [B, T, H, dv] (float32).
         One launch for the AR step; a block of T > 1 tokens computes every token's front at once and then
         runs only the recurrence serially (two launches), where the one launch's serial loop over the
-        fronts cost ~24 µs a layer at T = 8 against ~5 at T = 1."""
+        fronts made a block cost several times the AR step's launch (docs/figures.md)."""
         T = qkv.shape[1]
         kept = cache.pending_states is not None
         if T > 1 and not kept and GDN_TWO_PASS_KERNEL is not None:
@@ -614,8 +615,8 @@ def fused_decode_layer(layer: DecoderLayer, x: torch.Tensor, cache: GDNSlot | KV
     (kernels/fused_gemv.py): the residual add after the token mixer goes into o_proj / out_proj's
     epilogue and the post-attention RMSNorm into gate_up's prologue (one kernel before), the residual
     add after the MLP into down_proj's epilogue. Same arithmetic as the unfused block, except that
-    the MLP's normed input is not rounded to 16 bits. The H200 A/B: docs/benchmarks.md "What is each
-    default kernel path worth in the engine?"; per call: kernels/NOTES.md "Fused GEMV"."""
+    the MLP's normed input is not rounded to 16 bits. Why, and what was dropped: docs/kernels.md "Fused
+    GEMV"; its figures: docs/figures.md "Kernels"."""
     gemv = FUSED_GEMV.fused_gemv
     h = layer.input_layernorm(x)
     if layer.layer_type == "linear_attention":

@@ -14,7 +14,7 @@ directory (its tokenizer, when present, encodes `--prompt` and decodes the outpu
 
 `--check-lossless` also decodes with AR and reports `lossless_exact` (identical to AR),
 `greedy_valid` (every token the target's greedy choice up to the tie margin; `lossless` is this),
-`tie_flips` and `min_margin` (ready.decode.evaluate, docs/benchmarks.md). `--exact` runs the target
+`tie_flips` and `min_margin` (ready.decode.evaluate, docs/sweeps.md "Lossless"). `--exact` runs the target
 in exact mode (verify and the AR step bit-identical, so lossless_exact holds in 16-bit too). Exit
 status 3: not greedy-valid, or not identical to AR in exact mode.
 """
