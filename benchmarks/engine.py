@@ -30,7 +30,7 @@ a run cut by a time limit still shows what it measured. Its keys:
   `{"prompt_lens": [...], "by_prompt_len": [the result at each length]}`.
 - `drafters` (`--drafter dspark,ready`): real DSpark drafters with random weights (the drafter
   preset's sizes: `--drafter-preset`, default the target preset's, e.g. qwen3_5_27b: 5 layers,
-  block 7; ReaDy adds the reader, r = 8 on layers 30 and 62, once, post-attention, last layer). Each
+  6 proposals; ReaDy adds the reader, r = 8 on layers 30 and 62, once, post-attention, last layer). Each
   accept distribution drives both with the same sequence of accepted lengths (forced acceptance,
   reseeded for every generation), so their rounds are identical and `ready_over_dspark` (ReaDy TPS /
   DSpark TPS) is the pure cost of reading states. Both engines are warmed up alike, then `--pairs`
@@ -128,7 +128,7 @@ def progress(msg: str) -> None:
     print(f"[bench {t:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def parse_accept_dist(text: str, block_size: int) -> dict[int, float]:
+def parse_accept_dist(text: str, proposals: int) -> dict[int, float]:
     """'0:0.1,3:0.3,7:0.6' -> {0: 0.1, 3: 0.3, 7: 0.6} (normalised); A must lie in 0..K."""
     dist: dict[int, float] = {}
     try:
@@ -137,10 +137,10 @@ def parse_accept_dist(text: str, block_size: int) -> dict[int, float]:
             dist[int(a)] = dist.get(int(a), 0.0) + float(p)
     except ValueError:
         raise DecodeError(f"--accept-dist {text!r}: expected 'A:p,A:p,...', e.g. 0:0.1,3:0.3,7:0.6") from None
-    bad = [a for a in dist if not 0 <= a <= block_size]
+    bad = [a for a in dist if not 0 <= a <= proposals]
     total = sum(dist.values())
     if bad or total <= 0 or any(p < 0 for p in dist.values()):
-        raise DecodeError(f"--accept-dist {text!r}: accepted lengths must lie in 0..K={block_size} with "
+        raise DecodeError(f"--accept-dist {text!r}: accepted lengths must lie in 0..K={proposals} with "
                           "non-negative probabilities that sum to more than 0")
     return {a: p / total for a, p in sorted(dist.items())}
 
@@ -148,8 +148,8 @@ def parse_accept_dist(text: str, block_size: int) -> dict[int, float]:
 class RandomDrafter:
     """Proposes random tokens on the target's device (free drafts for engine-limited timing)."""
 
-    def __init__(self, vocab_size: int, block_size: int, device: torch.device, seed: int = 0) -> None:
-        self.vocab_size, self.proposals, self.capture_layers = vocab_size, block_size, []
+    def __init__(self, vocab_size: int, proposals: int, device: torch.device, seed: int = 0) -> None:
+        self.vocab_size, self.proposals, self.capture_layers = vocab_size, proposals, []
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.device = device
 
@@ -274,7 +274,7 @@ def _summary(gens: list[Generation]) -> dict[str, float]:
     }
 
 
-def time_verify(target: Any, prompt: torch.Tensor, block_sizes: list[int], iters: int, graphs: bool,
+def time_verify(target: Any, prompt: torch.Tensor, sizes: list[int], iters: int, graphs: bool,
                 min_len: int = 0) -> dict[int, float]:
     """ms per (verify of t tokens + commit(1)) at a context of len(prompt) .. + iters.
 
@@ -283,11 +283,11 @@ def time_verify(target: Any, prompt: torch.Tensor, block_sizes: list[int], iters
     then see the shapes they were compiled for in the engines, and nothing recompiles here."""
     dev = target.device
     vocab = target.config.vocab_size
-    t_max = max(block_sizes)
-    length = max(prompt.numel() + (iters + 3) * len(block_sizes) + t_max + 1, min_len)
+    t_max = max(sizes)
+    length = max(prompt.numel() + (iters + 3) * len(sizes) + t_max + 1, min_len)
     caches: dict[int, Any] = {}
     out: dict[int, float] = {}
-    for t in block_sizes:
+    for t in sizes:
         room = 1 if t == 1 else t_max
         if room not in caches:
             cache = target.new_cache(1, length, max_verify=room)
@@ -314,21 +314,21 @@ def time_verify(target: Any, prompt: torch.Tensor, block_sizes: list[int], iters
 
 # --- real drafters at the preset's size ------------------------------------------------------------
 
-def drafter_configs(preset: str, block_size: int) -> tuple[Any, Any]:
-    """(drafter, reader) configs of the preset (`ready.config.load_config`), the block set to K + 1."""
+def drafter_configs(preset: str, proposals: int) -> tuple[Any, Any]:
+    """(drafter, reader) configs of the preset (`ready.config.load_config`), proposing K = `proposals`."""
     try:
         cfg = load_config(preset=preset)
     except ConfigError as e:
         raise DecodeError(f"--drafter-preset {preset!r}: {e}") from None
-    cfg.drafter.block_size = block_size + 1  # K proposals: a DSpark block of K + 1
+    cfg.drafter.proposals = proposals
     return cfg.drafter, cfg.reader
 
 
-def build_drafter(target: Any, kind: str, preset: str, block_size: int, seed: int) -> Any:
+def build_drafter(target: Any, kind: str, preset: str, proposals: int, seed: int) -> Any:
     """A DSpark drafter (`dspark`) or one with ReaDy readers (`ready`) in the target's dtype, random
     weights: the same seed gives both the same backbone; the parts that start at zero (sequence head
     output, reader output) get random values too, so nothing is timed on zeros."""
-    dcfg, rcfg = drafter_configs(preset, block_size)
+    dcfg, rcfg = drafter_configs(preset, proposals)
     rcfg.enabled = kind == "ready"
     torch.manual_seed(seed)
     d = DSparkDrafter(dcfg, rcfg, target)
@@ -404,12 +404,12 @@ def time_readers(drafter: Any, cache: Any, iters: int = 20, batch: int = 1) -> d
     draft graph runs them so)."""
     if not drafter.reader_enabled or cache.ssm.device.type != "cuda":
         return {}
-    K, D = drafter.block_size, drafter.hidden_size  # the reader reads every row of the block
+    R, D = drafter.proposals + 1, drafter.hidden_size  # the reader reads every row of the block (anchor + K)
     src = StateSource.from_cache(cache.ssm, drafter._gdn_indices, batch)
-    h = torch.randn(batch, K, D, device=cache.ssm.device, dtype=drafter.fc.weight.dtype)
+    h = torch.randn(batch, R, D, device=cache.ssm.device, dtype=drafter.fc.weight.dtype)
     readers = list(drafter.readers.values())
     r0 = readers[0]
-    z = torch.randn(batch, K, r0.num_pairs, r0.rank, device=h.device, dtype=h.dtype)
+    z = torch.randn(batch, R, r0.num_pairs, r0.rank, device=h.device, dtype=h.dtype)
 
     def graph_us(fn: Callable[[], Any]) -> float:
         graph, _ = capture(lambda: [fn() for _ in range(iters)], 1, "reader timing", fallback=False)
@@ -500,7 +500,7 @@ def consistency(timed: dict[str, Any], events: dict[str, Any], tolerance_pct: fl
             "hi_pct": 100 * (math.exp(diff + half) - 1), "tolerance_pct": tolerance_pct, "consistent": agree}
 
 
-def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, dists: list[tuple[str, dict]],
+def bench_drafters(target: Any, kinds: list[str], preset: str, proposals: int, dists: list[tuple[str, dict]],
                    prompt: torch.Tensor, new_tokens: int, pairs: int, graphs: bool, seed: int,
                    ar_decode_tps: float, breakdown: bool, profile: bool,
                    tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
@@ -508,7 +508,7 @@ def bench_drafters(target: Any, kinds: list[str], preset: str, block_size: int, 
 
     Both engines are warmed up alike (reserve + two generations, ABBA); then `pairs` timed pairs in ABBA
     order without events, and with `breakdown` as many pairs again with CUDA events around each part."""
-    engines = {k: Engine(target, build_drafter(target, k, preset, block_size, seed), eos_token_id=-1, cuda_graphs=graphs)
+    engines = {k: Engine(target, build_drafter(target, k, preset, proposals, seed), eos_token_id=-1, cuda_graphs=graphs)
                for k in kinds}
     names = list(engines)
     out: dict[str, Any] = {"preset": preset, "resolved": {k: e.drafter.resolved() for k, e in engines.items()},
@@ -634,7 +634,7 @@ def method_schedule(method: str) -> tuple[str, str]:
     return kind, schedule or "full"
 
 
-def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, dist: Optional[tuple[str, dict]],
+def bench_batched(target: Any, kinds: list[str], preset: str, proposals: int, dist: Optional[tuple[str, dict]],
                   prompt_len: int, new_tokens: int, batches: list[int], waves: int, repeats: int, graphs: bool,
                   seed: int, temperature: float = 0.0, slots: Optional[str] = None,
                   one_at_a_time: bool = False, schedules: Sequence[VerifySchedule] = (VerifySchedule(),),
@@ -669,15 +669,15 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
     out["schedules"] = {s.kind: {"confidence_threshold": s.threshold, "verify_budget": s.budget} for s in schedules}
     out["force_confidence"] = force_confidence if any(s.scheduled for s in schedules) else None
     out["peak_flops"], out["bandwidth"] = peak_flops or None, bandwidth or None
-    held = {} if one_at_a_time else {k: build_drafter(target, k, preset, block_size, seed) for k in kinds}
+    held = {} if one_at_a_time else {k: build_drafter(target, k, preset, proposals, seed) for k in kinds}
 
     def engine(k: str, B: int) -> Engine:
         kind, schedule = method_schedule(k)
-        d = None if k == "ar" else (held[kind] if kind in held else build_drafter(target, kind, preset, block_size, seed))
+        d = None if k == "ar" else (held[kind] if kind in held else build_drafter(target, kind, preset, proposals, seed))
         forced = dist is not None and sampling is None and by_kind[schedule].scheduled
         return Engine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling, slots=slots,
                       verify_schedule=by_kind[schedule], capture_all_lengths=not forced,
-                      confidence_fn=(lambda b: [1.0] * block_size) if forced else None)
+                      confidence_fn=(lambda b: [1.0] * proposals) if forced else None)
 
     def free() -> None:  # a dropped engine's cache and graphs back to the device before the next one
         gc.collect()
@@ -695,7 +695,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
             if k != "ar" and method_schedule(k)[1] == "full":
                 e.accept_fn = forced_acceptance(dist[1], seed)  # the same accepted lengths for both drafters
             elif k != "ar":  # and, scheduled, the same forced confidences
-                rounds = ForcedRounds(dist[1], block_size, seed, force_confidence)
+                rounds = ForcedRounds(dist[1], proposals, seed, force_confidence)
                 e.accept_fn, e.confidence_fn = rounds.accept, rounds.confidence
             return e.decode(prompts, new_tokens)
 
@@ -774,13 +774,13 @@ def bench_batched(target: Any, kinds: list[str], preset: str, block_size: int, d
     return out
 
 
-def first_vs_later(target: Any, preset: str, block_size: int, dist: dict, prompt: torch.Tensor, new_tokens: int,
+def first_vs_later(target: Any, preset: str, proposals: int, dist: dict, prompt: torch.Tensor, new_tokens: int,
                    repeats: int, graphs: bool, seed: int) -> dict[str, Any]:
     """Decode TPS of the first and of a second engine of the process (each with its own ReaDy drafter),
     each warmed up exactly as `ready.decode.evaluate` does before its clock starts."""
     out: dict[str, Any] = {}
     for name in ("first", "later"):
-        e = Engine(target, build_drafter(target, "ready", preset, block_size, seed), eos_token_id=-1,
+        e = Engine(target, build_drafter(target, "ready", preset, proposals, seed), eos_token_id=-1,
                    cuda_graphs=graphs, accept_fn=forced_acceptance(dist, seed))
         t0 = time.perf_counter()
         _warm_up(e, [prompt], new_tokens, 1)
@@ -795,7 +795,7 @@ def first_vs_later(target: Any, preset: str, block_size: int, dist: dict, prompt
     return out
 
 
-def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int], new_tokens: int, block_size: int,
+def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int], new_tokens: int, proposals: int,
           dists: list[str], repeats: int, verify_iters: int, bandwidth: float, cuda_graphs: Optional[bool],
           compile_layers: Optional[bool], seed: int, drafters: tuple[str, ...] = ("random",),
           drafter_preset: Optional[str] = None, verify_tokens: Optional[list[int]] = None,
@@ -813,13 +813,13 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
     `force_confidence`: the batched section's verify schedules and forced confidence (`bench_batched`);
     `peak_flops`: the verify bound's FLOP rate (None: measured on the card, `measured_bf16_flops`)."""
     lens = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
-    dists_parsed = [(text, parse_accept_dist(text, block_size)) for text in dists]  # fail before loading
+    dists_parsed = [(text, parse_accept_dist(text, proposals)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
     if bad:
         raise DecodeError(f"--drafter {','.join(bad)}: expected a comma list of none, {', '.join(DRAFTERS)}")
     preset = drafter_preset or (target_spec if target_spec in PRESETS else "tiny")
     if any(d in ("dspark", "ready") for d in drafters):
-        drafter_configs(preset, block_size)  # a bad preset fails before the target loads
+        drafter_configs(preset, proposals)  # a bad preset fails before the target loads
     torch.manual_seed(seed)
     target = load_target(target_spec, device=device, dtype=dtype)
     progress(f"target {target_spec} loaded on {target.device} ({dtype})")
@@ -842,7 +842,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
                 "new_tokens": new_tokens, "by_prompt_len": runs}
 
     for i, n in enumerate(lens):
-        runs.append(bench_at(target, target_spec, dtype, n, new_tokens, block_size, dists_parsed, repeats,
+        runs.append(bench_at(target, target_spec, dtype, n, new_tokens, proposals, dists_parsed, repeats,
                              verify_iters, bandwidth, cuda_graphs, compile_layers, seed, preset, drafters,
                              verify_tokens, breakdown, profile, first_later and i == 0, batches, waves, batch_only,
                              pairs, tolerance_pct, temperature, slots, one_at_a_time=one_at_a_time,
@@ -860,7 +860,7 @@ def kv_bytes(target: Any, context: int) -> int:
     return 2 * n_full * int(cfg.num_key_value_heads) * int(cfg.head_dim) * int(context) * target.dtype.itemsize
 
 
-def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tokens: int, block_size: int,
+def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tokens: int, proposals: int,
              dists_parsed: list[tuple[str, dict]], repeats: int, verify_iters: int, bandwidth: float,
              cuda_graphs: Optional[bool], compile_layers: Optional[bool], seed: int, preset: str,
              drafters: tuple[str, ...], verify_tokens: Optional[list[int]], breakdown: bool, profile: bool,
@@ -880,19 +880,19 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     batched = None
     if batches:  # first, so its timings are not taken after the single-sequence sections warmed other shapes
         kinds = [d for d in drafters if d in ("dspark", "ready")]
-        batched = bench_batched(target, kinds, preset, block_size, dists_parsed[0] if dists_parsed else None,
+        batched = bench_batched(target, kinds, preset, proposals, dists_parsed[0] if dists_parsed else None,
                                 prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature, slots,
                                 one_at_a_time, schedules, force_confidence, streamed, bandwidth, peak_flops)
         if batch_only:
             return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
                     "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
-                    "prompt_len": prompt_len, "new_tokens": new_tokens, "proposals": block_size,
+                    "prompt_len": prompt_len, "new_tokens": new_tokens, "proposals": proposals,
                     "repeats": repeats, "batched": batched}
 
     ar_profile = None
     first = None
     if first_later and dists_parsed:  # before anything else of this process warms anything up
-        first = first_vs_later(target, preset, block_size, dists_parsed[0][1], prompt, new_tokens, repeats, graphs, seed)
+        first = first_vs_later(target, preset, proposals, dists_parsed[0][1], prompt, new_tokens, repeats, graphs, seed)
     ar = _summary(_median_generation(Engine(target, eos_token_id=-1, cuda_graphs=graphs), prompt, new_tokens, repeats))
     ar["step_ms"] = 1e3 / ar["decode_tokens_per_s"] if ar["decode_tokens_per_s"] else None
     progress(f"prompt {prompt_len}: AR {ar['decode_tokens_per_s']:.1f} decode tok/s")
@@ -901,15 +901,15 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
         ar_engine.generate(prompt, new_tokens)
         p = _profile_rounds(ar_engine, lambda: ar_engine.generate(prompt, new_tokens))
         ar_profile = {"steps": p["rounds"], "top": p["top"]}
-    sizes = sorted(set(verify_tokens if verify_tokens is not None else [2, 4]) | {1, block_size + 1})
+    sizes = sorted(set(verify_tokens if verify_tokens is not None else [2, 4]) | {1, proposals + 1})
     ms = time_verify(target, prompt, sizes, verify_iters, graphs, min_len=prompt_len + new_tokens)
-    verify = {"tokens": sizes, "ms": [ms[t] for t in sizes], "step_ms": ms[1], "verify_ms": ms[block_size + 1],
-              "ratio": ms[block_size + 1] / ms[1]}
-    progress(f"prompt {prompt_len}: verify({block_size + 1}) / AR step {verify['ratio']:.3f}")
+    verify = {"tokens": sizes, "ms": [ms[t] for t in sizes], "step_ms": ms[1], "verify_ms": ms[proposals + 1],
+              "ratio": ms[proposals + 1] / ms[1]}
+    progress(f"prompt {prompt_len}: verify({proposals + 1}) / AR step {verify['ratio']:.3f}")
 
     forced = []
     for i, (text, dist) in enumerate(dists_parsed if "random" in drafters else []):
-        engine = Engine(target, RandomDrafter(vocab, block_size, dev, seed + i), eos_token_id=-1, cuda_graphs=graphs,
+        engine = Engine(target, RandomDrafter(vocab, proposals, dev, seed + i), eos_token_id=-1, cuda_graphs=graphs,
                         accept_fn=forced_acceptance(dist, seed + i))
         res = _summary(_median_generation(engine, prompt, new_tokens, repeats))
         tau = res["tau"] or 1.0
@@ -925,12 +925,12 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
         "target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,  # the default bound is the H200's
         "compiled_layers": compile_layers, "params": sum(p.numel() for p in target.parameters()),
-        "weight_bytes": weight_bytes, "prompt_len": prompt_len, "new_tokens": new_tokens, "proposals": block_size,
+        "weight_bytes": weight_bytes, "prompt_len": prompt_len, "new_tokens": new_tokens, "proposals": proposals,
         "repeats": repeats, "ar": ar, "verify": verify, "forced": forced, "drafter_cost": "none (random drafts)",
     }
     kinds = [d for d in drafters if d in ("dspark", "ready")]
     if kinds:
-        out["drafters"] = bench_drafters(target, kinds, preset, block_size, dists_parsed, prompt, new_tokens, pairs,
+        out["drafters"] = bench_drafters(target, kinds, preset, proposals, dists_parsed, prompt, new_tokens, pairs,
                                          graphs, seed, ar["decode_tokens_per_s"], breakdown, profile, tolerance_pct)
     if first is not None:
         out["first_vs_later"] = first
@@ -976,8 +976,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="prompt tokens, or a comma list (e.g. 1024,8192,32768): every section at each length in "
                          "turn over one loaded target (default 128)")
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("-k", "--proposals", dest="block_size", type=int, default=7,
-                    help="K, tokens proposed per round (a DSpark block of K + 1; default 7)")
+    ap.add_argument("-k", "--proposals", type=int, default=7,
+                    help="K, tokens proposed per round, the anchor not counted (a round verifies K + 1; default 7)")
     ap.add_argument("--accept-dist", action="append", default=None,
                     help="A:p,... distribution of accepted lengths for a forced-acceptance run (repeatable); "
                          "default 0:0.1,3:0.3,7:0.6 when K=7")
@@ -1040,13 +1040,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(a.threads)
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     bw = a.bandwidth if a.bandwidth is not None else copy_rate(a.device)
-    dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if a.block_size == 7 else [])
+    dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if a.proposals == 7 else [])
     try:
         try:
             lens = [int(x) for x in str(a.prompt_len).split(",") if x.strip()]
         except ValueError:
             raise DecodeError(f"--prompt-len {a.prompt_len!r}: expected a number or a comma list, e.g. 1024,8192") from None
-        if not lens or min(lens) < 1 or a.block_size < 1 or a.new_tokens < 2 or a.repeats < 1 or a.pairs < 2:
+        if not lens or min(lens) < 1 or a.proposals < 1 or a.new_tokens < 2 or a.repeats < 1 or a.pairs < 2:
             raise DecodeError("expected -k >= 1, --new-tokens >= 2, --prompt-len >= 1, --repeats >= 1 and --pairs >= 2")
         vt = [int(t) for t in a.verify_tokens.split(",") if t.strip()] if a.verify_tokens is not None else None
         try:
@@ -1064,7 +1064,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise DecodeError(f"--verify-schedule {a.verify_schedule!r}: expected a comma list of {', '.join(SCHEDULES)}")
         schedules = [VerifySchedule(k, a.confidence_threshold, a.verify_budget) for k in kinds]
         with torch.no_grad():
-            res = bench(a.target, a.device, dtype, lens if len(lens) > 1 else lens[0], a.new_tokens, a.block_size,
+            res = bench(a.target, a.device, dtype, lens if len(lens) > 1 else lens[0], a.new_tokens, a.proposals,
                         dists, a.repeats, a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed,
                         drafters=tuple(d.strip() for d in a.drafter.split(",") if d.strip()),
                         drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,

@@ -73,7 +73,7 @@ def write_folders(preset: str, target_out: Optional[Path], drafter_out: Optional
                          "write_s": round(time.perf_counter() - t0, 2)}
     if drafter_out is not None:
         t0 = time.perf_counter()
-        drafter = build_drafter(target, "dspark", preset, int(cfg.drafter.block_size) - 1, seed=0)
+        drafter = build_drafter(target, "dspark", preset, int(cfg.drafter.proposals), seed=0)
         out["drafter_build_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
         write_dspark_folder(drafter, drafter_out)

@@ -158,20 +158,20 @@ def step_replayer(target: Any, tokens: int, prompt_len: int) -> Any:
     return replay
 
 
-def draft_replayer(target: Any, kind: str, preset: str, batch: int, prompt_len: int, block_size: int,
+def draft_replayer(target: Any, kind: str, preset: str, batch: int, prompt_len: int, proposals: int,
                    seed: int) -> tuple[Any, Any, Any]:
     """(a callable that replays the drafter's captured draft step for `batch` rows once, the drafter, a
     callable that runs the step's body eagerly, outside the graph: `op_times`);
-    the drafter of `preset`'s shape proposing `block_size` tokens.
+    the drafter of `preset`'s shape proposing `proposals` tokens.
     A short decode of `batch` prompts (forced acceptance of every draft) tunes, compiles and captures it;
     the engine stays alive with the replayer, so the graph's buffers and cache stay valid. Each replay
     rewrites the same context rows, so every replay sees the same inputs."""
-    drafter = build_drafter(target, kind, preset, block_size, seed)
+    drafter = build_drafter(target, kind, preset, proposals, seed)
     engine = Engine(target, drafter, batch_size=batch, eos_token_id=-1, cuda_graphs=True,
                     accept_fn=forced_acceptance({drafter.proposals: 1.0}, seed))
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen) for _ in range(batch)]
-    engine.decode(prompts, 4 * block_size)
+    engine.decode(prompts, 4 * proposals)
     step = getattr(engine.slots, "draft_step", None)  # the batched step (B > 1), else the single-sequence one
     graph = step.graph if step is not None else (drafter._graphs[0].graph if drafter._graphs else None)
     eager = step._body if step is not None and target.device.type != "cuda" else None  # off CUDA (tests)
@@ -283,7 +283,7 @@ def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, 
 
 
 def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], prompt_len: int, replays: int,
-                seed: int, block_size: int, bandwidth: float, by_grid: bool = False,
+                seed: int, proposals: int, bandwidth: float, by_grid: bool = False,
                 ops: bool = False) -> dict[str, Any]:
     """The trace of the draft step at each batch size on one loaded target, against its stream bound;
     `ops`: each step's `by_op` too (`op_times`)."""
@@ -293,14 +293,14 @@ def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], pro
     top = 40 if by_grid else 25
     steps, stream = [], 0
     for B in batches:
-        replay, drafter, body = draft_replayer(target, kind, preset, B, prompt_len, block_size, seed)
+        replay, drafter, body = draft_replayer(target, kind, preset, B, prompt_len, proposals, seed)
         stream = draft_stream_bytes(drafter)
         st = trace_replay(replay, replays, by_grid)
         steps.append({"batch": B, **st, "over_bound": round(st["replay_ms"] / (stream / bandwidth * 1e3), 3),
                       "by_kernel": st["by_kernel"][:top], **({"by_op": op_times(body, top)} if ops else {})})
         del replay, drafter, body
         torch.cuda.empty_cache()
-    return {"target": target_spec, "dtype": dtype, "drafter": kind, "proposals": block_size, "prompt_len": prompt_len,
+    return {"target": target_spec, "dtype": dtype, "drafter": kind, "proposals": proposals, "prompt_len": prompt_len,
             "replays": replays, "stream_gb": round(stream / 1e9, 3), "bandwidth": bandwidth,
             "bound_ms": round(stream / bandwidth * 1e3, 4), "steps": steps}
 
@@ -318,7 +318,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--draft", choices=("dspark", "ready"), default=None,
                     help="trace this drafter's graphed draft step instead of the verify (see --batch)")
     ap.add_argument("--batch", default="1", help="with --draft: rows per draft step, a comma list (e.g. 1,32)")
-    ap.add_argument("-k", "--proposals", dest="block_size", type=int, default=7, help="with --draft: K, tokens proposed per round (default 7)")
+    ap.add_argument("-k", "--proposals", type=int, default=7, help="with --draft: K, tokens proposed per round, the anchor not counted (default 7)")
     ap.add_argument("--bandwidth", type=float, default=None,
                     help="bytes/s of the draft's stream bound (default: the GPU's copy rate, benchmarks.COPY_BYTES_PER_S)")
     ap.add_argument("--by-grid", action="store_true", help="split each kernel's rows by launch grid (its shapes)")
@@ -343,8 +343,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             batches = [int(b) for b in a.batch.split(",") if b.strip()]
         except ValueError:
             batches = []
-        if not batches or min(batches) < 1 or a.block_size < 1:
-            print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32) and -k >= 1, got {a.batch!r} and {a.block_size}",
+        if not batches or min(batches) < 1 or a.proposals < 1:
+            print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32) and -k >= 1, got {a.batch!r} and {a.proposals}",
                   file=sys.stderr)
             return 2
         bandwidth = a.bandwidth or copy_rate("cuda")
@@ -352,7 +352,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"step_trace: no copy rate known for {torch.cuda.get_device_name()}; pass --bandwidth BYTES_PER_S",
                   file=sys.stderr)
             return 2
-        out = trace_draft(a.target, a.dtype, a.draft, batches, a.prompt_len, a.replays, a.seed, a.block_size,
+        out = trace_draft(a.target, a.dtype, a.draft, batches, a.prompt_len, a.replays, a.seed, a.proposals,
                           bandwidth, a.by_grid, a.ops)
     else:
         out = trace_step(a.target, a.dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)

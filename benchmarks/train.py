@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict[str, Any] = {"config": {"train": OmegaConf.to_container(cfg.train), "regen": OmegaConf.to_container(cfg.regen),
                                          "drafter": OmegaConf.to_container(cfg.drafter)}}
     result["ngram"] = _timed(times, "eval_ngram_s", _evaluate, target, NgramDrafter(target.config.vocab_size,
-                             int(cfg.drafter.block_size) - 1), suites, cfg, ar, "ngram")
+                             int(cfg.drafter.proposals)), suites, cfg, ar, "ngram")
     base = load_drafter(base_dir, target)
     result["dspark"] = _timed(times, "eval_dspark_s", _evaluate, target, base, suites, cfg, ar, "dspark")
     result["dspark"]["train_first_loss"] = base_log.get("first_loss")

@@ -114,18 +114,19 @@ class DataConfig:
 
 @dataclass
 class DrafterConfig:
-    """DSpark semi-autoregressive block drafter, in the DSpark checkpoint format's own terms.
+    """DSpark semi-autoregressive block drafter: its shape in the DSpark checkpoint format's terms.
 
-    Block convention (DSpark's, SpecForge's and the public checkpoints'): a block is `block_size`
-    tokens, the anchor (the last committed token) and `block_size - 1` mask slots, so a round
-    proposes block_size - 1 tokens and verifies block_size (anchor + proposals); tau <= block_size.
+    `proposals` = K, the tokens the drafter proposes per round (the anchor, the last committed token,
+    not counted): a round verifies K + 1 tokens (the anchor + the proposals; fewer under a confidence
+    schedule) and commits tau <= K + 1. A DSpark checkpoint's `block_size` counts the anchor: block_size
+    = proposals + 1, converted only where a checkpoint is read or written (`ready.drafter.checkpoint`).
     The drafter's layers have their own shape (attention heads, head dim, MLP, rotary), and only
     the hidden size is the target's. The ReaDy reader (`reader:`) is a separate part on top.
     """
 
-    # tokens per block counting the anchor: block_size - 1 proposals, block_size tokens verified per round
-    # (8 = the paper's 7 draft positions; the public 27B DSpark checkpoint uses 7, i.e. 6 proposals)
-    block_size: int = 8
+    # K, tokens the drafter proposes per round, the anchor not counted: a round verifies K + 1 (7 = the
+    # paper's 7 draft positions; the public 27B DSpark checkpoint proposes 6: its block_size 7 counts the anchor)
+    proposals: int = 7
     num_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
@@ -368,19 +369,32 @@ RETIRED: dict[str, tuple[Any, str]] = {
 }
 
 
+# Keys renamed in the schema: old key -> (new key in the same section, old value - new value, why). A layer
+# that still sets the old key (a queued trial's stored config, an old spec file) loads as the new key, with one
+# line on stderr saying so; a layer that sets both is a ConfigError. `restore_retired` hashes the new key under
+# its old name and value, so the rows, trained drafters and caches made before the rename are still found
+# (tests/test_hash_pins.py).
+RENAMED: dict[str, tuple[str, int, str]] = {
+    "drafter.block_size": ("drafter.proposals", 1, "DSpark's block_size counts the anchor; the config counts the "
+                                                   "tokens proposed per round, block_size = proposals + 1"),
+}
+
+
 def restore_retired(tree: dict, section: str = "") -> dict:
-    """`tree` (a config as a nested dict, or its `section`) with each retired key put back at its old value
-    wherever the section holding it is present; for what is hashed, so hashes stay as before the removal."""
+    """`tree` (a config as a nested dict, or its `section`) as hashed before keys left or were renamed: each
+    retired key put back at its old value and each renamed key under its old name and value, wherever the
+    section holding it is present; for what is hashed, so hashes stay as before the removal or rename."""
     prefix = f"{section}." if section else ""
     for key, (old, _) in RETIRED.items():
-        if not key.startswith(prefix):
-            continue
-        *parents, last = key[len(prefix):].split(".")
-        node: Any = tree
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node[last] = old
+        if key.startswith(prefix):
+            node = _retired_node(tree, key[len(prefix):])
+            if isinstance(node, dict):
+                node[key.rsplit(".", 1)[-1]] = old
+    for key, (new, offset, _) in RENAMED.items():
+        node = _retired_node(tree, new[len(prefix):]) if new.startswith(prefix) else None
+        last = new.rsplit(".", 1)[-1]
+        if isinstance(node, dict) and last in node:
+            node[key.rsplit(".", 1)[-1]] = node.pop(last) + offset
     return tree
 
 
@@ -405,6 +419,34 @@ def _without_retired(layer: Any, source: str) -> Any:
                               f"expected no such key (or its old value {old!r}, which changes nothing)")
         layer = OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else copy.deepcopy(layer)
         del _retired_node(layer, key)[last]
+    return layer
+
+
+def renamed_keys(layer: Any, source: str, section: str = "", quiet: bool = False) -> Any:
+    """`layer` (a config layer, or its `section`) with each renamed key under its new name and value (a copy;
+    `layer` itself when it sets none), one line on stderr per key unless `quiet`; a layer that sets both names,
+    or the old one to a non-integer, is a ConfigError naming the key."""
+    prefix = f"{section}." if section else ""
+    for key, (new, offset, why) in RENAMED.items():
+        if not key.startswith(prefix):
+            continue
+        old_last, new_last = key.rsplit(".", 1)[-1], new.rsplit(".", 1)[-1]
+        node = _retired_node(layer, key[len(prefix):])
+        if node is None or old_last not in node:
+            continue
+        value = node[old_last]
+        if new_last in node:
+            raise ConfigError(f"{source}: bad value at key '{key}': {value!r}; this key was renamed {new} ({why}); "
+                              f"expected {new} alone")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: bad value at key '{key}': {value!r}; this key was renamed {new} ({why}); "
+                              f"expected {new} = an integer")
+        layer = OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else copy.deepcopy(layer)
+        node = _retired_node(layer, key[len(prefix):])
+        node[new_last] = node.pop(old_last) - offset
+        if not quiet:
+            print(f"config: {source}: {key} = {value} is read as {new} = {value - offset} ({why})",
+                  file=sys.stderr, flush=True)
     return layer
 
 
@@ -468,7 +510,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("data.responses", c.data.responses in ("regenerate", "original"), "regenerate or original"),
         ("regen.temperature", c.regen.temperature >= 0, "a number >= 0 (0 = greedy)"),
         ("regen.top_p", 0 < c.regen.top_p <= 1, "a number in (0, 1]"),
-        ("drafter.block_size", c.drafter.block_size >= 2, "an integer >= 2 (the anchor + at least one proposal)"),
+        ("drafter.proposals", c.drafter.proposals >= 1, "an integer >= 1 (tokens proposed per round, the anchor not counted)"),
         ("drafter.num_attention_heads", c.drafter.num_attention_heads >= 1
          and c.drafter.num_attention_heads % max(1, c.drafter.num_key_value_heads) == 0,
          "a positive multiple of drafter.num_key_value_heads"),
@@ -814,7 +856,7 @@ def load_config(preset: Optional[str] = None, profile: Optional[str] = None,
     else:
         cfg = schema()
     for source, layer in named:
-        layer = _without_retired(layer, source)
+        layer = renamed_keys(_without_retired(layer, source), source)
         cfg = merge(cfg, layer, source=source)
         provenance.append((source, layer_keys(layer)))
     default = next((source for source, keys in reversed(provenance) if keys), "config")

@@ -213,7 +213,7 @@ def overall(per_benchmark: Sequence[Metrics], ar: Optional[Sequence[Metrics]] = 
     methods = {m.method for m in per_benchmark}
     sizes = {m.proposals for m in per_benchmark}
     if len(methods) != 1 or len(sizes) != 1:
-        raise ValueError(f"overall() mixes methods {sorted(methods)} / block sizes {sorted(sizes)}")
+        raise ValueError(f"overall() mixes methods {sorted(methods)} / proposals {sorted(sizes)}")
     k = sizes.pop()
     lossless = [m.lossless for m in per_benchmark]
     hits = [sum(_hits(m)[j] for m in per_benchmark) for j in range(k)]

@@ -418,7 +418,7 @@ def execute(job: Job, ctx: WorkerContext, c, sweep_name: str, table: str, settin
         t0 = time.time()
         result = run_fn(job.cfg, job.variant.method, progress=ctx.progress)
         metrics = result.metrics()
-        check_metrics(metrics, job.variant.method, int(job.cfg.drafter.block_size) - 1)  # broken model: FAILED, not FINISHED
+        check_metrics(metrics, job.variant.method, int(job.cfg.drafter.proposals))  # broken model: FAILED, not FINISHED
         metrics["time/run_s"] = time.time() - t0
         from reports.stats import run_metrics  # intervals from this run's per-prompt logs
 

@@ -61,7 +61,7 @@ def evaluation(method: str, benchmarks: dict[str, list[list[int]]], *, device: s
                wall_s: float = 0.1, swapped: Optional[dict[str, list[list[int]]]] = None,
                heldout: Optional[tuple[list[int], list[int]]] = None, lossless: int = 1) -> dict:
     """An evaluation.json dict: per benchmark, one record per prompt's rounds."""
-    out = {"method": method, "config": {"drafter": {"block_size": k + 1}}, "resolved": {"device": device},
+    out = {"method": method, "config": {"drafter": {"proposals": k}}, "resolved": {"device": device},
            "overall": {"lossless": lossless}, "benchmarks": {}}
     for name, rounds in benchmarks.items():
         b = {"metrics": {"proposals": k}, "lossless": lossless,
@@ -81,7 +81,7 @@ def metrics_of(ev: dict) -> dict[str, float]:
     """The MLflow metrics `sweeps.row` would log for this evaluation (per benchmark and overall)."""
     from ready.metrics import SequenceLog, overall, summarize
 
-    k = int(ev["config"]["drafter"]["block_size"]) - 1 if ev["method"] != "ar" else 0
+    k = int(ev["config"]["drafter"]["proposals"]) if ev["method"] != "ar" else 0
     per_bench = []
     for name, b in ev["benchmarks"].items():
         logs = [SequenceLog(new_tokens=len(p["tokens"]), wall_s=p["wall_s"], accepted=p["accepted"],

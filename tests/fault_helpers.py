@@ -125,7 +125,7 @@ def nan_run_variant(cfg: Any, method: str = "ready", progress: bool = True):
     from ready.metrics import SequenceLog, overall, summarize
     from sweeps.row import VariantResult
 
-    k = 0 if method == "ar" else int(cfg.drafter.block_size)
+    k = 0 if method == "ar" else int(cfg.drafter.proposals)
     per = []
     for suite in cfg.bench.suites:
         m = summarize([SequenceLog(new_tokens=8, wall_s=0.5, accepted=[0] * 8, horizons=[k] * 8)], str(suite), method, k)

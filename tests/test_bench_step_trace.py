@@ -131,7 +131,7 @@ def test_the_draft_replayer_repeats_the_batched_draft_step_and_its_bound_counts_
 
     torch.manual_seed(0)
     target = load_target("tiny", device="cpu", dtype="float32")
-    replay, drafter, body = draft_replayer(target, "ready", "tiny", batch=2, prompt_len=8, block_size=3, seed=0)
+    replay, drafter, body = draft_replayer(target, "ready", "tiny", batch=2, prompt_len=8, proposals=3, seed=0)
     for _ in range(3):  # the batched step's body (eager off CUDA) over the same rows each time
         replay()
     body()  # the body alone, as `--ops` runs it under the profiler

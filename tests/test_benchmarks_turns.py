@@ -164,7 +164,7 @@ def test_a_sweep_row_evaluates_deepspec_files_end_to_end(chat) -> None:
                                    linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
                                    max_position_embeddings=256)).eval()
     torch.manual_seed(6)
-    drafter = DSparkDrafter(DrafterConfig(block_size=4, num_layers=1, head_rank=8), ReaderConfig(enabled=False),
+    drafter = DSparkDrafter(DrafterConfig(proposals=3, num_layers=1, head_rank=8), ReaderConfig(enabled=False),
                             target).eval()
     loaded = LoadedTarget(target=target, tokenizer=chat, eos=None, target_path="tiny (test)", device="cpu")
     ar = {name: run_ar(target, prompts, budget, warmup=0, progress=False) for name, prompts in suites.items()}

@@ -91,7 +91,7 @@ def test_verification_record_and_its_mlflow_metrics():
 def test_evaluate_records_verification_and_calibration(schedule):
     target = small_target()
     torch.manual_seed(2)
-    d = DSparkDrafter(DrafterConfig(block_size=4, num_layers=1, head_rank=8, confidence_head=True),
+    d = DSparkDrafter(DrafterConfig(proposals=3, num_layers=1, head_rank=8, confidence_head=True),
                       ReaderConfig(enabled=False), target).eval()
     with torch.no_grad():
         d.confidence_head.proj.weight.normal_(0.0, 0.15)

@@ -51,14 +51,14 @@ def _old_train_scale(preset: str, profile: Optional[str], overrides: Sequence[st
     return cfg
 
 
-def _old_engine(preset: str, block_size: int) -> tuple[Any, Any]:
+def _old_engine(preset: str, proposals: int) -> tuple[Any, Any]:
     """benchmarks.engine.drafter_configs before issue 45 (the drafter and reader sections only)."""
     layers = []
     for f in (EXPERIMENTS_DIR / "base.yaml", EXPERIMENTS_DIR / "presets" / f"{preset}.yaml"):
         raw = OmegaConf.load(f)
         layers.append({k: raw[k] for k in ("drafter", "reader") if k in raw})
     cfg = merge(schema(), *layers, source=f"drafter preset {preset}")
-    cfg.drafter.block_size = block_size + 1
+    cfg.drafter.proposals = proposals
     return cfg.drafter, cfg.reader
 
 
@@ -166,10 +166,10 @@ def _train_scale(preset, profile, overrides):
     return bench_config(preset, profile, overrides)
 
 
-def _engine(preset, block_size):
+def _engine(preset, proposals):
     from benchmarks.engine import drafter_configs
 
-    return drafter_configs(preset, block_size)
+    return drafter_configs(preset, proposals)
 
 
 def _generate_default():
@@ -207,8 +207,8 @@ def test_train_scale_presets_profiles_and_overrides(preset, profile):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_engine_drafter_and_reader_sections(preset):
-    for block_size in (3, 6):
-        new, old = _engine(preset, block_size), _old_engine(preset, block_size)
+    for proposals in (3, 6):
+        new, old = _engine(preset, proposals), _old_engine(preset, proposals)
         for a, b in zip(new, old):
             assert OmegaConf.to_container(a, resolve=False) == OmegaConf.to_container(b, resolve=False)
             assert OmegaConf.to_container(a, resolve=True) == OmegaConf.to_container(b, resolve=True)
@@ -298,6 +298,41 @@ def test_a_retired_key_loads_at_its_old_value_and_is_refused_at_another():
     with pytest.raises(ConfigError, match=r"^command line: bad value at key 'eval.use_kernels': False; this key was "
                                           r"removed \(nothing read it"):
         load_config(overrides=["eval.use_kernels=false"])
+
+
+def test_the_renamed_block_size_loads_as_proposals_with_one_line(capsys):
+    """`drafter.block_size` (DSpark's, counting the anchor) was renamed `drafter.proposals` (K, the anchor not
+    counted; ready.config.RENAMED): a config stored before (a queued trial's) loads with K = block_size - 1 and
+    one line on stderr saying so, and drafts what it drafted before (base.yaml 8 -> 7, the 27B preset 7 -> 6)."""
+    from ready.config import to_container
+
+    stored = to_container(load_config())
+    stored["drafter"]["block_size"] = stored["drafter"].pop("proposals") + 1
+    assert stored["drafter"]["block_size"] == 8
+    capsys.readouterr()
+    cfg = load_config(files=[("the stored config of job x", stored)])
+    assert cfg.drafter.proposals == 7 and "block_size" not in cfg.drafter
+    assert to_container(cfg) == to_container(load_config())
+    assert stored["drafter"]["block_size"] == 8  # the caller's layer is left as it was
+    assert capsys.readouterr().err == ("config: the stored config of job x: drafter.block_size = 8 is read as "
+                                       "drafter.proposals = 7 (DSpark's block_size counts the anchor; the config counts "
+                                       "the tokens proposed per round, block_size = proposals + 1)\n")
+    assert load_config(preset="qwen3_5_27b").drafter.proposals == 6
+    assert load_config(preset="qwen3_5_27b", overrides=["drafter.block_size=7"]).drafter.proposals == 6
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["drafter.block_size=8", "drafter.proposals=7"], r"^command line: bad value at key 'drafter.block_size': 8; this key "
+                                                      r"was renamed drafter.proposals \(.*\); expected drafter.proposals alone$"),
+    (["drafter.block_size=eight"], r"^command line: bad value at key 'drafter.block_size': 'eight'; this key was renamed "
+                                   r"drafter.proposals \(.*\); expected drafter.proposals = an integer$"),
+    (["drafter.block_size=1"], r"^command line: bad value at key 'drafter.proposals': 0; expected an integer >= 1"),
+])
+def test_the_renamed_key_beside_the_new_one_or_out_of_range_is_one_message(overrides, message):
+    from ready.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides)
 
 
 def test_a_profile_is_its_config_section_and_a_missing_base_yaml_is_the_schema(tmp_path: Path):

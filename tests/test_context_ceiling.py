@@ -55,7 +55,7 @@ def test_an_untrained_drafters_rejections_are_its_anchor_positions(regenerated):
     from ready.drafter import DSparkDrafter
 
     target, data = regenerated
-    cfg = merge(schema(), {"drafter": {"block_size": 5, "num_layers": 1, "head_rank": 8}})
+    cfg = merge(schema(), {"drafter": {"proposals": 4, "num_layers": 1, "head_rank": 8}})
     torch.manual_seed(0)
     drafter = DSparkDrafter(cfg.drafter, cfg.reader, target).eval()
     r = rejection_share(drafter, target, data, window=3)

@@ -20,7 +20,7 @@ def tiny_target(seed: int = 0, layers: int = 8, **kw) -> HybridLM:
 
 
 def drafter_for(target, seed=0, reader=True, trained_reader=True, **kw) -> DSparkDrafter:
-    dk = dict(block_size=5, num_layers=2, head_rank=8)  # K = 4 proposals
+    dk = dict(proposals=4, num_layers=2, head_rank=8)  # K = 4 proposals
     rk = dict(enabled=reader, rank=4, mlp_hidden=16)
     for k, v in kw.items():
         (rk if k in ReaderConfig.__dataclass_fields__ else dk)[k] = v
@@ -158,7 +158,7 @@ def test_the_reader_reads_the_committed_states(target):
 
 def test_propose_is_deterministic_and_follows_the_protocol(target):
     d = drafter_for(target)
-    assert isinstance(d, Drafter) and (d.block_size, d.proposals) == (5, 4) and d.vocab_size == V
+    assert isinstance(d, Drafter) and d.proposals == 4 and d.vocab_size == V
     ids = torch.randint(0, V, (2, 12))
     d.begin(ids[:, :6])
     d.propose(draft_step(target, d, ids[:, :7]))  # an earlier round: context K/V cached for 6 tokens
@@ -193,6 +193,33 @@ def test_save_and_load_round_trip(target, tmp_path):
     assert torch.equal(base.draft(step)[1], staged.draft(step)[1])
 
 
+def test_a_checkpoint_counts_the_anchor_in_block_size_and_one_saved_before_the_rename_loads(target, tmp_path):
+    """`drafter.proposals` = K; DSpark's config.json `block_size` counts the anchor (K + 1), the one place it is
+    written. A folder saved before the rename (its `ready_drafter` block says block_size) and a DSpark folder
+    without that block both load as K = block_size - 1; a block that names both is one DrafterError."""
+    import json
+
+    d = drafter_for(target, reader=False)  # K = 4
+    save_drafter(d, tmp_path / "d")
+    file = tmp_path / "d" / "config.json"
+    raw = json.loads(file.read_text())
+    own = raw["ready_drafter"]["drafter"]
+    assert raw["block_size"] == 5 and own["proposals"] == 4 and "block_size" not in own
+    step = draft_step(target, d, torch.randint(0, V, (1, 8)))
+    own["block_size"] = own.pop("proposals") + 1  # as written before the rename
+    file.write_text(json.dumps(raw))
+    back = load_drafter(tmp_path / "d", target)
+    assert back.proposals == 4 and torch.equal(d.draft(step)[1], back.draft(step)[1])
+    own["proposals"] = 4
+    file.write_text(json.dumps(raw))
+    with pytest.raises(DrafterError, match=r"config.json: ready_drafter: bad value at key 'drafter.block_size': 5; "
+                                           r"this key was renamed drafter.proposals"):
+        load_drafter(tmp_path / "d", target)
+    del raw["ready_drafter"]  # a DSpark folder from elsewhere: its block_size alone
+    file.write_text(json.dumps(raw))
+    assert load_drafter(tmp_path / "d", target).proposals == 4
+
+
 def test_checkpoint_for_another_target_is_one_clear_error(target, tmp_path):
     save_drafter(drafter_for(target), tmp_path / "d")
     with pytest.raises(DrafterError, match="built for another target: same architecture but different embed"):
@@ -223,7 +250,7 @@ def test_save_refuses_to_replace_a_folder_with_other_files(target, tmp_path):
 ])
 def test_bad_settings_are_one_clear_error(target, kw, match):
     part = "drafter" if "context_layers" in kw or "head" in kw else "reader"
-    dk, rk = dict(block_size=5, num_layers=2), dict(rank=4, mlp_hidden=16)
+    dk, rk = dict(proposals=4, num_layers=2), dict(rank=4, mlp_hidden=16)
     (dk if part == "drafter" else rk).update(kw)
     with pytest.raises(ValueError, match=match):
         DSparkDrafter(DrafterConfig(**dk), ReaderConfig(**rk), target)

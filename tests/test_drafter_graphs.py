@@ -174,7 +174,7 @@ def test_captured_bf16_step_with_split_key_attention_matches_the_masked_buffer(m
     masked.load_state_dict(split.state_dict())
     attn = split.layers[0].self_attn
     assert split_kv_attention(torch.bfloat16, torch.device("cuda"), attn.num_heads, attn.num_kv_heads,
-                              split.block_size) is not None
+                              split.proposals + 1) is not None
     got = [ls for (_, ls), in _rounds(tgt, [split])]
     monkeypatch.setattr(drafter_model, "split_kv_attention", lambda *a: None)
     want = [ls for (_, ls), in _rounds(tgt, [masked])]

@@ -105,7 +105,7 @@ def test_a_specforge_checkpoint_gives_the_reference_block_logits(target, hf, tmp
     ref = specforge_model(head, rope_scaling=rope)
     ref.save_pretrained(tmp_path / "sf")
     ours = load_drafter(tmp_path / "sf", target).eval()
-    assert (ours.block_size, ours.proposals, ours.mask_token_id, ours.capture_layers) == (BLOCK, BLOCK - 1, MASK, [0, 2, 3])
+    assert (ours.proposals, ours.mask_token_id, ours.capture_layers) == (BLOCK - 1, MASK, [0, 2, 3])
     tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         for anchor in (1, 17, 33):
@@ -149,7 +149,7 @@ def _proposal_hidden(drafter: DSparkDrafter, tokens, hidden, anchor):
     ctx = drafter._context(hidden[:, :anchor])
     cos_c, sin_c = drafter._rope(torch.arange(anchor)[None])
     kv = [layer.self_attn.kv(ctx, cos_c, sin_c) for layer in drafter.layers]
-    cos, sin = drafter._rope(anchor + torch.arange(drafter.block_size)[None])
+    cos, sin = drafter._rope(anchor + torch.arange(drafter.proposals + 1)[None])
     return drafter._backbone(drafter._block_input(tokens[:, anchor]), cos, sin, kv, None, None)[:, 1:]
 
 
@@ -180,7 +180,7 @@ def test_a_specforge_dflash_checkpoint_gives_the_reference_block_logits(target, 
     ref.save_pretrained(tmp_path / "sf")
     ours = load_drafter(tmp_path / "sf", target).eval()
     assert ours.is_dflash and ours.drafter_cfg["head"] == "none" and ours.confidence_head is None
-    assert (ours.block_size, ours.mask_token_id, ours.capture_layers) == (BLOCK, MASK, [0, 2, 3])
+    assert (ours.proposals, ours.mask_token_id, ours.capture_layers) == (BLOCK - 1, MASK, [0, 2, 3])
     tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         for anchor in (1, 17, 33):
@@ -192,7 +192,7 @@ def test_a_specforge_dflash_checkpoint_gives_the_reference_block_logits(target, 
 @pytest.mark.parametrize("reader", [False, True])
 def test_a_dflash_export_loads_in_specforge_and_back_here_bit_for_bit(target, hf, tmp_path, reader):
     torch.manual_seed(0)
-    dcfg = DrafterConfig(block_size=BLOCK, num_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    dcfg = DrafterConfig(proposals=BLOCK - 1, num_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          intermediate_size=80, mask_token_id=MASK, context_layers=[0, 2, 3], layer_space="model",
                          head="none")
     ours = DSparkDrafter(dcfg, ReaderConfig(enabled=reader, rank=4, mlp_hidden=16, layers=[0, 2], layer_space="model"),
@@ -226,7 +226,7 @@ def test_a_dflash_export_loads_in_specforge_and_back_here_bit_for_bit(target, hf
 
 def test_a_dflash_drafter_with_a_confidence_head_saves_as_dspark_without_markov(target, tmp_path):
     """SpecForge's DSparkDraftModel with markov_rank 0: no Markov head, a confidence head on the hidden states."""
-    dcfg = DrafterConfig(block_size=BLOCK, num_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    dcfg = DrafterConfig(proposals=BLOCK - 1, num_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          intermediate_size=80, mask_token_id=MASK, context_layers=[0, 2, 3], layer_space="model",
                          head="none", confidence_head=True, confidence_with_markov=False)
     ours = DSparkDrafter(dcfg, ReaderConfig(enabled=False), target).eval()
@@ -265,7 +265,7 @@ def test_legacy_logit_head_names_and_shards_load(target, tmp_path):
 @pytest.mark.parametrize("reader", [False, True])
 def test_export_loads_in_specforge_and_back_here_bit_for_bit(target, hf, tmp_path, reader, capsys):
     torch.manual_seed(0)
-    dcfg = DrafterConfig(block_size=BLOCK, num_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    dcfg = DrafterConfig(proposals=BLOCK - 1, num_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          intermediate_size=80, mask_token_id=MASK, context_layers=[0, 2, 3], layer_space="model",
                          head="gated", head_rank=8, confidence_head=True)
     ours = DSparkDrafter(dcfg, ReaderConfig(enabled=reader, rank=4, mlp_hidden=16, layers=[0, 2], layer_space="model"),
@@ -326,7 +326,7 @@ def test_what_the_format_says_is_honoured_or_refused_in_one_line(target, tmp_pat
 
 
 def test_export_refuses_a_limited_context_and_a_bad_source(target, tmp_path, capsys):
-    d = DSparkDrafter(DrafterConfig(block_size=BLOCK, mask_token_id=MASK, context_window=8), ReaderConfig(enabled=False), target)
+    d = DSparkDrafter(DrafterConfig(proposals=BLOCK - 1, mask_token_id=MASK, context_window=8), ReaderConfig(enabled=False), target)
     save_drafter(d, tmp_path / "w")
     assert export_main([str(tmp_path / "w"), str(tmp_path / "out")]) == 2
     assert "drafter.context_window = 8" in capsys.readouterr().err and not (tmp_path / "out").exists()

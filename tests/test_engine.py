@@ -63,9 +63,9 @@ class ReplayDrafter:
     """Knows the AR continuation of each prompt; proposes it correctly up to position `right`
     (clipped to K), and deliberately wrong tokens after that; `p_right` draws `right` per round."""
 
-    def __init__(self, references: dict[tuple, list[int]], block_size: int, right: int | None = None,
+    def __init__(self, references: dict[tuple, list[int]], proposals: int, right: int | None = None,
                  p_right: float | None = None, seed: int = 0):
-        self.references, self.proposals, self.vocab_size = references, block_size, VOCAB
+        self.references, self.proposals, self.vocab_size = references, proposals, VOCAB
         self.capture_layers: list[int] = []
         self.right, self.p_right, self.rng = right, p_right, random.Random(seed)
         self.full: list[int] = []
@@ -90,8 +90,8 @@ class ReplayDrafter:
 class RecordingDrafter:
     """Checks, every round, that the DraftStep is what the protocol promises."""
 
-    def __init__(self, target: HybridLM, block_size: int, capture_layers: list[int]):
-        self.target, self.proposals, self.vocab_size = target, block_size, VOCAB
+    def __init__(self, target: HybridLM, proposals: int, capture_layers: list[int]):
+        self.target, self.proposals, self.vocab_size = target, proposals, VOCAB
         self.capture_layers = capture_layers
         self.rounds = 0
 

@@ -42,7 +42,7 @@ def make_drafter(target: HybridLM, kind: str, k: int = 3):
         return NgramDrafter(VOCAB, k)
     torch.manual_seed(6)
     ctx = {"context_layers": [-1, 33]} if kind == "ready_embed" else {}
-    d = drafter_mod.DSparkDrafter(DrafterConfig(block_size=k + 1, num_layers=2, head_rank=8, **ctx),
+    d = drafter_mod.DSparkDrafter(DrafterConfig(proposals=k, num_layers=2, head_rank=8, **ctx),
                                   ReaderConfig(enabled=kind.startswith("ready"), rank=4, mlp_hidden=16), target).eval()
     for r in d.readers.values():
         torch.nn.init.normal_(r.fuse_out.weight, std=0.5)
@@ -382,7 +382,7 @@ def test_scheduled_batched_equals_batch_one(target, kind):
     rounds and verified drafts equal its batch-1 generation's, with the rows of one pass verifying
     different lengths."""
     drafter = (ScoredNgram(VOCAB, 3) if kind == "scored_ngram" else
-               drafter_mod.DSparkDrafter(DrafterConfig(block_size=4, num_layers=2, head_rank=8, confidence_head=True),
+               drafter_mod.DSparkDrafter(DrafterConfig(proposals=3, num_layers=2, head_rank=8, confidence_head=True),
                                          ReaderConfig(enabled=True, rank=4, mlp_hidden=16), target).eval())
     if kind == "dspark_head":
         with torch.no_grad():
@@ -414,7 +414,7 @@ def test_scheduled_batched_equals_batch_one_on_cuda(target, kind, temperature):
     equals its batch-1 generation at B = 1 and 4, greedy (forced content acceptance) and sampled."""
     tgt = copy.deepcopy(target).cuda()
     torch.manual_seed(6)
-    drafter = drafter_mod.DSparkDrafter(DrafterConfig(block_size=4, num_layers=2, head_rank=8, confidence_head=True),
+    drafter = drafter_mod.DSparkDrafter(DrafterConfig(proposals=3, num_layers=2, head_rank=8, confidence_head=True),
                                         ReaderConfig(enabled=kind == "ready", rank=4, mlp_hidden=16), tgt).eval().cuda()
     with torch.no_grad():
         drafter.confidence_head.proj.weight.normal_(0.0, 0.15)

@@ -97,7 +97,7 @@ def test_evaluate_on_donor_states_through_slots_equals_one_prompt_at_a_time(targ
     from ready.drafter import DSparkDrafter
 
     torch.manual_seed(3)
-    drafter = DSparkDrafter(DrafterConfig(block_size=4, num_layers=1, head_rank=8),
+    drafter = DSparkDrafter(DrafterConfig(proposals=3, num_layers=1, head_rank=8),
                             ReaderConfig(enabled=True, rank=4, mlp_hidden=16), target).eval()
     for r in drafter.readers.values():
         torch.nn.init.normal_(r.fuse_out.weight, std=0.5)

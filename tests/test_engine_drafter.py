@@ -29,7 +29,7 @@ def target() -> HybridLM:
 
 def make_drafter(target: HybridLM, reader: bool, k: int = 3):
     torch.manual_seed(6)
-    d = DrafterConfig(block_size=k + 1, num_layers=1, head_rank=8)
+    d = DrafterConfig(proposals=k, num_layers=1, head_rank=8)
     r = ReaderConfig(enabled=reader, rank=4, mlp_hidden=16)
     return drafter_mod.DSparkDrafter(d, r, target).eval()
 

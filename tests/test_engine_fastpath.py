@@ -30,7 +30,7 @@ def _target(dtype: torch.dtype) -> HybridLM:
 
 def _drafter(target: HybridLM, k: int = 3) -> DSparkDrafter:
     torch.manual_seed(6)
-    d = DSparkDrafter(DrafterConfig(block_size=k + 1, num_layers=1, head_rank=8), ReaderConfig(rank=4, mlp_hidden=16), target)
+    d = DSparkDrafter(DrafterConfig(proposals=k, num_layers=1, head_rank=8), ReaderConfig(rank=4, mlp_hidden=16), target)
     with torch.no_grad():
         for r in d.readers.values():
             r.fuse_out.weight.normal_(std=0.3)

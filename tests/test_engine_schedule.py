@@ -174,7 +174,7 @@ def dspark_with_head(target: HybridLM, k: int = 3, reader: bool = False) -> DSpa
     """A tiny untrained DSpark drafter whose confidence head is random enough to put confidences on both
     sides of 0.5 (its Markov embedding makes them depend on the drafted tokens)."""
     torch.manual_seed(9)
-    d = DSparkDrafter(DrafterConfig(block_size=k + 1, num_layers=2, head_rank=8, confidence_head=True),
+    d = DSparkDrafter(DrafterConfig(proposals=k, num_layers=2, head_rank=8, confidence_head=True),
                       ReaderConfig(enabled=reader, rank=4, mlp_hidden=16), target).eval()
     with torch.no_grad():
         d.confidence_head.proj.weight.normal_(0.0, 0.15)
@@ -290,7 +290,7 @@ def test_a_budget_caps_the_batchs_verified_drafts_and_stays_lossless(target):
 
 
 def test_a_confidence_schedule_needs_a_confidence_head(target):
-    plain = DSparkDrafter(DrafterConfig(block_size=4, num_layers=1, head_rank=8), ReaderConfig(enabled=False), target)
+    plain = DSparkDrafter(DrafterConfig(proposals=3, num_layers=1, head_rank=8), ReaderConfig(enabled=False), target)
     with pytest.raises(DecodeError, match="confidence head"):
         Engine(target, plain, verify_schedule=VerifySchedule("confidence"))
     Engine(target, None, verify_schedule=VerifySchedule("confidence"))  # AR verifies one token anyway

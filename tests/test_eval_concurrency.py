@@ -29,7 +29,7 @@ def target() -> HybridLM:
 
 def drafter(target: HybridLM, reader: bool):
     torch.manual_seed(6)
-    d = drafter_mod.DSparkDrafter(DrafterConfig(block_size=4, num_layers=1, head_rank=8),
+    d = drafter_mod.DSparkDrafter(DrafterConfig(proposals=3, num_layers=1, head_rank=8),
                                   ReaderConfig(enabled=reader, rank=4, mlp_hidden=16), target).eval()
     for r in d.readers.values():
         torch.nn.init.normal_(r.fuse_out.weight, std=0.5)

@@ -40,7 +40,7 @@ def base(tmp_path_factory) -> Path:
     (root / "target" / "DONE").unlink()  # a user's folder: nothing but its own files decides what loads
     target = load_target(root / "target")
     torch.manual_seed(0)
-    drafter = DSparkDrafter(DrafterConfig(block_size=4, num_layers=2, num_attention_heads=2, num_key_value_heads=1,
+    drafter = DSparkDrafter(DrafterConfig(proposals=3, num_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                           head_dim=16, intermediate_size=32, mask_token_id=1, context_layers=[0, 2],
                                           layer_space="model", head="vanilla", head_rank=4),
                             ReaderConfig(enabled=False), target)

@@ -138,7 +138,7 @@ def test_a_tiny_drafter_end_to_end(target):
     assert res["sequences"] == 3 and res["read_positions"] == 12 and res["d_k"] == 8
     assert res["state_layers"] == d.state_layers and set(res["layers"]) == {str(i) for i in d.state_layers}
     heads = target.config.linear_num_value_heads
-    n_queries = 12 * d.block_size  # read positions x block rows (one reader)
+    n_queries = 12 * (d.proposals + 1)  # read positions x block rows (one reader)
     for summary in [res["overall"], *res["layers"].values(), *(h for L in res["layers"].values() for h in L["heads"].values())]:
         assert set(METRICS) <= set(summary)
         for m in ("outside_share", "random_outside_share"):

@@ -17,7 +17,7 @@ def setting():
 
     target = micro_target()
     data = greedy_responses(target, micro_prompts(6, 12), 10, eos_id=None, batch_size=6, progress=False)
-    cfg = merge(schema(), {"drafter": {"block_size": 5, "num_layers": 1, "head_rank": 8},
+    cfg = merge(schema(), {"drafter": {"proposals": 4, "num_layers": 1, "head_rank": 8},
                            "reader": {"layer_space": "model", "layers": target.gdn_layer_ids[:1], "rank": 4,
                                       "mlp_hidden": 16}})
     torch.manual_seed(0)

@@ -56,7 +56,7 @@ def target() -> HybridLM:
 
 def dspark(target: HybridLM) -> DSparkDrafter:
     torch.manual_seed(12)
-    d = DSparkDrafter(DrafterConfig(block_size=K + 1, num_layers=1, head_rank=4),
+    d = DSparkDrafter(DrafterConfig(proposals=K, num_layers=1, head_rank=4),
                       ReaderConfig(enabled=True, rank=2, mlp_hidden=8), target).eval()
     with torch.no_grad():  # an untrained head adds nothing; a random one makes q_j depend on the token drawn at j-1
         d.markov_head.markov_w2.weight.normal_(0.0, 3.0)
@@ -323,7 +323,7 @@ def dspark_scored(target: HybridLM) -> DSparkDrafter:
     """The DSpark drafter with a random confidence head: its step confidences fall on both sides of 0.5 and
     depend on the token drawn before each position (its Markov embedding)."""
     torch.manual_seed(13)
-    d = DSparkDrafter(DrafterConfig(block_size=K + 1, num_layers=1, head_rank=4, confidence_head=True),
+    d = DSparkDrafter(DrafterConfig(proposals=K, num_layers=1, head_rank=4, confidence_head=True),
                       ReaderConfig(enabled=True, rank=2, mlp_hidden=8), target).eval()
     with torch.no_grad():
         d.markov_head.markov_w2.weight.normal_(0.0, 3.0)

@@ -77,7 +77,7 @@ def run_variant(cfg, method: str = "ready", progress: bool = True) -> VariantRes
     fail = os.environ.get("FAKE_RUN_FAIL")
     if fail and fail in str(cfg.name):
         raise RuntimeError(f"injected failure for {cfg.name}")
-    k = 0 if method == "ar" else int(cfg.drafter.block_size)
+    k = 0 if method == "ar" else int(cfg.drafter.proposals)
     boost = {"ar": 0, "dspark": 1, "ft": 1, "placebo": 1}.get(method, 1 + (int(cfg.reader.rank) % 5 > 2) + int(cfg.seed) % 2)
     per_bench, records = [], {}
     for b, suite in enumerate(cfg.bench.suites):

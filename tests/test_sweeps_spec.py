@@ -215,7 +215,7 @@ def test_presets_resolve_and_the_paper_preset_reads_the_checkpoint_from_the_envi
     monkeypatch.setenv("READY_TARGET_DIR", "/models/qwen3.5-27b")
     paper = load_sweep("main", ["preset=qwen3_5_27b"]).common
     assert paper.target.source == "/models/qwen3.5-27b" and paper.target.pretrain is False
-    assert len(paper.bench.suites) == 7 and paper.drafter.block_size == 7
+    assert len(paper.bench.suites) == 7 and paper.drafter.proposals == 6
     with pytest.raises(ConfigError, match="'/path/to/dspark_drafter_dir' is not a drafter folder"):
         load_sweep("rank", ["preset=local_checkpoint_template", "target.source=/models/mine"])
     template = load_sweep("rank", ["preset=local_checkpoint_template", "target.source=/models/mine",
@@ -330,6 +330,25 @@ def test_a_knob_removed_later_hashes_rows_as_before_it(method):
     tree = OmegaConf.to_container(cfg)
     tree["eval"]["use_kernels"] = True  # a row resolved before the key was removed
     assert job_hash(OmegaConf.create(tree), method) == job_hash(cfg, method)
+
+
+@pytest.mark.parametrize("method", ["ar", "dspark", "ready"])
+def test_a_renamed_knob_hashes_under_its_old_name_and_a_queued_trial_with_it_runs_as_before(method):
+    """`drafter.proposals` (K) hashes as `drafter.block_size` = K + 1 did (ready.config.RENAMED), so rows, settings
+    and trained drafters keep their hashes (tests/test_hash_pins.py); a trial queued before the rename, its
+    stored config saying block_size, loads into the very job it was."""
+    from sweeps.spec import canonical, job_hash
+    from sweeps.study import job_attrs, job_from_attrs
+
+    drafter = canonical(merge(schema(), {}), method)["config"].get("drafter")
+    assert drafter is None if method == "ar" else (drafter["block_size"] == 8 and "proposals" not in drafter)
+    sweep = load_sweep("main", ["preset=qwen3_5_27b"])
+    job = next(j for j in sweep.jobs() if j.variant.method == method)
+    attrs = job_attrs(job, sweep)
+    attrs["config"]["drafter"]["block_size"] = attrs["config"]["drafter"].pop("proposals") + 1
+    assert attrs["config"]["drafter"]["block_size"] == 7
+    back = job_from_attrs(attrs)
+    assert back.cfg.drafter.proposals == 6 and job_hash(back.cfg, method) == job.config_hash
 
 
 def test_rows_hash_as_before_the_concurrency_key_unless_they_batch():

@@ -26,7 +26,7 @@ def micro_cfg(tmp_path, **train):
     layer = {
         "artifacts_dir": str(tmp_path / "artifacts"),
         "regen": {"num_samples": 16, "prompt_len": 12, "response_len": 12, "batch_size": 8},
-        "drafter": {"block_size": 5, "num_layers": 1, "head_rank": 8},
+        "drafter": {"proposals": 4, "num_layers": 1, "head_rank": 8},
         "reader": {"rank": 4, "mlp_hidden": 16},
         "train": {
             "base": dict(stage, samples=48),

@@ -203,7 +203,7 @@ def measure(drafter: Any, target: Any, data: RegenData, prompts: Optional[int] =
     plan = _sequence_anchors(data, int(drafter.proposals), prompts, positions)
     if not plan:
         raise QuerySpanError("no held-out sequence has a full-block anchor; expected regenerated sequences longer "
-                             f"than the block ({drafter.block_size} tokens)")
+                             f"than the block ({drafter.proposals + 1} tokens: the anchor + {drafter.proposals} proposals)")
     was_training = drafter.training
     drafter.eval()
     try:
@@ -245,7 +245,7 @@ def measure(drafter: Any, target: Any, data: RegenData, prompts: Optional[int] =
         "diagnostic": "query_span", "rtol": rtol, "seed": seed, "d_k": d_k, "heads": H,
         "reader_rank": any_reader.rank, "state_layers": layers, "inject_layers": sorted(readers),
         "sequences": len(plan), "read_positions": sum(len(e) for _, e in plan),
-        "positions_per_sequence": positions, "queries_per_read": drafter.block_size * len(readers),
+        "positions_per_sequence": positions, "queries_per_read": (drafter.proposals + 1) * len(readers),
         "overall": _summary(list(pools.values()), d_k),
         "layers": {str(lid): {**_summary([pools[(lid, h)] for h in range(H)], d_k),
                               "heads": {str(h): _summary([pools[(lid, h)]], d_k) for h in range(H)}}

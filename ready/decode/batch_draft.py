@@ -29,7 +29,7 @@ class BatchDraft:
     the drafter's context keys/values live in per-layer buffers [B, H_kv, cap, hd]; a row's prompt
     rows are projected when it is admitted (`admit`), and every step re-projects its last K+1 rows
     (no row gains more per round), as the single-sequence static draft step does. The block (anchor +
-    K mask rows, `block_size` = K+1) sits at positions n[b] .. n[b]+K, attends to context rows < n[b] (the last `context_window` of them
+    K mask rows: K+1 rows) sits at positions n[b] .. n[b]+K, attends to context rows < n[b] (the last `context_window` of them
     when set; `DSparkDrafter.buffered_context`: the split-key kernel in 16-bit on CUDA, else a per-row
     mask), and the reader reads row b of the target cache. The same
     drafter weights and pieces as `DSparkDrafter.draft`; one CUDA graph per engine (batch size)."""

@@ -37,7 +37,7 @@ class DraftStep:
 class Drafter(Protocol):
     """Anything that proposes `proposals` tokens per round from a `DraftStep`.
 
-    A round verifies the anchor + K = `proposals` tokens (a DSpark block of block_size = K + 1)."""
+    A round verifies the anchor + K = `proposals` tokens (K + 1; a DSpark checkpoint's block_size)."""
 
     proposals: int  # K, tokens proposed per round
     vocab_size: int  # must equal the target's vocabulary size

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from ready import checkpoint_files
 from ready.artifacts import ArtifactError, atomic_dir, check_folder, file_digest
 from ready.checkpoint_files import Fields
-from ready.config import DrafterConfig, ReaderConfig
+from ready.config import ConfigError, DrafterConfig, ReaderConfig, renamed_keys
 from ready.drafter.heads import MARKOV_TYPES
 from ready.drafter.layers import rope_type
 from ready.drafter.layer_map import LayerMapError
@@ -86,7 +86,7 @@ def dspark_config(drafter: DSparkDrafter) -> dict:
         "max_position_embeddings": drafter.max_position_embeddings,
         "vocab_size": drafter.vocab_size,
         "num_target_layers": drafter.target_num_layers,
-        "block_size": drafter.block_size,
+        "block_size": drafter.proposals + 1,  # DSpark's block counts the anchor
         "layer_types": ["full_attention"] * drafter.num_layers,
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -222,7 +222,7 @@ def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
         raise _refuse(path, "dflash_config.confidence_head_with_markov is true with markov_rank 0; expected false "
                             "(without a Markov head the confidence head reads the hidden states only)")
     return {
-        "block_size": f.integer("block_size", low=2),
+        "proposals": f.integer("block_size", low=2) - 1,  # DSpark's block counts the anchor
         "num_layers": f.integer("num_hidden_layers", low=1),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
@@ -371,7 +371,10 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
                                 "the block as saved") from None
         if why:
             raise DrafterError(f"{path}: this drafter was built for another target: {why}")
-        drafter_fields = own["drafter"]
+        try:  # a folder written before drafter.block_size was renamed proposals holds the old key
+            drafter_fields = renamed_keys(own["drafter"], f"{path / CONFIG_FILE}: ready_drafter", "drafter", quiet=True)
+        except ConfigError as e:
+            raise DrafterError(str(e)) from None
         layers_field = "ready_drafter.drafter.num_layers"
         if own_reader is not None:
             saved_reader = own_reader["config"]

@@ -3,9 +3,9 @@
 Indexing (DSpark's, identical in training and drafting, docs/interfaces.md "Drafter"): the anchor
 `a` is the last committed token. The context is the target's features of tokens[:a]; they are
 concatenated over the captured layers, projected by `fc` and normalised, and every draft layer
-uses them as extra keys/values. A block is `block_size` = K+1 rows at positions a..a+K: token a,
-then K copies of the mask token (the target's embedding of `mask_token_id`); row j (1..K) predicts
-token a+j, the K = `proposals` tokens of a round. A Markov head then conditions each proposal on
+uses them as extra keys/values. A block is K+1 rows at positions a..a+K (K = `proposals`, DSpark's
+block_size = K+1): token a, then K copies of the mask token (the target's embedding of `mask_token_id`);
+row j (1..K) predicts token a+j, the K proposals of a round. A Markov head then conditions each proposal on
 the previous token; with `drafter.head: none` there is none and the block logits are the LM head's
 (a DFlash drafter, saved in DFlash's format). Embeddings and LM head are the target's (frozen, read through `.detach()`,
 never part of this module's parameters or state_dict). The reader, when enabled, reads the
@@ -104,14 +104,13 @@ class DSparkDrafter(nn.Module):
         c = target.config
         self.drafter_cfg, self.reader_cfg = _as_dict(drafter_cfg), _as_dict(reader_cfg)
         d, r = self.drafter_cfg, self.reader_cfg
-        self.block_size = int(d["block_size"])  # tokens per block: the anchor + `proposals`
-        self.proposals = self.block_size - 1  # K: tokens proposed per round (the engine's Drafter protocol)
+        self.proposals = int(d["proposals"])  # K: tokens proposed per round (the engine's Drafter protocol)
         self.vocab_size = int(c.vocab_size)
         self.hidden_size = D = int(c.hidden_size)
         self.num_layers = int(d["num_layers"])
-        if self.block_size < 2 or self.num_layers < 1:
-            raise DrafterError(f"drafter.block_size = {self.block_size}, drafter.num_layers = {self.num_layers}; "
-                               "expected block_size >= 2 (the anchor + at least one proposal) and num_layers >= 1")
+        if self.proposals < 1 or self.num_layers < 1:
+            raise DrafterError(f"drafter.proposals = {self.proposals}, drafter.num_layers = {self.num_layers}; "
+                               "expected proposals >= 1 (tokens proposed per round) and num_layers >= 1")
         self.mask_token_id = int(d["mask_token_id"])
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise DrafterError(f"drafter.mask_token_id = {self.mask_token_id}; expected a token id of the target, "
@@ -224,7 +223,7 @@ class DSparkDrafter(nn.Module):
         return self.rotary(positions, self.fc.weight.dtype)
 
     def _block_input(self, first: torch.Tensor) -> torch.Tensor:
-        """Anchor tokens [...] -> block inputs [..., block_size, D]: the embeddings of the anchor and
+        """Anchor tokens [...] -> block inputs [..., K+1, D]: the embeddings of the anchor and
         of `proposals` mask tokens."""
         masks = torch.full_like(first, self.mask_token_id).unsqueeze(-1).expand(*first.shape, self.proposals)
         return self._embed(torch.cat([first.unsqueeze(-1), masks], dim=-1))
@@ -271,7 +270,8 @@ class DSparkDrafter(nn.Module):
         its hidden state and the label before it (teacher-forced, as DeepSpec trains it) -> (logits, those).
         """
         B, T = tokens.shape
-        A, R, K, D = anchors.shape[1], self.block_size, self.proposals, self.hidden_size
+        A, K, D = anchors.shape[1], self.proposals, self.hidden_size
+        R = K + 1  # rows of a block: the anchor + K proposals
         dev = tokens.device
         if hidden.shape[:2] != (B, T):
             raise DrafterError(f"hidden has shape {tuple(hidden.shape)}; expected [{B}, {T}, C, D] to match tokens")
@@ -320,13 +320,13 @@ class DSparkDrafter(nn.Module):
             raise DrafterError(f"the reader is enabled, so forward_train needs committed states of shape {want} "
                                f"(state layers {self.state_layers}); got {got}")
         src = StateSource.from_training(states)
-        R, D = self.block_size, self.hidden_size
+        R, D = self.proposals + 1, self.hidden_size  # rows of a block
         return lambda reader, h: reader(h.reshape(B * A, R, D), src).reshape(B, A * R, D)
 
     # --- drafting ---------------------------------------------------------------------------
     # The context K/V of the committed features lives in static per-layer buffers (`_ctx`), filled
     # incrementally: only rows not projected before are projected. On CUDA the whole draft step
-    # (the last K+1 = block_size context rows re-projected in place; backbone attention over the
+    # (the last K+1 context rows re-projected in place; backbone attention over the
     # committed rows only with the split-key kernel in 16-bit, else over the whole buffer with a length
     # mask; reader, sequence head) is one CUDA graph per target cache (`_DraftGraph`); it is
     # replayed only for the cache it was captured on, so a step that hands another cache (the
@@ -457,7 +457,7 @@ class DSparkDrafter(nn.Module):
         if uniforms is not None and tuple(uniforms.shape) != (B, self.proposals):
             raise DrafterError(f"sampling uniforms of shape {tuple(uniforms.shape)}; expected ({B}, {self.proposals})")
         graphs = dev.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
-        if graphs and feats is not None and T - 1 >= self.block_size:
+        if graphs and feats is not None and T - 1 >= self.proposals + 1:
             return self._draft_static(step, mode, uniforms)
         context_kv = self._context_kv(feats, B, dev)
         if self.context_window:  # the last W context positions, as forward_train masks them
@@ -466,7 +466,7 @@ class DSparkDrafter(nn.Module):
         if self.reader_enabled:
             src = self._cache_source(step.cache.ssm, B)
             read = lambda reader, h: reader(h, src)  # noqa: E731
-        pos = (T - 1 + torch.arange(self.block_size, device=dev)).expand(B, -1)
+        pos = (T - 1 + torch.arange(self.proposals + 1, device=dev)).expand(B, -1)
         cos, sin = self._rope(pos)
         h = self._backbone(self._block_input(tokens[:, -1]), cos, sin, context_kv, None, read)[:, 1:]
         return self._finish(self._logits(h), tokens[:, -1], h, mode, uniforms)
@@ -479,7 +479,7 @@ class DSparkDrafter(nn.Module):
         (`mode` = (T, top_p)) has its own graph, with the uniforms as a static input."""
         tokens, feats, cache = step.tokens, step.features, step.cache
         B, T = tokens.shape
-        n, R = T - 1, self.block_size  # a round commits up to block_size new context rows
+        n, R = T - 1, self.proposals + 1  # a round commits up to K+1 new context rows
         room = max(n + R, int(getattr(cache, "max_len", 0) or 0))
         c = self._ensure_ctx(B, room, tokens.device)
         self._resume(c, feats, n)
@@ -512,24 +512,25 @@ class DSparkDrafter(nn.Module):
         (a device scalar, or [B] per row) are committed, the block after them. The split-key kernel where it
         serves the block (16-bit CUDA), else SDPA over buffer ++ block with keys past the context masked
         (and before the last `context_window` of it, as forward_train masks them)."""
-        attn, Bk = self.layers[0].self_attn, self.block_size
+        attn, R = self.layers[0].self_attn, self.proposals + 1  # rows of a block
         B, cap, dev = ks[0].shape[0], ks[0].shape[2], ks[0].device
-        split_kv = split_kv_attention(ks[0].dtype, dev, attn.num_heads, attn.num_kv_heads, Bk)
+        split_kv = split_kv_attention(ks[0].dtype, dev, attn.num_heads, attn.num_kv_heads, R)
         mask = rows = None
         if split_kv is not None:  # the block's rows after the context, computed once for every layer
-            rows = (n.reshape(-1, 1) + torch.arange(Bk, device=dev)).clamp(max=cap - 1)
+            rows = (n.reshape(-1, 1) + torch.arange(R, device=dev)).clamp(max=cap - 1)
         else:
             at, ends = torch.arange(cap, device=dev), n.reshape(-1, 1)
             sees = at < ends
             if self.context_window:
                 sees = sees & (at >= ends - self.context_window)
-            block = torch.ones(sees.shape[0], Bk, dtype=torch.bool, device=dev)
-            mask = torch.cat([sees, block], dim=-1)[:, None, None, :].expand(B, 1, Bk, cap + Bk)
+            block = torch.ones(sees.shape[0], R, dtype=torch.bool, device=dev)
+            mask = torch.cat([sees, block], dim=-1)[:, None, None, :].expand(B, 1, R, cap + R)
         return [BufferedContext(k, v, n, self.context_window, mask, split_kv, rows) for k, v in zip(ks, vs)]
 
     def _static_body(self, g: "_DraftGraph") -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """Fixed-shape draft: inputs g.feats (the last R context rows), g.tok (anchor), g.n (context length)."""
-        c, Bk, (B, R) = self._ctx, self.block_size, g.feats.shape[:2]
+        """Fixed-shape draft: inputs g.feats (the last R = K+1 context rows), g.tok (anchor), g.n (context
+        length); the block has R rows too (the anchor + K proposals)."""
+        c, (B, R) = self._ctx, g.feats.shape[:2]
         dev = g.feats.device
         rows = g.n - R + torch.arange(R, device=dev)
         ctx = self._context(g.feats)
@@ -539,7 +540,7 @@ class DSparkDrafter(nn.Module):
         read = None
         if self.reader_enabled:
             read = lambda reader, h: reader(h, g.src)  # noqa: E731
-        cos, sin = self._rope((g.n + torch.arange(Bk, device=dev)).expand(B, Bk))
+        cos, sin = self._rope((g.n + torch.arange(R, device=dev)).expand(B, R))
         h = self._backbone(self._block_input(g.tok), cos, sin, self.buffered_context(c["k"], c["v"], g.n), None,
                            read)[:, 1:]
         return self._finish(self._logits(h), g.tok, h, g.mode, g.u)

@@ -43,7 +43,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ready.artifacts import artifact_dir, atomic_dir, intact, spec_threads
-from ready.config import config_hash, to_container
+from ready.config import config_hash, restore_retired, to_container
 from ready.drafter import DSparkDrafter, load_drafter, save_drafter
 from ready.phases import PHASES
 from ready.threads import cpu_threads
@@ -138,7 +138,7 @@ def _data_and_spec(cfg: Any, target: Any, tokenizer: Any, progress: bool, prompt
 
 def base_spec(cfg: Any, data_id: str) -> dict:
     """What the base DSpark drafter depends on (no reader, no adaptation stages, no variant seed)."""
-    drafter = dict(_plain(cfg.drafter))
+    drafter = _drafter_spec(cfg)
     drafter.pop("checkpoint", None)
     spec = {
         "kind": "drafter_base",
@@ -150,6 +150,12 @@ def base_spec(cfg: Any, data_id: str) -> dict:
         "threads": int(cfg.threads.drafters),
     }
     return _with_buckets(spec, cfg)
+
+
+def _drafter_spec(cfg: Any) -> dict:
+    """`drafter` as a trained drafter's hash reads it: renamed keys under their old names (`drafter.proposals`
+    as block_size = proposals + 1), so the drafters trained before the rename are still found."""
+    return restore_retired(dict(_plain(cfg.drafter)), "drafter")
 
 
 def _loss_spec(cfg: Any, base: bool) -> dict:
@@ -212,7 +218,7 @@ def stage_spec(cfg: Any, stage: str, start_id: str, data_id: str) -> dict:
     return _with_buckets({
         "kind": stage,
         "start": start_id,
-        "drafter": _plain(cfg.drafter),
+        "drafter": _drafter_spec(cfg),
         "reader": _plain(cfg.reader),
         "train": _plain(getattr(cfg.train, stage)),
         "lora": _plain(cfg.train.lora),
