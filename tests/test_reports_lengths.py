@@ -29,11 +29,10 @@ def write(path: Path, doc: dict) -> Path:
     return path
 
 
-def test_the_committed_h100_runs_give_one_point_per_length():
-    gpu, bandwidth, points = load_points([DATA / "lengths_h100_2026-12-06_p256_p1024.json",
-                                          DATA / "lengths_h100_2026-12-06_p8192.json"])
-    assert gpu == "NVIDIA H100 80GB HBM3" and [p.prompt_len for p in points] == [256, 1024, 8192]
-    first = json.loads((DATA / "lengths_h100_2026-12-06_p256_p1024.json").read_text())["by_prompt_len"][0]
+def test_the_committed_h100_run_gives_one_point_per_length():
+    gpu, bandwidth, points = load_points([DATA / "lengths_h100_2026-12-07_11ec27a.json"])
+    assert gpu == "NVIDIA H100 80GB HBM3" and [p.prompt_len for p in points] == [256, 1024, 8192, 32768]
+    first = json.loads((DATA / "lengths_h100_2026-12-07_11ec27a.json").read_text())["by_prompt_len"][0]
     assert points[0].ar_tps == first["ar"]["decode_tokens_per_s"]
     assert points[0].ready_tps == first["drafters"]["runs"][0]["ready"]["decode_tokens_per_s"]
     assert points[0].readers_us == first["drafters"]["reader"]["readers_us"]
