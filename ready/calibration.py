@@ -4,11 +4,16 @@ Calibration, per draft position j = 1..K, as DeepSpec's evaluator measures it
 (`deepspec/eval/dspark/confidence_head.py`, `PerPositionConfidenceMetrics`): the head's predicted prefix
 acceptance S_j = c_1 ... c_j (the cumulative product of its step confidences, `ready.decode.schedule`)
 against the observed 1{A >= j} of the round (A accepted drafts). A round observes position j only when
-j <= its horizon (the drafts it verified, cut by the token budget or an accepted EOS: `ready.metrics`);
-beyond it the outcome is censored, never counted. Per position: the predictions binned into `BINS` equal
-bins of [0, 1] (DeepSpec's 20), the expected calibration error ECE_j = sum over bins of
-(n_bin / n) |mean predicted - mean observed|, the Brier score, and the reliability bins themselves; over
-positions, the ECE and Brier weighted by the positions' counts (DeepSpec's `ece_mean`). DeepSpec collects
+j <= its horizon (min(K, the token budget left), cut at an accepted EOS: `ready.metrics`) and j <= the
+drafts it verified (`verified`: under a confidence schedule the target never judged a draft past the
+schedule's cut, so whether it would have accepted it is unknown; tau counts that position as a stop, but
+calibration has no outcome to score the head's prediction against); beyond it nothing is counted. Under
+the full schedule a round verifies min(K, budget left) drafts, never fewer than its horizon, so only the
+horizon cuts. Records without `verified` (written before it) are read by their horizons alone. Per
+position: the predictions binned into `BINS` equal bins of [0, 1] (DeepSpec's 20), the expected
+calibration error ECE_j = sum over bins of (n_bin / n) |mean predicted - mean observed|, the Brier score,
+and the reliability bins themselves; over positions, the ECE and Brier weighted by the positions' counts
+(DeepSpec's `ece_mean`). DeepSpec collects
 calibration only at threshold 0 (every draft verified); under a confidence schedule a row verifies only
 the drafts its head was confident in, so its calibration covers those rounds' verified positions alone
 (a selected sample: compare rows at the full schedule for the head's calibration as such).
@@ -25,18 +30,24 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 BINS = 20  # DeepSpec's CONFIDENCE_NUM_BINS
 EPS = 1e-8  # predictions clamped to [EPS, 1 - EPS] before binning (DeepSpec's EPS_PROB)
 
-# one round: (the head's step confidences c_1..c_K, accepted drafts A, horizon h)
+# one round: (the head's step confidences c_1..c_K, accepted drafts A, observed horizon h: the last
+# position whose outcome the round observed, min(its horizon, the drafts it verified))
 Round = tuple[Sequence[float], int, int]
 
 
 def rounds_of(records: Iterable[Any]) -> list[Round]:
     """Every scored round of generation records (`Generation`s, or evaluation.json prompt records with
-    `confidence`, `accepted` and `horizons`): rounds without confidences (no head, AR) are skipped."""
+    `confidence`, `accepted`, `horizons` and `verified`): rounds without confidences (no head, AR) are
+    skipped; each round's h is min(horizon, drafts verified) (the horizon alone where `verified` is
+    absent)."""
     out: list[Round] = []
     for r in records:
         get = r.get if isinstance(r, Mapping) else (lambda k, d=None, r=r: getattr(r, k, d))
         conf, acc, hor = get("confidence") or [], get("accepted") or [], get("horizons") or []
-        out += [(c, int(a), int(h)) for c, a, h in zip(conf, acc, hor) if c]
+        ver = get("verified") or []
+        for i, (c, a, h) in enumerate(zip(conf, acc, hor)):
+            if c:
+                out.append((c, int(a), min(int(h), int(ver[i])) if i < len(ver) else int(h)))
     return out
 
 

@@ -11,7 +11,11 @@ MLflow metrics all read):
 - The horizon h_i in 0..K is the number of draft positions that could still be observed in
   round i: min(K, tokens left in the budget, position of an accepted EOS draft). Positions
   past the horizon are *censored* (nobody can tell whether they would have been accepted)
-  and A_i is capped at h_i.
+  and A_i is capped at h_i. Only the budget and EOS censor: where a verify schedule
+  (`ready.decode.schedule`) verified n_i < K drafts, the horizon is still the budget's and
+  position n_i + 1 is a stop (observed, not accepted), as a rejection is. The schedule stops
+  where the confidence head is unsure, so the drafts it leaves are not missing at random;
+  censoring them would bias every P_j, and tau, up.
 - Draft-prefix survival (cumulative, not conditional), j = 1..K:
       P_j = hits_j / N_j,   hits_j = #{i : h_i >= j, A_i >= j},   N_j = #{i : h_i >= j}.
   A round with h_i < j is left out of N_j, never counted as a rejection. P_j is None when

@@ -561,6 +561,9 @@ def _evaluate(cfg: DictConfig, method: str, loaded: LoadedTarget, drafter: Any, 
     return record
 
 
+# how a scheduled evaluation's rounds are recorded; a change re-evaluates the confidence schedule's caches only.
+# 2: the horizon is the budget's (and EOS's), a draft the schedule did not verify a stop (ready.decode.rounds.settle_round)
+SCHEDULE_VERSION = 2
 EVALUATION_BUILD_VERSION = 4  # 2: the state swap decodes through the batched engine; 3: records name K "proposals";
 # 4: the record's tau is 1 + Σ P_j, censored at the budget (ready.metrics), not committed tokens / rounds
 
@@ -586,6 +589,8 @@ def _cached_evaluation(cfg: DictConfig, method: str, loaded: LoadedTarget, draft
     if evals.get("verify_schedule", "full") == "full":  # the full schedule: as every evaluation cached before the keys
         for key in ("verify_schedule", "confidence_threshold", "verify_budget"):
             evals.pop(key, None)
+    else:  # a scheduled evaluation cached before the horizon fix recorded schedule cuts as censoring: decode again
+        evals["schedule_version"] = SCHEDULE_VERSION
     evals["exact"] = exact_mode(cfg)  # auto resolved: float32 auto hashes as the earlier `false`
     restore_retired(evals, "eval")  # keys removed from the schema: the evaluations cached before stay found
     spec = {"kind": "evaluation", "version": EVALUATION_BUILD_VERSION, "method": method, "drafter": drafter_id,

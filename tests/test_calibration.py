@@ -1,7 +1,7 @@
 """The confidence head's calibration (`ready.calibration`): per draft position, the predicted prefix
 acceptance against the observed one, as DeepSpec's evaluator bins it (transcribed here in torch), with
-rounds censored beyond their horizon; the verification record and its MLflow metrics; and an evaluation
-of a DSpark drafter with a confidence head that records them."""
+rounds censored beyond their horizon or the drafts they verified; the verification record and its
+MLflow metrics; and an evaluation of a DSpark drafter with a confidence head that records them."""
 
 from __future__ import annotations
 
@@ -74,8 +74,37 @@ def test_reliability_bins_by_hand():
     assert calibration([], 2) is None
 
 
+def test_calibration_scores_only_the_positions_a_round_verified():
+    """Issue 74 item 5: a scheduled round's horizon is the budget's (K here), but the target never judged a
+    draft past the schedule's cut: position j counts only where j <= min(horizon, verified)."""
+    conf = [[0.9, 0.8, 0.2], [0.7, 0.3, 0.1], [0.2, 0.9, 0.9], [0.9, 0.9, 0.9]]
+    scheduled = [{"verified": [3, 1, 0, 3], "accepted": [2, 1, 0, 2], "horizons": [3, 3, 3, 2], "confidence": conf}]
+    assert rounds_of(scheduled) == [(conf[0], 2, 3), (conf[1], 1, 1), (conf[2], 0, 0), (conf[3], 2, 2)]
+    cal = calibration(rounds_of(scheduled), 3)
+    assert [p["n"] for p in cal["positions"]] == [3, 2, 1]
+    # the same rounds as the verified positions alone observe them
+    assert cal == calibration([(conf[0], 2, 3), (conf[1], 1, 1), (conf[3], 2, 2)], 3)
+
+
+def test_calibration_of_full_schedule_rounds_is_unchanged_by_verified():
+    """Under the full schedule a round verifies min(K, budget left) >= its horizon drafts: reading `verified`
+    changes no number (nor for records written before it)."""
+    g = torch.Generator().manual_seed(1)
+    rec = {"verified": [], "accepted": [], "horizons": [], "confidence": []}
+    for i in range(200):
+        room = 4 if i % 5 else int(torch.randint(1, 5, (1,), generator=g))  # the budget's last rounds
+        h = room if i % 7 else max(1, room - 1)  # an accepted EOS cuts the horizon below the drafts verified
+        rec["verified"].append(room)
+        rec["horizons"].append(h)
+        rec["accepted"].append(min(h, int(torch.randint(0, 5, (1,), generator=g))))
+        rec["confidence"].append(torch.rand(4, generator=g).tolist())
+    bare = {k: v for k, v in rec.items() if k != "verified"}
+    assert rounds_of([rec]) == rounds_of([bare])
+    assert calibration(rounds_of([rec]), 4) == calibration(rounds_of([bare]), 4)
+
+
 def test_verification_record_and_its_mlflow_metrics():
-    recs = [{"verified": [3, 1, 0], "accepted": [2, 1, 0], "horizons": [3, 1, 0],
+    recs = [{"verified": [3, 1, 0], "accepted": [2, 1, 0], "horizons": [3, 3, 3],
              "confidence": [[0.9, 0.8, 0.2], [0.7, 0.3, 0.1], [0.2, 0.9, 0.9]]},
             {"verified": [3], "accepted": [3], "horizons": [2], "confidence": [[0.9, 0.9, 0.9]]}]
     v = verification_summary(recs, 3, {"verify_schedule": "confidence", "confidence_threshold": 0.5})
@@ -103,6 +132,9 @@ def test_evaluate_records_verification_and_calibration(schedule):
     assert v["verify_schedule"] == schedule and v["rounds"] == res.metrics.rounds
     assert v["verified_per_round"] == pytest.approx(sum(n + 1 for p in res.prompts for n in p.verified) / v["rounds"])
     assert v["calibration"]["n"] > 0 and all(len(p.confidence) == len(p.accepted) for p in res.prompts)
+    # every position the calibration counted was verified in its round
+    seen = [min(h, n) for p in res.prompts for h, n in zip(p.horizons, p.verified)]
+    assert [q["n"] for q in v["calibration"]["positions"]] == [sum(s >= j for s in seen) for j in (1, 2, 3)]
     if schedule == "full":
         assert v["verified_drafts_per_round"] > 2.5  # the budget's last rounds alone verify fewer than K = 3
     assert evaluate(target, None, ps, 6, warmup=0, progress=False).verification is None

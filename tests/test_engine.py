@@ -14,7 +14,7 @@ from ready.decode import (
     DecodeError, DraftStep, Engine, Generation, LosslessWarning, NgramDrafter, evaluate, greedy_accept, run_ar,
     settle_round,
 )
-from ready.metrics import survival
+from ready.metrics import survival, tau
 from ready.target import HybridConfig, HybridLM
 
 VOCAB = 128
@@ -143,6 +143,46 @@ def test_settle_round(drafts, argmax, raw, remaining, eos, expect):
     r = settle_round(drafts, argmax, raw, remaining, eos)
     assert (r.accepted, r.horizon, r.tokens, r.eos) == expect
     assert r.commit == r.accepted + 1
+    # every proposed draft verified (the full schedule): naming K changes nothing
+    assert settle_round(drafts, argmax, raw, remaining, eos, proposals=len(drafts)) == r
+
+
+@pytest.mark.parametrize(
+    "drafts, argmax, raw, remaining, eos, expect",
+    [
+        # K = 4, the schedule verified 1 draft and it was accepted: A = 1, position 2 a stop (horizon 4)
+        ([5], [5, 8], 1, 10, None, (1, 4, [5, 8], False)),
+        # the anchor alone verified: A = 0, position 1 a stop, the target's token appended
+        ([], [8], 0, 10, None, (0, 4, [8], False)),
+        # verified 2, rejected at 2: as under the full schedule
+        ([5, 6], [5, 9, 7], 1, 10, None, (1, 4, [5, 9], False)),
+        # the budget still censors: 3 tokens left, horizon 3 whatever the schedule verified
+        ([5], [5, 8], 1, 3, None, (1, 3, [5, 8], False)),
+        # one token left: horizon 1, the accepted draft fills the budget, no bonus
+        ([5], [5, 8], 1, 1, None, (1, 1, [5], False)),
+        # an accepted EOS draft still cuts the horizon
+        ([5, 6], [5, 6, 7], 2, 10, 6, (2, 2, [5, 6], True)),
+    ],
+)
+def test_settle_round_schedule_cut_is_a_stop_not_censoring(drafts, argmax, raw, remaining, eos, expect):
+    """Issue 74 item 5: a round whose confidence schedule verified n < K drafts has the budget's horizon
+    min(K, remaining) (cut at an accepted EOS), not n; the tokens and the commit are as before."""
+    r = settle_round(drafts, argmax, raw, remaining, eos, proposals=4)
+    assert (r.accepted, r.horizon, r.tokens, r.eos) == expect
+    assert r.commit == r.accepted + 1
+    assert r.tokens == settle_round(drafts, argmax, raw, remaining, eos).tokens  # what is appended is unchanged
+
+
+def test_tau_of_schedule_cut_rounds_is_not_biased_up():
+    """Rounds that verify v < K drafts and accept every one commit v + 1 tokens: tau is 1 + mean A, not the
+    survival of censored rounds (which reads P_j = 1 wherever any round accepted up to j)."""
+    k = 4
+    one = settle_round([5], [5, 8], 1, 100, None, proposals=k)  # verified 1, accepted it
+    assert tau([one.accepted] * 10, [one.horizon] * 10, k) == pytest.approx(2.0)
+    mixed = [settle_round([5] * v, [5] * (v + 1), v, 100, None, proposals=k) for v in (0, 1, 1, 2, 4)]
+    acc, hor = [r.accepted for r in mixed], [r.horizon for r in mixed]
+    assert tau(acc, hor, k) == pytest.approx(1 + sum(acc) / len(acc))
+    assert tau(acc, hor, k) == pytest.approx(sum(len(r.tokens) for r in mixed) / len(mixed))
 
 
 # --- n-gram drafter ---------------------------------------------------------------------------------

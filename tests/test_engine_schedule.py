@@ -21,6 +21,7 @@ from ready.decode import DecodeError, DraftStep, Engine
 from ready.decode.schedule import (SURVIVAL_EPS, VerifySchedule, budget_drafts, budget_lengths, survivals,
                                    threshold_length)
 from ready.drafter import DSparkDrafter
+from ready.metrics import tau
 from ready.target import HybridLM
 
 from tiny_models import VOCAB, small_target
@@ -225,6 +226,29 @@ def test_scheduled_greedy_equals_ar_one_slot(target, graphs):
     assert all(set(g.verified) <= {4, 3, 2, 1} for g in full)  # full verifies what the budget allows
     # the schedule commits no more per round than full does on the same drafts, and so takes more rounds
     assert sum(len(g.accepted) for g in gens) > sum(len(g.accepted) for g in full)
+
+
+@pytest.mark.parametrize("drafter", ["oracle", "dspark"])
+def test_scheduled_tau_counts_unverified_drafts_as_stops(target, drafter):
+    """Issue 74 item 5: a round's horizon is the budget's, min(K, tokens left), whatever the schedule verified
+    (a draft it did not verify is a stop, not censored), so tau = 1 + sum_j P_j cannot exceed the tokens a
+    round verified: tau <= 1 + mean drafts verified per round. (Censoring at the schedule's cut read tau far
+    above it: the survival of the rounds the head was sure of.)"""
+    ps, budgets = prompts(6, lens=(4, 9, 17, 2, 25, 12)), [24, 30, 19, 27, 22, 26]
+    ar = ar_tokens(target, ps, budgets)
+    k = 4 if drafter == "oracle" else 3
+    d = ScoredOracle({tuple(p): a for p, a in zip(ps, ar)}, k) if drafter == "oracle" else dspark_with_head(target)
+    gens = Engine(target, d, batch_size=2, verify_schedule=VerifySchedule("confidence", 0.5)).decode(ps, budgets).generations
+    assert [g.tokens for g in gens] == ar
+    for g, m in zip(gens, budgets):
+        assert g.horizons == room_of(g, m)  # no EOS here: the budget alone censors
+    acc = [a for g in gens for a in g.accepted]
+    hor = [h for g in gens for h in g.horizons]
+    ver = [n for g in gens for n in g.verified]
+    assert any(n < h for n, h in zip(ver, hor))  # the schedule did cut rounds short of their horizon
+    t = tau(acc, hor, k)
+    assert t is not None and t <= 1 + sum(ver) / len(ver)
+    assert t <= 1 + sum(acc) / len(acc) + 0.05  # only the budget's last rounds are censored
 
 
 @pytest.mark.parametrize("batch_size", [2, 4])

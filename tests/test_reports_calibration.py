@@ -18,7 +18,8 @@ BENCHES = ("humaneval", "heldout")
 
 def prompt(index: int, rng: random.Random, scheduled: bool) -> dict:
     """One prompt's record: rounds with the head's confidences; the confidence schedule verifies the
-    prefix of confidences >= 0.5 (fewer drafts), the full one all K."""
+    prefix of confidences >= 0.5 (fewer drafts), the full one all K; every round's horizon is K (no budget
+    cut: a draft the schedule did not verify is a stop, `ready.decode.rounds.settle_round`)."""
     rec = {"index": index, "accepted": [], "horizons": [], "verified": [], "confidence": [], "committed": [],
            "wall_s": 0.1, "ar_wall_s": 0.2, "lossless": 1}
     for _ in range(6):
@@ -28,7 +29,7 @@ def prompt(index: int, rng: random.Random, scheduled: bool) -> dict:
             n = next((j for j, c in enumerate(conf) if c < 0.5), K)
         a = min(n, rng.randrange(K + 1))
         rec["accepted"].append(a)
-        rec["horizons"].append(n)
+        rec["horizons"].append(K)
         rec["verified"].append(n)
         rec["confidence"].append(conf)
         rec["committed"].append(a + 1)

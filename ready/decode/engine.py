@@ -17,8 +17,9 @@ decoding slot at once:
 
 The token budget and EOS truncate the appended tokens; the round's horizon h (draft positions that could
 still be observed, `ready.metrics`) is min(K, tokens left, position of the first accepted EOS draft), and
-A is capped at h. A slot with nothing to decode (its sequence ended, no prompt left) is still computed
-(fixed shapes) but keeps nothing and appends nothing.
+A is capped at h. A verify schedule that verifies only n < K drafts does not move h: draft n + 1 is a stop
+(observed, not accepted), never censored (`settle_round`). A slot with nothing to decode (its sequence
+ended, no prompt left) is still computed (fixed shapes) but keeps nothing and appends nothing.
 
 Where the slots live, and so which kernels run, is the slot store's business (`ready.decode.slots`): one
 slot runs the target's static batch-1 passes (`SingleSlot`), several a ragged batch (`RaggedSlots`); the
@@ -365,14 +366,14 @@ class Engine:
                         traces[i].append(RoundTrace(start=len(seqs[b]), drafts=drafted, logits=out.logits[b, :n + 1].clone(),
                                                     p=warped[b].clone(), q=q[b, :n].clone(), accepted=raw,
                                                     room=unscheduled[b], confidence=conf_host[b]))
-                    res = settle_round(drafted, nexts, raw, remaining, self.eos)
+                    res = settle_round(drafted, nexts, raw, remaining, self.eos, proposals=K)
                 else:
                     argmax = host[b][K:K + n + 1]
                     if self.accept_fn is None:
                         raw = greedy_count(drafted, argmax)
                     else:
                         raw = min(int(self.accept_fn(torch.tensor(drafted), torch.tensor(argmax))), n)
-                    res = settle_round(drafted, argmax, raw, remaining, self.eos)
+                    res = settle_round(drafted, argmax, raw, remaining, self.eos, proposals=K)
                 kept[b] = advance[b] = res.commit
                 appended[b] = res.tokens
                 g.tokens.extend(res.tokens)

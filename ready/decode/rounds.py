@@ -87,13 +87,23 @@ class RoundOutcome:
 
 
 def settle_round(drafts: list[int], argmax: list[int], accepted: int, remaining: int,
-                 eos_token_id: Optional[int]) -> RoundOutcome:
+                 eos_token_id: Optional[int], proposals: Optional[int] = None) -> RoundOutcome:
     """Turn one verification into appended tokens, the horizon and the capped A.
 
-    `drafts` [K], `argmax` [K+1] (target greedy tokens after each verified token), `accepted`
-    the raw accepted count, `remaining` the token budget left (>= 1).
+    `drafts` [n] the verified drafts, `argmax` [n+1] (target greedy tokens after each verified token),
+    `accepted` the raw accepted count (<= n), `remaining` the token budget left (>= 1), `proposals` K, the
+    drafts the round proposed (default n: every proposed draft verified).
+
+    The horizon is min(K, remaining), cut at an accepted EOS draft: only the budget and EOS censor. Where a
+    verify schedule verified n < K drafts (`ready.decode.schedule`), draft n + 1 is a stop, observed and not
+    accepted, exactly as a rejection: the schedule cuts where the confidence head is unsure, so the drafts it
+    leaves are not missing at random and counting them as censored would bias tau up (`ready.metrics`). A
+    round that verified n drafts and accepted all n has A = n.
     """
-    k = len(drafts)
+    n = len(drafts)
+    k = n if proposals is None else int(proposals)
+    if k < n:
+        raise ValueError(f"settle_round: {n} verified drafts but only K={k} proposed")
     horizon = min(k, remaining)
     if eos_token_id is not None:
         for j in range(1, accepted + 1):  # an accepted EOS draft ends the sequence at position j
