@@ -11,6 +11,8 @@ key's full path and the layer that set it. Each section lives in the dataclass n
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
 import functools
 import hashlib
 import inspect
@@ -489,6 +491,54 @@ def merge(base: DictConfig, *layers: Any, source: str = "config") -> DictConfig:
             msg = clean_message(getattr(e, "msg", None) or str(e))  # one line, not OmegaConf's block
             raise ConfigError(f"{source}: bad value at key '{key}': {msg}") from None
     return out
+
+
+SectionT = TypeVar("SectionT")
+
+
+def section(kind: type[SectionT], value: Any, source: str = "config", key: str = "") -> SectionT:
+    """One config section as its dataclass `kind` (`section(DrafterConfig, cfg.drafter)`): what code below the
+    loader reads, by attribute. `value` is a loaded config's section (a DictConfig, resolved against the config
+    it belongs to), a mapping (a checkpoint's JSON block) or an instance (copied, and typed as a loaded one is);
+    every key it leaves out takes the dataclass's default, the one place a default is written. A key `kind`
+    has no field for, or a value of the wrong type, is one ConfigError naming `source` and the key's full path
+    (`key` is where the section sits in `source`, e.g. `ready_drafter.drafter` of a checkpoint's config.json)."""
+    prefix = f"{key}." if key else ""
+    try:
+        if isinstance(value, DictConfig):
+            tree = OmegaConf.to_container(value, resolve=True)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            tree = OmegaConf.to_container(OmegaConf.structured(value), resolve=True)
+        else:
+            tree = value
+        if not isinstance(tree, Mapping):
+            raise ConfigError(f"{source}: bad value at key '{key}': {value!r}; expected a mapping of "
+                              f"{kind.__name__}'s keys")
+        unknown_key(kind, tree, source, prefix)
+        typed = OmegaConf.merge(OmegaConf.structured(kind), tree)
+        return OmegaConf.to_object(typed)  # type: ignore[return-value]
+    except ConfigError:
+        raise
+    except Exception as e:  # omegaconf raises several error types; all mean "bad input"
+        name = getattr(e, "full_key", None) or ""
+        msg = clean_message(getattr(e, "msg", None) or str(e))
+        raise ConfigError(f"{source}: bad value at key '{prefix}{name}': {msg}") from None
+
+
+def unknown_key(kind: type, tree: Mapping[str, Any], source: str, prefix: str = "") -> None:
+    """A key of `tree` that the dataclass `kind` (or a section nested in it) has no field for: one ConfigError
+    naming its full path, the closest field when one is close, and the keys expected there."""
+    sample = kind()
+    names = [f.name for f in dataclasses.fields(kind)]
+    for name, value in tree.items():
+        if name not in names:
+            close = difflib.get_close_matches(str(name), names, n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ConfigError(f"{source}: unknown key '{prefix}{name}'{hint}; expected one of {kind.__name__}'s "
+                              f"keys: {', '.join(names)}")
+        inner = getattr(sample, name)
+        if dataclasses.is_dataclass(inner) and isinstance(value, Mapping):
+            unknown_key(type(inner), value, source, f"{prefix}{name}.")
 
 
 def validate(cfg: DictConfig | Config) -> None:

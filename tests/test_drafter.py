@@ -1,5 +1,7 @@
 """DSpark drafter: training and drafting agree, a fresh reader changes nothing, checkpoints know their target."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -314,3 +316,64 @@ def test_the_lm_head_runs_as_one_2d_product_over_strided_rows(target, monkeypatc
     assert shapes == [(3 * 7, drafter.hidden_size)]
     want = torch.nn.functional.linear(h.contiguous(), target.lm_head.weight).float()
     assert logits.shape == (3, 7, target.config.vocab_size) and torch.allclose(logits, want, atol=1e-5)
+
+
+def test_a_drafter_built_from_empty_sections_has_the_dataclasses_defaults(target):
+    """Each default is written once, in DrafterConfig / ReaderConfig: the drafter gets its sections as those
+    dataclasses, whatever form they came in, and reads their attributes."""
+    d = DSparkDrafter({}, {}, target)
+    assert d.drafter_cfg == DrafterConfig() and d.reader_cfg == ReaderConfig()
+    assert d.proposals == DrafterConfig().proposals and d.readers["1"].rank == ReaderConfig().rank
+    assert d.context_window == DrafterConfig().context_window and d.position == ReaderConfig().position
+
+
+@pytest.mark.parametrize("block, edit, shown", [
+    ("ready_drafter", lambda c: c["ready_drafter"]["drafter"].update(haed=c["ready_drafter"]["drafter"].pop("head")),
+     "unknown key 'ready_drafter.drafter.haed' (did you mean 'ready_drafter.drafter.head'?); expected one of "
+     "DrafterConfig's keys: proposals, num_layers, "),
+    ("ready_reader", lambda c: c["ready_reader"]["config"].update(rnak=2),
+     "unknown key 'ready_reader.config.rnak' (did you mean 'ready_reader.config.rank'?); expected one of "
+     "ReaderConfig's keys: enabled, rank, "),
+])
+def test_a_misspelled_key_in_a_checkpoints_config_is_one_line_naming_it(target, tmp_path, block, edit, shown):
+    """A typo in the drafter or reader block of a saved config.json is refused, never read as the default."""
+    import json
+
+    from ready.drafter.checkpoint import has_markov_head
+
+    save_drafter(drafter_for(target, head="gated"), tmp_path / "d")
+    file = tmp_path / "d" / "config.json"
+    raw = json.loads(file.read_text())
+    edit(raw)
+    file.write_text(json.dumps(raw))
+    with pytest.raises(DrafterError) as e:
+        load_drafter(tmp_path / "d", target)
+    assert str(e.value).startswith(f"{file}: {shown}") and "\n" not in str(e.value)
+    if block == "ready_drafter":  # what a sweep asks of a drafter.checkpoint before loading it
+        with pytest.raises(DrafterError, match=r"unknown key 'ready_drafter.drafter.haed'"):
+            has_markov_head(tmp_path / "d")
+
+
+def test_a_checkpoint_saved_before_later_keys_loads_them_at_the_dataclasses_defaults(target, tmp_path):
+    """The config.json blocks of an earlier version (keys added since absent, DSpark's block_size in place of
+    proposals) load with today's defaults for what they lack, and the drafter drafts as it did."""
+    import json
+
+    d = drafter_for(target)
+    save_drafter(d, tmp_path / "d")
+    file = tmp_path / "d" / "config.json"
+    raw = json.loads(file.read_text())
+    own, reader = raw["ready_drafter"]["drafter"], raw["ready_reader"]["config"]
+    # the blocks are the typed sections as saved (keys in the dataclass's order), as before they were typed
+    assert list(own) == list(DrafterConfig.__dataclass_fields__) and own == dataclasses.asdict(d.drafter_cfg)
+    assert list(reader) == list(ReaderConfig.__dataclass_fields__) and reader == dataclasses.asdict(d.reader_cfg)
+    for key in ("context_window", "layer_space", "confidence_head", "confidence_with_markov", "checkpoint"):
+        del own[key]
+    own["block_size"] = own.pop("proposals") + 1
+    for key in ("layer_space", "states"):
+        del reader[key]
+    file.write_text(json.dumps(raw))
+    back = load_drafter(tmp_path / "d", target)
+    assert back.drafter_cfg == d.drafter_cfg and back.reader_cfg == d.reader_cfg
+    step = draft_step(target, d, torch.randint(0, V, (1, 8)))
+    assert torch.equal(d.draft(step)[1], back.draft(step)[1])

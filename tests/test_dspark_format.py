@@ -179,7 +179,7 @@ def test_a_specforge_dflash_checkpoint_gives_the_reference_block_logits(target, 
     ref = specforge_dflash(kv_heads=kv_heads)
     ref.save_pretrained(tmp_path / "sf")
     ours = load_drafter(tmp_path / "sf", target).eval()
-    assert ours.is_dflash and ours.drafter_cfg["head"] == "none" and ours.confidence_head is None
+    assert ours.is_dflash and ours.drafter_cfg.head == "none" and ours.confidence_head is None
     assert (ours.proposals, ours.mask_token_id, ours.capture_layers) == (BLOCK - 1, MASK, [0, 2, 3])
     tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

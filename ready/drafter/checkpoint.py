@@ -20,17 +20,18 @@ honoured or refused in one line (`DrafterError`), including the legacy `logit_he
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ready import checkpoint_files
 from ready.artifacts import ArtifactError, atomic_dir, check_folder, file_digest
 from ready.checkpoint_files import Fields
-from ready.config import ConfigError, DrafterConfig, ReaderConfig, renamed_keys
+from ready.config import ConfigError, DrafterConfig, ReaderConfig, renamed_keys, section
 from ready.drafter.heads import MARKOV_TYPES
 from ready.drafter.layers import rope_type
 from ready.drafter.layer_map import LayerMapError
@@ -43,6 +44,7 @@ INDEX_FILE = "model.safetensors.index.json"
 READER_FILE = "ready_reader.safetensors"
 OWN_FILES = {CONFIG_FILE, WEIGHTS_FILE, READER_FILE, "DONE"}
 # key prefixes of early DSpark checkpoints (heads nested under `logit_head`), as SpecForge maps them
+SectionT = TypeVar("SectionT")
 LEGACY_PREFIXES = (("logit_head.markov_head.", "markov_head."), ("logit_head.confidence_head.", "confidence_head."))
 
 
@@ -53,7 +55,7 @@ def dspark_config(drafter: DSparkDrafter) -> dict:
     drafter without a Markov head and without a confidence head."""
     d = drafter.drafter_cfg
     attn = drafter.layers[0].self_attn
-    scaling = dict(d.get("rope_scaling") or {})
+    scaling = dict(d.rope_scaling)
     head = drafter.markov_head
     dtype = str(drafter.fc.weight.dtype).removeprefix("torch.")
     if drafter.is_dflash and drafter.confidence_head is None:  # DFlash: its model reads these two only
@@ -64,7 +66,7 @@ def dspark_config(drafter: DSparkDrafter) -> dict:
             "attention_mode": "gqa" if attn.num_kv_heads < attn.num_heads else "mha",
             "mask_token_id": drafter.mask_token_id,
             "target_layer_ids": list(drafter.capture_layers),
-            **({"markov_head_type": str(d["head"])} if head.rank else {}),
+            **({"markov_head_type": d.head} if head.rank else {}),
             "markov_rank": head.rank,
             "enable_confidence_head": drafter.confidence_head is not None,
             "confidence_head_with_markov": bool(drafter.confidence_head is not None
@@ -80,8 +82,8 @@ def dspark_config(drafter: DSparkDrafter) -> dict:
         "head_dim": drafter.head_dim,
         "intermediate_size": drafter.layers[0].mlp.gate_proj.out_features,
         "hidden_act": "silu",
-        "rms_norm_eps": float(d["rms_norm_eps"]),
-        "rope_theta": float(d["rope_theta"]),
+        "rms_norm_eps": d.rms_norm_eps,
+        "rope_theta": d.rope_theta,
         "rope_scaling": scaling or None,
         "max_position_embeddings": drafter.max_position_embeddings,
         "vocab_size": drafter.vocab_size,
@@ -116,10 +118,10 @@ def save_drafter(drafter: DSparkDrafter, path: str | Path) -> Path:
     reader = {k: v for k, v in tensors.items() if k.startswith("readers.")}
     weights = {k: v for k, v in tensors.items() if not k.startswith("readers.")}
     config = dspark_config(drafter)
-    config["ready_drafter"] = {"format": FORMAT, "drafter": drafter.drafter_cfg, "resolved": drafter.resolved(),
-                               "target": drafter._fingerprint}
+    config["ready_drafter"] = {"format": FORMAT, "drafter": dataclasses.asdict(drafter.drafter_cfg),
+                               "resolved": drafter.resolved(), "target": drafter._fingerprint}
     if drafter.reader_enabled:
-        config["ready_reader"] = {"config": drafter.reader_cfg, "weights": READER_FILE}
+        config["ready_reader"] = {"config": dataclasses.asdict(drafter.reader_cfg), "weights": READER_FILE}
     with atomic_dir(path) as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=1))
         save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -154,8 +156,9 @@ def _rope(f: Fields, path: Path) -> tuple[float, dict]:
     return theta, rope
 
 
-def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
-    """The DrafterConfig fields a DSpark config.json describes, checked against `target`; one
+def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> DrafterConfig:
+    """The DrafterConfig a DSpark config.json describes (what it does not describe at the dataclass's defaults),
+    checked against `target`; one
     DrafterError naming the field for anything this tool cannot honour (a missing, mistyped or
     out-of-range field included: `hidden_size: "abc"`, `num_attention_heads: 0`, `target_layer_ids: 5`)."""
     c = target.config
@@ -221,26 +224,24 @@ def drafter_config_from_dspark(raw: dict, target: Any, path: Path) -> dict:
     if confidence and not rank and with_markov:
         raise _refuse(path, "dflash_config.confidence_head_with_markov is true with markov_rank 0; expected false "
                             "(without a Markov head the confidence head reads the hidden states only)")
-    return {
-        "proposals": f.integer("block_size", low=2) - 1,  # DSpark's block counts the anchor
-        "num_layers": f.integer("num_hidden_layers", low=1),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": f.integer("intermediate_size", low=1),
-        "rope_theta": theta,
-        "rope_scaling": scaling,
-        "rms_norm_eps": f.number("rms_norm_eps", 1e-6, above=0.0),
-        "mask_token_id": mask,
-        "context_layers": list(layer_ids),
-        "layer_space": "model",
-        "head": kind,
-        "head_rank": rank,  # 0 with head none (not used)
-        "confidence_head": confidence,
-        "confidence_with_markov": with_markov,
-        "checkpoint": None,
-        "context_window": 0,
-    }
+    return DrafterConfig(  # each field typed and ranged above; checkpoint and context_window at their defaults
+        proposals=f.integer("block_size", low=2) - 1,  # DSpark's block counts the anchor
+        num_layers=f.integer("num_hidden_layers", low=1),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=f.integer("intermediate_size", low=1),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=f.number("rms_norm_eps", 1e-6, above=0.0),  # the format's (Qwen3's) default
+        mask_token_id=mask,
+        context_layers=list(layer_ids),
+        layer_space="model",
+        head=kind,
+        head_rank=rank,  # 0 with head none (not used)
+        confidence_head=confidence,
+        confidence_with_markov=with_markov,
+    )
 
 
 def own_blocks(raw: dict, path: Path) -> tuple[Optional[dict], Optional[dict]]:
@@ -266,6 +267,27 @@ def own_blocks(raw: dict, path: Path) -> tuple[Optional[dict], Optional[dict]]:
     if reader is not None:
         f.sub("ready_reader").block("config")
     return own, reader
+
+
+def typed(kind: type[SectionT], value: Any, path: Path, key: str) -> SectionT:
+    """`ready.config.section` for a block of a drafter folder's config.json: an unknown key or a mistyped value
+    is one DrafterError naming the file and the key's full path."""
+    try:
+        return section(kind, value, str(path / CONFIG_FILE), key)
+    except ConfigError as e:
+        raise DrafterError(str(e)) from None
+
+
+def saved_drafter_config(own: dict, path: Path) -> DrafterConfig:
+    """The drafter config this tool saved in a folder's `ready_drafter` block (`own_blocks`) as a DrafterConfig:
+    a folder written before drafter.block_size was renamed proposals holds the old key (read as proposals =
+    block_size - 1); keys a folder predates take today's defaults; a key the schema does not have (a misspelling,
+    a key from a newer tool) is one DrafterError naming it."""
+    try:
+        fields = renamed_keys(own["drafter"], f"{path / CONFIG_FILE}: ready_drafter", "drafter", quiet=True)
+    except ConfigError as e:
+        raise DrafterError(str(e)) from None
+    return typed(DrafterConfig, fields, path, "ready_drafter.drafter")
 
 
 def read_json(file: Path) -> dict:
@@ -309,7 +331,7 @@ def read_weights(files: list[Path], rename: Callable[[str], str] = _our_name) ->
     return state
 
 
-def _build(dcfg: DictConfig, rcfg: DictConfig, target: Any, path: Path) -> DSparkDrafter:
+def _build(dcfg: DrafterConfig, rcfg: ReaderConfig, target: Any, path: Path) -> DSparkDrafter:
     """DSparkDrafter(dcfg, rcfg, target), its refusals (a field out of range) prefixed with the folder."""
     try:
         return DSparkDrafter(dcfg, rcfg, target)
@@ -317,16 +339,15 @@ def _build(dcfg: DictConfig, rcfg: DictConfig, target: Any, path: Path) -> DSpar
         raise DrafterError(f"{path}: {e}") from None
 
 
-def _fit_before_building(dcfg: DictConfig, rcfg: DictConfig, target: Any, files: list[Path], field: str,
+def _fit_before_building(dcfg: DrafterConfig, rcfg: ReaderConfig, target: Any, files: list[Path], field: str,
                          source: str) -> None:
     """The drafter `dcfg` describes against its weight files' headers, before a parameter is allocated:
     no more layers than the files hold (200,000 declared layers built for minutes), every shape as in
     the files, and parameters that fit in memory."""
     headers = checkpoint_files.tensor_headers(files, DrafterError, _our_name)
-    checkpoint_files.check_layers(int(dcfg.num_layers), checkpoint_files.layer_count(headers, "layers."), field,
+    checkpoint_files.check_layers(dcfg.num_layers, checkpoint_files.layer_count(headers, "layers."), field,
                                   source, DrafterError)
-    plain = dcfg.copy()
-    OmegaConf.update(plain, "rope_scaling", {}, merge=False)  # the rotary holds no parameter (scaled kinds compute on the host)
+    plain = dataclasses.replace(dcfg, rope_scaling={})  # the rotary holds no parameter (scaled kinds: host-computed)
     with torch.device("meta"):
         shape = _build(plain, rcfg, target, Path(source).parent)
     expected = shape.state_dict()
@@ -336,12 +357,13 @@ def _fit_before_building(dcfg: DictConfig, rcfg: DictConfig, target: Any, files:
                                f"{h.file.name} has shape {list(h.shape)}, the config makes {list(expected[name].shape)}")
     nbytes = sum(t.numel() * t.element_size() for t in expected.values())
     checkpoint_files.check_fits(nbytes, target.embed_tokens.weight.device,
-                                f"{source}: {field} {int(dcfg.num_layers)}, intermediate_size "
-                                f"{int(dcfg.intermediate_size)}, num_attention_heads {int(dcfg.num_attention_heads)} x "
-                                f"head_dim {int(dcfg.head_dim)}", DrafterError)
+                                f"{source}: {field} {dcfg.num_layers}, intermediate_size "
+                                f"{dcfg.intermediate_size}, num_attention_heads {dcfg.num_attention_heads} x "
+                                f"head_dim {dcfg.head_dim}", DrafterError)
 
 
-def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictConfig | None = None) -> DSparkDrafter:
+def load_drafter(path: str | Path, target: Any,
+                 reader_cfg: ReaderConfig | DictConfig | Mapping[str, Any] | None = None) -> DSparkDrafter:
     """The drafter in the DSpark folder `path`, attached to `target`.
 
     With `reader_cfg` the backbone is loaded under that reader configuration and the readers start
@@ -359,9 +381,8 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
     except ArtifactError as e:
         raise DrafterError(str(e)) from None
     raw = read_json(path / CONFIG_FILE)
-    drafter_fields = drafter_config_from_dspark(raw, target, path)
+    dcfg = drafter_config_from_dspark(raw, target, path)
     own, own_reader = own_blocks(raw, path)
-    saved_reader: Any = {"enabled": False}
     layers_field = "num_hidden_layers"
     if own is not None:
         try:
@@ -371,21 +392,19 @@ def load_drafter(path: str | Path, target: Any, reader_cfg: ReaderConfig | DictC
                                 "the block as saved") from None
         if why:
             raise DrafterError(f"{path}: this drafter was built for another target: {why}")
-        try:  # a folder written before drafter.block_size was renamed proposals holds the old key
-            drafter_fields = renamed_keys(own["drafter"], f"{path / CONFIG_FILE}: ready_drafter", "drafter", quiet=True)
+        dcfg = saved_drafter_config(own, path)
+        layers_field = "ready_drafter.drafter.num_layers"
+    if reader_cfg is not None:
+        try:
+            rcfg = section(ReaderConfig, reader_cfg, "load_drafter", "reader_cfg")
         except ConfigError as e:
             raise DrafterError(str(e)) from None
-        layers_field = "ready_drafter.drafter.num_layers"
-        if own_reader is not None:
-            saved_reader = own_reader["config"]
-    try:
-        dcfg = OmegaConf.merge(OmegaConf.structured(DrafterConfig), drafter_fields)
-        rcfg = OmegaConf.merge(OmegaConf.structured(ReaderConfig), reader_cfg if reader_cfg is not None else saved_reader)
-    except Exception as e:  # omegaconf raises several types; all mean the schema moved on
-        raise DrafterError(f"{path}: its drafter/reader config does not fit the current schema: "
-                           f"{str(e).splitlines()[0]}") from None
+    elif own_reader is not None:
+        rcfg = typed(ReaderConfig, own_reader["config"], path, "ready_reader.config")
+    else:
+        rcfg = ReaderConfig(enabled=False)  # no reader saved (a DSpark folder from elsewhere has none)
     files = weight_files(path)
-    if bool(rcfg.enabled) and reader_cfg is None:
+    if rcfg.enabled and reader_cfg is None:
         if not (path / READER_FILE).exists():
             raise DrafterError(f"{path}: config.json declares a reader but {READER_FILE} is missing; expected "
                                "the reader's weights beside the drafter")
@@ -418,9 +437,9 @@ def has_markov_head(path: str | Path) -> bool:
     """Whether the drafter folder at `path` has a Markov head (False: a DFlash drafter), from its config.json
     alone (this tool's `ready_drafter` block when present, else `dflash_config.markov_rank`)."""
     raw = read_json(Path(path) / CONFIG_FILE)
-    own = raw.get("ready_drafter")
-    if isinstance(own, dict) and isinstance(own.get("drafter"), dict):
-        return own["drafter"].get("head", "vanilla") != "none"
+    own, _ = own_blocks(raw, Path(path))
+    if own is not None:
+        return saved_drafter_config(own, Path(path)).head != "none"
     if not isinstance(raw.get("dflash_config"), dict):
         return False  # not a DSpark folder: its loader says so in one line
     return Fields(raw, str(Path(path) / CONFIG_FILE), DrafterError).sub("dflash_config").integer("markov_rank", 0) > 0

@@ -30,7 +30,8 @@ import torch
 
 from ready.artifacts import ArtifactError, atomic_dir, check_folder, written_from
 from ready.checkpoint_files import inside
-from ready.drafter.checkpoint import CONFIG_FILE, READER_FILE, WEIGHTS_FILE, own_blocks, read_json, read_weights, weight_files
+from ready.drafter.checkpoint import (CONFIG_FILE, READER_FILE, WEIGHTS_FILE, own_blocks, read_json, read_weights,
+                                     saved_drafter_config, weight_files)
 from ready.drafter.model import DrafterError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -124,7 +125,7 @@ def export(src: Path, out: Path, dtype: Optional[str] = None) -> Path:
     if not isinstance(config.get("dflash_config"), dict):
         raise DrafterError(f"{src / CONFIG_FILE}: no dflash_config; expected a DSpark drafter folder")
     own, _ = own_blocks(config, src)
-    window = (own or {}).get("drafter", {}).get("context_window", 0)
+    window = saved_drafter_config(own, src).context_window if own is not None else 0  # a DSpark folder: no window
     if window:
         raise DrafterError(f"{src}: drafter.context_window = {window} (the positive control's limited context); a "
                            "DSpark consumer reads the whole context, so it would run another drafter: not exported")

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
-from ready.config import DrafterConfig, ReaderConfig
+from ready.config import ConfigError, DrafterConfig, ReaderConfig, section
 from ready.cuda_graph import capture
 from ready.drafter.heads import ConfidenceHead, build_head
 from ready.drafter.layer_map import map_context_layers, map_inject_layers, map_state_layers
@@ -49,10 +49,15 @@ def _get(cfg: Any, name: str, default: Any = None) -> Any:
         return default
 
 
-def _as_dict(cfg: Any) -> dict:
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+def typed_sections(drafter_cfg: DrafterConfig | DictConfig | Mapping[str, Any],
+                   reader_cfg: ReaderConfig | DictConfig | Mapping[str, Any]) -> tuple[DrafterConfig, ReaderConfig]:
+    """The drafter's and the reader's config sections as their dataclasses (`ready.config.section`): every key
+    typed, every absent key at the dataclass's default, an unknown key one DrafterError naming it."""
+    try:
+        return (section(DrafterConfig, drafter_cfg, "DSparkDrafter", "drafter"),
+                section(ReaderConfig, reader_cfg, "DSparkDrafter", "reader"))
+    except ConfigError as e:
+        raise DrafterError(str(e)) from None
 
 
 def _weight_signature(w: torch.Tensor) -> list[list[float]]:
@@ -86,9 +91,9 @@ def fingerprint_mismatch(saved: dict, current: dict) -> Optional[str]:
     return None
 
 
-def rotary_max_positions(drafter_cfg: dict, target_max: int) -> int:
-    """The drafter's max_position_embeddings: a yarn-scaled rotary's extended range, else the target's."""
-    scaling = drafter_cfg.get("rope_scaling") or {}
+def rotary_max_positions(scaling: Mapping[str, Any], target_max: int) -> int:
+    """The drafter's max_position_embeddings from its Hugging Face `rope_scaling`: a yarn-scaled rotary's
+    extended range, else the target's."""
     if rope_type(scaling) != "default" and scaling.get("original_max_position_embeddings") and scaling.get("factor"):
         return int(scaling["original_max_position_embeddings"] * scaling["factor"])
     return int(target_max)
@@ -99,76 +104,75 @@ class DSparkDrafter(nn.Module):
 
     batch_draft = True  # the batched engine drives its draft step for B ragged rows (ready.decode.batch_draft.BatchDraft)
 
-    def __init__(self, drafter_cfg: DrafterConfig | DictConfig, reader_cfg: ReaderConfig | DictConfig, target: Any):
+    def __init__(self, drafter_cfg: DrafterConfig | DictConfig | Mapping[str, Any],
+                 reader_cfg: ReaderConfig | DictConfig | Mapping[str, Any], target: Any):
         super().__init__()
         c = target.config
-        self.drafter_cfg, self.reader_cfg = _as_dict(drafter_cfg), _as_dict(reader_cfg)
+        self.drafter_cfg, self.reader_cfg = typed_sections(drafter_cfg, reader_cfg)
         d, r = self.drafter_cfg, self.reader_cfg
-        self.proposals = int(d["proposals"])  # K: tokens proposed per round (the engine's Drafter protocol)
+        self.proposals = d.proposals  # K: tokens proposed per round (the engine's Drafter protocol)
         self.vocab_size = int(c.vocab_size)
         self.hidden_size = D = int(c.hidden_size)
-        self.num_layers = int(d["num_layers"])
+        self.num_layers = d.num_layers
         if self.proposals < 1 or self.num_layers < 1:
             raise DrafterError(f"drafter.proposals = {self.proposals}, drafter.num_layers = {self.num_layers}; "
                                "expected proposals >= 1 (tokens proposed per round) and num_layers >= 1")
-        self.mask_token_id = int(d["mask_token_id"])
+        self.mask_token_id = d.mask_token_id
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise DrafterError(f"drafter.mask_token_id = {self.mask_token_id}; expected a token id of the target, "
                                f"0..{self.vocab_size - 1}")
-        heads, kv_heads = int(d["num_attention_heads"]), int(d["num_key_value_heads"])
+        heads, kv_heads = d.num_attention_heads, d.num_key_value_heads
         if heads < 1 or kv_heads < 1 or heads % kv_heads:
             raise DrafterError(f"drafter.num_attention_heads = {heads}, drafter.num_key_value_heads = {kv_heads}; "
                                "expected positive counts with the KV heads dividing the query heads")
         self.target_num_layers = int(c.num_hidden_layers)
-        self.capture_layers = map_context_layers(d["context_layers"], self.target_num_layers,
-                                                 space=d.get("layer_space", "paper"))
-        self.context_window = int(d.get("context_window", 0) or 0)  # 0 = every committed token
+        self.capture_layers = map_context_layers(d.context_layers, self.target_num_layers, space=d.layer_space)
+        self.context_window = d.context_window  # 0 = every committed token
         if self.context_window < 0:
             raise DrafterError(f"drafter.context_window = {self.context_window}; expected an integer >= 0 (0 = unlimited)")
-        self.head_dim = int(d["head_dim"])
-        eps = float(d["rms_norm_eps"])
+        self.head_dim = d.head_dim
+        eps = d.rms_norm_eps
         for key, ok, expected in (
                 ("head_dim", self.head_dim >= 2 and self.head_dim % 2 == 0, "an even integer >= 2 (the rotary turns pairs)"),
-                ("intermediate_size", int(d["intermediate_size"]) >= 1, "an integer >= 1"),
+                ("intermediate_size", d.intermediate_size >= 1, "an integer >= 1"),
                 ("rms_norm_eps", eps > 0 and math.isfinite(eps), "a finite number > 0"),
-                ("rope_theta", float(d["rope_theta"]) > 0 and math.isfinite(float(d["rope_theta"])), "a finite number > 0"),
-                ("head_rank", str(d["head"]) == "none" or int(d["head_rank"]) >= 1, "an integer >= 1 (or head none)")):
+                ("rope_theta", d.rope_theta > 0 and math.isfinite(d.rope_theta), "a finite number > 0"),
+                ("head_rank", d.head == "none" or d.head_rank >= 1, "an integer >= 1 (or head none)")):
             if not ok:
-                raise DrafterError(f"drafter.{key} = {d[key]!r}; expected {expected}")
+                raise DrafterError(f"drafter.{key} = {getattr(d, key)!r}; expected {expected}")
         try:
-            self.max_position_embeddings = rotary_max_positions(d, int(c.max_position_embeddings))
-            self.rotary = Rotary(self.head_dim, float(d["rope_theta"]), d.get("rope_scaling") or {},
-                                 self.max_position_embeddings)
+            self.max_position_embeddings = rotary_max_positions(d.rope_scaling, int(c.max_position_embeddings))
+            self.rotary = Rotary(self.head_dim, d.rope_theta, d.rope_scaling, self.max_position_embeddings)
         except (KeyError, TypeError, ValueError) as e:
-            raise DrafterError(f"drafter.rope_scaling = {d.get('rope_scaling')!r}: {e}; expected Hugging Face "
+            raise DrafterError(f"drafter.rope_scaling = {d.rope_scaling!r}: {e}; expected Hugging Face "
                                "rope_scaling fields (e.g. rope_type yarn, factor, original_max_position_embeddings)") from None
 
         self.fc = nn.Linear(len(self.capture_layers) * D, D, bias=False)
         self.hidden_norm = RMSNorm(D, eps)
         self.layers = nn.ModuleList([
-            DraftLayer(D, int(d["intermediate_size"]), heads, kv_heads, self.head_dim, eps)
+            DraftLayer(D, d.intermediate_size, heads, kv_heads, self.head_dim, eps)
             for _ in range(self.num_layers)])
         self.norm = RMSNorm(D, eps)
-        self.markov_head = build_head(str(d["head"]), self.vocab_size, int(d["head_rank"]), D)
+        self.markov_head = build_head(d.head, self.vocab_size, d.head_rank, D)
         self.confidence_head: Optional[ConfidenceHead] = None
-        if d.get("confidence_head"):  # a DFlash drafter (no Markov head) has rank 0: hidden states only
-            markov_in = self.markov_head.rank if d.get("confidence_with_markov", True) else 0
+        if d.confidence_head:  # a DFlash drafter (no Markov head) has rank 0: hidden states only
+            markov_in = self.markov_head.rank if d.confidence_with_markov else 0
             self.confidence_head = ConfidenceHead(D, markov_in)
 
-        self.reader_enabled = bool(r["enabled"])
+        self.reader_enabled = r.enabled
         self.state_layers: list[int] = []
         self.inject_layers: list[int] = []
-        self.position = str(r["position"])
+        self.position = r.position
         self.readers = nn.ModuleDict()
         if self.reader_enabled:
             if self.position not in ("pre", "post"):
                 raise DrafterError(f"reader.position = {self.position!r}; expected 'pre' or 'post'")
-            self.state_layers = map_state_layers(r["layers"], list(c.layer_types), space=r.get("layer_space", "paper"))
-            self.inject_layers = map_inject_layers(r["inject_layers"], self.num_layers)
+            self.state_layers = map_state_layers(r.layers, list(c.layer_types), space=r.layer_space)
+            self.inject_layers = map_inject_layers(r.inject_layers, self.num_layers)
             for i in self.inject_layers:
                 self.readers[str(i)] = StateReader(
                     D, len(self.state_layers), int(c.linear_num_value_heads), int(c.linear_key_head_dim),
-                    int(c.linear_value_head_dim), int(r["rank"]), int(r["mlp_hidden"]), float(r["eps"]))
+                    int(c.linear_value_head_dim), r.rank, r.mlp_hidden, r.eps)
         self._gdn_indices = [target.gdn_index(i) for i in self.state_layers]
         # shared, frozen and unregistered: not moved, saved or trained with the drafter
         object.__setattr__(self, "_shared", (target.embed_tokens, target.lm_head))

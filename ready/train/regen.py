@@ -144,7 +144,7 @@ def build_regen_data(
         data, folder, _ = build_conversation_data(cfg, target, tokenizer, progress)
         return data, folder
     prompts, spec, eos_id = _regen_inputs(cfg, target, tokenizer, prompts)
-    batch = max(1, int(getattr(cfg.regen, "batch_size", 64)))
+    batch = cfg.regen.batch_size
     folder = artifact_dir(cfg.artifacts_dir, "regen", spec)
     if not distributed.world().active:
         def build(tmp: Path) -> None:

@@ -112,15 +112,15 @@ def _window_mean(xs: list[float]) -> float:
 # --- what a stage trains -----------------------------------------------------------------------
 
 def length_buckets(cfg: Any) -> int:
-    """`train.length_buckets` (0 when the config predates it): 0 = random full-width batches, N > 0 =
-    length-bucketed batches cut to their longest row (ready.train.batches)."""
-    return int(cfg.train.get("length_buckets", 0) or 0)
+    """`train.length_buckets`: 0 = random full-width batches, N > 0 = length-bucketed batches cut to their
+    longest row (ready.train.batches). A config that predates the key has it at its schema default."""
+    return int(cfg.train.length_buckets)
 
 
 def micro_batch_size(cfg: Any) -> int:
-    """`train.micro_batch_size` (0 when the config predates it): 0 = each process's share of a batch in
-    one forward/backward, M > 0 = in micro-batches of at most M sequences, gradients accumulated."""
-    return int(cfg.train.get("micro_batch_size", 0) or 0)
+    """`train.micro_batch_size`: 0 = each process's share of a batch in one forward/backward, M > 0 = in
+    micro-batches of at most M sequences, gradients accumulated."""
+    return int(cfg.train.micro_batch_size)
 
 
 def micro_batches(n: int, size: int, pairs: bool = False) -> list[slice]:
@@ -211,7 +211,7 @@ def trains_confidence(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter
     drafter that has one, at train.loss.confidence_weight > 0. ReaDy's stages (and the FT control's) leave
     it as the base drafter left it, as the paper does: its loss term is dropped and its weights are not
     trainable there (stage 1 trains the reader, stage 2 the reader and LoRA on the draft layers)."""
-    weight = float(getattr(cfg.train.loss, "confidence_weight", 0.0) or 0.0)
+    weight = float(cfg.train.loss.confidence_weight)
     return stage == "base" and weight > 0 and any(n.startswith("confidence_head.") for n, _ in params)
 
 

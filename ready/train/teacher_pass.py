@@ -60,7 +60,7 @@ class TeacherPass:
 
 def reads_shuffled_states(drafter: nn.Module) -> bool:
     """The state placebo (`reader.states: shuffled`): the reader reads another sequence's states."""
-    return bool(drafter.state_layers) and getattr(drafter, "reader_cfg", {}).get("states", "own") == "shuffled"
+    return bool(drafter.state_layers) and drafter.reader_cfg.states == "shuffled"
 
 
 @torch.no_grad()

@@ -69,7 +69,7 @@ def target_key(target: nn.Module) -> Optional[str]:
 def store_capture(cfg: Any, target: nn.Module) -> tuple[int, ...]:
     """The capture layers of the drafter `cfg.drafter` builds on `target` (as DSparkDrafter maps them)."""
     return tuple(map_context_layers(cfg.drafter.context_layers, int(target.config.num_hidden_layers),
-                                    space=cfg.drafter.get("layer_space", "paper")))
+                                    space=cfg.drafter.layer_space))
 
 
 @dataclass
@@ -183,7 +183,7 @@ def ensure_teacher_store(cfg: Any, target: nn.Module, tokenizer: Any, progress: 
     `drafter.checkpoint`, which trains no base drafter."""
     if target.device.type != "cpu" or distributed.world().active or (build and cfg.drafter.checkpoint):
         return None
-    if int(cfg.train.get("length_buckets", 0) or 0):
+    if cfg.train.length_buckets:
         return None
     key = target_key(target)
     if key is None:
