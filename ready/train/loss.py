@@ -30,7 +30,7 @@ hidden states and the Markov embedding it reads, as in DeepSpec. Logged beside i
 weighted BCE) and `confidence_error` (weighted mean |sigmoid - label|).
 
 Why the temperature matters: DeepSpec's T = 1 label predicts the wrong event for greedy verification.
-On the embedded default's diffuse target (its top token holds about 0.36 of the mass) a base drafter's
+On the embedded default's diffuse target (its top token holds 0.35-0.39 of the mass) a base drafter's
 draft j, given its true prefix, is accepted at T = 1 with probability 0.40-0.43 on average but greedily
 0.93-0.97 of the time, and a head trained on the T = 1 label learns the former, under-confident by half
 under greedy decoding (docs/figures.md, "On the embedded default (CPU): the schedule's effect and the
