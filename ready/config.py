@@ -193,10 +193,14 @@ class LossConfig:
 
     l1_weight: float = 0.1
     decay_gamma: float = 4.0
-    # weight of DSpark's confidence-head loss (BCE of the head against the per-position acceptance rate
-    # 1 - L1/2, the same position weights; DeepSpec's confidence_head_alpha, 1.0 in its configs), in the
+    # weight of DSpark's confidence-head loss (BCE of the head against the per-position acceptance
+    # probability, the same position weights; DeepSpec's confidence_head_alpha, 1.0 in its configs), in the
     # base drafter's training only, when the drafter has a confidence head (ReaDy's stages drop it)
     confidence_weight: float = 1.0
+    # the decoding temperature the head's acceptance label assumes (ready.train.loss.confidence_label):
+    # 0 = greedy verification, 1{draft argmax = target argmax} (eval.temperature 0); T > 0 = speculative
+    # sampling, 1 - TV of the two softmaxes at T (DeepSpec's label at 1, its evaluator's temperature)
+    confidence_temperature: float = 0.0
 
 
 @dataclass
@@ -596,6 +600,7 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.confidence_threshold", 0.0 <= c.eval.confidence_threshold <= 1.0, "a number in [0, 1] (0 = none)"),
         ("eval.verify_budget", c.eval.verify_budget >= 0, "drafts per decoding row >= 0 (0 = no budget)"),
         ("train.loss.confidence_weight", c.train.loss.confidence_weight >= 0, "a number >= 0"),
+        ("train.loss.confidence_temperature", c.train.loss.confidence_temperature >= 0, "a number >= 0 (0 = greedy)"),
         ("threads.shared", c.threads.shared >= 1, "an integer >= 1 (torch CPU threads of the shared builds)"),
         ("threads.drafters", c.threads.drafters >= 1, "an integer >= 1 (torch CPU threads of drafter training "
                                                       "and evaluation)"),

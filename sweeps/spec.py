@@ -231,7 +231,13 @@ _DEFAULT_NOT_HASHED = {"eval.concurrency": 1, "target.attention_window": 0, "pre
                        "regen.temperature": 0.0, "regen.top_p": 1.0, "data.path": None, "data.format": "auto",
                        "data.on_error": "stop", "data.responses": "regenerate", "train.length_buckets": 0,
                        "target.compile": "auto", "bench.turns": "first", "eval.verify_schedule": "full",
-                       "eval.confidence_threshold": 0.5, "eval.verify_budget": 0.0, "train.loss.confidence_weight": 1.0}
+                       "eval.confidence_threshold": 0.5, "eval.verify_budget": 0.0, "train.loss.confidence_weight": 1.0,
+                       # every head trained before the knob was labelled at temperature 1 (DeepSpec's label)
+                       "train.loss.confidence_temperature": 1.0}
+# the confidence head's label (train.loss.confidence_temperature, its default 0 since): hashed only where the
+# base drafter trains a head (drafter.confidence_head, no drafter.checkpoint) at another temperature than 1,
+# so the rows without a head keep their hashes, and so do those whose head keeps DeepSpec's label
+_TRAINED_HEAD_ONLY = "train.loss.confidence_temperature"
 _UNUSED_BY = {
     "ar": ("drafter", "reader", "train", "regen", "seed"),
     "dspark": ("reader", "train.stage1", "train.stage2", "train.lora", "seed"),  # uses train.base_seed
@@ -269,6 +275,8 @@ def canonical(cfg: DictConfig, method: str) -> dict:
     for key, default in _DEFAULT_NOT_HASHED.items():
         if OmegaConf.select(cfg, key) == default:
             _drop(tree, key)
+    if not OmegaConf.select(cfg, "drafter.confidence_head") or OmegaConf.select(cfg, "drafter.checkpoint"):
+        _drop(tree, _TRAINED_HEAD_ONLY)  # no head trained here: its label's temperature changes nothing
     if tree.get("data") == {}:  # training on the corpus prompts, as every row before data.path
         tree.pop("data")
     restore_retired(tree)  # keys removed from the schema hash at the value every earlier row had

@@ -360,6 +360,27 @@ def test_rows_hash_as_before_the_concurrency_key_unless_they_batch():
     assert canonical(merge(schema(), {}), "ready")["config"]["eval"]["concurrency"] == 8  # today's default batches
 
 
+@pytest.mark.parametrize("method", ["dspark", "ready"])
+def test_the_confidence_labels_temperature_moves_only_the_rows_that_train_a_head(method):
+    """train.loss.confidence_temperature decides the head's label, and so the base drafter (the head's loss
+    reaches its layers): it is hashed where the base drafter trains a head, never elsewhere, so the rows
+    without one keep their hashes; a row at 1 (DeepSpec's label, every head's before the knob) hashes as
+    before it, and one at the default 0 is another row."""
+    from sweeps.spec import canonical, job_hash
+
+    plain = merge(schema(), {})
+    assert plain.train.loss.confidence_temperature == 0.0  # greedy, as eval.temperature
+    assert "confidence_temperature" not in canonical(plain, method)["config"]["train"]["loss"]
+    assert job_hash(merge(plain, {"train": {"loss": {"confidence_temperature": 1.0}}}), method) == job_hash(plain, method)
+    head = merge(plain, {"drafter": {"confidence_head": True}})
+    assert job_hash(merge(head, {"train": {"loss": {"confidence_temperature": 1.0}}}), method) != job_hash(head, method)
+    before = OmegaConf.to_container(head)
+    del before["train"]["loss"]["confidence_temperature"]  # a row resolved before the knob (its head: the T = 1 label)
+    assert job_hash(OmegaConf.create(before), method) != job_hash(head, method)
+    assert job_hash(OmegaConf.create(before), method) == \
+        job_hash(merge(head, {"train": {"loss": {"confidence_temperature": 1.0}}}), method)
+
+
 def _fake_corpus(root: Path, flavour: str) -> Path:
     """A corpus folder of 60 small modules; `flavour` changes one of them (another version's sources)."""
     for i in range(60):

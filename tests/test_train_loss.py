@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ready.train.anchors import gather_blocks, sample_anchors
-from ready.train.loss import draft_loss, loss_share, position_weight_sum, position_weights, terms_from_stats
+from ready.train.loss import (confidence_label, draft_loss, loss_share, position_weight_sum, position_weights,
+                              terms_from_stats)
 
 
 def _softmax(xs):
@@ -40,8 +41,9 @@ def test_loss_equals_ce_plus_lambda_l1_with_position_weights_by_hand():
 
 
 def test_confidence_head_loss_is_dspark_bce_against_the_acceptance_rate_by_hand():
-    """DeepSpec's confidence loss: BCE(logit_j, r_j) with r_j = 1 - L1_j / 2 (detached), weighted by w_j and
-    normalised like the other terms, times the confidence weight."""
+    """DeepSpec's confidence loss (its label at temperature 1, the temperature it decodes at): BCE(logit_j, r_j)
+    with r_j = 1 - L1_j / 2 (detached), weighted by w_j and normalised like the other terms, times the
+    confidence weight."""
     draft = [[2.0, 0.5, -1.0], [0.0, 1.0, 0.0], [-0.5, 0.3, 1.2]]
     target = [[1.0, 1.0, 0.0], [0.2, 2.0, -1.0], [3.0, 0.0, 0.0]]
     labels, z = [0, 1, 2], [1.5, -0.3, 0.2]
@@ -56,7 +58,7 @@ def test_confidence_head_loss_is_dspark_bce_against_the_acceptance_rate_by_hand(
     logits = torch.tensor([[z]], requires_grad=True)
     d = torch.tensor([[draft]], requires_grad=True)
     terms = draft_loss(d, torch.tensor([[labels]]), torch.tensor([[target]]), None, lam, gamma,
-                       confidence_logits=logits, confidence_weight=alpha)
+                       confidence_logits=logits, confidence_weight=alpha, confidence_temperature=1.0)
     assert terms.confidence == pytest.approx(mean(bce), rel=1e-5)
     assert terms.confidence_error == pytest.approx(mean([abs(s - x) for s, x in zip(sig, r)]), rel=1e-5)
     assert float(terms.loss.detach()) == pytest.approx(mean(ce) + lam * mean(l1) + alpha * mean(bce), rel=1e-5)
@@ -72,6 +74,44 @@ def test_confidence_head_loss_is_dspark_bce_against_the_acceptance_rate_by_hand(
     draft_loss(plain, torch.tensor([[labels]]), torch.tensor([[target]]), None, 0.0, gamma).loss.backward()
     assert torch.allclose(d2.grad, plain.grad)
     assert math.isnan(draft_loss(d.detach(), torch.tensor([[labels]]), torch.tensor([[target]])).confidence)
+
+
+def test_under_greedy_decoding_the_head_learns_whether_the_drafts_argmax_is_the_targets():
+    """Greedy verification accepts draft j exactly when the drafter's argmax is the target's, however flat
+    the target is; the head's label at temperature 0 (the default, as eval.temperature's) is that event, not
+    DeepSpec's 1 - L1/2, the acceptance rate of sampling at temperature 1. On a diffuse target the two are
+    far apart: here the first draft is the target's greedy token (label 1, though 1 - L1/2 = 0.44) and the
+    second is not (label 0, though 1 - L1/2 = 0.36)."""
+    draft = [[3.0, 0.0, 0.0, 0.0], [0.0, 3.0, 0.0, 0.0]]
+    target = [[0.3, 0.0, 0.0, 0.0], [0.3, 0.0, 0.0, 0.0]]  # diffuse: its top token holds 0.31 of the mass
+    labels, z, gamma = [0, 0], [0.4, -0.2], 4.0
+    w = [math.exp(-j / gamma) for j in (1, 2)]
+    sampled = [1 - sum(abs(p - q) for p, q in zip(_softmax(draft[j]), _softmax(target[j]))) / 2 for j in range(2)]
+    assert sampled == pytest.approx([0.44, 0.36], abs=0.005)
+    sig = [1 / (1 + math.exp(-x)) for x in z]
+    want = (w[0] * -math.log(sig[0]) + w[1] * -math.log(1 - sig[1])) / sum(w)  # BCE against labels 1, 0
+    args = (torch.tensor([[draft]]), torch.tensor([[labels]]), torch.tensor([[target]]), None, 0.1, gamma)
+    terms = draft_loss(*args, confidence_logits=torch.tensor([[z]]))
+    assert terms.confidence == pytest.approx(want, rel=1e-5)
+    assert terms.confidence_error == pytest.approx((w[0] * (1 - sig[0]) + w[1] * sig[1]) / sum(w), rel=1e-5)
+    assert draft_loss(*args, confidence_logits=torch.tensor([[z]]), confidence_temperature=0.0).confidence == \
+        pytest.approx(want, rel=1e-6)
+    assert confidence_label(torch.tensor(draft), torch.tensor(target)).tolist() == [1.0, 0.0]
+
+
+def test_at_temperature_t_the_confidence_label_is_one_minus_tv_of_the_tempered_distributions():
+    """Speculative sampling at temperature T accepts a draft with probability 1 - TV(p_draft^T, p_target^T):
+    the label at T = 1 is DeepSpec's, and it tends to the greedy event as T goes to 0."""
+    draft = [[2.0, 0.5, -1.0], [0.0, 1.0, 0.0]]
+    target = [[1.0, 1.2, 0.0], [0.2, 2.0, -1.0]]
+    for t in (0.5, 1.0, 2.0):
+        want = [1 - sum(abs(p - q) for p, q in zip(_softmax([x / t for x in draft[j]]),
+                                                    _softmax([x / t for x in target[j]]))) / 2 for j in range(2)]
+        got = confidence_label(torch.tensor(draft), torch.tensor(target), t)
+        assert got.tolist() == pytest.approx(want, rel=1e-5)
+    assert confidence_label(torch.tensor(draft), torch.tensor(target), 1e-3).tolist() == pytest.approx([0.0, 1.0], abs=1e-6)
+    with pytest.raises(ValueError, match="temperature"):
+        confidence_label(torch.tensor(draft), torch.tensor(target), -1.0)
 
 
 def test_micro_batch_shares_with_the_confidence_term_add_up_to_the_whole_batch():

@@ -192,6 +192,29 @@ def test_base_training_trains_dsparks_confidence_head_with_its_loss(tmp_path, ta
     assert "train/base/confidence" not in names
 
 
+def test_the_base_drafters_head_is_labelled_for_the_decoding_it_will_schedule(tmp_path, target, data, monkeypatch):
+    """The head learns the acceptance of the decoding at train.loss.confidence_temperature (ready.train.loss):
+    greedy by default, as eval.temperature; DeepSpec's sampling label at 1 when asked. Each run's loss gets its
+    own label, and the two heads end apart."""
+    import ready.train.stages as stages
+
+    seen: list = []
+    real = stages.draft_loss
+    monkeypatch.setattr(stages, "draft_loss", lambda *a, **k: seen.append(k["confidence_temperature"]) or real(*a, **k))
+    heads = {}
+    for t in (None, 1.0):
+        cfg = _with_head(micro_cfg(tmp_path))
+        cfg.train.base.update(samples=32, lr=1e-2, anchors_per_sample=6)
+        if t is not None:
+            cfg.train.loss.confidence_temperature = t
+        d = _drafter(cfg, target, reader=False)
+        seen.clear()
+        train_stage("base", d, target, data, cfg, tmp_path / f"base{t}", progress=False)
+        assert seen and set(seen) == {0.0 if t is None else t}
+        heads[t] = d.confidence_head.proj.bias.detach().clone()
+    assert not torch.equal(heads[None], heads[1.0])
+
+
 @pytest.mark.parametrize("stage", ["stage1", "stage2"])
 @pytest.mark.parametrize("reader", [True, False])
 def test_readys_stages_and_the_control_leave_the_confidence_head_as_it_was(tmp_path, target, data, stage, reader):

@@ -2,9 +2,10 @@
 
 DSpark's confidence head (`ready.drafter.heads.ConfidenceHead`) scores every proposal of a block: for
 draft position j (1..K), c_j = sigmoid(w . [h_j; W1[x_{j-1}]]), the predicted probability that draft j
-is accepted given that drafts 1..j-1 were (trained on DSpark's per-position acceptance rate,
-`ready.train.loss.confidence_loss`). h_j is the position's hidden state and x_{j-1} the token drafted
-before it (the anchor for j = 1), so c_j depends on drafts 1..j-1 only. DSpark's authors schedule
+is accepted given that drafts 1..j-1 were (trained on that acceptance under the decoding at
+`train.loss.confidence_temperature`, `ready.train.loss.confidence_label`: greedy at the default 0). h_j is
+the position's hidden state and x_{j-1} the token drafted before it (the anchor for j = 1), so c_j depends
+on drafts 1..j-1 only. DSpark's authors schedule
 verification with it in two ways, and this module states both (our code, following their rules):
 
 - **threshold** (DeepSpec, `deepspec/eval/dspark/draft_ops.py`, `_confident_prefix_length`, and SGLang's

@@ -18,11 +18,23 @@ to the one-process loss, and so do their gradients. The logged numbers (`value`,
 
 DSpark's confidence head (`confidence_logits`, the base drafter's training only; DeepSpec
 `deepspec/modeling/dspark/loss.py`): its logit at draft position j is trained by binary cross-entropy
-against the position's acceptance rate r_j = clamp(1 - L1_j / 2, 0, 1) (detached: the probability that a
-draft sampled from the drafter is accepted given the prefix was), with the same position weights and
-normaliser as the other terms, weighted by `confidence_weight` (DeepSpec's `confidence_head_alpha`). The
-head's gradient reaches the draft layers' hidden states and the Markov embedding it reads, as in DeepSpec.
-Logged beside it: `confidence` (the weighted BCE) and `confidence_error` (weighted mean |sigmoid - r_j|).
+against `confidence_label`, the probability that the target accepts draft j given that drafts 1..j-1 were,
+under the decoding the head will schedule, at temperature T = `confidence_temperature`
+(`train.loss.confidence_temperature`): speculative sampling at T > 0 accepts a draft with probability
+1 - TV(p_draft^T, p_target^T) = 1 - L1_j^T / 2, the two distributions' softmaxes at temperature T (DSpark's
+label, eq. 8 of its paper, at T = 1: DeepSpec trains and evaluates at temperature 1); greedy verification
+(T = 0, the limit) accepts it exactly when the drafter's argmax is the target's, so the label is that
+indicator. The label is detached; the terms share the position weights and normaliser, weighted by
+`confidence_weight` (DeepSpec's `confidence_head_alpha`). The head's gradient reaches the draft layers'
+hidden states and the Markov embedding it reads, as in DeepSpec. Logged beside it: `confidence` (the
+weighted BCE) and `confidence_error` (weighted mean |sigmoid - label|).
+
+Why the temperature matters: DeepSpec's T = 1 label predicts the wrong event for greedy verification.
+On the embedded default's diffuse target (its top token holds 0.35-0.39 of the mass) a base drafter's
+draft j, given its true prefix, is accepted at T = 1 with probability 0.40-0.43 on average but greedily
+0.93-0.97 of the time, and a head trained on the T = 1 label learns the former, under-confident by half
+under greedy decoding (docs/figures.md, "On the embedded default (CPU): the schedule's effect and the
+head's calibration").
 
 Gradient accumulation (`train.micro_batch_size`, ready.train.stages): a process's share runs in
 micro-batches. `position_weight_sum` gives the whole batch's weight sum before any forward (it
@@ -81,15 +93,18 @@ def draft_loss(
     all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     confidence_logits: Optional[torch.Tensor] = None,
     confidence_weight: float = 1.0,
+    confidence_temperature: float = 0.0,
 ) -> LossTerms:
     """L_CE + l1_weight * L_L1 (+ confidence_weight * L_conf) over draft blocks.
 
     draft_logits, target_logits: [..., K, V]; labels: [..., K]; mask: [..., K] bool (None =
     all valid). target_logits is detached here: the target is a fixed teacher. all_reduce: sums
     a 1-D tensor over data-parallel ranks (module doc); None = this batch is the whole batch.
-    confidence_logits [..., K]: DSpark's confidence head, trained against the acceptance rate (module doc).
+    confidence_logits [..., K]: DSpark's confidence head, trained against `confidence_label` at
+    `confidence_temperature` (module doc).
     """
-    ce_sum, l1_sum, conf_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma, confidence_logits)
+    ce_sum, l1_sum, conf_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma, confidence_logits,
+                                            confidence_temperature)
     if all_reduce is not None:
         with torch.no_grad():
             stats = all_reduce(stats)
@@ -108,6 +123,7 @@ def loss_share(
     gamma: float = 4.0,
     confidence_logits: Optional[torch.Tensor] = None,
     confidence_weight: float = 1.0,
+    confidence_temperature: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's share of a larger batch's loss, and its statistics.
 
@@ -116,7 +132,8 @@ def loss_share(
     data-parallel), so the shares' losses and gradients add up to `draft_loss` of the whole batch;
     `stats` [STATS] are detached sums to add over micro-batches (and ranks) and read with `terms_from_stats`.
     """
-    ce_sum, l1_sum, conf_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma, confidence_logits)
+    ce_sum, l1_sum, conf_sum, stats = _sums(draft_logits, labels, target_logits, mask, gamma, confidence_logits,
+                                            confidence_temperature)
     den = weight_sum.clamp_min(1e-12)
     return ce_sum / den + float(l1_weight) * (l1_sum / den) + float(confidence_weight) * (conf_sum / den), stats
 
@@ -146,9 +163,26 @@ def _weights(shape: torch.Size, mask: Optional[torch.Tensor], gamma: float,
     return w * valid.float(), valid
 
 
+def confidence_label(draft_logits: torch.Tensor, target_logits: torch.Tensor, temperature: float = 0.0) -> torch.Tensor:
+    """The confidence head's label per draft position [...] (detached, float32 in [0, 1]): the probability
+    that the target accepts the draft given its prefix, under the decoding at `temperature` (module doc):
+    1{argmax draft = argmax target} at 0 (greedy verification), 1 - TV of the two softmaxes at T > 0
+    (speculative sampling; DSpark's label at T = 1). draft_logits, target_logits [..., V]."""
+    t = float(temperature)
+    if not t >= 0.0:
+        raise ValueError(f"confidence_label: temperature {temperature}; expected a number >= 0 (0 = greedy)")
+    with torch.no_grad():
+        d, p = draft_logits.detach().float(), target_logits.detach().float()
+        if t == 0.0:
+            return (d.argmax(-1) == p.argmax(-1)).float()
+        tv = 0.5 * ((d / t).softmax(-1) - (p / t).softmax(-1)).abs().sum(-1)
+        return (1.0 - tv).clamp(0.0, 1.0)
+
+
 def _sums(draft_logits: torch.Tensor, labels: torch.Tensor, target_logits: torch.Tensor,
           mask: Optional[torch.Tensor], gamma: float,
-          confidence_logits: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+          confidence_logits: Optional[torch.Tensor] = None,
+          confidence_temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Weighted CE, L1 and confidence-BCE sums (with the graph; the last 0 without a head) and the
     detached statistics [STATS] of one batch."""
     if draft_logits.shape != target_logits.shape or draft_logits.shape[:-1] != labels.shape:
@@ -174,7 +208,7 @@ def _sums(draft_logits: torch.Tensor, labels: torch.Tensor, target_logits: torch
         if confidence_logits.shape != labels.shape:
             raise ValueError(f"draft_loss: confidence logits of shape {tuple(confidence_logits.shape)}; expected "
                              f"{tuple(labels.shape)}, one per draft position")
-        rate = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0)  # DSpark's per-position acceptance rate
+        rate = confidence_label(logits, target_logits, confidence_temperature)
         z = confidence_logits.float()
         conf_sum = (F.binary_cross_entropy_with_logits(z, rate, reduction="none") * w).sum()
         with torch.no_grad():

@@ -159,12 +159,16 @@ def _drafter_spec(cfg: Any) -> dict:
 
 
 def _loss_spec(cfg: Any, base: bool) -> dict:
-    """The loss settings a stage depends on: `train.loss.confidence_weight` only in the base drafter's
-    training of a drafter with a confidence head (the one stage that trains it; absent elsewhere, so the
-    artifacts built before the knob keep their hashes)."""
+    """The loss settings a stage depends on: `train.loss.confidence_weight` and `confidence_temperature` (its
+    label's decoding) only in the base drafter's training of a drafter with a confidence head (the one
+    stage that trains it; absent elsewhere, so the artifacts built before the knobs keep their hashes);
+    the temperature not at 1, the label every head trained before the knob had (those drafters stay found)."""
     loss = dict(_plain(cfg.train.loss))
     if not (base and cfg.drafter.confidence_head):
         loss.pop("confidence_weight", None)
+        loss.pop("confidence_temperature", None)
+    elif float(loss.get("confidence_temperature", 1.0)) == 1.0:
+        loss.pop("confidence_temperature", None)
     return loss
 
 

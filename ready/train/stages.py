@@ -217,11 +217,13 @@ def trains_confidence(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter
 
 def _fingerprint(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter]], data: RegenData, seed: int) -> str:
     sc = getattr(cfg.train, stage)
+    head = trains_confidence(stage, cfg, params)
+    label_t = float(getattr(cfg.train.loss, "confidence_temperature", 0.0))  # 1: every checkpoint's before the knob
     key = {
         "stage": stage,
         "stage_cfg": to_container(sc) if OmegaConf.is_config(sc) else dict(vars(sc)),
         "loss": [float(cfg.train.loss.l1_weight), float(cfg.train.loss.decay_gamma)]
-        + ([float(cfg.train.loss.confidence_weight)] if trains_confidence(stage, cfg, params) else []),
+        + ([float(cfg.train.loss.confidence_weight)] if head else []) + ([label_t] if head and label_t != 1.0 else []),
         "lora": [int(cfg.train.lora.rank), int(cfg.train.lora.alpha), float(cfg.train.lora.dropout)],
         "params": [(n, list(p.shape)) for n, p in params],
         "data": [len(data), int(data.tokens.shape[1]), int(data.tokens.sum())],
@@ -389,6 +391,7 @@ def train_stage(
     losses: list[float] = list(ck["losses"]) if ck else []
     head = trains_confidence(stage, cfg, params)  # DSpark's confidence-head loss (the base drafter only)
     conf_weight = float(cfg.train.loss.confidence_weight) if head else 0.0
+    conf_temperature = float(getattr(cfg.train.loss, "confidence_temperature", 0.0))  # the label's decoding
     ddp = _ddp(drafter, device, accumulate, head) if dp.active else None
     forward = ddp if ddp is not None else (lambda *a: drafter.forward_train(*a, confidence=head))
     reduce = distributed.all_reduce_sum if dp.active else None
@@ -433,7 +436,8 @@ def train_stage(
         if not accumulate:  # the whole share in one pass
             logits, labels, teacher, mask_, conf = pass_(idx, anchors, mask)
             terms = draft_loss(logits, labels, teacher, mask_, l1_weight, gamma, all_reduce=reduce,
-                               confidence_logits=conf, confidence_weight=conf_weight)
+                               confidence_logits=conf, confidence_weight=conf_weight,
+                               confidence_temperature=conf_temperature)
             # DDP averages the ranks' gradients; the shares' gradients must be summed: scale by N
             (terms.loss * dp.size if dp.active else terms.loss).backward()
         else:  # micro-batches: each normalised by the whole batch's weight sum, gradients accumulated
@@ -447,7 +451,8 @@ def train_stage(
                 with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
                     logits, labels, teacher, mask_, conf = pass_(idx[part], anchors[part], mask[part])
                     share, part_stats = loss_share(logits, labels, teacher, mask_, weight_sum, l1_weight, gamma,
-                                                   confidence_logits=conf, confidence_weight=conf_weight)
+                                                   confidence_logits=conf, confidence_weight=conf_weight,
+                                                   confidence_temperature=conf_temperature)
                     (share * dp.size if dp.active else share).backward()
                 total = total + share.detach()
                 stats = stats + part_stats
