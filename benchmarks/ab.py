@@ -4,7 +4,7 @@ Triton, CUDA).
 
     git worktree add ../before HEAD~1
     python -m benchmarks.ab --variant before --tree before=../before --variant after \\
-        --rounds 3 --out ab_runs -- --target qwen3_5_27b --device cuda --dtype bfloat16 \\
+        --rounds 3 --out ab_runs -- --target qwen3_5_27b \\
         --prompt-len 256 --new-tokens 192 --repeats 3 --verify-iters 10 --verify-tokens ""
 
 Code paths of this project are chosen by its config and code, never by the environment: a switch to
@@ -46,7 +46,11 @@ paired within its round.
 `ready_kernels` from PATH/kernels, and read presets and base.yaml from PATH/experiments, whose keys follow that
 commit's config schema (the engine JSON's `source` says which tree ran), so a code change is A/B'd against
 the code before it in the same paired rounds. A tree from before issue 76, whose benchmarks were
-`ready/bench/`, runs as it is: that folder is linked in as `benchmarks`.
+`ready/bench/`, runs as it is: that folder is linked in as `benchmarks`. The engine arguments after `--` go to
+every tree as they are: until issue 76 item 2 the engine benchmark took its config keys as flags (`-k`,
+`--device`, `--dtype`, `--compile`, `--temperature`, ...), since then as `a.b=v` overrides (`drafter.proposals=7`,
+...), and its default K for the qwen3_5_27b preset went from the flag's 7 to the preset's 6: an A/B across that
+change takes neither (the old tree refuses overrides, the new one the flags), and the 27B's K differs there.
 """
 
 from __future__ import annotations

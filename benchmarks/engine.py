@@ -1,13 +1,27 @@
 """Benchmark the decoding engine: AR tokens/s, verify-vs-step cost, forced-acceptance TPS, and the
 DSpark / ReaDy round at paper size.
 
-    python -m benchmarks.engine --target tiny --device cpu --json
-    python -m benchmarks.engine --target qwen3_5_27b --device cuda --dtype bfloat16 \
+    python -m benchmarks.engine --target tiny --json target.device=cpu
+    python -m benchmarks.engine --target qwen3_5_27b drafter.proposals=7 \
         --accept-dist "0:0.1,3:0.3,7:0.6" --accept-dist "0:0.05,3:0.25,7:0.7" --json
-    python -m benchmarks.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
-        --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --breakdown --json
-    python -m benchmarks.engine --target qwen3_5_27b --device cuda --drafter dspark,ready \
-        --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --batch 1,2,4,8,16 --batch-only --json
+    python -m benchmarks.engine --target qwen3_5_27b --drafter dspark,ready \
+        --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.15,6:0.3 --breakdown --json
+    python -m benchmarks.engine --target qwen3_5_27b --drafter dspark,ready reader.rank=64 \
+        --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.15,6:0.3 --batch 1,2,4,8,16 --batch-only --json
+
+The typed config is the command line: the benchmark's config is `load_config(preset, overrides)` (ready/config.py)
+of the drafter preset (`--drafter-preset`, default the target's preset, else tiny: experiments/presets/) and
+every `a.b=v` argument, parsed and checked as `python -m sweeps.run` does (a misspelled key or a bad value is
+one line naming it). It gives the target's `target.dtype`, `target.device` (auto: CUDA when visible) and
+`target.compile` (torch.compile inside the CUDA graphs; auto = on CUDA), K = `drafter.proposals`, the real
+drafters' `drafter.*` and `reader.*` sections, the batched section's sampling (`eval.temperature`,
+`eval.top_p`) and verify schedule (`eval.verify_schedule`, `eval.confidence_threshold`, `eval.verify_budget`).
+qwen3_5_27b: bfloat16 on CUDA, K = 6 (the public DSpark checkpoint's); tiny: float32, device auto, K = 7. The
+flags that restated config keys are gone, each refused in one line naming its override: `-k N` is
+`drafter.proposals=N`, `--device D` `target.device=D`, `--dtype T` `target.dtype=T`, `--compile` /
+`--no-compile` `target.compile=on` / `off`, `--temperature T` `eval.temperature=T`, `--confidence-threshold X`
+`eval.confidence_threshold=X`, `--verify-budget X` `eval.verify_budget=X`. The rest (`--target`, what to time
+and how often) are the benchmark's own flags.
 
 Prints one JSON object (stdout, or --out); on stderr one `[bench N s]` line per finished section, so
 a run cut by a time limit still shows what it measured. Its keys:
@@ -28,9 +42,9 @@ a run cut by a time limit still shows what it measured. Its keys:
   mean context (prompt + new tokens / 2).
 - `--prompt-len 1024,8192,32768`: every section at each length in turn, one loaded target:
   `{"prompt_lens": [...], "by_prompt_len": [the result at each length]}`.
-- `drafters` (`--drafter dspark,ready`): real DSpark drafters with random weights (the drafter
-  preset's sizes: `--drafter-preset`, default the target preset's, e.g. qwen3_5_27b: 5 layers,
-  6 proposals; ReaDy adds the reader, r = 8 on layers 30 and 62, once, post-attention, last layer). Each
+- `drafters` (`--drafter dspark,ready`): real DSpark drafters with random weights (the config's `drafter`
+  and `reader` sections: the preset's sizes, e.g. qwen3_5_27b: 5 layers, 6 proposals, and any `drafter.*` /
+  `reader.*` override; ReaDy adds the reader, r = 8 on layers 30 and 62, once, post-attention, last layer). Each
   accept distribution drives both with the same sequence of accepted lengths (forced acceptance,
   reseeded for every generation), so their rounds are identical and `ready_over_dspark` (ReaDy TPS /
   DSpark TPS) is the pure cost of reading states. Both engines are warmed up alike, then `--pairs`
@@ -64,10 +78,11 @@ a run cut by a time limit still shows what it measured. Its keys:
   (verify per block length, the batched draft step). `--batch-only` skips the single-sequence sections.
   `--slots ragged` decodes B = 1 through the ragged slot store as well (`ready.decode.slots`; by default one
   slot is `SingleSlot`): beside the single-sequence sections, the cost of a batch of one on the ragged path.
-  `--temperature T` (> 0): every method samples (one seed per prompt) under the real acceptance rule, so
-  with random weights few drafts survive: the figures are the cost of the batched sampling path.
-  `--verify-schedule full,confidence` (`ready.decode.schedule`): each drafter also runs under the confidence
-  schedule (`--confidence-threshold`, `--verify-budget`) as `dspark@confidence`, `ready@confidence`
+  `eval.temperature=T` (> 0): every method samples (one seed per prompt, `eval.top_p`) under the real acceptance
+  rule, so with random weights few drafts survive: the figures are the cost of the batched sampling path.
+  `--verify-schedule full,confidence` (`ready.decode.schedule`; default the config's `eval.verify_schedule`): each
+  drafter runs under each schedule listed, the confidence one (`eval.confidence_threshold`,
+  `eval.verify_budget`) as `dspark@confidence`, `ready@confidence`
   (`over_full`: its TPS over the same drafter's under the full schedule). Forced acceptance needs forced
   confidences (`ForcedRounds`, `--force-confidence`): `calibrated` gives every round the distribution's
   conditional acceptance c_j = P(A >= j) / P(A >= j-1) (a head calibrated on the distribution that knows
@@ -83,6 +98,7 @@ a run cut by a time limit still shows what it measured. Its keys:
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import math
@@ -100,7 +116,8 @@ import ready.fastops  # noqa: F401  (the kernels' loader, before the tuners are 
 import ready_kernels
 from benchmarks import copy_rate
 from ready.artifacts import atomic_write_text
-from ready.config import ConfigError, entry_point, load_config
+from ready.config import (ConfigError, compile_in_graphs, entry_point, load_config, preset_names,
+                          replaced_flags)
 from ready.cuda_graph import capture, replay_us
 from ready.decode.engine import Engine
 from ready.decode.errors import DecodeError
@@ -110,11 +127,17 @@ from ready.decode.rounds import Generation
 from ready.decode.sampling import SamplingParams
 from ready.decode.schedule import SCHEDULES, VerifySchedule
 from ready.drafter import DSparkDrafter
+from ready.loading import pick_device
 from ready.reader import StateSource, read_states
 from ready.target import PRESETS, load_target
 from reports.stats import mean_interval, t_quantile
 
 DRAFTERS = ("random", "dspark", "ready")
+# the flags that restated config keys, and the override that says each now (ready.config.replaced_flags)
+REPLACED = {"-k": "drafter.proposals", "--proposals": "drafter.proposals", "--device": "target.device",
+            "--dtype": "target.dtype", "--compile": "target.compile=on", "--no-compile": "target.compile=off",
+            "--temperature": "eval.temperature", "--confidence-threshold": "eval.confidence_threshold",
+            "--verify-budget": "eval.verify_budget"}
 _T0 = time.monotonic()
 TIMELINE: list[tuple[float, str]] = []  # (seconds since start, section): the JSON's `timeline_s`
 
@@ -314,21 +337,34 @@ def time_verify(target: Any, prompt: torch.Tensor, sizes: list[int], iters: int,
 
 # --- real drafters at the preset's size ------------------------------------------------------------
 
-def drafter_configs(preset: str, proposals: int) -> tuple[Any, Any]:
-    """(drafter, reader) configs of the preset (`ready.config.load_config`), proposing K = `proposals`."""
-    try:
-        cfg = load_config(preset=preset)
-    except ConfigError as e:
-        raise DecodeError(f"--drafter-preset {preset!r}: {e}") from None
-    cfg.drafter.proposals = proposals
-    return cfg.drafter, cfg.reader
+def bench_config(preset: str, overrides: Sequence[str] = ()) -> Any:
+    """The benchmark's typed config: `ready.config.load_config` of the drafter preset and the command line's
+    `a.b=v` overrides; a preset that does not exist is the loader's line, naming `--drafter-preset`."""
+    if preset not in preset_names():
+        drafter_configs(preset, 1)
+    return load_config(preset=preset, overrides=overrides)
 
 
-def build_drafter(target: Any, kind: str, preset: str, proposals: int, seed: int) -> Any:
+def drafter_configs(preset: str, proposals: int, config: Any = None) -> tuple[Any, Any]:
+    """(drafter, reader) configs of the preset (`ready.config.load_config`), or copies of `config`'s (the
+    benchmark's, `bench_config`), proposing K = `proposals`."""
+    if config is None:
+        try:
+            config = load_config(preset=preset)
+        except ConfigError as e:
+            raise DecodeError(f"--drafter-preset {preset!r}: {e}") from None
+    else:
+        config = copy.deepcopy(config)
+    config.drafter.proposals = proposals
+    return config.drafter, config.reader
+
+
+def build_drafter(target: Any, kind: str, preset: str, proposals: int, seed: int, config: Any = None) -> Any:
     """A DSpark drafter (`dspark`) or one with ReaDy readers (`ready`) in the target's dtype, random
     weights: the same seed gives both the same backbone; the parts that start at zero (sequence head
-    output, reader output) get random values too, so nothing is timed on zeros."""
-    dcfg, rcfg = drafter_configs(preset, proposals)
+    output, reader output) get random values too, so nothing is timed on zeros. Its sizes: `config`'s
+    drafter and reader sections (the benchmark's config), else the preset's."""
+    dcfg, rcfg = drafter_configs(preset, proposals, config)
     rcfg.enabled = kind == "ready"
     torch.manual_seed(seed)
     d = DSparkDrafter(dcfg, rcfg, target)
@@ -503,12 +539,13 @@ def consistency(timed: dict[str, Any], events: dict[str, Any], tolerance_pct: fl
 def bench_drafters(target: Any, kinds: list[str], preset: str, proposals: int, dists: list[tuple[str, dict]],
                    prompt: torch.Tensor, new_tokens: int, pairs: int, graphs: bool, seed: int,
                    ar_decode_tps: float, breakdown: bool, profile: bool,
-                   tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
+                   tolerance_pct: float = TOLERANCE_PCT, config: Any = None) -> dict[str, Any]:
     """DSpark and ReaDy through the engine under identical forced acceptance; see the module docstring.
 
     Both engines are warmed up alike (reserve + two generations, ABBA); then `pairs` timed pairs in ABBA
     order without events, and with `breakdown` as many pairs again with CUDA events around each part."""
-    engines = {k: Engine(target, build_drafter(target, k, preset, proposals, seed), eos_token_id=-1, cuda_graphs=graphs)
+    engines = {k: Engine(target, build_drafter(target, k, preset, proposals, seed, config), eos_token_id=-1,
+                         cuda_graphs=graphs)
                for k in kinds}
     names = list(engines)
     out: dict[str, Any] = {"preset": preset, "resolved": {k: e.drafter.resolved() for k, e in engines.items()},
@@ -639,7 +676,7 @@ def bench_batched(target: Any, kinds: list[str], preset: str, proposals: int, di
                   seed: int, temperature: float = 0.0, slots: Optional[str] = None,
                   one_at_a_time: bool = False, schedules: Sequence[VerifySchedule] = (VerifySchedule(),),
                   force_confidence: str = "calibrated", streamed: int = 0, bandwidth: float = 0.0,
-                  peak_flops: float = 0.0) -> dict[str, Any]:
+                  peak_flops: float = 0.0, top_p: float = 1.0, config: Any = None) -> dict[str, Any]:
     """AR, DSpark and ReaDy through an `Engine` of B slots at each batch size (concurrency):
     `waves` x B prompts of `prompt_len` random tokens per timed call (slots are refilled as rows end), TPS =
     all new tokens / wall time. The drafters decode under forced acceptance (`dist`, reseeded per call, so
@@ -662,21 +699,23 @@ def bench_batched(target: Any, kinds: list[str], preset: str, proposals: int, di
     out: dict[str, Any] = {"batches": list(batches), "waves": waves, "temperature": temperature, "slots": slots or "auto",
                            "accept_dist": None if dist is None or temperature > 0 else dist[1],
                            "spec": None if dist is None else dist[0], "one_at_a_time": one_at_a_time, "runs": []}
-    sampling = SamplingParams(temperature, 1.0, seed) if temperature > 0 else None
+    sampling = SamplingParams(temperature, top_p, seed) if temperature > 0 else None
     by_kind = {s.kind: s for s in schedules}
     drafting = [k if s.kind == "full" else f"{k}@{s.kind}" for s in schedules for k in kinds]
     methods = ["ar"] + (drafting if dist is not None or sampling is not None else [])
     out["schedules"] = {s.kind: {"confidence_threshold": s.threshold, "verify_budget": s.budget} for s in schedules}
     out["force_confidence"] = force_confidence if any(s.scheduled for s in schedules) else None
     out["peak_flops"], out["bandwidth"] = peak_flops or None, bandwidth or None
-    held = {} if one_at_a_time else {k: build_drafter(target, k, preset, proposals, seed) for k in kinds}
+    held = {} if one_at_a_time else {k: build_drafter(target, k, preset, proposals, seed, config) for k in kinds}
 
     def engine(k: str, B: int) -> Engine:
         kind, schedule = method_schedule(k)
-        d = None if k == "ar" else (held[kind] if kind in held else build_drafter(target, kind, preset, proposals, seed))
-        forced = dist is not None and sampling is None and by_kind[schedule].scheduled
+        d = None if k == "ar" else (held[kind] if kind in held
+                                    else build_drafter(target, kind, preset, proposals, seed, config))
+        plan = VerifySchedule() if k == "ar" else by_kind[schedule]  # AR has no drafts (and `full` may not be listed)
+        forced = dist is not None and sampling is None and plan.scheduled
         return Engine(target, d, batch_size=B, eos_token_id=-1, cuda_graphs=graphs, sampling=sampling, slots=slots,
-                      verify_schedule=by_kind[schedule], capture_all_lengths=not forced,
+                      verify_schedule=plan, capture_all_lengths=not forced,
                       confidence_fn=(lambda b: [1.0] * proposals) if forced else None)
 
     def free() -> None:  # a dropped engine's cache and graphs back to the device before the next one
@@ -775,12 +814,12 @@ def bench_batched(target: Any, kinds: list[str], preset: str, proposals: int, di
 
 
 def first_vs_later(target: Any, preset: str, proposals: int, dist: dict, prompt: torch.Tensor, new_tokens: int,
-                   repeats: int, graphs: bool, seed: int) -> dict[str, Any]:
+                   repeats: int, graphs: bool, seed: int, config: Any = None) -> dict[str, Any]:
     """Decode TPS of the first and of a second engine of the process (each with its own ReaDy drafter),
     each warmed up exactly as `ready.decode.evaluate` does before its clock starts."""
     out: dict[str, Any] = {}
     for name in ("first", "later"):
-        e = Engine(target, build_drafter(target, "ready", preset, proposals, seed), eos_token_id=-1,
+        e = Engine(target, build_drafter(target, "ready", preset, proposals, seed, config), eos_token_id=-1,
                    cuda_graphs=graphs, accept_fn=forced_acceptance(dist, seed))
         t0 = time.perf_counter()
         _warm_up(e, [prompt], new_tokens, 1)
@@ -805,13 +844,15 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
           slots: Optional[str] = None, on_length: Optional[Callable[[dict[str, Any]], None]] = None,
           one_at_a_time: bool = False, prefill_chunk: int = 0,
           schedules: Sequence[VerifySchedule] = (VerifySchedule(),), force_confidence: str = "calibrated",
-          peak_flops: Optional[float] = None) -> dict[str, Any]:
+          peak_flops: Optional[float] = None, top_p: float = 1.0, config: Any = None) -> dict[str, Any]:
     """Every section at one prompt length, or, for a list, the sections at each length in turn over one
     loaded target (`{"prompt_lens": [...], "by_prompt_len": [one result per length]}`). `on_length` gets the
     results so far after each length, so a run cut short keeps the lengths it finished. `prefill_chunk` > 0:
     every prefill in pieces of at most that many tokens (`HybridLM.prefill_chunk`). `schedules`,
     `force_confidence`: the batched section's verify schedules and forced confidence (`bench_batched`);
-    `peak_flops`: the verify bound's FLOP rate (None: measured on the card, `measured_bf16_flops`)."""
+    `peak_flops`: the verify bound's FLOP rate (None: measured on the card, `measured_bf16_flops`). `config`: the
+    benchmark's config (`bench_config`), whose drafter and reader sections size the real drafters (None: the
+    preset's)."""
     lens = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
     dists_parsed = [(text, parse_accept_dist(text, proposals)) for text in dists]  # fail before loading
     bad = [d for d in drafters if d not in DRAFTERS + ("none",)]
@@ -819,7 +860,7 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
         raise DecodeError(f"--drafter {','.join(bad)}: expected a comma list of none, {', '.join(DRAFTERS)}")
     preset = drafter_preset or (target_spec if target_spec in PRESETS else "tiny")
     if any(d in ("dspark", "ready") for d in drafters):
-        drafter_configs(preset, proposals)  # a bad preset fails before the target loads
+        drafter_configs(preset, proposals, config)  # a bad preset fails before the target loads
     torch.manual_seed(seed)
     target = load_target(target_spec, device=device, dtype=dtype)
     progress(f"target {target_spec} loaded on {target.device} ({dtype})")
@@ -846,7 +887,8 @@ def bench(target_spec: str, device: str, dtype: str, prompt_len: int | list[int]
                              verify_iters, bandwidth, cuda_graphs, compile_layers, seed, preset, drafters,
                              verify_tokens, breakdown, profile, first_later and i == 0, batches, waves, batch_only,
                              pairs, tolerance_pct, temperature, slots, one_at_a_time=one_at_a_time,
-                             schedules=schedules, force_confidence=force_confidence, peak_flops=peak_flops or 0.0))
+                             schedules=schedules, force_confidence=force_confidence, peak_flops=peak_flops or 0.0,
+                             top_p=top_p, config=config))
         runs[-1]["prefill_chunk"] = prefill_chunk
         if on_length is not None:
             on_length(result())
@@ -867,7 +909,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
              first_later: bool, batches: Optional[list[int]], waves: int, batch_only: bool, pairs: int,
              tolerance_pct: float, temperature: float, slots: Optional[str] = None,
              one_at_a_time: bool = False, schedules: Sequence[VerifySchedule] = (VerifySchedule(),),
-             force_confidence: str = "calibrated", peak_flops: float = 0.0) -> dict[str, Any]:
+             force_confidence: str = "calibrated", peak_flops: float = 0.0, top_p: float = 1.0,
+             config: Any = None) -> dict[str, Any]:
     """Every section of the benchmark at one prompt length (module docstring)."""
     dev = target.device
     if dev.type == "cuda":  # `peak_gpu_gb`: this length's high-water mark, the target's weights included
@@ -882,7 +925,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
         kinds = [d for d in drafters if d in ("dspark", "ready")]
         batched = bench_batched(target, kinds, preset, proposals, dists_parsed[0] if dists_parsed else None,
                                 prompt_len, new_tokens, batches, waves, repeats, graphs, seed, temperature, slots,
-                                one_at_a_time, schedules, force_confidence, streamed, bandwidth, peak_flops)
+                                one_at_a_time, schedules, force_confidence, streamed, bandwidth, peak_flops, top_p,
+                                config)
         if batch_only:
             return {"target": target_spec, "device": str(dev), "dtype": dtype, "cuda_graphs": graphs,
                     "params": sum(p.numel() for p in target.parameters()), "weight_bytes": weight_bytes,
@@ -892,7 +936,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     ar_profile = None
     first = None
     if first_later and dists_parsed:  # before anything else of this process warms anything up
-        first = first_vs_later(target, preset, proposals, dists_parsed[0][1], prompt, new_tokens, repeats, graphs, seed)
+        first = first_vs_later(target, preset, proposals, dists_parsed[0][1], prompt, new_tokens, repeats, graphs, seed,
+                               config)
     ar = _summary(_median_generation(Engine(target, eos_token_id=-1, cuda_graphs=graphs), prompt, new_tokens, repeats))
     ar["step_ms"] = 1e3 / ar["decode_tokens_per_s"] if ar["decode_tokens_per_s"] else None
     progress(f"prompt {prompt_len}: AR {ar['decode_tokens_per_s']:.1f} decode tok/s")
@@ -931,7 +976,8 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
     kinds = [d for d in drafters if d in ("dspark", "ready")]
     if kinds:
         out["drafters"] = bench_drafters(target, kinds, preset, proposals, dists_parsed, prompt, new_tokens, pairs,
-                                         graphs, seed, ar["decode_tokens_per_s"], breakdown, profile, tolerance_pct)
+                                         graphs, seed, ar["decode_tokens_per_s"], breakdown, profile, tolerance_pct,
+                                         config)
     if first is not None:
         out["first_vs_later"] = first
     if batched is not None:
@@ -968,16 +1014,15 @@ def bench_at(target: Any, target_spec: str, dtype: str, prompt_len: int, new_tok
 @entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     TIMELINE.clear()  # this run's marks (one process runs main once; tests run it many times)
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                    help="overrides of the typed config (ready/config.py), e.g. drafter.proposals=6 target.dtype=bfloat16")
     ap.add_argument("--target", default="tiny", help="preset or checkpoint directory (default tiny)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--prompt-len", default="128",
                     help="prompt tokens, or a comma list (e.g. 1024,8192,32768): every section at each length in "
                          "turn over one loaded target (default 128)")
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("-k", "--proposals", type=int, default=7,
-                    help="K, tokens proposed per round, the anchor not counted (a round verifies K + 1; default 7)")
     ap.add_argument("--accept-dist", action="append", default=None,
                     help="A:p,... distribution of accepted lengths for a forced-acceptance run (repeatable); "
                          "default 0:0.1,3:0.3,7:0.6 when K=7")
@@ -991,13 +1036,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the bound (default: the GPU's measured copy rate, "
                     "benchmarks.COPY_BYTES_PER_S; no bound for a card not listed there unless given)")
     ap.add_argument("--no-cuda-graphs", action="store_true")
-    ap.add_argument("--compile", action="store_true", default=None,
-                    help="torch.compile the target layers inside CUDA graphs (the default on CUDA; see --no-compile)")
-    ap.add_argument("--no-compile", dest="compile", action="store_false", help="eager target layers in the graphs")
     ap.add_argument("--drafter", default="random",
                     help="comma list of drafters to time: random (free random drafts), dspark, ready (default random)")
     ap.add_argument("--drafter-preset", default=None,
-                    help="experiments/presets/<name>.yaml for the drafter's sizes (default: the target preset, else tiny)")
+                    help="experiments/presets/<name>.yaml, the config's preset (the drafters' sizes, K, the target's dtype "
+                         "and device; default: the target preset, else tiny)")
     ap.add_argument("--verify-tokens", default=None, help="comma list of verify sizes to time besides 1 and K+1 "
                     "(default 2,4); each size is one more compiled graph on CUDA")
     ap.add_argument("--breakdown", action="store_true", help="per-round µs of draft, verify, commit (drafters)")
@@ -1007,8 +1050,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch", default=None,
                     help="comma list of batch sizes (concurrency), e.g. 1,2,4,8,16: AR and the --drafter kinds "
                          "dspark/ready through the batched engine at each, under the first --accept-dist")
-    ap.add_argument("--temperature", type=float, default=0.0,
-                    help="with --batch: sample at this temperature (real acceptance, one seed per prompt; default 0 = greedy)")
     ap.add_argument("--waves", type=int, default=2, help="prompts per slot in each --batch measurement (default 2)")
     ap.add_argument("--batch-only", action="store_true", help="with --batch: skip the single-sequence sections")
     ap.add_argument("--slots", choices=("single", "ragged"), default=None,
@@ -1016,13 +1057,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="with --batch: build, time and free one method's engine after another instead of holding "
                          "AR, DSpark and ReaDy together (not interleaved; for caches that do not fit together)")
-    ap.add_argument("--verify-schedule", default="full",
+    ap.add_argument("--verify-schedule", default=None,
                     help="with --batch: comma list of verify schedules the drafters run under, full and/or confidence "
-                         "(ready.decode.schedule; default full)")
-    ap.add_argument("--confidence-threshold", type=float, default=0.5,
-                    help="the confidence schedule's threshold (eval.confidence_threshold; default 0.5)")
-    ap.add_argument("--verify-budget", type=float, default=0.0,
-                    help="the confidence schedule's budget of drafts per decoding row (eval.verify_budget; default 0 = none)")
+                         "(ready.decode.schedule; default the config's eval.verify_schedule)")
     ap.add_argument("--force-confidence", choices=FORCED_CONFIDENCE, default="calibrated",
                     help="the confidence schedule's forced confidences under --accept-dist (ForcedRounds): calibrated "
                          "(the distribution's conditional acceptance, every round) or oracle (the round's drawn A)")
@@ -1035,19 +1072,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     ap.add_argument("--json", action="store_true", help="compact JSON (default: indented)")
-    a = ap.parse_args(argv)
+    try:
+        replaced_flags(argv, REPLACED)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    a = ap.parse_intermixed_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
-    bw = a.bandwidth if a.bandwidth is not None else copy_rate(a.device)
-    dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if a.proposals == 7 else [])
     try:
+        preset = a.drafter_preset or (a.target if a.target in PRESETS else "tiny")
+        cfg = bench_config(preset, a.overrides)
+        device, dtype, proposals = pick_device(cfg), str(cfg.target.dtype), int(cfg.drafter.proposals)
+        bw = a.bandwidth if a.bandwidth is not None else copy_rate(device)
+        dists = a.accept_dist if a.accept_dist is not None else (["0:0.1,3:0.3,7:0.6"] if proposals == 7 else [])
         try:
             lens = [int(x) for x in str(a.prompt_len).split(",") if x.strip()]
         except ValueError:
             raise DecodeError(f"--prompt-len {a.prompt_len!r}: expected a number or a comma list, e.g. 1024,8192") from None
-        if not lens or min(lens) < 1 or a.proposals < 1 or a.new_tokens < 2 or a.repeats < 1 or a.pairs < 2:
-            raise DecodeError("expected -k >= 1, --new-tokens >= 2, --prompt-len >= 1, --repeats >= 1 and --pairs >= 2")
+        if not lens or min(lens) < 1 or a.new_tokens < 2 or a.repeats < 1 or a.pairs < 2:
+            raise DecodeError("expected --new-tokens >= 2, --prompt-len >= 1, --repeats >= 1 and --pairs >= 2")
         vt = [int(t) for t in a.verify_tokens.split(",") if t.strip()] if a.verify_tokens is not None else None
         try:
             batches = [int(b) for b in a.batch.split(",") if b.strip()] if a.batch is not None else None
@@ -1055,24 +1099,24 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise DecodeError(f"--batch {a.batch!r}: expected a comma list of batch sizes, e.g. 1,2,4,8,16") from None
         if a.prefill_chunk < 0:
             raise DecodeError(f"--prefill-chunk {a.prefill_chunk}: expected 0 (one pass) or a number of tokens >= 1")
-        if not a.temperature >= 0:
-            raise DecodeError(f"--temperature {a.temperature}: expected a number >= 0 (0 = greedy)")
         if batches is not None and (not batches or min(batches) < 1 or a.waves < 1):
             raise DecodeError(f"--batch {a.batch!r} --waves {a.waves}: expected batch sizes >= 1 and --waves >= 1")
-        kinds = [k.strip() for k in a.verify_schedule.split(",") if k.strip()]
+        listed = a.verify_schedule if a.verify_schedule is not None else str(cfg.eval.verify_schedule)
+        kinds = [k.strip() for k in listed.split(",") if k.strip()]
         if not kinds or any(k not in SCHEDULES for k in kinds) or len(set(kinds)) != len(kinds):
-            raise DecodeError(f"--verify-schedule {a.verify_schedule!r}: expected a comma list of {', '.join(SCHEDULES)}")
-        schedules = [VerifySchedule(k, a.confidence_threshold, a.verify_budget) for k in kinds]
+            raise DecodeError(f"--verify-schedule {listed!r}: expected a comma list of {', '.join(SCHEDULES)}")
+        schedules = [VerifySchedule(k, float(cfg.eval.confidence_threshold), float(cfg.eval.verify_budget)) for k in kinds]
         with torch.no_grad():
-            res = bench(a.target, a.device, dtype, lens if len(lens) > 1 else lens[0], a.new_tokens, a.proposals,
-                        dists, a.repeats, a.verify_iters, bw, False if a.no_cuda_graphs else None, a.compile, a.seed,
-                        drafters=tuple(d.strip() for d in a.drafter.split(",") if d.strip()),
-                        drafter_preset=a.drafter_preset, verify_tokens=vt, breakdown=a.breakdown,
+            res = bench(a.target, device, dtype, lens if len(lens) > 1 else lens[0], a.new_tokens, proposals,
+                        dists, a.repeats, a.verify_iters, bw, False if a.no_cuda_graphs else None, compile_in_graphs(cfg),
+                        a.seed, drafters=tuple(d.strip() for d in a.drafter.split(",") if d.strip()),
+                        drafter_preset=preset, verify_tokens=vt, breakdown=a.breakdown,
                         profile=a.profile, first_later=a.first_later, batches=batches, waves=a.waves,
                         batch_only=a.batch_only, pairs=a.pairs, tolerance_pct=a.tolerance_pct,
-                        temperature=a.temperature, slots=a.slots, one_at_a_time=a.one_at_a_time,
+                        temperature=float(cfg.eval.temperature), slots=a.slots, one_at_a_time=a.one_at_a_time,
                         schedules=schedules, force_confidence=a.force_confidence, peak_flops=a.peak_flops,
-                        prefill_chunk=a.prefill_chunk, on_length=(lambda r: atomic_write_text(a.out, json.dumps(r) + "\n")) if a.out else None)
+                        prefill_chunk=a.prefill_chunk, top_p=float(cfg.eval.top_p), config=cfg,
+                        on_length=(lambda r: atomic_write_text(a.out, json.dumps(r) + "\n")) if a.out else None)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):
             raise

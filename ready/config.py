@@ -917,3 +917,29 @@ def load_config(preset: Optional[str] = None, profile: Optional[str] = None,
     default = next((source for source, keys in reversed(provenance) if keys), "config")
     _check(cfg, provenance, default)
     return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands whose typed config is their command line: `a.b=v` overrides (`load_config(overrides=...)`, the
+# one parser, as `python -m sweeps.run` takes them) instead of flags that restated config keys.
+
+def replaced_flags(argv: Sequence[str], replaced: Mapping[str, str]) -> None:
+    """Refuse a flag that restated a config key and gave way to the key's `a.b=v` override: `replaced` maps each
+    old flag to its override, a key whose value follows the flag (`{"-k": "drafter.proposals"}`) or a whole
+    override for a switch (`{"--exact": "eval.exact=on"}`). One ConfigError naming the override that says it,
+    e.g. `-k 6: this flag is gone; the config says it: drafter.proposals=6`. Tokens after `--` are not read."""
+    for i, token in enumerate(argv):
+        if token == "--":
+            return
+        flag, eq, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        if flag not in replaced and not token.startswith("--") and token[:2] in replaced:  # -k6
+            flag, eq, value = token[:2], "=", token[2:]
+        if flag not in replaced:
+            continue
+        override, shown = replaced[flag], token
+        if "=" not in override:
+            if not eq and i + 1 < len(argv):
+                value, shown = argv[i + 1], f"{token} {argv[i + 1]}"
+            override = f"{override}={value if (eq or i + 1 < len(argv)) else 'VALUE'}"
+        raise ConfigError(f"{shown}: this flag is gone; the config says it: {override} (a key=value override, "
+                          "as python -m sweeps.run takes them)")

@@ -1,7 +1,7 @@
 """Decoding against the context length (issue 46 item 1): decode tok/s of AR, DSpark and ReaDy, and what
 reading the states costs, against the prompt length, from the engine benchmark's JSON.
 
-    python -m benchmarks.engine --target qwen3_5_27b --device cuda --dtype bfloat16 --drafter dspark,ready \\
+    python -m benchmarks.engine --target qwen3_5_27b drafter.proposals=7 --drafter dspark,ready \\
         --breakdown --accept-dist 0:0.15,1:0.1,2:0.1,3:0.1,4:0.1,5:0.1,6:0.1,7:0.25 --json \\
         --prompt-len 1024,8192,32768 --out lengths.json
     python -m reports.lengths lengths.json --out docs/img/lengths_h200     # writes .pdf and .png

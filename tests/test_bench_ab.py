@@ -173,7 +173,7 @@ def test_two_trees_run_in_fresh_processes_on_cpu(tmp_path, capsys):
     torch.manual_seed(0)
     target = save_target(small_target(num_layers=4), tmp_path / "t")
     copy, broken = tmp_path / "copy", tmp_path / "broken"
-    for name in ("ready", "benchmarks", "kernels"):  # another source tree: this one's code, elsewhere
+    for name in ("ready", "benchmarks", "kernels", "experiments"):  # another source tree: this one's code, elsewhere
         shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
     for name in ("ready", "benchmarks", "kernels"):
         (broken / name).mkdir(parents=True)
@@ -184,7 +184,7 @@ def test_two_trees_run_in_fresh_processes_on_cpu(tmp_path, capsys):
     code = ab.main(["--variant", "here", "--variant", "copy", "--variant", "broken",
                     "--tree", f"copy={copy}", "--tree", f"broken={broken}", "--rounds", "2", "--out", str(out),
                     "--metric", "tau=ar.tau", "--",
-                    "--target", str(target), "--device", "cpu", "--prompt-len", "8", "--new-tokens", "12", "-k", "3",
+                    "--target", str(target), "target.device=cpu", "--prompt-len", "8", "--new-tokens", "12", "drafter.proposals=3",
                     "--accept-dist", "3:1", "--repeats", "1", "--verify-iters", "2", "--threads", "1"])
     res = json.loads(capsys.readouterr().out)
     assert json.loads((out / "ab.json").read_text()) == res

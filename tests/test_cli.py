@@ -151,3 +151,17 @@ def test_smoke_switches_the_triton_interpreter_on_through_ready_too():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "INTERPRET 1"
     assert "usage: ready bench kernels" in out.stdout
+
+
+@pytest.mark.parametrize("command", [["generate", "--target", "tiny", "--method", "ar", "--prompt-ids", "1,2"],
+                                     ["bench", "engine", "--target", "tiny"]])
+def test_a_misspelled_config_key_is_the_line_ready_sweep_gives(command):
+    """`ready generate` and `ready bench engine` take the typed config's `a.b=v` as `ready sweep` does: the
+    same parser, so a misspelled key is the same one line and exit status 2; `--help` shows the overrides."""
+    sweep = _ready("sweep", "rank", "--dry-run", "drafter.proposal=6")
+    out = _ready(*command, "drafter.proposal=6")
+    assert sweep.returncode == out.returncode == 2 and out.stdout == ""
+    assert out.stderr == sweep.stderr == ("error: command line: bad value at key 'drafter.proposal': Key 'proposal' "
+                                          "not in 'DrafterConfig'. Did you mean one of: 'proposals', 'rope_scaling'?\n")
+    shown = _ready(*command[:2 if command[0] == "bench" else 1], "--help")
+    assert shown.returncode == 0 and "KEY=VALUE" in shown.stdout and "overrides of the typed config" in shown.stdout

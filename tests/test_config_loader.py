@@ -361,6 +361,6 @@ def test_entry_points_report_a_bad_preset_in_one_line(capsys):
     assert launch_main(["--preset", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: preset 'nope' not found at ") and err.count("\n") == 1
-    assert engine_main(["--target", "tiny", "--device", "cpu", "--drafter", "dspark", "--drafter-preset", "nope"]) == 2
+    assert engine_main(["--target", "tiny", "target.device=cpu", "--drafter", "dspark", "--drafter-preset", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --drafter-preset 'nope': preset 'nope' not found at ") and err.count("\n") == 1

@@ -59,7 +59,7 @@ def test_the_command_trains_then_measures_a_built_target(tmp_path, capsys):
              "pretrain.steps=2", "pretrain.batch_size=2", "pretrain.seq_len=32", "pretrain.heldout_windows=2",
              "pretrain.sample_tokens=4", "--prompts", "4"]
     ckpt = tmp_path / "copier"
-    rows = main(["--device", "cpu", "--data", "random", "--symbols", "32", "--batch", "2", "--checks", "1,2",
+    rows = main(["target.device=cpu", "--data", "random", "--symbols", "32", "--batch", "2", "--checks", "1,2",
                  "--save", str(ckpt), *small])
     assert [r["step"] for r in rows] == [1, 2]
     from ready.target import load_target
@@ -67,25 +67,25 @@ def test_the_command_trains_then_measures_a_built_target(tmp_path, capsys):
     assert load_target(ckpt).config.vocab_size == 512 and (ckpt / "tokenizer.json").is_file()
     assert json.loads((ckpt / "probe.json").read_text())["rows"] == rows
     with pytest.raises(SystemExit, match="already exists"):
-        main(["--device", "cpu", "--save", str(ckpt), *small])
+        main(["target.device=cpu", "--save", str(ckpt), *small])
     assert all(0.0 <= r[k] <= 1.0 for r in rows for k in r if k.startswith(("text_", "random_")))
-    built = main(["--built", "--device", "cpu", *small])[0]
+    built = main(["--built", "target.device=cpu", *small])[0]
     assert built["data"] == "built" and built["step"] == 2
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert len(lines) == 3
     # --init continues the saved target: its first step starts from the saved weights
-    more = main(["--device", "cpu", "--data", "random", "--symbols", "32", "--batch", "2", "--checks", "1",
+    more = main(["target.device=cpu", "--data", "random", "--symbols", "32", "--batch", "2", "--checks", "1",
                  "--init", str(ckpt), "--save", str(tmp_path / "copier2"), *small])
     assert len(more) == 1
     before, after = load_target(ckpt).state_dict(), load_target(tmp_path / "copier2").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
     (ckpt / "tokenizer.json").write_text("{}")
     with pytest.raises(SystemExit, match="its tokenizer differs"):
-        main(["--device", "cpu", "--init", str(ckpt), *small])
+        main(["target.device=cpu", "--init", str(ckpt), *small])
     with pytest.raises(SystemExit, match="--span '5'"):
-        main(["--device", "cpu", "--span", "5", *small])
+        main(["target.device=cpu", "--span", "5", *small])
     with pytest.raises(SystemExit, match="--symbols 1"):
-        main(["--device", "cpu", "--data", "random", "--symbols", "1", *small])
+        main(["target.device=cpu", "--data", "random", "--symbols", "1", *small])
 
 
 def test_copy_prompts_repeat_each_rows_lead_after_its_source():
@@ -103,3 +103,16 @@ def test_copy_fidelity_counts_response_tokens_that_continue_the_copy():
                            [0, 1, 2, 3, 4, 5, 0, 1, 2, 9, 0, 0]])
     data = RegenData(tokens=tokens, prompt_len=8, lengths=torch.tensor([12, 10]))
     assert copy_fidelity(data, 6, 2) == pytest.approx(4 / 6)  # row 1: 3 of 4; row 2: 1 of its 2 tokens
+
+
+def test_the_device_is_the_config_s_and_the_old_flag_names_it(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--device", "cpu", "--checks", "1"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --device cpu: this flag is gone; the config says it: target.device=cpu (a key=value override, as "
+        "python -m sweeps.run takes them)\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--checks", "1", "target.devic=cpu"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: command line: bad value at key 'target.devic': Key 'devic' not in 'TargetConfig'. Did you mean: "
+        "'device'?\n")

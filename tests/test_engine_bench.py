@@ -74,7 +74,7 @@ def test_batched_benchmark_under_both_verify_schedules(capsys):
     `<kind>@confidence` with forced confidences that know each round's forced A, so τ is the full schedule's
     and every row verifies exactly the drafts it will accept (tokens verified per round = τ), fewer than the
     full schedule's; the calibrated confidence of a distribution whose every step is >= 0.5 verifies all."""
-    args = ["--target", "tiny", "--device", "cpu", "--prompt-len", "6", "--new-tokens", "10", "-k", "3",
+    args = ["--target", "tiny", "target.device=cpu", "--prompt-len", "6", "--new-tokens", "10", "drafter.proposals=3",
             "--accept-dist", "0:1,1:1,3:2", "--drafter", "dspark,ready", "--batch", "1,2", "--batch-only",
             "--repeats", "1", "--json", "--verify-schedule", "full,confidence"]
     assert main(args + ["--force-confidence", "oracle"]) == 0
@@ -106,7 +106,7 @@ def test_benchmark_prints_consistent_json_on_cpu(tmp_path, capsys):
         linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=128,
     )
     path = save_target(HybridLM(cfg), tmp_path / "t")
-    code = main(["--target", str(path), "--device", "cpu", "--prompt-len", "8", "--new-tokens", "40", "-k", "3",
+    code = main(["--target", str(path), "target.device=cpu", "--prompt-len", "8", "--new-tokens", "40", "drafter.proposals=3",
                  "--accept-dist", "3:1", "--accept-dist", "0:1", "--repeats", "1", "--verify-iters", "3",
                  "--bandwidth", "1e10", "--json"])
     assert code == 0
@@ -134,7 +134,7 @@ def test_benchmark_prints_consistent_json_on_cpu(tmp_path, capsys):
 
 
 def test_benchmark_refuses_a_bad_distribution(capsys):
-    assert main(["--target", "tiny", "--device", "cpu", "-k", "3", "--accept-dist", "5:1"]) == 2
+    assert main(["--target", "tiny", "target.device=cpu", "drafter.proposals=3", "--accept-dist", "5:1"]) == 2
     assert "accepted lengths must lie in 0..K=3" in capsys.readouterr().err
 
 
@@ -147,7 +147,7 @@ def test_dspark_and_ready_rounds_under_identical_acceptance_on_cpu(tmp_path, cap
     )
     path = save_target(HybridLM(cfg), tmp_path / "t")
     out = tmp_path / "res.json"
-    code = main(["--target", str(path), "--device", "cpu", "--prompt-len", "12", "--new-tokens", "30", "-k", "3",
+    code = main(["--target", str(path), "target.device=cpu", "--prompt-len", "12", "--new-tokens", "30", "drafter.proposals=3",
                  "--accept-dist", "0:1,2:1,3:2", "--repeats", "2", "--pairs", "4", "--verify-iters", "2",
                  "--verify-tokens", "", "--tolerance-pct", "1000", "--drafter", "dspark,ready", "--breakdown", "--profile", "--first-later", "--json", "--out", str(out)])
     assert code == 0
@@ -182,14 +182,14 @@ def test_dspark_and_ready_rounds_under_identical_acceptance_on_cpu(tmp_path, cap
 
 
 def test_unknown_drafter_is_refused(capsys):
-    assert main(["--target", "tiny", "--device", "cpu", "--drafter", "eagle"]) == 2
+    assert main(["--target", "tiny", "target.device=cpu", "--drafter", "eagle"]) == 2
     assert "expected a comma list of none, random, dspark, ready" in capsys.readouterr().err
 
 
 def test_batched_benchmark_prints_json_for_each_batch_size(capsys):
     """`--batch 1,2` on the tiny preset: AR, DSpark and ReaDy through the batched engine at each size, the
     drafters under the same forced accepted lengths (identical rounds), the reader's share of a round."""
-    code = main(["--target", "tiny", "--device", "cpu", "--prompt-len", "6", "--new-tokens", "8", "-k", "3",
+    code = main(["--target", "tiny", "target.device=cpu", "--prompt-len", "6", "--new-tokens", "8", "drafter.proposals=3",
                  "--accept-dist", "0:1,3:1", "--drafter", "dspark,ready", "--batch", "1,2", "--batch-only",
                  "--repeats", "1", "--json"])
     assert code == 0
@@ -209,7 +209,7 @@ def test_batched_benchmark_prints_json_for_each_batch_size(capsys):
             assert run[k]["prompts"] == n and run[k]["new_tokens"] == 8 * n and run[k]["tokens_per_s"] > 0
         assert run["ar"]["tau"] == 1.0 and run["same_rounds"] and run["dspark"]["tau"] == run["ready"]["tau"] > 1
         assert run["ready"]["breakdown"]["draft_us"] > 0 and "reader_share" in run and run["ready_over_dspark"] > 0
-    assert main(["--target", "tiny", "--device", "cpu", "--batch", "0,2"]) == 2
+    assert main(["--target", "tiny", "target.device=cpu", "--batch", "0,2"]) == 2
     assert "--batch" in capsys.readouterr().err
 
 
@@ -229,7 +229,7 @@ def test_batched_benchmark_one_engine_at_a_time_holds_one_and_runs_the_same_roun
             most[0] = max(most[0], sum(r() is not None for r in alive))
 
     monkeypatch.setattr(bench_engine, "Engine", Counted)
-    args = ["--target", "tiny", "--device", "cpu", "--prompt-len", "6", "--new-tokens", "8", "-k", "3",
+    args = ["--target", "tiny", "target.device=cpu", "--prompt-len", "6", "--new-tokens", "8", "drafter.proposals=3",
             "--accept-dist", "0:1,3:1", "--drafter", "dspark,ready", "--batch", "2", "--batch-only",
             "--repeats", "1", "--json"]
     assert main(args + ["--one-at-a-time"]) == 0
@@ -248,9 +248,9 @@ def test_batched_benchmark_one_engine_at_a_time_holds_one_and_runs_the_same_roun
 
 
 def test_batched_benchmark_samples_at_a_temperature(capsys):
-    """`--temperature 1`: AR, DSpark and ReaDy sample through the batched engine (real acceptance rule)."""
-    code = main(["--target", "tiny", "--device", "cpu", "--prompt-len", "6", "--new-tokens", "8", "-k", "3",
-                 "--drafter", "dspark,ready", "--batch", "2", "--batch-only", "--repeats", "1", "--temperature", "1",
+    """`eval.temperature=1`: AR, DSpark and ReaDy sample through the batched engine (real acceptance rule)."""
+    code = main(["--target", "tiny", "target.device=cpu", "--prompt-len", "6", "--new-tokens", "8", "drafter.proposals=3",
+                 "--drafter", "dspark,ready", "--batch", "2", "--batch-only", "--repeats", "1", "eval.temperature=1",
                  "--json"])
     assert code == 0
     b = json.loads(capsys.readouterr().out)["batched"]
@@ -258,8 +258,9 @@ def test_batched_benchmark_samples_at_a_temperature(capsys):
     run = b["runs"][0]
     for k in ("ar", "dspark", "ready"):
         assert run[k]["prompts"] == 4 and run[k]["new_tokens"] == 32 and run[k]["tokens_per_s"] > 0
-    assert main(["--target", "tiny", "--device", "cpu", "--batch", "2", "--temperature", "-1"]) == 2
-    assert "--temperature -1.0: expected a number >= 0" in capsys.readouterr().err
+    assert main(["--target", "tiny", "target.device=cpu", "--batch", "2", "eval.temperature=-1"]) == 2
+    assert capsys.readouterr().err == ("error: command line: bad value at key 'eval.temperature': -1.0; expected a "
+                                       "number >= 0 (0 = greedy)\n")
 
 
 def test_drafters_alternate_abba_so_each_runs_first_in_half_the_pairs():
@@ -298,7 +299,7 @@ def test_consistency_fails_a_ratio_the_breakdown_contradicts():
 
 
 def test_several_prompt_lengths_in_one_process_each_with_its_kv_bound(capsys):
-    code = main(["--target", "tiny", "--device", "cpu", "--prompt-len", "8,24", "--new-tokens", "6", "-k", "3",
+    code = main(["--target", "tiny", "target.device=cpu", "--prompt-len", "8,24", "--new-tokens", "6", "drafter.proposals=3",
                  "--accept-dist", "0:1,3:1", "--repeats", "1", "--verify-iters", "1", "--verify-tokens", "",
                  "--bandwidth", "1e11", "--json"])
     assert code == 0
@@ -309,7 +310,7 @@ def test_several_prompt_lengths_in_one_process_each_with_its_kv_bound(capsys):
     # the K/V read grows with the context: 2 x full-attention layers x kv heads x head_dim x (P + new/2) x 4 bytes
     assert long["kv_bytes"] - short["kv_bytes"] == 16 * (short["kv_bytes"] // (8 + 3))
     assert long["step_ms_with_kv"] > short["step_ms_with_kv"] > short["step_ms"]
-    assert main(["--target", "tiny", "--device", "cpu", "--prompt-len", "8,x"]) == 2
+    assert main(["--target", "tiny", "target.device=cpu", "--prompt-len", "8,x"]) == 2
     assert "--prompt-len '8,x': expected a number or a comma list" in capsys.readouterr().err
 
 
@@ -325,11 +326,66 @@ def test_prefill_chunk_prefills_long_prompts_in_pieces_and_is_recorded(capsys, m
         return run(self, ids, mode, *args, **kw)
 
     monkeypatch.setattr(HybridLM, "_run", counting)
-    code = main(["--target", "tiny", "--device", "cpu", "--prompt-len", "24", "--new-tokens", "6", "-k", "3",
+    code = main(["--target", "tiny", "target.device=cpu", "--prompt-len", "24", "--new-tokens", "6", "drafter.proposals=3",
                  "--accept-dist", "0:1,3:1", "--repeats", "1", "--verify-iters", "1", "--verify-tokens", "",
                  "--prefill-chunk", "10", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["prefill_chunk"] == 10
     assert pieces and max(pieces) <= 10 and 4 in pieces  # 24 tokens: 10 + 10 + 4
-    assert main(["--target", "tiny", "--device", "cpu", "--prefill-chunk", "-8"]) == 2
+    assert main(["--target", "tiny", "target.device=cpu", "--prefill-chunk", "-8"]) == 2
     assert "--prefill-chunk -8: expected 0 (one pass) or a number of tokens >= 1" in capsys.readouterr().err
+
+
+# --- the typed config is the command line: `a.b=v` overrides, parsed and checked as `sweeps.run` does them ---
+
+def test_overrides_reach_the_real_drafters_and_the_target(capsys):
+    """`drafter.*` and `reader.*` overrides size the timed drafters; `target.dtype` is the target's dtype."""
+    code = main(["--target", "tiny", "--prompt-len", "6", "--new-tokens", "6", "--accept-dist", "3:1", "--repeats", "1",
+                 "--verify-iters", "2", "--pairs", "2", "--drafter", "dspark,ready", "--json", "target.device=cpu",
+                 "drafter.proposals=3", "drafter.context_layers=[1,62]", "reader.layers=[62]", "reader.rank=4"])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["proposals"] == 3 and res["dtype"] == "float32" and res["verify"]["tokens"][-1] == 4
+    resolved = res["drafters"]["resolved"]
+    assert len(resolved["ready"]["state_layers"]) == 1 and resolved["dspark"]["state_layers"] == []
+    assert len(resolved["dspark"]["context_layers"]) == len(resolved["ready"]["context_layers"]) == 2
+
+
+def test_the_config_s_verify_schedule_and_its_threshold_reach_the_batched_engine(capsys):
+    code = main(["--target", "tiny", "--prompt-len", "6", "--new-tokens", "8", "--accept-dist", "0:1,3:1",
+                 "--drafter", "dspark", "--batch", "1", "--batch-only", "--repeats", "1", "--json", "target.device=cpu",
+                 "drafter.proposals=3", "drafter.confidence_head=true", "eval.verify_schedule=confidence",
+                 "eval.confidence_threshold=0.25", "eval.verify_budget=2"])
+    assert code == 0
+    b = json.loads(capsys.readouterr().out)["batched"]
+    assert b["schedules"] == {"confidence": {"confidence_threshold": 0.25, "verify_budget": 2.0}}
+    assert "dspark@confidence" in b["runs"][0] and "dspark" not in b["runs"][0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["drafter.proposal=3"], "error: command line: bad value at key 'drafter.proposal': Key 'proposal' not in "
+                             "'DrafterConfig'. Did you mean one of: 'proposals', 'rope_scaling'?"),
+    (["target.compile=maybe"], "error: command line: bad value at key 'target.compile': 'maybe'; expected auto, on "
+                               "or off"),
+    (["eval.verify_schedule=confidence"], "error: command line: bad value at key 'eval.verify_schedule': 'confidence'; "
+                                          "expected full with drafter.confidence_head false (the confidence schedule "
+                                          "reads the drafter's confidence head)"),
+])
+def test_a_bad_override_is_one_line_naming_the_key(capsys, args, message):
+    assert main(["--target", "tiny", "target.device=cpu", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == message + "\n"
+
+
+@pytest.mark.parametrize("flag, override", [
+    (["-k", "6"], "drafter.proposals=6"), (["--proposals", "6"], "drafter.proposals=6"),
+    (["--device", "cpu"], "target.device=cpu"), (["--dtype", "bfloat16"], "target.dtype=bfloat16"),
+    (["--compile"], "target.compile=on"), (["--no-compile"], "target.compile=off"),
+    (["--temperature", "0.7"], "eval.temperature=0.7"), (["--confidence-threshold", "0.3"], "eval.confidence_threshold=0.3"),
+    (["--verify-budget", "4"], "eval.verify_budget=4"),
+])
+def test_a_removed_flag_names_the_override_that_replaces_it(capsys, flag, override):
+    assert main(["--target", "tiny", *flag, "--json"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (f"error: {' '.join(flag)}: this flag is gone; the config says it: {override} "
+                                         "(a key=value override, as python -m sweeps.run takes them)\n")

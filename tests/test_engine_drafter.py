@@ -50,7 +50,7 @@ def test_generate_cli_loads_a_saved_drafter(target, tmp_path, capsys):
     save_drafter(make_drafter(target, reader=True), tmp_path / "ready")
     save_drafter(make_drafter(target, reader=False), tmp_path / "dspark")
     code = main(["--target", str(tpath), "--drafter", str(tmp_path / "ready"), "--method", "ready", "--prompt-ids",
-                 "1,2,3,4", "--max-new-tokens", "12", "--device", "cpu", "--json", "--check-lossless"])
+                 "1,2,3,4", "--max-new-tokens", "12", "target.device=cpu", "--json", "--check-lossless"])
     out = capsys.readouterr()
     assert code == 0, out.err
     report = json.loads(out.out)
@@ -58,7 +58,7 @@ def test_generate_cli_loads_a_saved_drafter(target, tmp_path, capsys):
     assert report["results"][0]["token_ids"] == Engine(target).generate([1, 2, 3, 4], 12).tokens
     # a DSpark checkpoint under --method ready is refused with one line
     code = main(["--target", str(tpath), "--drafter", str(tmp_path / "dspark"), "--method", "ready", "--prompt-ids",
-                 "1,2", "--max-new-tokens", "4", "--device", "cpu"])
+                 "1,2", "--max-new-tokens", "4", "target.device=cpu"])
     err = capsys.readouterr().err
     assert code == 2 and "has no state reader" in err and err.count("\n") == 1
 

@@ -373,7 +373,7 @@ def test_generate_cli_reports_both_checks(capsys, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("[1, 2, 3, 4, 5, 6, 7, 8]\n[9, 8, 7]\n")
     code = main(["--target", "tiny", "--method", "ngram", "--prompts", str(prompts), "--max-new-tokens", "20",
-                 "--dtype", "bfloat16", "--check-lossless", "--exact", "--json", "--device", "cpu"])
+                 "target.dtype=bfloat16", "--check-lossless", "eval.exact=on", "--json", "target.device=cpu"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["exact"] is True
     assert report["lossless"] == report["greedy_valid"] == report["lossless_exact"] == 1

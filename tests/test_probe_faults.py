@@ -106,7 +106,7 @@ def test_generate_refuses_a_checkpoint_with_nan_weights(break_it, tmp_path: Path
     (folder / "DONE").unlink()  # a user's folder: no manifest to catch the change first
     name = break_it(folder)
     code = generate(["--target", str(folder), "--method", "ngram", "--prompt", "def add(a, b):",
-                     "--max-new-tokens", "8", "--json", "--device", "cpu"])
+                     "--max-new-tokens", "8", "--json", "target.device=cpu"])
     out = capsys.readouterr()
     assert code == 2 and out.out == ""  # no JSON with "token_ids": [0]
     assert errors(out.err) == [f"error: target {folder}: weight {name} holds NaN or Inf values; expected finite "
@@ -118,7 +118,7 @@ def test_generate_refuses_a_target_whose_logits_overflow(tmp_path: Path, capsys)
 
     folder = tiny_checkpoint(tmp_path / "target", head=3e38)  # finite weights, logits beyond float32
     code = generate(["--target", str(folder), "--method", "ngram", "--prompt", "def add(a, b):",
-                     "--max-new-tokens", "8", "--json", "--device", "cpu"])
+                     "--max-new-tokens", "8", "--json", "target.device=cpu"])
     out = capsys.readouterr()
     assert code == 2 and out.out == ""
     assert errors(out.err) == [f"error: target {folder}: logits hold NaN or Inf (first at probe position 0 of 3); "

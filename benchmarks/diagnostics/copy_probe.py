@@ -1,7 +1,7 @@
 """Does the tiny target learn in-context copying, and after how much pretraining?
 
-    python -m benchmarks.diagnostics.copy_probe --device cuda --batch 16 --checks 640,1280,2560,5120 target.attention_window=16
-    python -m benchmarks.diagnostics.copy_probe --device cuda --data random --symbols 64 --batch 32 --checks 250,500,1000
+    python -m benchmarks.diagnostics.copy_probe --batch 16 --checks 640,1280,2560,5120 target.attention_window=16
+    python -m benchmarks.diagnostics.copy_probe --data random --symbols 64 --batch 32 --checks 250,500,1000 target.device=cuda
     python -m benchmarks.diagnostics.copy_probe --built target.attention_window=16  # the config's target, as built
 
 ReaDy reads what the target's GDN states hold about older text; a positive control needs a target
@@ -25,6 +25,8 @@ cached: it is a measurement, not a build. `--built` measures the config's own ta
 as a local checkpoint with its tokenizer (and `probe.json`, these rows), which a run loads with
 `target.source=DIR target.pretrain=false`; its attention window comes with it (config.json).
 `--init DIR` continues training such a folder (same tokenizer required) instead of a fresh target.
+Every run, trained or `--built`, runs on the config's `target.device` (auto: CUDA when visible; the flag
+`--device` that restated it is gone: `target.device=cpu`).
 """
 
 from __future__ import annotations
@@ -39,13 +41,13 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ready.artifacts import atomic_dir
-from ready.config import entry_point, load_config
+from ready.config import entry_point, load_config, replaced_flags
 from ready.data import training_prompts
 from ready.data.corpus import load_corpus
 from ready.data.default import TOKENIZER_FILES, _arch_overrides, _preset, ensure_tokenizer
 from ready.data.pretrain import _lm_loss, _optimizer, heldout_loss, insert_repeats, token_stream
 from ready.data.tokenizer import load_tokenizer, special_token_ids
-from ready.loading import load_configured_target, target_dir
+from ready.loading import PipelineConfigError, load_configured_target, pick_device, target_dir
 from ready.target import load_target, save_target
 from ready.target.config import PRESETS
 from ready.train import greedy_responses
@@ -91,7 +93,6 @@ def _fidelities(model: Any, segments: torch.Tensor, rand_segments: torch.Tensor)
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.copy_probe", description=__doc__.split("\n")[0])
     p.add_argument("--built", action="store_true", help="measure the config's built target; train nothing")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--data", choices=("text", "repeats", "random"), default="text")
     p.add_argument("--fraction", type=float, default=0.5, help="repeats: share of windows with a repeat")
     p.add_argument("--symbols", type=int, default=None, help="random: distinct ids (3, 4, ...; default: the whole vocabulary)")
@@ -106,7 +107,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     p.add_argument("--save", default=None, help="write the trained target here as a checkpoint (a new folder)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("overrides", nargs="*", help="config overrides a.b=value (target.attention_window=16, ...)")
-    args = p.parse_args(argv)
+    replaced_flags(list(sys.argv[1:] if argv is None else argv), {"--device": "target.device"})
+    args = p.parse_intermixed_args(argv)
     from omegaconf import OmegaConf
 
     try:
@@ -126,6 +128,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_config(overrides=args.overrides)
+    try:
+        device = pick_device(cfg)
+    except PipelineConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     tok_dir = _built_tokenizer(cfg) if args.built else ensure_tokenizer(cfg, progress=True)
     tokenizer = load_tokenizer(tok_dir)
     corpus = load_corpus(cfg.corpus)
@@ -153,9 +159,9 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     torch.manual_seed(int(cfg.pretrain.seed))
     if args.init:
         _check_same_tokenizer(Path(args.init), tok_dir)
-        model = load_target(args.init, device=args.device, dtype=torch.float32)
+        model = load_target(args.init, device=device, dtype=torch.float32)
     else:
-        model = load_target(_preset(cfg), overrides=_arch_overrides(cfg, tok_dir), device=args.device, dtype=torch.float32)
+        model = load_target(_preset(cfg), overrides=_arch_overrides(cfg, tok_dir), device=device, dtype=torch.float32)
     lr = float(args.lr if args.lr is not None else cfg.pretrain.lr)
     opt = _optimizer(model, OmegaConf.merge(cfg.pretrain, {"lr": lr}))
     gen, copy_gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
@@ -174,7 +180,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
             w = torch.stack([train[s:s + seq + 1] for s in starts.tolist()])
             if args.data == "repeats":
                 w = insert_repeats(w, args.fraction, copy_gen, span, args.max_gap)
-        w = w.to(args.device)
+        w = w.to(device)
         loss = _lm_loss(model, w)
         opt.zero_grad(set_to_none=True)
         loss.backward()

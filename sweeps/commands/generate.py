@@ -1,9 +1,20 @@
 """Generate with the target, greedily, autoregressively or with a drafter.
 
     python -m sweeps.commands.generate --target tiny --method ngram --prompt-ids 1,2,3 --max-new-tokens 32 --json
-    python -m sweeps.commands.generate --target default --method ngram -k 7 --prompt "def parse(" --max-new-tokens 64
-    python -m sweeps.commands.generate --target DIR --drafter DRAFTER_DIR --method ready --prompts prompts.jsonl \
-        --max-new-tokens 256 --device cuda --json --check-lossless
+    python -m sweeps.commands.generate --target default --method ngram --prompt "def parse(" drafter.proposals=6
+    python -m sweeps.commands.generate --target DIR --drafter DRAFTER_DIR --method dspark --prompts prompts.jsonl \
+        --max-new-tokens 256 --json --check-lossless target.device=cuda eval.verify_schedule=confidence
+
+The typed config is the command line (ready/config.py, experiments/base.yaml): every `a.b=v` argument is an
+override of it, parsed and checked as `python -m sweeps.run` does (a misspelled key or a bad value is one
+line naming it). The command reads `target.dtype`, `target.device`, `drafter.proposals` (the ngram drafter's
+K; a checkpoint drafter's K is its own), `eval.max_new_tokens`, `eval.exact`, `eval.warmup_rounds` and the
+verify schedule (`eval.verify_schedule`, `eval.confidence_threshold`, `eval.verify_budget`); `--target
+default` builds the embedded default target from the same config (`pretrain.*`, `corpus.*`, `threads.shared`,
+`artifacts_dir`). `--max-new-tokens N` is `eval.max_new_tokens=N` and `--drafter DIR` is
+`drafter.checkpoint=DIR` (give one of the two). The flags that restated config keys are gone: `-k N` is
+`drafter.proposals=N`, `--device D` `target.device=D`, `--dtype T` `target.dtype=T`, `--exact` / `--no-exact`
+`eval.exact=on` / `off`, `--warmup N` `eval.warmup_rounds=N` (each says so when given).
 
 `--target` is a preset (`tiny`, `qwen3_5_27b`: random weights), `default` (the embedded target
 pretrained on the stdlib corpus, built and cached on first use), or a Hugging Face checkpoint
@@ -14,9 +25,10 @@ directory (its tokenizer, when present, encodes `--prompt` and decodes the outpu
 
 `--check-lossless` also decodes with AR and reports `lossless_exact` (identical to AR),
 `greedy_valid` (every token the target's greedy choice up to the tie margin; `lossless` is this),
-`tie_flips` and `min_margin` (ready.decode.evaluate, docs/sweeps.md "Lossless"). `--exact` runs the target
-in exact mode (verify and the AR step bit-identical, so lossless_exact holds in 16-bit too). Exit
-status 3: not greedy-valid, or not identical to AR in exact mode.
+`tie_flips` and `min_margin` (ready.decode.evaluate, docs/sweeps.md "Lossless"). `eval.exact=on` runs the
+target in exact mode (verify and the AR step bit-identical, so lossless_exact holds in 16-bit too; `auto`, the
+default, is on for a bfloat16/float16 target). Exit status 3: not greedy-valid, or not identical to AR in
+exact mode.
 """
 
 from __future__ import annotations
@@ -30,20 +42,26 @@ from typing import Any, NoReturn, Optional, Sequence
 
 import torch
 
-from ready.config import entry_point, load_config
+from ready.config import ConfigError, entry_point, exact_mode, load_config, parse_override, replaced_flags
 from ready.data.default import ensure_default_target
 from ready.data.tokenizer import load_tokenizer
 from ready.decode.engine import Engine
 from ready.decode.rounds import as_prompt, check_prompt
 from ready.decode.errors import DecodeError
-from ready.decode.evaluate import evaluate, run_ar
+from ready.decode.evaluate import evaluate, run_ar, schedule_record
 from ready.decode.ngram import NgramDrafter
+from ready.decode.schedule import schedule_from
 from ready.health import check_target
 from ready.metrics import summarize, tau as tau_of, tps as tps_of
 from ready.target import load_target
 
 METHODS = ("ar", "ngram", "dspark", "ready")
-DEFAULT_EXACT = None  # as eval.exact's auto: exact mode for a 16-bit target, the fast path in float32
+# the flags that restated config keys, and the override that says each now (ready.config.replaced_flags)
+REPLACED = {"-k": "drafter.proposals", "--proposals": "drafter.proposals", "--device": "target.device",
+            "--dtype": "target.dtype", "--exact": "eval.exact=on", "--no-exact": "eval.exact=off",
+            "--warmup": "eval.warmup_rounds"}
+# flags kept because printed commands use them, each the config key it sets: flag attribute -> key
+ALIASES = {"max_new_tokens": "eval.max_new_tokens", "drafter": "drafter.checkpoint"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -54,33 +72,47 @@ class Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    replaced_flags(argv, REPLACED)
     p = Parser(prog="python -m sweeps.commands.generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="overrides of the typed config (ready/config.py), e.g. drafter.proposals=6 target.device=cuda")
     p.add_argument("--target", required=True, help="preset name, 'default', or a checkpoint directory")
-    p.add_argument("--drafter", help="drafter checkpoint directory (methods dspark and ready)")
+    p.add_argument("--drafter", help="drafter checkpoint directory (methods dspark and ready; = drafter.checkpoint=DIR)")
     p.add_argument("--method", required=True, choices=METHODS)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer beside the target)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
     src.add_argument("--prompts", help="JSONL file, one prompt per line")
-    p.add_argument("--max-new-tokens", type=int, required=True)
-    p.add_argument("-k", "--proposals", type=int, default=7, help="draft tokens proposed per round by ngram (default 7)")
+    p.add_argument("--max-new-tokens", type=int, help="the token budget of each prompt (= eval.max_new_tokens=N)")
     p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram the ngram drafter looks up")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--eos-id", type=int, help="stop token (default: the target config's eos_token_id)")
-    p.add_argument("--warmup", type=int, help="untimed warm-up generations (default: 1 on CUDA, 0 on CPU)")
     p.add_argument("--check-lossless", action="store_true",
                    help="also decode with AR: lossless_exact (token for token) and greedy_valid (up to the tie margin)")
-    p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=DEFAULT_EXACT,
-                   help="exact mode: verify and the AR step bit-identical (row-invariant kernels; default: on for "
-                        "--dtype bfloat16/float16, off for float32, like eval.exact=auto)")
     p.add_argument("--tie-margin", type=float, default=None,
                    help="greedy_valid's tie margin relative to max(|top-1 logit|, logit std) (default: per dtype, "
                         "ready.decode.evaluate.TIE_REL)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random weights of a preset target (default 0)")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
+
+
+def run_config(args: argparse.Namespace) -> Any:
+    """The run's typed config: base.yaml <- the `a.b=v` overrides <- the kept flags (`ALIASES`: a flag and its
+    key's override together are one ConfigError). Checked as every entry point's config is (`load_config`)."""
+    keys = {parse_override(t)[0]: t for t in args.overrides}
+    layers = []
+    for attr, key in ALIASES.items():
+        value = getattr(args, attr)
+        if value is None:
+            continue
+        flag = "--" + attr.replace("_", "-")
+        if key in keys:
+            raise ConfigError(f"{flag} {value} and {keys[key]}: the flag sets that key; give one of the two")
+        section, name = key.split(".")
+        layers.append((flag, {section: {name: value}}))
+    return load_config(overrides=args.overrides, layers=layers)
 
 
 # --- inputs -----------------------------------------------------------------------------------------
@@ -128,12 +160,12 @@ def read_prompts_file(path: str) -> list[Any]:
     return out
 
 
-def load_target_and_tokenizer(spec: str, device: str, dtype: str) -> tuple[Any, Any, str]:
-    """(target, tokenizer or None, resolved directory or preset name)."""
+def load_target_and_tokenizer(spec: str, cfg: Any) -> tuple[Any, Any, str]:
+    """(target, tokenizer or None, resolved directory or preset name), in the config's device and dtype."""
     source = spec
-    if spec == "default":  # the embedded default target of the default config
-        source = str(ensure_default_target(load_config()))
-    target = load_target(source, device=device, dtype=dtype)
+    if spec == "default":  # the embedded default target of the run's config
+        source = str(ensure_default_target(cfg))
+    target = load_target(source, device=str(cfg.target.device), dtype=str(cfg.target.dtype))
     tokenizer = None
     path = Path(source)
     if path.is_dir() and ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
@@ -153,38 +185,38 @@ def encode_prompts(raw: list[Any], tokenizer: Any) -> list[list[int]]:
     return out
 
 
-def build_drafter(method: str, args: argparse.Namespace, target: Any) -> Any:
-    """None for AR, a prompt-lookup drafter for ngram, a loaded checkpoint for dspark/ready."""
+def build_drafter(method: str, args: argparse.Namespace, cfg: Any, target: Any) -> Any:
+    """None for AR, a prompt-lookup drafter of `drafter.proposals` for ngram, a loaded checkpoint
+    (`--drafter`, i.e. `drafter.checkpoint`) for dspark/ready."""
     if method == "ar":
         return None
     if method == "ngram":
-        return NgramDrafter(target.config.vocab_size, args.proposals, max_ngram=args.ngram_max)
-    if not args.drafter:
+        return NgramDrafter(target.config.vocab_size, int(cfg.drafter.proposals), max_ngram=args.ngram_max)
+    path = cfg.drafter.checkpoint
+    if not path:
         raise DecodeError(f"--method {method} needs a drafter checkpoint (--drafter PATH), e.g. one written by the "
                           "training pipeline")
     try:
         from ready.drafter import load_drafter
     except ImportError as e:
         raise DecodeError(f"--method {method} needs the drafter package (ready.drafter), which failed to import: {e}") from None
-    drafter = load_drafter(args.drafter, target).to(target.device).eval()
+    drafter = load_drafter(str(path), target).to(target.device).eval()
     has_reader = bool(getattr(drafter, "state_layers", []))
     if method == "ready" and not has_reader:
-        raise DecodeError(f"--drafter {args.drafter} has no state reader (a DSpark checkpoint); use --method dspark, "
+        raise DecodeError(f"--drafter {path} has no state reader (a DSpark checkpoint); use --method dspark, "
                           "or pass a ReaDy checkpoint")
     if method == "dspark" and has_reader:
-        raise DecodeError(f"--drafter {args.drafter} has a state reader (a ReaDy checkpoint); use --method ready")
+        raise DecodeError(f"--drafter {path} has a state reader (a ReaDy checkpoint); use --method ready")
     return drafter
 
 
 # --- run ----------------------------------------------------------------------------------------------
 def check_args(args: argparse.Namespace) -> None:
-    """Range checks of the options that need no model: one DecodeError naming the option."""
+    """Range checks of the command's own options that need no model: one DecodeError naming the option (the
+    config's keys are checked by `load_config`)."""
     checks = [
-        ("-k/--proposals", args.proposals, args.proposals >= 1, "an integer >= 1"),
-        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, "an integer >= 1"),
         ("--ngram-max", args.ngram_max, args.ngram_max >= 1, "an integer >= 1"),
         ("--threads", args.threads, args.threads is None or args.threads >= 1, "an integer >= 1 (CPU threads)"),
-        ("--warmup", args.warmup, args.warmup is None or args.warmup >= 0, "an integer >= 0 (untimed generations)"),
         ("--eos-id", args.eos_id, args.eos_id is None or args.eos_id >= 0, "a token id >= 0"),
         ("--tie-margin", args.tie_margin, args.tie_margin is None or (math.isfinite(args.tie_margin)
                                                                       and args.tie_margin >= 0), "a finite number >= 0"),
@@ -195,8 +227,10 @@ def check_args(args: argparse.Namespace) -> None:
             raise DecodeError(f"{option} {value}; expected {expected}")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, cfg: Any = None) -> dict[str, Any]:
     check_args(args)
+    cfg = run_config(args) if cfg is None else cfg
+    max_new_tokens = int(cfg.eval.max_new_tokens)
     if args.prompt_ids is not None:
         raw: list[Any] = [parse_prompt_ids(args.prompt_ids)]
     elif args.prompts is not None:
@@ -204,29 +238,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         raw = [args.prompt]
     torch.manual_seed(args.seed)
-    target, tokenizer, source = load_target_and_tokenizer(args.target, args.device, args.dtype)
+    target, tokenizer, source = load_target_and_tokenizer(args.target, cfg)
     vocab = int(target.config.vocab_size)
     if args.eos_id is not None and args.eos_id >= vocab:
         raise DecodeError(f"--eos-id {args.eos_id}; expected a token id of the target (0..{vocab - 1})")
     prompts = encode_prompts(raw, tokenizer)
     for i, p in enumerate(prompts):
         try:
-            check_prompt(target, as_prompt(p), args.max_new_tokens)
+            check_prompt(target, as_prompt(p), max_new_tokens)
         except DecodeError as e:
             raise DecodeError(f"prompt {i}: {e}") from None
     check_target(target, prompts[0], what=f"target {source}")  # the sweeps' health check: no output from NaN
-    drafter = build_drafter(args.method, args, target)
-    if args.exact is None:
-        args.exact = args.dtype in ("bfloat16", "float16")
-    target.exact = bool(args.exact)
-    on_cuda = target.device.type == "cuda"
-    warmup = args.warmup if args.warmup is not None else int(on_cuda)
+    drafter = build_drafter(args.method, args, cfg, target)
+    exact = exact_mode(cfg)  # eval.exact; auto: on for a 16-bit target
+    target.exact = exact
+    warmup = int(cfg.eval.warmup_rounds)
+    schedule = schedule_from(cfg.eval)
     k = drafter.proposals if drafter is not None else 0
 
     lossless = None
     if args.check_lossless:
-        res = evaluate(target, drafter, prompts, args.max_new_tokens, benchmark="cli", method=args.method,
-                       eos_token_id=args.eos_id, warmup=warmup, progress=False, tie_rel=args.tie_margin)
+        res = evaluate(target, drafter, prompts, max_new_tokens, benchmark="cli", method=args.method,
+                       eos_token_id=args.eos_id, warmup=warmup, progress=False, tie_rel=args.tie_margin,
+                       verify_schedule=schedule)
         gens = [dict(tokens=r.tokens, accepted=r.accepted, horizons=r.horizons, wall_s=r.wall_s, prompt_len=r.prompt_len,
                      lossless_exact=r.lossless_exact, tie_flips=r.tie_flips, min_margin=r.min_margin)
                 for r in res.prompts]
@@ -234,13 +268,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           "mismatch": None if res.mismatch is None else vars(res.mismatch)}
     else:
         if drafter is None:
-            out = run_ar(target, prompts, args.max_new_tokens, eos_token_id=args.eos_id, warmup=warmup, progress=False)
+            out = run_ar(target, prompts, max_new_tokens, eos_token_id=args.eos_id, warmup=warmup, progress=False)
         else:
-            engine = Engine(target, drafter, eos_token_id=args.eos_id)
-            engine.reserve(max(len(p) for p in prompts) + args.max_new_tokens)  # no realloc while timed
+            engine = Engine(target, drafter, eos_token_id=args.eos_id, verify_schedule=schedule)
+            engine.reserve(max(len(p) for p in prompts) + max_new_tokens)  # no realloc while timed
             for _ in range(warmup):
-                engine.generate(prompts[0], args.max_new_tokens)
-            out = [engine.generate(p, args.max_new_tokens) for p in prompts]
+                engine.generate(prompts[0], max_new_tokens)
+            out = [engine.generate(p, max_new_tokens) for p in prompts]
         gens = [dict(tokens=g.tokens, accepted=g.accepted, horizons=g.horizons, wall_s=g.wall_s, prompt_len=g.prompt_len,
                      prefill_s=g.prefill_s, stop=g.stop) for g in out]
         summary = summarize([g.log() for g in out], "cli", args.method, k)
@@ -262,8 +296,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         })
     report: dict[str, Any] = {
         "target": source, "method": args.method, "proposals": k, "device": str(target.device),
-        "dtype": str(target.dtype).replace("torch.", ""), "max_new_tokens": args.max_new_tokens, "exact": bool(args.exact),
-        "results": results, "summary": summary.to_dict(),
+        "dtype": str(target.dtype).replace("torch.", ""), "max_new_tokens": max_new_tokens, "exact": exact,
+        **(schedule_record(schedule) if drafter is not None else {}), "results": results, "summary": summary.to_dict(),
     }
     if lossless is not None:
         report.update(lossless)
@@ -291,12 +325,13 @@ def print_text(report: dict[str, Any]) -> None:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
     try:
+        args = parse_args(argv)
         check_args(args)
+        cfg = run_config(args)
         if args.threads:
             torch.set_num_threads(args.threads)
-        report = run(args)
+        report = run(args, cfg)
     except ValueError as e:
         if not type(e).__module__.startswith("ready"):  # our input errors only; anything else is a bug
             raise
