@@ -51,6 +51,9 @@ every tree as they are: until issue 76 item 2 the engine benchmark took its conf
 `--device`, `--dtype`, `--compile`, `--temperature`, ...), since then as `a.b=v` overrides (`drafter.proposals=7`,
 ...), and its default K for the qwen3_5_27b preset went from the flag's 7 to the preset's 6: an A/B across that
 change takes neither (the old tree refuses overrides, the new one the flags), and the 27B's K differs there.
+So does `--bench step_trace`'s (`-k` and `--dtype` gave way to `drafter.proposals` and `target.dtype`; its draft
+step's default K for the qwen3_5_27b preset went from 7 to 6: the draft trace of docs/figures.md says
+`drafter.proposals=7`).
 """
 
 from __future__ import annotations

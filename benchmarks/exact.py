@@ -10,11 +10,19 @@ does the fast path flip ties. Prints one JSON object.
         exact mode's attention at the 27B shapes: bits across static-buffer capacities (279 .. 4096) and
         row counts (8 rows vs 1), for the fixed-order kernel (kernels/exact_attention.py) and the per-row
         SDPA it replaced; error against the float32 reference; µs per call.
-    python -m benchmarks.exact --target qwen3_5_27b --cost --flips PROMPTS.jsonl --new-tokens 200 --json
+    python -m benchmarks.exact --target qwen3_5_27b --cost --flips PROMPTS.jsonl --new-tokens 200 --json \
+        drafter.proposals=7
         --cost: per mode, the step and verify(K+1) graph replays (µs, CUDA events), AR decode tok/s
         (Engine.generate), and verify(K+1) vs K+1 steps bit for bit on the target itself;
         --flips: `evaluate` with the n-gram drafter in fast and in exact mode (lossless_exact,
         greedy_valid, tie flips, smallest margin, tau, TPS).
+
+The typed config is the command line: K, the n-gram drafter's proposals per round, is `drafter.proposals` of
+`load_config(--target's preset, overrides)` (ready/config.py; a checkpoint directory or no --target: the
+defaults'), every `a.b=v` argument parsed and checked as `python -m sweeps.run` does: qwen3_5_27b proposes 6 (the
+public DSpark checkpoint's), tiny and the defaults 7. The flag `-k N` that restated it is gone, refused in one line
+naming its override, `drafter.proposals=N` (its default was 7). The target is loaded in bfloat16 on CUDA whatever
+`target.dtype` and `target.device` say: exact mode is a bf16 GPU question.
 
 Speed is reported, never asserted. Needs CUDA (the probes' CPU counterparts are tests).
 """
@@ -30,13 +38,15 @@ from typing import Any
 
 import torch
 
-from ready.config import entry_point
+from ready.config import ConfigError, entry_point, load_config, replaced_flags
 from ready.decode.engine import Engine
 from ready.decode.evaluate import evaluate, first_mismatch, run_ar
 from ready.decode.ngram import NgramDrafter
-from ready.target import GraphedVerify, load_target
+from ready.target import PRESETS, GraphedVerify, load_target
 from ready.target.layers import commit_gdn
 
+# the flags that restated config keys, and the override that says each now (ready.config.replaced_flags)
+REPLACED = {"-k": "drafter.proposals"}
 # fused 27B projections (N, K) and the LM head
 SHAPES_27B = {"gdn_in_proj": (16480, 5120), "attn_qkv": (14336, 5120), "mlp_gate_up": (34816, 5120),
               "mlp_down": (5120, 17408), "out_proj": (5120, 6144), "lm_head": (248320, 5120)}
@@ -316,7 +326,10 @@ def flips(model, prompts: list[list[int]], new_tokens: int, k: int, modes=("fast
 
 @entry_point
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m benchmarks.exact", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="overrides of the typed config (ready/config.py), e.g. drafter.proposals=7 (the n-gram's K)")
     p.add_argument("--probe", action="store_true", help="op-level and tiny-target invariance probes")
     p.add_argument("--target", help="preset for --cost / --flips (e.g. qwen3_5_27b)")
     p.add_argument("--cost", action="store_true")
@@ -324,13 +337,19 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=8, help="prompts used from --flips")
     p.add_argument("--new-tokens", type=int, default=200)
     p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("-k", type=int, default=7)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--modes", default="fast,exact", help="--flips modes, comma-separated")
     p.add_argument("--probe-attention", action="store_true",
                    help="exact-mode attention (and the per-row SDPA it replaced) vs buffer capacity and row count")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    try:
+        replaced_flags(argv, REPLACED)
+        args = p.parse_intermixed_args(argv)
+        cfg = load_config(preset=args.target if args.target in PRESETS else None, overrides=args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    k = int(cfg.drafter.proposals)  # the n-gram drafter's K
     if not torch.cuda.is_available():
         print("benchmarks.exact needs CUDA", file=sys.stderr)
         return 2
@@ -350,12 +369,12 @@ def main(argv=None) -> int:
         model = load_target(args.target, device="cuda", dtype=torch.bfloat16)
         report["target"], report["load_s"] = args.target, time.perf_counter() - t0
         if args.cost:
-            report["cost"] = cost(model, args.k, args.prompt_len, args.new_tokens, args.iters)
+            report["cost"] = cost(model, k, args.prompt_len, args.new_tokens, args.iters)
             print(json.dumps(report), flush=True)
         if args.flips:
             rows = [json.loads(x) for x in Path(args.flips).read_text().splitlines() if x.strip()][: args.limit]
             prompts = [r["prompt_ids"] if isinstance(r, dict) else r for r in rows]
-            report["flips"] = flips(model, prompts, args.new_tokens, args.k, tuple(args.modes.split(",")))
+            report["flips"] = flips(model, prompts, args.new_tokens, k, tuple(args.modes.split(",")))
         from ready_kernels import small_m_gemm as sm
 
         report["exact_configs"] = {f"{n}x{kk}": c.name() for (n, kk, _, _), c in sm.EXACT_CHOICE.items()}

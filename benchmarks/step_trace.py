@@ -1,6 +1,7 @@
 """Where one graphed decode step's time goes: kernels, the gaps between them, per kernel name.
 
-    python -m benchmarks.step_trace --target qwen3_5_27b --dtype bfloat16 --json
+    python -m benchmarks.step_trace --target qwen3_5_27b --json
+    python -m benchmarks.step_trace --draft dspark --batch 1,32 --replays 10 drafter.proposals=7
 
 Replays the captured verify graph of `--tokens` tokens (1 = the AR step; no commit between
 replays, so every replay sees the same context) and reports:
@@ -27,6 +28,14 @@ a short decode has captured it; `bound_ms` is the time to stream the drafter's w
 `--ops` adds `by_op`: the step's body run once eagerly (the same kernels as the graph, launched one by
 one) under torch.profiler, its device time per torch op and input shapes, so a kernel of the graphed
 trace (names only) is traced back to the line of code whose op launched it.
+
+The typed config is the command line: `load_config(preset, overrides)` (ready/config.py) of the target's preset
+(a checkpoint directory: qwen3_5_27b's, the drafter's shape) and every `a.b=v` argument, parsed and checked as
+`python -m sweeps.run` does. It gives the target's `target.dtype` (qwen3_5_27b: bfloat16; tiny: float32) and the
+traced drafter's K (`drafter.proposals`; qwen3_5_27b: 6, the public DSpark checkpoint's) and its `drafter.*` /
+`reader.*` sizes. The flags that restated config keys are gone, each refused in one line naming its override:
+`--dtype T` is `target.dtype=T`, `-k N` `drafter.proposals=N` (the flag's default was 7). The target is always on
+CUDA (`target.device` is not read).
 """
 
 from __future__ import annotations
@@ -44,13 +53,15 @@ import torch
 
 from benchmarks import copy_rate
 from benchmarks.engine import build_drafter, forced_acceptance
-from ready.config import entry_point
+from ready.config import ConfigError, entry_point, load_config, replaced_flags
 from ready.decode.engine import Engine
 from ready.decode.graphs import GraphRunner
 from ready.target import PRESETS, load_target
 
 # gaps longer than this lie between replays (host launches the next graph), not inside one
 REPLAY_BREAK_US = 50.0
+# the flags that restated config keys, and the override that says each now (ready.config.replaced_flags)
+REPLACED = {"-k": "drafter.proposals", "--proposals": "drafter.proposals", "--dtype": "target.dtype"}
 
 
 def kernel_events(trace: dict, by_grid: bool = False) -> list[tuple[float, float, str]]:
@@ -159,14 +170,14 @@ def step_replayer(target: Any, tokens: int, prompt_len: int) -> Any:
 
 
 def draft_replayer(target: Any, kind: str, preset: str, batch: int, prompt_len: int, proposals: int,
-                   seed: int) -> tuple[Any, Any, Any]:
+                   seed: int, config: Any = None) -> tuple[Any, Any, Any]:
     """(a callable that replays the drafter's captured draft step for `batch` rows once, the drafter, a
     callable that runs the step's body eagerly, outside the graph: `op_times`);
-    the drafter of `preset`'s shape proposing `proposals` tokens.
+    the drafter of `config`'s drafter and reader sections (None: `preset`'s) proposing `proposals` tokens.
     A short decode of `batch` prompts (forced acceptance of every draft) tunes, compiles and captures it;
     the engine stays alive with the replayer, so the graph's buffers and cache stay valid. Each replay
     rewrites the same context rows, so every replay sees the same inputs."""
-    drafter = build_drafter(target, kind, preset, proposals, seed)
+    drafter = build_drafter(target, kind, preset, proposals, seed, config)
     engine = Engine(target, drafter, batch_size=batch, eos_token_id=-1, cuda_graphs=True,
                     accept_fn=forced_acceptance({drafter.proposals: 1.0}, seed))
     gen = torch.Generator().manual_seed(seed)
@@ -284,16 +295,17 @@ def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, 
 
 def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], prompt_len: int, replays: int,
                 seed: int, proposals: int, bandwidth: float, by_grid: bool = False,
-                ops: bool = False) -> dict[str, Any]:
+                ops: bool = False, config: Any = None) -> dict[str, Any]:
     """The trace of the draft step at each batch size on one loaded target, against its stream bound;
-    `ops`: each step's `by_op` too (`op_times`)."""
+    `ops`: each step's `by_op` too (`op_times`); `config`: the command's config, whose drafter and reader
+    sections size the drafter (None: the preset's)."""
     torch.manual_seed(seed)
     target = load_target(target_spec, device="cuda", dtype=dtype)
     preset = target_spec if target_spec in PRESETS else "qwen3_5_27b"
     top = 40 if by_grid else 25
     steps, stream = [], 0
     for B in batches:
-        replay, drafter, body = draft_replayer(target, kind, preset, B, prompt_len, proposals, seed)
+        replay, drafter, body = draft_replayer(target, kind, preset, B, prompt_len, proposals, seed, config)
         stream = draft_stream_bytes(drafter)
         st = trace_replay(replay, replays, by_grid)
         steps.append({"batch": B, **st, "over_bound": round(st["replay_ms"] / (stream / bandwidth * 1e3), 3),
@@ -307,9 +319,12 @@ def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], pro
 
 @entry_point
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m benchmarks.step_trace", description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="qwen3_5_27b", help="preset name or checkpoint directory")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                    help="overrides of the typed config (ready/config.py), e.g. drafter.proposals=7 target.dtype=bfloat16")
+    ap.add_argument("--target", default="qwen3_5_27b", help="preset name or checkpoint directory (the config's "
+                    "preset: the target's own, else qwen3_5_27b)")
     ap.add_argument("--tokens", default="1", help="tokens per verify (1 = the AR step); a comma list, e.g. 1,8, "
                     "traces each and their per-kernel difference")
     ap.add_argument("--prompt-len", type=int, default=256)
@@ -318,7 +333,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--draft", choices=("dspark", "ready"), default=None,
                     help="trace this drafter's graphed draft step instead of the verify (see --batch)")
     ap.add_argument("--batch", default="1", help="with --draft: rows per draft step, a comma list (e.g. 1,32)")
-    ap.add_argument("-k", "--proposals", type=int, default=7, help="with --draft: K, tokens proposed per round, the anchor not counted (default 7)")
     ap.add_argument("--bandwidth", type=float, default=None,
                     help="bytes/s of the draft's stream bound (default: the GPU's copy rate, benchmarks.COPY_BYTES_PER_S)")
     ap.add_argument("--by-grid", action="store_true", help="split each kernel's rows by launch grid (its shapes)")
@@ -326,7 +340,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "input shapes of the step's body run eagerly (`by_op`)")
     ap.add_argument("--json", action="store_true", help="print JSON (the default output)")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
-    a = ap.parse_args(argv)
+    try:
+        replaced_flags(argv, REPLACED)
+        a = ap.parse_intermixed_args(argv)
+        preset = a.target if a.target in PRESETS else "qwen3_5_27b"  # the drafter's shape for a checkpoint
+        cfg = load_config(preset=preset, overrides=a.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    dtype, proposals = str(cfg.target.dtype), int(cfg.drafter.proposals)
     if not torch.cuda.is_available():
         print("step_trace: needs a CUDA device (it traces the CUDA-graphed step)", file=sys.stderr)
         return 2
@@ -343,19 +365,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             batches = [int(b) for b in a.batch.split(",") if b.strip()]
         except ValueError:
             batches = []
-        if not batches or min(batches) < 1 or a.proposals < 1:
-            print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32) and -k >= 1, got {a.batch!r} and {a.proposals}",
-                  file=sys.stderr)
+        if not batches or min(batches) < 1:
+            print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32), got {a.batch!r}", file=sys.stderr)
             return 2
         bandwidth = a.bandwidth or copy_rate("cuda")
         if bandwidth <= 0:
             print(f"step_trace: no copy rate known for {torch.cuda.get_device_name()}; pass --bandwidth BYTES_PER_S",
                   file=sys.stderr)
             return 2
-        out = trace_draft(a.target, a.dtype, a.draft, batches, a.prompt_len, a.replays, a.seed, a.proposals,
-                          bandwidth, a.by_grid, a.ops)
+        out = trace_draft(a.target, dtype, a.draft, batches, a.prompt_len, a.replays, a.seed, proposals,
+                          bandwidth, a.by_grid, a.ops, cfg)
     else:
-        out = trace_step(a.target, a.dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)
+        out = trace_step(a.target, dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:

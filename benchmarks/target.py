@@ -1,26 +1,40 @@
 """Benchmark the target: prefill tokens/s and decode step time, against the weight-streaming bound.
 
-    python -m benchmarks.target --preset tiny --device cpu --json
-    python -m benchmarks.target --preset qwen3_5_27b --device cuda --dtype bfloat16 --json
+    python -m benchmarks.target --preset tiny --json target.device=cpu
+    python -m benchmarks.target --preset qwen3_5_27b --json
 
 Decode step = verify one token + commit (batch 1), the unit of AR decoding; on CUDA the
 forward is replayed from a CUDA graph (GraphedVerify).
 The bound is weight bytes / memory bandwidth (a batch-1 decode step must stream every weight).
 Prints one JSON object.
+
+The typed config is the command line: the target is `--preset`'s architecture (random weights; or a checkpoint
+directory) on the config's `target.device` (auto: CUDA when visible) in its `target.dtype`, the config being
+`load_config(--preset, overrides)` (ready/config.py; for a checkpoint directory, the defaults') of every `a.b=v`
+argument, parsed and checked as `python -m sweeps.run` does: qwen3_5_27b is bfloat16 on CUDA, tiny and a
+checkpoint float32 (the flag's default was bfloat16 on CUDA: say `target.dtype=bfloat16`). The flags that
+restated them are gone, each refused in one line naming its override: `--device D` is `target.device=D`,
+`--dtype T` `target.dtype=T`. `--compile` (torch.compile each layer's forward first, default off) is this
+benchmark's own and not `target.compile` (torch.compile inside the CUDA graphs), which it does not read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Optional, Sequence
 
 import torch
 
 from benchmarks import copy_rate
-from ready.config import entry_point
-from ready.target import GraphedVerify, load_target
+from ready.config import ConfigError, entry_point, load_config, replaced_flags
+from ready.loading import PipelineConfigError, pick_device
+from ready.target import PRESETS, GraphedVerify, load_target
+
+# the flags that restated config keys, and the override that says each now (ready.config.replaced_flags)
+REPLACED = {"--device": "target.device", "--dtype": "target.dtype"}
 
 
 def _timer(device: torch.device):
@@ -102,10 +116,12 @@ def bench(preset: str, device: str, dtype: str, prompt_len: int, decode_steps: i
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                    help="overrides of the typed config (ready/config.py), e.g. target.device=cpu target.dtype=bfloat16")
+    ap.add_argument("--preset", default="tiny", help="the target: a preset's architecture (random weights), also the "
+                    "config's preset, or a checkpoint directory (default tiny)")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--bandwidth", type=float, default=None,
@@ -114,11 +130,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--profile", action="store_true", help="add the top kernels of one eager decode step")
     ap.add_argument("--compile", action="store_true", help="torch.compile each layer's forward first (CUDA)")
-    a = ap.parse_args(argv)
-    dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
-    bw = a.bandwidth if a.bandwidth is not None else copy_rate(a.device)
+    replaced_flags(argv, REPLACED)  # a ConfigError: one line, status 2 (entry_point)
+    a = ap.parse_intermixed_args(argv)
+    cfg = load_config(preset=a.preset if a.preset in PRESETS else None, overrides=a.overrides)
+    try:
+        device = pick_device(cfg)
+    except PipelineConfigError as e:
+        raise ConfigError(str(e)) from None
+    dtype = str(cfg.target.dtype)
+    bw = a.bandwidth if a.bandwidth is not None else copy_rate(device)
     torch.set_grad_enabled(False)
-    res = bench(a.preset, a.device, dtype, a.prompt_len, a.decode_steps, bw, a.profile, a.compile)
+    res = bench(a.preset, device, dtype, a.prompt_len, a.decode_steps, bw, a.profile, a.compile)
     print(json.dumps(res, indent=None if a.json else 2))
 
 

@@ -1,15 +1,16 @@
 """What a training run at paper scale costs, measured on random weights; prints one JSON object.
 
-    python -m benchmarks.train_scale --target qwen3_5_27b --device cuda --json
-    python -m benchmarks.train_scale --target tiny --device cpu --quick --json       # plumbing check, seconds
+    python -m benchmarks.train_scale --target qwen3_5_27b --json
+    python -m benchmarks.train_scale --target tiny --quick --json target.device=cpu   # plumbing check, seconds
 
-No checkpoint is needed: the target is the preset's architecture with random weights (bf16 on CUDA)
+No checkpoint is needed: the target is the preset's architecture with random weights, in the config's
+`target.dtype` on its `target.device` (qwen3_5_27b: bfloat16 on CUDA; tiny: float32, CUDA when visible),
 and the drafter has the preset's DSpark shape (experiments/presets/<target>.yaml: for qwen3_5_27b the
 public 27B DSpark layout), also random. Sections (`--sections`, default all):
 
 - `regen`: the target regenerating responses through the batched greedy engine
   (ready.decode.engine.Engine with B slots, as ready.train.conversations regenerates assistant turns): B random
-  prompts of P tokens (B: `--regen-batch`, default the config's regen.batch_size), R new tokens each, one
+  prompts of P tokens (B: the config's regen.batch_size; 2 with `--quick`), R new tokens each, one
   timed call after a warm-up call (CUDA graphs captured).
   No row stops early (random weights have no learned end-of-turn, and no stop token is set), so every row
   decodes its full budget and `tokens_per_s` = B * R / wall time is a fair throughput figure.
@@ -22,10 +23,9 @@ public 27B DSpark layout), also random. Sections (`--sections`, default all):
   steps of ready.train.stages.train_stage itself (teacher pass on the frozen target, drafter forward_train
   under its autocast, draft_loss, AdamW, clipping, schedule; `checkpoints=False`: no checkpoint writes)
   on random rows of `--train-seq-len` tokens, `--train-batch` rows per step, run in micro-batches of at
-  most `--micro-batch` rows (gradient accumulation, `train.micro_batch_size`; default the config's: 4 in
-  the paper_recipe profile, 0 = the whole batch in one pass). Reports samples/s, tokens/s, s/step, peak
-  GPU memory per stage (reset before each; the target's weights are part of it), trainable parameters,
-  the micro-batch size and the precision setup.
+  most `train.micro_batch_size` rows (gradient accumulation; 4 in the paper_recipe profile, 0 = the whole
+  batch in one pass). Reports samples/s, tokens/s, s/step, peak GPU memory per stage (reset before each;
+  the target's weights are part of it), trainable parameters, the micro-batch size and the precision setup.
 
 A section or stage that fails (e.g. out of GPU memory) is reported with an `error` (also listed in
 `errors`, traceback on stderr), the others still run, and the command exits with status 1.
@@ -34,8 +34,13 @@ A section or stage that fails (e.g. out of GPU memory) is reported with an `erro
   checkpoint, so no base training) extrapolated from the measured rates to each of `--gpus` (data
   parallel), with its `assumptions`; and the base drafter from scratch per 10k samples.
 
-Positional `a.b=v` overrides go to the config (schema <- base.yaml <- preset <- profile <- overrides),
-e.g. `train.stage1.anchors_per_sample=64` or `reader.rank=16`.
+The typed config is the command line: positional `a.b=v` overrides go to the config (schema <- base.yaml <-
+preset <- profile <- `--quick`'s regen.batch_size=2 <- overrides; `ready.config.load_config`, parsed and checked
+as `python -m sweeps.run` does), e.g. `train.stage1.anchors_per_sample=64` or `reader.rank=16`. The flags that
+restated config keys are gone, each refused in one line naming its override: `--device D` is `target.device=D`,
+`--dtype T` `target.dtype=T`, `--regen-batch B` `regen.batch_size=B`, `--micro-batch M`
+`train.micro_batch_size=M`. The measured sizes (`--regen-prompt-len`, `--train-seq-len`, ...) are the
+benchmark's own flags.
 """
 
 from __future__ import annotations
@@ -56,9 +61,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ready.config import entry_point, load_config, preset_names
+from ready.config import ConfigError, entry_point, load_config, preset_names, replaced_flags
 from ready.decode.engine import Engine
 from ready.drafter import DSparkDrafter
+from ready.loading import PipelineConfigError, pick_device
 from ready.target import PRESETS, load_target, preset_config
 from ready.train.regen import RegenData
 from ready.train.stages import stage_seed, train_stage
@@ -68,14 +74,19 @@ SECTIONS = ("regen", "prefill", "train")
 TRAIN_STAGES = ("base", "stage1", "stage2")
 NO_STOP = -1  # no token has id -1: every regenerated row decodes its whole budget
 DEFAULT_PROFILE = "paper_recipe"
+# the flags that restated config keys, and the override that says each now (ready.config.replaced_flags)
+REPLACED = {"--device": "target.device", "--dtype": "target.dtype", "--regen-batch": "regen.batch_size",
+            "--micro-batch": "train.micro_batch_size"}
 
-# sizes: the paper-scale defaults, and --quick (tiny target on CPU, seconds)
-FULL = dict(regen_batch=None, regen_prompt_len=512, regen_response_len=256, prefill_lengths="1024,8192",
+# sizes: the paper-scale defaults, and --quick (tiny target on CPU, seconds; with QUICK_CONFIG, a config layer
+# under the command line's overrides)
+FULL = dict(regen_prompt_len=512, regen_response_len=256, prefill_lengths="1024,8192",
             prefill_repeats=2, train_seq_len=2048, train_batch=4, train_prompt_len=1, warmup_steps=2,
             train_steps=3)
-QUICK = dict(regen_batch=2, regen_prompt_len=16, regen_response_len=8, prefill_lengths="32,64",
+QUICK = dict(regen_prompt_len=16, regen_response_len=8, prefill_lengths="32,64",
              prefill_repeats=1, train_seq_len=48, train_batch=2, train_prompt_len=1, warmup_steps=1,
              train_steps=1)
+QUICK_CONFIG = ("regen.batch_size=2",)
 
 
 class TrainScaleError(ValueError):
@@ -320,15 +331,13 @@ def bench_stage(stage: str, cfg: DictConfig, target: Any, data: Any, warmup: int
 
 
 def bench_train(cfg: DictConfig, target: Any, seq_len: int, batch: int, prompt_len: int, warmup: int, steps: int,
-                stages: Sequence[str] = TRAIN_STAGES, progress: bool = True, micro_batch: Optional[int] = None) -> dict:
+                stages: Sequence[str] = TRAIN_STAGES, progress: bool = True) -> dict:
     """Every stage in `stages` on the same random rows, with the stage's batch and budget set to what runs:
-    `batch` rows a step, (warmup + steps) * batch samples, in micro-batches of `micro_batch` rows (None = the
-    config's train.micro_batch_size; 0 = one pass) (on a copy of `cfg`)."""
+    `batch` rows a step, (warmup + steps) * batch samples (on a copy of `cfg`), in micro-batches of the config's
+    train.micro_batch_size rows (0 = one pass)."""
     rows = batch * (warmup + steps)
     data = random_rows(int(target.config.vocab_size), rows, seq_len, prompt_len)
     layer: dict[str, Any] = {s: {"batch_size": batch, "samples": rows} for s in stages}
-    if micro_batch is not None:
-        layer["micro_batch_size"] = int(micro_batch)
     cfg = OmegaConf.merge(cfg, {"train": layer})
     out: dict[str, Any] = {
         "seq_len": seq_len, "batch": batch, "micro_batch_size": int(cfg.train.micro_batch_size),
@@ -437,18 +446,12 @@ def _check(a: argparse.Namespace, z: dict) -> tuple[list[str], list[str], list[i
               "train_batch", "train_prompt_len", "train_steps"):
         if int(z[k]) < 1:
             raise TrainScaleError(f"--{k.replace('_', '-')} {z[k]}: expected an integer >= 1")
-    if a.micro_batch is not None and a.micro_batch < 0:
-        raise TrainScaleError(f"--micro-batch {a.micro_batch}: expected an integer >= 0 (0 = the whole step at once)")
     if int(z["warmup_steps"]) < 1:
         raise TrainScaleError(f"--warmup-steps {z['warmup_steps']}: expected an integer >= 1 (the first step "
                               "carries the stage's setup and is never timed)")
     if z["train_prompt_len"] > z["train_seq_len"] - 2:
         raise TrainScaleError(f"--train-prompt-len {z['train_prompt_len']}: expected at most --train-seq-len - 2 = "
                               f"{z['train_seq_len'] - 2} (anchors need trainable tokens after it)")
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        raise TrainScaleError(f"--device {a.device}: no CUDA device is visible; expected --device cpu here")
-    if a.device.split(":")[0] not in ("cpu", "cuda"):
-        raise TrainScaleError(f"--device {a.device!r}: expected cpu or cuda")
     lengths = _ints(z["prefill_lengths"], "--prefill-lengths")
     ctx = int(preset_config(a.target).max_position_embeddings)
     for flag, n in (("--prefill-lengths", max(lengths)), ("--train-seq-len", z["train_seq_len"]),
@@ -463,17 +466,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Parse arguments, run the sections, print (and return) one JSON object."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.train_scale", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("overrides", nargs="*", help="config overrides a.b=v (after the preset and profile)")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                    help="overrides of the typed config (ready/config.py; after the preset and profile), e.g. "
+                         "target.device=cpu train.micro_batch_size=4 regen.batch_size=64")
     ap.add_argument("--target", default="tiny", help="preset: target architecture + drafter shape (default tiny)")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help="experiments/profiles/<name>.yaml for the recipe "
                     "budgets ('' = none; default paper_recipe)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, help="target dtype (default bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma list of regen, prefill, train")
     ap.add_argument("--stages", default=",".join(TRAIN_STAGES), help="training stages to time (base,stage1,stage2)")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes for a CPU plumbing check (flags still win)")
-    ap.add_argument("--regen-batch", type=int, default=None,
-                    help="conversations decoded together (default: the config's regen.batch_size, 64)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes for a CPU plumbing check, regen.batch_size=2 "
+                    "(flags and overrides still win)")
     ap.add_argument("--regen-prompt-len", type=int, default=None, help=f"default {FULL['regen_prompt_len']}")
     ap.add_argument("--regen-response-len", type=int, default=None, help=f"default {FULL['regen_response_len']}")
     ap.add_argument("--prefill-lengths", default=None, help=f"comma list (default {FULL['prefill_lengths']})")
@@ -485,10 +487,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                          "prompt_len + response_len)")
     ap.add_argument("--train-batch", type=int, default=None,
                     help=f"rows per optimizer step (default {FULL['train_batch']}; the preset's stages use 32, "
-                         "which fit one GPU in micro-batches: --micro-batch)")
-    ap.add_argument("--micro-batch", type=int, default=None,
-                    help="rows per forward/backward, gradients accumulated over the step (default: the config's "
-                         "train.micro_batch_size, 4 in the paper_recipe profile; 0 = the whole step at once)")
+                         "which fit one GPU in micro-batches: train.micro_batch_size)")
     ap.add_argument("--train-prompt-len", type=int, default=None,
                     help="tokens before the first trainable one (default 1: conversation rows, LM head over the row)")
     ap.add_argument("--warmup-steps", type=int, default=None, help="untimed optimizer steps per stage (default 2)")
@@ -498,26 +497,29 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     ap.add_argument("--json", action="store_true", help="compact JSON (default: indented)")
-    a = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    replaced_flags(argv, REPLACED)  # a ConfigError: one line, status 2 (entry_point)
+    a = ap.parse_intermixed_args(argv)
     z = _sizes(a)
     try:
         sections, stages, lengths, gpus = _check(a, z)
-        cfg = bench_config(a.target, a.profile or None, a.overrides)
-        if z["regen_batch"] is None:  # what the recipe's regeneration decodes at once
-            z["regen_batch"] = int(cfg.regen.batch_size)
-        if z["regen_batch"] < 1:
-            raise TrainScaleError(f"--regen-batch {z['regen_batch']}: expected an integer >= 1")
-    except ValueError as e:
+    except TrainScaleError as e:
         ap.error(str(e).strip().splitlines()[0])
+    # a bad key or value is one line, as `ready sweep` gives it (a ConfigError: entry_point)
+    cfg = bench_config(a.target, a.profile or None, [*(QUICK_CONFIG if a.quick else ()), *a.overrides])
+    try:
+        device = pick_device(cfg)
+    except PipelineConfigError as e:
+        raise ConfigError(str(e)) from None
     if a.threads:
         torch.set_num_threads(a.threads)
-    dev = torch.device(a.device)
-    dtype = a.dtype or ("bfloat16" if dev.type == "cuda" else "float32")
+    dev = torch.device(device)
+    dtype = str(cfg.target.dtype)
     progress = not a.no_progress
     peak = a.peak_flops if a.peak_flops is not None else (H200_BF16_DENSE_FLOPS if dev.type == "cuda" else None)
 
     t_all = time.perf_counter()
-    target = random_target(a.target, a.device, dtype)
+    target = random_target(a.target, device, dtype)
     res: dict[str, Any] = {
         "target": a.target, "profile": a.profile or None, "device": str(dev),
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, "dtype": dtype,
@@ -527,11 +529,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     runs = {
-        "regen": lambda: bench_regen(target, z["regen_batch"], z["regen_prompt_len"], z["regen_response_len"],
+        "regen": lambda: bench_regen(target, int(cfg.regen.batch_size), z["regen_prompt_len"], z["regen_response_len"],
                                      progress=progress),
         "prefill": lambda: bench_prefill(target, lengths, peak, z["prefill_repeats"], progress),
         "train": lambda: bench_train(cfg, target, z["train_seq_len"], z["train_batch"], z["train_prompt_len"],
-                                     z["warmup_steps"], z["train_steps"], stages, progress, a.micro_batch),
+                                     z["warmup_steps"], z["train_steps"], stages, progress),
     }
     for name in SECTIONS:
         if name in sections:

@@ -1,4 +1,6 @@
-"""step_trace's arithmetic: busy time, gaps inside a replay, breaks between replays, per kernel."""
+"""step_trace's arithmetic: busy time, gaps inside a replay, breaks between replays, per kernel; its command
+line: the typed config's `a.b=v` overrides reach the traced target and drafter, a flag that restated a config
+key names its override (checked on CPU, the trace itself needs CUDA)."""
 
 import pytest
 
@@ -175,3 +177,79 @@ def test_op_times_charge_each_kernel_to_the_op_and_shapes_that_launched_it():
     assert {"aten::copy_", "aten::mul"} <= set(by_op), [r["op"] for r in rows]
     assert "[2048, 4096]" in by_op["aten::mul"]["shapes"] and by_op["aten::mul"]["calls"] == 1
     assert all(r["device_us"] > 0 for r in rows)
+
+
+# --- the typed config is the command line ------------------------------------------------------------------
+
+def _traced(monkeypatch) -> dict:
+    """main's call of trace_step / trace_draft, captured instead of run (the trace needs CUDA)."""
+    import torch
+
+    from benchmarks import step_trace
+
+    calls: dict = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(step_trace, "copy_rate", lambda device: 1e12)
+    monkeypatch.setattr(step_trace, "trace_step", lambda *a, **k: calls.setdefault("step", a) and {})
+    monkeypatch.setattr(step_trace, "trace_draft", lambda *a, **k: calls.setdefault("draft", a) and {})
+    return calls
+
+
+@pytest.mark.parametrize("target, dtype, proposals", [("qwen3_5_27b", "bfloat16", 6), ("tiny", "float32", 7)])
+def test_the_preset_gives_the_dtype_and_k(monkeypatch, capsys, target, dtype, proposals):
+    """Without overrides: the target preset's target.dtype and drafter.proposals (qwen3_5_27b: K 6, the old
+    -k default was 7; its dtype bfloat16 was the old --dtype default)."""
+    calls = _traced(monkeypatch)
+    assert main(["--target", target, "--draft", "dspark"]) == 0
+    _, dt, kind, batches, *_rest = calls["draft"]
+    assert (dt, kind, batches) == (dtype, "dspark", [1]) and calls["draft"][7] == proposals
+    assert calls["draft"][-1].drafter.proposals == proposals  # the config that sizes the drafter
+    assert main(["--target", target, "--tokens", "1,8"]) == 0 and calls["step"][1:3] == (dtype, [1, 8])
+
+
+def test_overrides_reach_the_traced_target_and_drafter(monkeypatch, capsys):
+    calls = _traced(monkeypatch)
+    assert main(["--draft", "ready", "drafter.proposals=7", "--batch", "1,32", "target.dtype=float16",
+                 "reader.rank=64"]) == 0
+    args = calls["draft"]
+    assert args[0] == "qwen3_5_27b" and args[1] == "float16" and args[3] == [1, 32] and args[7] == 7
+    cfg = args[-1]
+    assert cfg.drafter.proposals == 7 and cfg.reader.rank == 64 and cfg.target.dtype == "float16"
+    assert main(["--tokens", "1", "target.dtype=float32"]) == 0 and calls["step"][1] == "float32"
+
+
+def test_an_override_sizes_the_replayed_drafter():
+    """The config handed to draft_replayer is the one its drafter is built from (tiny, on CPU: the batched
+    step, B = 2, runs eagerly off CUDA)."""
+    import torch
+
+    from benchmarks.step_trace import draft_replayer
+    from ready.config import load_config
+    from ready.target import load_target
+
+    torch.manual_seed(0)
+    target = load_target("tiny", device="cpu", dtype="float32")
+    cfg = load_config(preset="tiny", overrides=["drafter.proposals=2", "reader.rank=4"])
+    replay, drafter, _ = draft_replayer(target, "ready", "tiny", batch=2, prompt_len=8, proposals=2, seed=0, config=cfg)
+    replay()
+    assert drafter.proposals == 2 and [r.rank for r in drafter.readers.values()] == [4]
+
+
+def test_a_bad_override_is_one_line_naming_the_key(monkeypatch, capsys):
+    _traced(monkeypatch)
+    assert main(["--draft", "dspark", "drafter.proposals=0"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("error: command line: bad value at key 'drafter.proposals': 0")
+    assert out.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag, override", [
+    (["-k", "7"], "drafter.proposals=7"), (["--proposals", "7"], "drafter.proposals=7"), (["-k7"], "drafter.proposals=7"),
+    (["--dtype", "bfloat16"], "target.dtype=bfloat16"),
+])
+def test_a_removed_flag_names_the_override_that_replaces_it(capsys, flag, override):
+    """Refused before anything else, on any machine (the CUDA check comes after the arguments)."""
+    assert main(["--draft", "dspark", *flag]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (f"error: {' '.join(flag)}: this flag is gone; the config says it: {override} "
+                                         "(a key=value override, as python -m sweeps.run takes them)\n")

@@ -1,5 +1,7 @@
 """The paper-scale training benchmark runs end to end on the tiny preset on CPU and prints one
 consistent JSON object (keys, finite positive rates, the recipe arithmetic); bad flags end in one message.
+The typed config is its command line: `a.b=v` overrides reach what it runs (device, dtype, regeneration batch,
+micro-batches), and a flag that restated a config key names its override.
 No timing is asserted (docs/design.md: speed is measured by benchmark scripts, not by tests)."""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 
 from benchmarks.train_scale import TRAIN_STAGES, main
 
-ARGS = ["--target", "tiny", "--device", "cpu", "--quick", "--threads", "1", "--no-progress", "--json", "--gpus", "1,4"]
+ARGS = ["--target", "tiny", "target.device=cpu", "--quick", "--threads", "1", "--no-progress", "--json", "--gpus", "1,4"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def test_prints_one_json_object_with_every_section(run):
     assert {"regen", "prefill", "train", "recipe", "target_params", "target_weight_bytes"} <= set(res)
     regen = res["regen"]
     assert regen["new_tokens"] == regen["batch"] * regen["response_len"]  # no row stops early
-    assert regen["rows_full_budget"] == regen["batch"]
+    assert regen["rows_full_budget"] == regen["batch"] == 2  # --quick's regen.batch_size
+    assert res["device"] == "cpu" and res["dtype"] == "float32"  # the tiny preset's target.dtype
     assert set(res["prefill"]["lengths"]) == {"32", "64"}
     for stage in TRAIN_STAGES:
         st = res["train"][stage]
@@ -91,14 +94,14 @@ def test_recipe_is_the_measured_rates_extrapolated(run):
     assert rec["base_from_scratch_s_per_10k_samples"]["1"] == pytest.approx(1e4 / train["base"]["samples_per_s"])
 
 
-def test_micro_batch_flag_runs_the_step_in_micro_batches_and_is_recorded(monkeypatch):
+def test_micro_batch_override_runs_the_step_in_micro_batches_and_is_recorded(monkeypatch):
     from ready.train import stages
 
     passes = []
     real = stages.teacher_pass
     monkeypatch.setattr(stages, "teacher_pass", lambda *a, **kw: passes.append(a[2].shape[0]) or real(*a, **kw))
     with contextlib.redirect_stdout(io.StringIO()):
-        res = main([*ARGS, "--sections", "train", "--stages", "stage1", "--micro-batch", "1"])
+        res = main([*ARGS, "--sections", "train", "--stages", "stage1", "train.micro_batch_size=1"])
     st = res["train"]["stage1"]
     assert res["errors"] == [] and st["micro_batch_size"] == res["train"]["micro_batch_size"] == 1
     assert passes == [1] * (st["batch"] * (st["warmup_steps"] + st["steps"]))  # one teacher pass per row
@@ -110,12 +113,62 @@ def test_micro_batch_flag_runs_the_step_in_micro_batches_and_is_recorded(monkeyp
     (["--warmup-steps", "0"], "--warmup-steps 0"),
     (["--prefill-lengths", "1024,x"], "--prefill-lengths"),
     (["--train-seq-len", "4096"], "exceed the tiny target's context"),
-    (["reader.rank=0"], "reader.rank"),
-    (["--micro-batch", "-1"], "--micro-batch -1"),
 ])
 def test_bad_input_ends_in_one_message(flags, message, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["--target", "tiny", "--device", "cpu", "--quick", *flags])
+        main(["--target", "tiny", "target.device=cpu", "--quick", *flags])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+# --- the typed config is the command line -------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, message", [
+    ("reader.rank=0", "bad value at key 'reader.rank': 0"),
+    ("train.micro_batch_size=-1", "bad value at key 'train.micro_batch_size': -1"),
+    ("regen.batch_size=0", "bad value at key 'regen.batch_size': 0"),
+    ("target.dtype=float64", "bad value at key 'target.dtype': 'float64'"),
+    ("regen.batch_sise=8", "bad value at key 'regen.batch_sise': Key 'batch_sise' not in 'RegenConfig'"),
+])
+def test_a_bad_override_is_one_line_naming_the_key(override, message, capsys):
+    """Parsed and checked by ready.config.load_config, as `ready sweep` does: one `error:` line, status 2."""
+    with pytest.raises(SystemExit) as e:
+        main(["--target", "tiny", "target.device=cpu", "--quick", override])
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith(f"error: command line: {message}") and out.err.count("\n") == 1
+
+
+def test_overrides_reach_the_regeneration_batch_and_the_target_dtype():
+    """`regen.batch_size` wins over `--quick`'s 2 (an override is the last layer); `target.dtype` is the dtype
+    the random target is built in."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        res = main([*ARGS, "--sections", "regen,prefill", "regen.batch_size=3", "target.dtype=bfloat16"])
+    assert res["errors"] == [] and res["dtype"] == "bfloat16"
+    assert res["regen"]["batch"] == res["regen"]["rows_full_budget"] == 3
+    assert res["regen"]["new_tokens"] == 3 * res["regen"]["response_len"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal of a CUDA device where none is")
+def test_a_cuda_device_without_one_is_one_line(capsys):
+    """The 27B preset says target.device=cuda: on a machine without CUDA that is one line (before, --device's
+    default was cpu here, and the run built a 27B target on the CPU)."""
+    with pytest.raises(SystemExit) as e:
+        main(["--target", "qwen3_5_27b", "--quick"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: bad value at key 'target.device': 'cuda' but no CUDA device is visible; "
+                                       "expected 'cpu' or 'auto' on this machine\n")
+
+
+@pytest.mark.parametrize("flag, override", [
+    (["--device", "cpu"], "target.device=cpu"), (["--dtype", "bfloat16"], "target.dtype=bfloat16"),
+    (["--regen-batch", "8"], "regen.batch_size=8"), (["--micro-batch=4"], "train.micro_batch_size=4"),
+])
+def test_a_removed_flag_names_the_override_that_replaces_it(capsys, flag, override):
+    with pytest.raises(SystemExit) as e:
+        main(["--target", "tiny", "--quick", *flag, "--json"])
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (f"error: {' '.join(flag)}: this flag is gone; the config says it: {override} "
+                                         "(a key=value override, as python -m sweeps.run takes them)\n")

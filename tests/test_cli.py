@@ -154,9 +154,13 @@ def test_smoke_switches_the_triton_interpreter_on_through_ready_too():
 
 
 @pytest.mark.parametrize("command", [["generate", "--target", "tiny", "--method", "ar", "--prompt-ids", "1,2"],
-                                     ["bench", "engine", "--target", "tiny"]])
+                                     ["bench", "engine", "--target", "tiny"],
+                                     ["bench", "train_scale", "--target", "tiny", "--quick"],
+                                     ["bench", "step_trace", "--draft", "dspark"],
+                                     ["bench", "exact", "--probe"],
+                                     ["bench", "target", "--preset", "tiny"]])
 def test_a_misspelled_config_key_is_the_line_ready_sweep_gives(command):
-    """`ready generate` and `ready bench engine` take the typed config's `a.b=v` as `ready sweep` does: the
+    """`ready generate` and the benchmarks take the typed config's `a.b=v` as `ready sweep` does: the
     same parser, so a misspelled key is the same one line and exit status 2; `--help` shows the overrides."""
     sweep = _ready("sweep", "rank", "--dry-run", "drafter.proposal=6")
     out = _ready(*command, "drafter.proposal=6")
