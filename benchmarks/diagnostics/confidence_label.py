@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ready.calibration import calibration
+from ready.config import LossConfig, entry_point
 from ready.drafter import load_drafter
 from ready.drafter.checkpoint import is_drafter_folder
 from ready.target import load_target
@@ -42,7 +43,7 @@ from ready.train.regen_data import DATA_FILE, RegenData
 from ready.train.teacher_forced import compact_anchors, full_block_anchors
 from ready.train.teacher_pass import teacher_pass
 
-GAMMA = 4.0  # DSpark's position-weight decay (train.loss.decay_gamma's default)
+GAMMA = LossConfig().decay_gamma  # the position-weight decay the base drafter trained with (the schema's default)
 
 
 @torch.no_grad()
@@ -164,6 +165,7 @@ def _data(path: str) -> RegenData:
     return RegenData.load(file)
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.confidence_label",
                                  description=__doc__.split("\n", 1)[0])

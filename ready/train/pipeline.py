@@ -167,7 +167,7 @@ def _loss_spec(cfg: Any, base: bool) -> dict:
     if not (base and cfg.drafter.confidence_head):
         loss.pop("confidence_weight", None)
         loss.pop("confidence_temperature", None)
-    elif float(loss.get("confidence_temperature", 1.0)) == 1.0:
+    elif float(loss["confidence_temperature"]) == 1.0:
         loss.pop("confidence_temperature", None)
     return loss
 

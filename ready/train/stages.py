@@ -218,7 +218,7 @@ def trains_confidence(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter
 def _fingerprint(stage: str, cfg: Any, params: list[tuple[str, nn.Parameter]], data: RegenData, seed: int) -> str:
     sc = getattr(cfg.train, stage)
     head = trains_confidence(stage, cfg, params)
-    label_t = float(getattr(cfg.train.loss, "confidence_temperature", 0.0))  # 1: every checkpoint's before the knob
+    label_t = float(cfg.train.loss.confidence_temperature)  # 1: every checkpoint's before the knob
     key = {
         "stage": stage,
         "stage_cfg": to_container(sc) if OmegaConf.is_config(sc) else dict(vars(sc)),
@@ -391,7 +391,7 @@ def train_stage(
     losses: list[float] = list(ck["losses"]) if ck else []
     head = trains_confidence(stage, cfg, params)  # DSpark's confidence-head loss (the base drafter only)
     conf_weight = float(cfg.train.loss.confidence_weight) if head else 0.0
-    conf_temperature = float(getattr(cfg.train.loss, "confidence_temperature", 0.0))  # the label's decoding
+    conf_temperature = float(cfg.train.loss.confidence_temperature)  # the label's decoding
     ddp = _ddp(drafter, device, accumulate, head) if dp.active else None
     forward = ddp if ddp is not None else (lambda *a: drafter.forward_train(*a, confidence=head))
     reduce = distributed.all_reduce_sum if dp.active else None
