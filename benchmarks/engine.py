@@ -340,9 +340,12 @@ def time_verify(target: Any, prompt: torch.Tensor, sizes: list[int], iters: int,
 def bench_config(preset: str, overrides: Sequence[str] = ()) -> Any:
     """The benchmark's typed config: `ready.config.load_config` of the drafter preset and the command line's
     `a.b=v` overrides; a preset that does not exist is the loader's line, naming `--drafter-preset`."""
-    if preset not in preset_names():
-        drafter_configs(preset, 1)
-    return load_config(preset=preset, overrides=overrides)
+    try:
+        return load_config(preset=preset, overrides=overrides)
+    except ConfigError as e:
+        if preset in preset_names():
+            raise  # a bad override: the loader's line as it is
+        raise DecodeError(f"--drafter-preset {preset!r}: {e}") from None
 
 
 def drafter_configs(preset: str, proposals: int, config: Any = None) -> tuple[Any, Any]:

@@ -43,8 +43,8 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 READER_FILE = "ready_reader.safetensors"
 OWN_FILES = {CONFIG_FILE, WEIGHTS_FILE, READER_FILE, "DONE"}
-# key prefixes of early DSpark checkpoints (heads nested under `logit_head`), as SpecForge maps them
 SectionT = TypeVar("SectionT")
+# key prefixes of early DSpark checkpoints (heads nested under `logit_head`), as SpecForge maps them
 LEGACY_PREFIXES = (("logit_head.markov_head.", "markov_head."), ("logit_head.confidence_head.", "confidence_head."))
 
 

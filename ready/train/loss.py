@@ -208,7 +208,10 @@ def _sums(draft_logits: torch.Tensor, labels: torch.Tensor, target_logits: torch
         if confidence_logits.shape != labels.shape:
             raise ValueError(f"draft_loss: confidence logits of shape {tuple(confidence_logits.shape)}; expected "
                              f"{tuple(labels.shape)}, one per draft position")
-        rate = confidence_label(logits, target_logits, confidence_temperature)
+        if float(confidence_temperature) == 1.0:  # the label is 1 - L1/2 of the softmaxes above: no second pass
+            rate = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0)
+        else:
+            rate = confidence_label(logits, target_logits, confidence_temperature)
         z = confidence_logits.float()
         conf_sum = (F.binary_cross_entropy_with_logits(z, rate, reduction="none") * w).sum()
         with torch.no_grad():
