@@ -1,6 +1,7 @@
 """Where one graphed decode step's time goes: kernels, the gaps between them, per kernel name.
 
     python -m benchmarks.step_trace --target qwen3_5_27b --json
+    python -m benchmarks.step_trace --target qwen3_5_27b --tokens 1,8 --batch 32 --json
     python -m benchmarks.step_trace --draft dspark --batch 1,32 --replays 10 drafter.proposals=7
 
 Replays the captured verify graph of `--tokens` tokens (1 = the AR step; no commit between
@@ -14,6 +15,12 @@ replays, so every replay sees the same context) and reports:
   part of the step (`by_part`: projections, norms and rotary, attention, GDN, state reader, argmax,
   copies and indexing, elementwise; `kernel_part` names each kernel's part).
 The profiler itself may lengthen gaps a little: compare `span_ms` with `replay_ms`. CUDA only.
+
+`--batch 1,32` traces each verify at each batch size: above 1 the batched engine's pass (B rows of
+`--prompt-len` committed tokens in one ragged cache, `ready.target.ragged`), each step with `bound_ms`
+and `over_bound`: its replay against max(bytes it must stream at `--bandwidth`, FLOPs at `--peak-flops`;
+`benchmarks.engine.verify_bound`, the yardstick of the batched table), so a missed goal reads off the
+same trace that says where its time goes.
 
 `--tokens 1,8` traces each size on one loaded target and adds `difference`: per kernel name the
 µs and calls of the last size minus the first, largest change first, so where verify(8)'s extra
@@ -47,16 +54,17 @@ import os
 import sys
 import tempfile
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from benchmarks import copy_rate
-from benchmarks.engine import build_drafter, forced_acceptance
+from benchmarks.engine import build_drafter, forced_acceptance, measured_bf16_flops, verify_bound
 from ready.config import ConfigError, entry_point, load_config, replaced_flags
 from ready.decode.engine import Engine
 from ready.decode.graphs import GraphRunner
 from ready.target import PRESETS, load_target
+from ready.target.ragged import new_ragged_cache, prefill_row
 
 # gaps longer than this lie between replays (host launches the next graph), not inside one
 REPLAY_BREAK_US = 50.0
@@ -151,20 +159,28 @@ def summarize(events: list[tuple[float, float, str]], replays: int, top: Optiona
     }
 
 
-def step_replayer(target: Any, tokens: int, prompt_len: int) -> Any:
+def step_replayer(target: Any, tokens: int, prompt_len: int, batch: int = 1) -> Any:
     """A callable that runs the graphed verify of `tokens` tokens once and forgets it (no commit:
-    every call sees the same context). Tunes, compiles and captures on its first calls."""
+    every call sees the same context). `batch` > 1: the batched engine's pass, B rows of `prompt_len`
+    committed tokens in one ragged cache (`ready.target.ragged`). Tunes, compiles and captures on its
+    first calls."""
     dev = target.device
-    prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), device=dev)
-    cache = target.new_cache(1, prompt_len + 16 + tokens, max_verify=max(1, tokens))
-    runner = GraphRunner(target, [])
-    runner.prepare(cache)
-    target.prefill(prompt, cache)
-    block = torch.randint(0, target.config.vocab_size, (1, tokens), device=dev)
+    runner = GraphRunner(target, [], short_rounds=batch == 1)
+    if batch == 1:
+        cache = target.new_cache(1, prompt_len + 16 + tokens, max_verify=max(1, tokens))
+        runner.prepare(cache)
+        target.prefill(torch.randint(0, target.config.vocab_size, (1, prompt_len), device=dev), cache)
+    else:
+        cache = new_ragged_cache(target, batch, prompt_len + 16 + tokens, max_verify=max(1, tokens))
+        runner.prepare(cache)
+        for b in range(batch):
+            prefill_row(target, cache, b, torch.randint(0, target.config.vocab_size, (prompt_len,), device=dev),
+                        last_logits_only=True)
+    block = torch.randint(0, target.config.vocab_size, (batch, tokens), device=dev)
 
     def replay() -> None:
         runner.verify(block, cache)
-        cache.pending = 0  # nothing committed: the live state and the KV below `length` are untouched
+        cache.pending = 0  # nothing committed: the live state and the KV below each row's length are untouched
 
     return replay
 
@@ -279,14 +295,26 @@ def kernel_difference(first: dict[str, Any], last: dict[str, Any], top: int = 25
 
 
 def trace_step(target_spec: str, dtype: str, sizes: list[int], prompt_len: int, replays: int, seed: int,
-               by_grid: bool = False) -> dict[str, Any]:
-    """The trace of each verify size on one loaded target; one size: its trace alone, several:
-    `steps` (one each) and `difference` (last minus first)."""
+               by_grid: bool = False, batches: Sequence[int] = (1,), bandwidth: float = 0.0,
+               peak_flops: float = 0.0) -> dict[str, Any]:
+    """The trace of each verify size at each batch size on one loaded target, each against its bound
+    (`benchmarks.engine.verify_bound`: bytes at `bandwidth`, FLOPs at `peak_flops`; 0 leaves that part
+    out); one step: its trace alone, several: `steps` (one each) and `difference` (last minus first)."""
     torch.manual_seed(seed)
     target = load_target(target_spec, device="cuda", dtype=dtype)
+    streamed = sum(p.nbytes for p in target.parameters()) - target.embed_tokens.weight.nbytes
     top = 40 if by_grid else 25
-    steps = [{"tokens": t, **trace_replay(step_replayer(target, t, prompt_len), replays, by_grid)} for t in sizes]
-    head = {"target": target_spec, "dtype": dtype, "prompt_len": prompt_len, "replays": replays}
+    steps = []
+    for B in batches:
+        for t in sizes:
+            st = {"batch": B, "tokens": t, **trace_replay(step_replayer(target, t, prompt_len, B), replays, by_grid)}
+            bound = verify_bound(target, B, B * t, prompt_len + t, streamed, bandwidth, peak_flops)["bound_ms"]
+            if bound:
+                st["bound_ms"], st["over_bound"] = round(bound, 4), round(st["replay_ms"] / bound, 3)
+            steps.append(st)
+            torch.cuda.empty_cache()
+    head = {"target": target_spec, "dtype": dtype, "prompt_len": prompt_len, "replays": replays,
+            "bandwidth": bandwidth or None, "peak_flops": peak_flops or None}
     cut = [{**st, "by_kernel": st["by_kernel"][:top]} for st in steps]
     if len(steps) == 1:
         return {**head, **cut[0]}
@@ -332,9 +360,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--draft", choices=("dspark", "ready"), default=None,
                     help="trace this drafter's graphed draft step instead of the verify (see --batch)")
-    ap.add_argument("--batch", default="1", help="with --draft: rows per draft step, a comma list (e.g. 1,32)")
+    ap.add_argument("--batch", default="1", help="rows per step, a comma list (e.g. 1,32): the verify's (above 1 the "
+                    "batched engine's ragged pass) or, with --draft, the draft step's")
     ap.add_argument("--bandwidth", type=float, default=None,
-                    help="bytes/s of the draft's stream bound (default: the GPU's copy rate, benchmarks.COPY_BYTES_PER_S)")
+                    help="bytes/s of the bounds (default: the GPU's copy rate, benchmarks.COPY_BYTES_PER_S)")
+    ap.add_argument("--peak-flops", type=float, default=None,
+                    help="FLOP/s of the verify's FLOP bound (default: measured, a bf16 matmul on the card)")
     ap.add_argument("--by-grid", action="store_true", help="split each kernel's rows by launch grid (its shapes)")
     ap.add_argument("--ops", action="store_true", help="with --draft: also the device time per torch op and "
                     "input shapes of the step's body run eagerly (`by_op`)")
@@ -360,15 +391,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"step_trace: --tokens must be sizes >= 1 (e.g. 1 or 1,8) and --replays >= 1, got {a.tokens!r} and "
               f"{a.replays}", file=sys.stderr)
         return 2
+    try:
+        batches = [int(b) for b in a.batch.split(",") if b.strip()]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32), got {a.batch!r}", file=sys.stderr)
+        return 2
+    bandwidth = a.bandwidth or copy_rate("cuda")
     if a.draft is not None:
-        try:
-            batches = [int(b) for b in a.batch.split(",") if b.strip()]
-        except ValueError:
-            batches = []
-        if not batches or min(batches) < 1:
-            print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32), got {a.batch!r}", file=sys.stderr)
-            return 2
-        bandwidth = a.bandwidth or copy_rate("cuda")
         if bandwidth <= 0:
             print(f"step_trace: no copy rate known for {torch.cuda.get_device_name()}; pass --bandwidth BYTES_PER_S",
                   file=sys.stderr)
@@ -376,7 +407,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         out = trace_draft(a.target, dtype, a.draft, batches, a.prompt_len, a.replays, a.seed, proposals,
                           bandwidth, a.by_grid, a.ops, cfg)
     else:
-        out = trace_step(a.target, dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid)
+        peak = a.peak_flops if a.peak_flops is not None else measured_bf16_flops(torch.device("cuda"))
+        out = trace_step(a.target, dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid, batches, bandwidth, peak)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:

@@ -91,6 +91,19 @@ def test_the_replayer_repeats_one_verify_on_the_same_context():
         replay()
 
 
+def test_the_batched_replayer_verifies_every_row_of_one_ragged_cache_on_the_same_context():
+    import torch
+
+    from benchmarks.step_trace import step_replayer
+    from ready.target import load_target
+
+    torch.manual_seed(0)
+    target = load_target("tiny", device="cpu", dtype="float32")
+    replay = step_replayer(target, tokens=3, prompt_len=8, batch=4)
+    for _ in range(3):
+        replay()
+
+
 def test_the_difference_of_two_sizes_lists_the_largest_changes_first():
     one = {"by_kernel": [{"kernel": "gemv", "us": 40.0, "calls": 4}, {"kernel": "norm", "us": 3.0, "calls": 2}]}
     eight = {"by_kernel": [{"kernel": "small_m", "us": 50.0, "calls": 4}, {"kernel": "norm", "us": 3.5, "calls": 2}]}
@@ -111,9 +124,12 @@ def test_bad_token_sizes_are_refused(tokens, capsys, monkeypatch):
 def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
     from benchmarks import step_trace
 
+    from ready.target import load_target
+
+    tiny = load_target("tiny", device="cpu", dtype="float32")
     loads = []
-    monkeypatch.setattr(step_trace, "load_target", lambda *a, **k: loads.append(a) or "target")
-    monkeypatch.setattr(step_trace, "step_replayer", lambda target, tokens, prompt_len: tokens)
+    monkeypatch.setattr(step_trace, "load_target", lambda *a, **k: loads.append(a) or tiny)
+    monkeypatch.setattr(step_trace, "step_replayer", lambda target, tokens, prompt_len, batch: tokens)
     rows = lambda n: [{"kernel": f"k{i}", "us": float(n * i), "calls": 1.0} for i in range(30)]  # noqa: E731
     monkeypatch.setattr(step_trace, "trace_replay", lambda replay, replays, by_grid: {"replay_ms": replay, "by_kernel": rows(replay)})
     out = step_trace.trace_step("x", "bfloat16", [1, 8], 16, 2, 0)
@@ -123,6 +139,23 @@ def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
                                  "us_first": 29.0, "us_last": 8 * 29.0}
     single = step_trace.trace_step("x", "bfloat16", [8], 16, 2, 0)
     assert single["tokens"] == 8 and "difference" not in single and len(single["by_kernel"]) == 25
+    assert "over_bound" not in single  # no copy rate, no FLOP rate: no bound
+
+
+def test_each_batch_and_size_is_traced_against_the_verify_bound(monkeypatch):
+    from benchmarks import step_trace
+    from benchmarks.engine import verify_bound
+    from ready.target import load_target
+
+    tiny = load_target("tiny", device="cpu", dtype="float32")
+    monkeypatch.setattr(step_trace, "load_target", lambda *a, **k: tiny)
+    monkeypatch.setattr(step_trace, "step_replayer", lambda target, tokens, prompt_len, batch: (batch, tokens))
+    monkeypatch.setattr(step_trace, "trace_replay", lambda replay, replays, by_grid: {"replay_ms": 2.0, "by_kernel": []})
+    out = step_trace.trace_step("x", "float32", [1, 8], 16, 2, 0, batches=[1, 4], bandwidth=1e9, peak_flops=1e12)
+    assert [(s["batch"], s["tokens"]) for s in out["steps"]] == [(1, 1), (1, 8), (4, 1), (4, 8)]
+    streamed = sum(p.nbytes for p in tiny.parameters()) - tiny.embed_tokens.weight.nbytes
+    want = verify_bound(tiny, 4, 32, 24, streamed, 1e9, 1e12)["bound_ms"]  # 4 rows x 8 tokens after 16 + 8
+    assert out["steps"][-1]["bound_ms"] == round(want, 4) and out["steps"][-1]["over_bound"] == round(2.0 / want, 3)
 
 
 def test_the_draft_replayer_repeats_the_batched_draft_step_and_its_bound_counts_weights_and_lm_head():
@@ -190,8 +223,9 @@ def _traced(monkeypatch) -> dict:
     calls: dict = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(step_trace, "copy_rate", lambda device: 1e12)
-    monkeypatch.setattr(step_trace, "trace_step", lambda *a, **k: calls.setdefault("step", a) and {})
-    monkeypatch.setattr(step_trace, "trace_draft", lambda *a, **k: calls.setdefault("draft", a) and {})
+    monkeypatch.setattr(step_trace, "measured_bf16_flops", lambda device: 7e14)
+    monkeypatch.setattr(step_trace, "trace_step", lambda *a, **k: calls.__setitem__("step", a) or {})
+    monkeypatch.setattr(step_trace, "trace_draft", lambda *a, **k: calls.__setitem__("draft", a) or {})
     return calls
 
 
@@ -216,6 +250,9 @@ def test_overrides_reach_the_traced_target_and_drafter(monkeypatch, capsys):
     cfg = args[-1]
     assert cfg.drafter.proposals == 7 and cfg.reader.rank == 64 and cfg.target.dtype == "float16"
     assert main(["--tokens", "1", "target.dtype=float32"]) == 0 and calls["step"][1] == "float32"
+    assert calls["step"][7:] == ([1], 1e12, 7e14)  # one row; the copy rate, the measured FLOP rate
+    assert main(["--tokens", "1,8", "--batch", "1,32", "--peak-flops", "5e14"]) == 0
+    assert calls["step"][7:] == ([1, 32], 1e12, 5e14)  # batches, the copy rate, the FLOP rate
 
 
 def test_an_override_sizes_the_replayed_drafter():
