@@ -2,6 +2,7 @@
 
     python -m benchmarks.step_trace --target qwen3_5_27b --json
     python -m benchmarks.step_trace --target qwen3_5_27b --tokens 1,8 --batch 32 --json
+    python -m benchmarks.step_trace --target qwen3_5_27b --prefill 1024,8192 --replays 3 --json
     python -m benchmarks.step_trace --draft dspark --batch 1,32 --replays 10 drafter.proposals=7
 
 Replays the captured verify graph of `--tokens` tokens (1 = the AR step; no commit between
@@ -21,6 +22,10 @@ The profiler itself may lengthen gaps a little: compare `span_ms` with `replay_m
 and `over_bound`: its replay against max(bytes it must stream at `--bandwidth`, FLOPs at `--peak-flops`;
 `benchmarks.engine.verify_bound`, the yardstick of the batched table), so a missed goal reads off the
 same trace that says where its time goes.
+
+`--prefill 1024,8192` traces a batch-1 prefill of each prompt length instead (eager, as the engine admits a
+sequence), each against its FLOP bound (2 x matmul parameters x tokens at `--peak-flops`, attention not
+counted, as `benchmarks.train_scale` counts it).
 
 `--tokens 1,8` traces each size on one loaded target and adds `difference`: per kernel name the
 µs and calls of the last size minus the first, largest change first, so where verify(8)'s extra
@@ -183,6 +188,41 @@ def step_replayer(target: Any, tokens: int, prompt_len: int, batch: int = 1) -> 
         cache.pending = 0  # nothing committed: the live state and the KV below each row's length are untouched
 
     return replay
+
+
+def prefill_replayer(target: Any, prompt_len: int) -> Any:
+    """A callable that prefills one `prompt_len`-token prompt into a cleared cache, as the engine admits a
+    sequence (eager: a prefill is never graphed; logits of the last position only)."""
+    dev = target.device
+    cache = target.new_cache(1, prompt_len + 16)
+    prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), device=dev)
+
+    def replay() -> None:
+        cache.reset()
+        target.prefill(prompt, cache, last_logits_only=True)
+
+    return replay
+
+
+def trace_prefill(target_spec: str, dtype: str, lengths: Sequence[int], replays: int, seed: int,
+                  peak_flops: float, by_grid: bool = False) -> dict[str, Any]:
+    """The trace of a batch-1 prefill at each prompt length on one loaded target, each against its FLOP
+    bound: 2 x the matmul parameters x tokens at `peak_flops` (attention's own FLOPs not counted, as
+    `benchmarks.train_scale` counts it)."""
+    torch.manual_seed(seed)
+    target = load_target(target_spec, device="cuda", dtype=dtype)
+    params = (sum(p.numel() for p in target.parameters()) - target.embed_tokens.weight.numel())
+    top = 40 if by_grid else 25
+    steps = []
+    for n in lengths:
+        st = {"prompt_len": n, **trace_replay(prefill_replayer(target, n), replays, by_grid)}
+        if peak_flops > 0:
+            bound = 2.0 * params * n / peak_flops * 1e3
+            st["bound_ms"], st["over_bound"] = round(bound, 4), round(st["replay_ms"] / bound, 3)
+        steps.append({**st, "by_kernel": st["by_kernel"][:top]})
+        torch.cuda.empty_cache()
+    return {"target": target_spec, "dtype": dtype, "replays": replays, "peak_flops": peak_flops or None,
+            "matmul_params": params, "prefill": steps}
 
 
 def draft_replayer(target: Any, kind: str, preset: str, batch: int, prompt_len: int, proposals: int,
@@ -362,6 +402,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="trace this drafter's graphed draft step instead of the verify (see --batch)")
     ap.add_argument("--batch", default="1", help="rows per step, a comma list (e.g. 1,32): the verify's (above 1 the "
                     "batched engine's ragged pass) or, with --draft, the draft step's")
+    ap.add_argument("--prefill", default=None, help="trace a batch-1 prefill of these prompt lengths instead "
+                    "(a comma list, e.g. 1024,8192), each against its FLOP bound")
     ap.add_argument("--bandwidth", type=float, default=None,
                     help="bytes/s of the bounds (default: the GPU's copy rate, benchmarks.COPY_BYTES_PER_S)")
     ap.add_argument("--peak-flops", type=float, default=None,
@@ -399,7 +441,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32), got {a.batch!r}", file=sys.stderr)
         return 2
     bandwidth = a.bandwidth or copy_rate("cuda")
-    if a.draft is not None:
+    if a.prefill is not None:
+        try:
+            lengths = [int(n) for n in a.prefill.split(",") if n.strip()]
+        except ValueError:
+            lengths = []
+        if not lengths or min(lengths) < 1:
+            print(f"step_trace: --prefill must be prompt lengths >= 1 (e.g. 1024,8192), got {a.prefill!r}", file=sys.stderr)
+            return 2
+        peak = a.peak_flops if a.peak_flops is not None else measured_bf16_flops(torch.device("cuda"))
+        out = trace_prefill(a.target, dtype, lengths, a.replays, a.seed, peak, a.by_grid)
+    elif a.draft is not None:
         if bandwidth <= 0:
             print(f"step_trace: no copy rate known for {torch.cuda.get_device_name()}; pass --bandwidth BYTES_PER_S",
                   file=sys.stderr)

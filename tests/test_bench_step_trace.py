@@ -142,6 +142,35 @@ def test_two_sizes_are_traced_on_one_target_with_their_difference(monkeypatch):
     assert "over_bound" not in single  # no copy rate, no FLOP rate: no bound
 
 
+def test_the_prefill_replayer_prefills_the_same_prompt_into_a_cleared_cache_each_time():
+    import torch
+
+    from benchmarks.step_trace import prefill_replayer
+    from ready.target import load_target
+
+    torch.manual_seed(0)
+    target = load_target("tiny", device="cpu", dtype="float32")
+    replay = prefill_replayer(target, prompt_len=12)
+    for _ in range(3):  # a cache left at 12 tokens would take the next prompt as a continuation past its room
+        replay()
+
+
+def test_each_prefill_length_is_traced_against_its_flop_bound(monkeypatch):
+    from benchmarks import step_trace
+    from ready.target import load_target
+
+    tiny = load_target("tiny", device="cpu", dtype="float32")
+    monkeypatch.setattr(step_trace, "load_target", lambda *a, **k: tiny)
+    monkeypatch.setattr(step_trace, "prefill_replayer", lambda target, n: n)
+    monkeypatch.setattr(step_trace, "trace_replay", lambda replay, replays, by_grid: {"replay_ms": replay / 100, "by_kernel": []})
+    out = step_trace.trace_prefill("x", "float32", [100, 800], 2, 0, peak_flops=1e12)
+    params = sum(p.numel() for p in tiny.parameters()) - tiny.embed_tokens.weight.numel()
+    last = out["prefill"][-1]
+    assert [s["prompt_len"] for s in out["prefill"]] == [100, 800] and out["matmul_params"] == params
+    assert last["bound_ms"] == round(2.0 * params * 800 / 1e12 * 1e3, 4)
+    assert last["over_bound"] == round(8.0 / (2.0 * params * 800 / 1e12 * 1e3), 3)
+
+
 def test_each_batch_and_size_is_traced_against_the_verify_bound(monkeypatch):
     from benchmarks import step_trace
     from benchmarks.engine import verify_bound
@@ -226,6 +255,7 @@ def _traced(monkeypatch) -> dict:
     monkeypatch.setattr(step_trace, "measured_bf16_flops", lambda device: 7e14)
     monkeypatch.setattr(step_trace, "trace_step", lambda *a, **k: calls.__setitem__("step", a) or {})
     monkeypatch.setattr(step_trace, "trace_draft", lambda *a, **k: calls.__setitem__("draft", a) or {})
+    monkeypatch.setattr(step_trace, "trace_prefill", lambda *a, **k: calls.__setitem__("prefill", a) or {})
     return calls
 
 
@@ -253,6 +283,8 @@ def test_overrides_reach_the_traced_target_and_drafter(monkeypatch, capsys):
     assert calls["step"][7:] == ([1], 1e12, 7e14)  # one row; the copy rate, the measured FLOP rate
     assert main(["--tokens", "1,8", "--batch", "1,32", "--peak-flops", "5e14"]) == 0
     assert calls["step"][7:] == ([1, 32], 1e12, 5e14)  # batches, the copy rate, the FLOP rate
+    assert main(["--prefill", "1024,8192", "--replays", "3"]) == 0 and calls["prefill"][2:4] == ([1024, 8192], 3)
+    assert calls["prefill"][5] == 7e14  # the measured FLOP rate
 
 
 def test_an_override_sizes_the_replayed_drafter():
@@ -290,3 +322,12 @@ def test_a_removed_flag_names_the_override_that_replaces_it(capsys, flag, overri
     out = capsys.readouterr()
     assert out.out == "" and out.err == (f"error: {' '.join(flag)}: this flag is gone; the config says it: {override} "
                                          "(a key=value override, as python -m sweeps.run takes them)\n")
+
+
+@pytest.mark.parametrize("lengths", ["0", "8,x", ""])
+def test_bad_prefill_lengths_are_refused(lengths, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # reach the argument check on CPU
+    assert main(["--prefill", lengths]) == 2
+    assert "--prefill must be prompt lengths >= 1" in capsys.readouterr().err
