@@ -440,7 +440,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not batches or min(batches) < 1:
         print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32), got {a.batch!r}", file=sys.stderr)
         return 2
-    bandwidth = a.bandwidth or copy_rate("cuda")
     if a.prefill is not None:
         try:
             lengths = [int(n) for n in a.prefill.split(",") if n.strip()]
@@ -452,6 +451,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         peak = a.peak_flops if a.peak_flops is not None else measured_bf16_flops(torch.device("cuda"))
         out = trace_prefill(a.target, dtype, lengths, a.replays, a.seed, peak, a.by_grid)
     elif a.draft is not None:
+        bandwidth = a.bandwidth or copy_rate("cuda")
         if bandwidth <= 0:
             print(f"step_trace: no copy rate known for {torch.cuda.get_device_name()}; pass --bandwidth BYTES_PER_S",
                   file=sys.stderr)
@@ -460,7 +460,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                           bandwidth, a.by_grid, a.ops, cfg)
     else:
         peak = a.peak_flops if a.peak_flops is not None else measured_bf16_flops(torch.device("cuda"))
-        out = trace_step(a.target, dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid, batches, bandwidth, peak)
+        out = trace_step(a.target, dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid, batches,
+                         a.bandwidth or copy_rate("cuda"), peak)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:
