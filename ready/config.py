@@ -601,6 +601,11 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.verify_budget", c.eval.verify_budget >= 0, "drafts per decoding row >= 0 (0 = no budget)"),
         ("train.loss.confidence_weight", c.train.loss.confidence_weight >= 0, "a number >= 0"),
         ("train.loss.confidence_temperature", c.train.loss.confidence_temperature >= 0, "a number >= 0 (0 = greedy)"),
+        ("train.loss.confidence_temperature", c.eval.verify_schedule != "confidence" or bool(c.drafter.checkpoint)
+         or c.train.loss.confidence_temperature == c.eval.temperature,
+         f"eval.temperature ({c.eval.temperature}) with eval.verify_schedule=confidence and a head trained here: the "
+         "schedule thresholds the head's predicted acceptance, which must be that of the decoding it schedules "
+         "(a head loaded from drafter.checkpoint is used as loaded)"),
         ("threads.shared", c.threads.shared >= 1, "an integer >= 1 (torch CPU threads of the shared builds)"),
         ("threads.drafters", c.threads.drafters >= 1, "an integer >= 1 (torch CPU threads of drafter training "
                                                       "and evaluation)"),

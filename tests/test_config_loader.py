@@ -259,6 +259,8 @@ def test_every_sweep_row_resolves_as_before(name):
     ({"overrides": ["reader.rank=0"]}, r"^command line: bad value at key 'reader.rank': 0; expected a positive integer"),
     ({"preset": "tiny", "overrides": ["eval.top_p=0"]}, r"^command line: bad value at key 'eval.top_p': 0.0; expected "),
     ({"layers": [("row 'x'", {"reader": {"position": "middle"}})]}, r"^row 'x': bad value at key 'reader.position': 'middle'"),
+    ({"overrides": ["drafter.confidence_head=true", "eval.verify_schedule=confidence", "eval.temperature=1"]},
+     r"^.*base.yaml: bad value at key 'train.loss.confidence_temperature': 0.0; expected eval.temperature \(1.0\) "),
 ])
 def test_a_bad_input_is_one_message_naming_it(kwargs, message):
     from ready.config import ConfigError
@@ -364,3 +366,12 @@ def test_entry_points_report_a_bad_preset_in_one_line(capsys):
     assert engine_main(["--target", "tiny", "target.device=cpu", "--drafter", "dspark", "--drafter-preset", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --drafter-preset 'nope': preset 'nope' not found at ") and err.count("\n") == 1
+
+
+def test_the_confidence_schedule_needs_a_head_labelled_for_the_decoding_it_schedules():
+    """A head trained here predicts the acceptance of its label's decoding (0 = greedy); the schedule
+    thresholds that prediction, so it must be the evaluation's. A checkpoint's head is used as loaded."""
+    head = ["drafter.confidence_head=true", "eval.verify_schedule=confidence"]
+    assert load_config(overrides=[*head, "eval.temperature=1", "train.loss.confidence_temperature=1"])
+    assert load_config(overrides=[*head, "eval.temperature=1", "drafter.checkpoint=/models/dspark"])
+    assert load_config(overrides=["eval.temperature=1"])  # the full schedule never reads the head
