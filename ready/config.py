@@ -606,6 +606,10 @@ def validate(cfg: DictConfig | Config) -> None:
          f"eval.temperature ({c.eval.temperature}) with eval.verify_schedule=confidence and a head trained here: the "
          "schedule thresholds the head's predicted acceptance, which must be that of the decoding it schedules "
          "(a head loaded from drafter.checkpoint is used as loaded)"),
+        ("eval.top_p", c.eval.verify_schedule != "confidence" or bool(c.drafter.checkpoint) or c.eval.temperature == 0
+         or c.eval.top_p == 1.0,
+         "1 with eval.verify_schedule=confidence, eval.temperature > 0 and a head trained here (its label, 1 - TV of "
+         "the two softmaxes, assumes no nucleus cut: ready.train.loss.confidence_label)"),
         ("threads.shared", c.threads.shared >= 1, "an integer >= 1 (torch CPU threads of the shared builds)"),
         ("threads.drafters", c.threads.drafters >= 1, "an integer >= 1 (torch CPU threads of drafter training "
                                                       "and evaluation)"),

@@ -370,8 +370,14 @@ def test_entry_points_report_a_bad_preset_in_one_line(capsys):
 
 def test_the_confidence_schedule_needs_a_head_labelled_for_the_decoding_it_schedules():
     """A head trained here predicts the acceptance of its label's decoding (0 = greedy); the schedule
-    thresholds that prediction, so it must be the evaluation's. A checkpoint's head is used as loaded."""
+    thresholds that prediction, so it must be the evaluation's (and the label knows no nucleus cut). A
+    checkpoint's head is used as loaded."""
+    from ready.config import ConfigError
+
     head = ["drafter.confidence_head=true", "eval.verify_schedule=confidence"]
     assert load_config(overrides=[*head, "eval.temperature=1", "train.loss.confidence_temperature=1"])
     assert load_config(overrides=[*head, "eval.temperature=1", "drafter.checkpoint=/models/dspark"])
     assert load_config(overrides=["eval.temperature=1"])  # the full schedule never reads the head
+    with pytest.raises(ConfigError, match=r"bad value at key 'eval.top_p': 0.9; expected 1 with eval.verify_schedule"):
+        load_config(overrides=[*head, "eval.temperature=1", "train.loss.confidence_temperature=1", "eval.top_p=0.9"])
+    assert load_config(overrides=[*head, "eval.top_p=0.9"])  # greedy: top_p is never read
