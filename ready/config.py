@@ -548,6 +548,7 @@ def unknown_key(kind: type, tree: Mapping[str, Any], source: str, prefix: str = 
 def validate(cfg: DictConfig | Config) -> None:
     """Range checks that types alone cannot express."""
     c = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    trains_head = not c.drafter.checkpoint and c.train.base.samples > 0  # the base drafter's head learns its label here
     checks = [
         ("reader.rank", c.reader.rank >= 1, "a positive integer (1 .. d_k)"),
         ("reader.position", c.reader.position in ("pre", "post"), "'pre' or 'post'"),
@@ -601,12 +602,13 @@ def validate(cfg: DictConfig | Config) -> None:
         ("eval.verify_budget", c.eval.verify_budget >= 0, "drafts per decoding row >= 0 (0 = no budget)"),
         ("train.loss.confidence_weight", c.train.loss.confidence_weight >= 0, "a number >= 0"),
         ("train.loss.confidence_temperature", c.train.loss.confidence_temperature >= 0, "a number >= 0 (0 = greedy)"),
-        ("train.loss.confidence_temperature", c.eval.verify_schedule != "confidence" or bool(c.drafter.checkpoint)
+        ("train.loss.confidence_temperature", c.eval.verify_schedule != "confidence" or not trains_head
          or c.train.loss.confidence_temperature == c.eval.temperature,
          f"eval.temperature ({c.eval.temperature}) with eval.verify_schedule=confidence and a head trained here: the "
          "schedule thresholds the head's predicted acceptance, which must be that of the decoding it schedules "
-         "(a head loaded from drafter.checkpoint is used as loaded)"),
-        ("eval.top_p", c.eval.verify_schedule != "confidence" or bool(c.drafter.checkpoint) or c.eval.temperature == 0
+         "(a head loaded from drafter.checkpoint is used as loaded; one trained 0 steps, train.base.samples=0, was "
+         "never labelled)"),
+        ("eval.top_p", c.eval.verify_schedule != "confidence" or not trains_head or c.eval.temperature == 0
          or c.eval.top_p == 1.0,
          "1 with eval.verify_schedule=confidence, eval.temperature > 0 and a head trained here (its label, 1 - TV of "
          "the two softmaxes, assumes no nucleus cut: ready.train.loss.confidence_label)"),

@@ -377,6 +377,7 @@ def test_the_confidence_schedule_needs_a_head_labelled_for_the_decoding_it_sched
     head = ["drafter.confidence_head=true", "eval.verify_schedule=confidence"]
     assert load_config(overrides=[*head, "eval.temperature=1", "train.loss.confidence_temperature=1"])
     assert load_config(overrides=[*head, "eval.temperature=1", "drafter.checkpoint=/models/dspark"])
+    assert load_config(overrides=[*head, "eval.temperature=1", "train.base.samples=0"])  # a head never trained
     assert load_config(overrides=["eval.temperature=1"])  # the full schedule never reads the head
     with pytest.raises(ConfigError, match=r"bad value at key 'eval.top_p': 0.9; expected 1 with eval.verify_schedule"):
         load_config(overrides=[*head, "eval.temperature=1", "train.loss.confidence_temperature=1", "eval.top_p=0.9"])
