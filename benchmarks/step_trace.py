@@ -24,8 +24,8 @@ and `over_bound`: its replay against max(bytes it must stream at `--bandwidth`, 
 same trace that says where its time goes.
 
 `--prefill 1024,8192` traces a batch-1 prefill of each prompt length instead (eager, as the engine admits a
-sequence), each against its FLOP bound (2 x matmul parameters x tokens at `--peak-flops`, attention not
-counted, as `benchmarks.train_scale` counts it).
+sequence), each against its FLOP bound (2 x the layers' matmul parameters x tokens at `--peak-flops`, plus the
+LM head at the last position; attention not counted).
 
 `--tokens 1,8` traces each size on one loaded target and adds `difference`: per kernel name the
 µs and calls of the last size minus the first, largest change first, so where verify(8)'s extra
@@ -207,17 +207,20 @@ def prefill_replayer(target: Any, prompt_len: int) -> Any:
 def trace_prefill(target_spec: str, dtype: str, lengths: Sequence[int], replays: int, seed: int,
                   peak_flops: float, by_grid: bool = False) -> dict[str, Any]:
     """The trace of a batch-1 prefill at each prompt length on one loaded target, each against its FLOP
-    bound: 2 x the matmul parameters x tokens at `peak_flops` (attention's own FLOPs not counted, as
-    `benchmarks.train_scale` counts it)."""
+    bound at `peak_flops`: 2 x the layers' matmul parameters x tokens, plus the LM head's for the one position
+    whose logits a prefill computes (attention's own FLOPs not counted; `benchmarks.train_scale` counts the
+    head at every position, 5 % more at the 27B shape)."""
     torch.manual_seed(seed)
     target = load_target(target_spec, device="cuda", dtype=dtype)
-    params = (sum(p.numel() for p in target.parameters()) - target.embed_tokens.weight.numel())
+    head = target.lm_head.weight.numel()
+    tied = target.lm_head.weight is target.embed_tokens.weight  # parameters() yields a tied table once
+    params = sum(p.numel() for p in target.parameters()) - head - (0 if tied else target.embed_tokens.weight.numel())
     top = 40 if by_grid else 25
     steps = []
     for n in lengths:
         st = {"prompt_len": n, **trace_replay(prefill_replayer(target, n), replays, by_grid)}
         if peak_flops > 0:
-            bound = 2.0 * params * n / peak_flops * 1e3
+            bound = 2.0 * (params * n + head) / peak_flops * 1e3
             st["bound_ms"], st["over_bound"] = round(bound, 4), round(st["replay_ms"] / bound, 3)
         steps.append({**st, "by_kernel": st["by_kernel"][:top]})
         torch.cuda.empty_cache()

@@ -164,11 +164,12 @@ def test_each_prefill_length_is_traced_against_its_flop_bound(monkeypatch):
     monkeypatch.setattr(step_trace, "prefill_replayer", lambda target, n: n)
     monkeypatch.setattr(step_trace, "trace_replay", lambda replay, replays, by_grid: {"replay_ms": replay / 100, "by_kernel": []})
     out = step_trace.trace_prefill("x", "float32", [100, 800], 2, 0, peak_flops=1e12)
-    params = sum(p.numel() for p in tiny.parameters()) - tiny.embed_tokens.weight.numel()
+    head = tiny.lm_head.weight.numel()  # logits of the last position only
+    params = sum(p.numel() for p in tiny.parameters()) - tiny.embed_tokens.weight.numel() - head
+    bound = 2.0 * (params * 800 + head) / 1e12 * 1e3
     last = out["prefill"][-1]
     assert [s["prompt_len"] for s in out["prefill"]] == [100, 800] and out["matmul_params"] == params
-    assert last["bound_ms"] == round(2.0 * params * 800 / 1e12 * 1e3, 4)
-    assert last["over_bound"] == round(8.0 / (2.0 * params * 800 / 1e12 * 1e3), 3)
+    assert last["bound_ms"] == round(bound, 4) and last["over_bound"] == round(8.0 / bound, 3)
 
 
 def test_each_batch_and_size_is_traced_against_the_verify_bound(monkeypatch):
