@@ -388,6 +388,15 @@ def trace_draft(target_spec: str, dtype: str, kind: str, batches: list[int], pro
             "bound_ms": round(stream / bandwidth * 1e3, 4), "steps": steps}
 
 
+def positive_ints(text: str) -> list[int]:
+    """A comma list of integers >= 1 ("1,8"); [] when any part is not one (the caller names its flag)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        return []
+    return values if values and min(values) >= 1 else []
+
+
 @entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -428,32 +437,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("step_trace: needs a CUDA device (it traces the CUDA-graphed step)", file=sys.stderr)
         return 2
-    try:
-        sizes = [int(t) for t in a.tokens.split(",") if t.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1 or a.replays < 1:
+    sizes, batches = positive_ints(a.tokens), positive_ints(a.batch)
+    if not sizes or a.replays < 1:
         print(f"step_trace: --tokens must be sizes >= 1 (e.g. 1 or 1,8) and --replays >= 1, got {a.tokens!r} and "
               f"{a.replays}", file=sys.stderr)
         return 2
-    try:
-        batches = [int(b) for b in a.batch.split(",") if b.strip()]
-    except ValueError:
-        batches = []
-    if not batches or min(batches) < 1:
+    if not batches:
         print(f"step_trace: --batch must be sizes >= 1 (e.g. 1,32), got {a.batch!r}", file=sys.stderr)
         return 2
-    if a.prefill is not None:
-        try:
-            lengths = [int(n) for n in a.prefill.split(",") if n.strip()]
-        except ValueError:
-            lengths = []
-        if not lengths or min(lengths) < 1:
-            print(f"step_trace: --prefill must be prompt lengths >= 1 (e.g. 1024,8192), got {a.prefill!r}", file=sys.stderr)
-            return 2
-        peak = a.peak_flops if a.peak_flops is not None else measured_bf16_flops(torch.device("cuda"))
-        out = trace_prefill(a.target, dtype, lengths, a.replays, a.seed, peak, a.by_grid)
-    elif a.draft is not None:
+    lengths = None if a.prefill is None else positive_ints(a.prefill)
+    if lengths == []:
+        print(f"step_trace: --prefill must be prompt lengths >= 1 (e.g. 1024,8192), got {a.prefill!r}", file=sys.stderr)
+        return 2
+    if a.draft is not None and lengths is None:
         bandwidth = a.bandwidth or copy_rate("cuda")
         if bandwidth <= 0:
             print(f"step_trace: no copy rate known for {torch.cuda.get_device_name()}; pass --bandwidth BYTES_PER_S",
@@ -463,8 +459,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                           bandwidth, a.by_grid, a.ops, cfg)
     else:
         peak = a.peak_flops if a.peak_flops is not None else measured_bf16_flops(torch.device("cuda"))
-        out = trace_step(a.target, dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid, batches,
-                         a.bandwidth or copy_rate("cuda"), peak)
+        if lengths is not None:
+            out = trace_prefill(a.target, dtype, lengths, a.replays, a.seed, peak, a.by_grid)
+        else:
+            out = trace_step(a.target, dtype, sizes, a.prompt_len, a.replays, a.seed, a.by_grid, batches,
+                             a.bandwidth or copy_rate("cuda"), peak)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:
