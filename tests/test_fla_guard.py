@@ -60,3 +60,66 @@ def test_fla_runs_only_where_it_is_a_faithful_fast_path(monkeypatch, q, state_po
         assert (layers.fla_chunk_for(q, state_positions) is sentinel) is uses_fla
     finally:
         fla_backward_trusted.cache_clear()
+
+
+def _fla_stand_in(calls: list):
+    """fla's `chunk_gated_delta_rule` as its docstring defines it (q, k [B, T, H, K]; v [B, T, H, V]; g
+    log-space and beta [B, T, H]; q/k L2-normalised inside with `use_qk_l2norm_in_kernel`), computed by our
+    float32 torch form, recording what it was given: fla itself needs a GPU."""
+    from ready.target.gdn_ops import chunk_gated_delta_rule, l2norm
+
+    def fla(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+            use_qk_l2norm_in_kernel=False):
+        calls.append({"dtypes": (q.dtype, k.dtype, v.dtype), "l2norm_in_kernel": use_qk_l2norm_in_kernel})
+        q, k = q.float(), k.float()
+        if use_qk_l2norm_in_kernel:
+            q, k = l2norm(q), l2norm(k)
+        head_major = lambda t: t.float().transpose(1, 2)  # noqa: E731
+        o, final, _ = chunk_gated_delta_rule(head_major(q * scale), head_major(k), head_major(v),
+                                             head_major(g), head_major(beta), initial_state)
+        return o.transpose(1, 2).to(v.dtype), final
+
+    return fla
+
+
+def _gdn_layer(dtype: torch.dtype) -> layers.GatedDeltaNet:
+    from ready.target.config import HybridConfig
+
+    torch.manual_seed(0)
+    cfg = HybridConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, linear_num_key_heads=2,
+                       linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+    return layers.GatedDeltaNet(cfg).to(dtype).eval()
+
+
+@pytest.mark.parametrize("dtype, uses_fla", [(torch.bfloat16, True), (torch.float32, False)])
+def test_a_16_bit_target_prefills_through_fla_with_16_bit_inputs(monkeypatch, dtype, uses_fla):
+    # The regression this guards: the layer asked `fla_chunk_for` about its float32 copies of q, so no
+    # 16-bit target ever reached fla (5-8 Dec): prefill ran the torch chunked form in float32.
+    layer, x = _gdn_layer(dtype), torch.randn(2, 70, 64).to(dtype)  # 70 tokens: a chunk and a part
+    with torch.no_grad():
+        want, _ = layer(x, mode="full")  # the torch form (CPU: no fla)
+        calls: list = []
+        monkeypatch.setattr(layers, "FLA_CHUNK", _fla_stand_in(calls))
+        monkeypatch.setattr(layers.fastops, "fused", lambda t: True)  # as on a GPU with Triton
+        got, _ = layer(x, mode="full")
+    assert [c["dtypes"] for c in calls] == ([(dtype,) * 3] if uses_fla else [])
+    assert all(c["l2norm_in_kernel"] for c in calls)
+    # the same layer output up to the model dtype's rounding (fla reads 16-bit q, k, v; ours float32 copies)
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.02)
+
+
+@pytest.mark.cuda
+def test_on_cuda_fla_prefills_a_bf16_layer_as_the_torch_form_does(monkeypatch):
+    pytest.importorskip("fla")
+    layer = _gdn_layer(torch.bfloat16).cuda()
+    x = torch.randn(2, 200, 64, device="cuda").to(torch.bfloat16)
+    calls: list = []
+    real = layers.FLA_CHUNK
+    monkeypatch.setattr(layers, "FLA_CHUNK", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    with torch.no_grad():
+        got, _ = layer(x, mode="full")
+        monkeypatch.setattr(layers, "FLA_CHUNK", None)
+        want, _ = layer(x, mode="full")
+    assert calls == [1]
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.02)

@@ -354,8 +354,9 @@ def fla_backward_trusted(device: torch.device) -> bool:
 
 def fla_chunk_for(q: torch.Tensor, state_positions: Optional[torch.Tensor]) -> Optional[Callable]:
     """fla's chunked GDN where it is a faithful fast path, else None (our torch chunked form runs).
+    `q`: the layer's activations in the model's dtype (the conv's output), before any float32 cast.
 
-    Only for 16-bit CUDA tensors: fla's Triton dots take float32 inputs in TF32, so a float32 target
+    Only for 16-bit CUDA models: fla's Triton dots take float32 inputs in TF32, so a float32 target
     would prefill ~1e-3 away from its own verify and fail the float32 tie margin (TIE_REL) that the
     lossless checks hold it to. Never with `state_positions` (fla returns only the final state), nor
     where a backward follows on a device whose fla backward is not trusted (`fla_backward_trusted`)."""
@@ -426,6 +427,22 @@ class GatedDeltaNet(nn.Module):
         # head-major, fp32: [B, H, T, d]
         return q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)
 
+    def _fla_chunk(self, fla: Callable, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                   init: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunked rule through flash-linear-attention, called as transformers' Qwen3.5 calls it: q, k, v
+        in the model's 16-bit dtype (key heads repeated to the value heads), q and k L2-normalised inside
+        the kernel, float32 log-decay g, beta in the model dtype. Returns o [B, H_v, T, d_v] and the
+        final state [B, H_v, d_k, d_v] (float32)."""
+        B, T, _ = mixed.shape
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rep = self.nv // self.nk
+        q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
+        k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        o, final = fla(q, k, v.reshape(B, T, self.nv, self.dv), g, b.sigmoid(), scale=self.dk**-0.5,
+                       initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        return o.transpose(1, 2), final
+
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """The L2-normalised queries [B, H_v, T, d_k] (fp32, before the d_k^-0.5 scale, key heads
         repeated to the value heads) a full pass over x [B, T, hidden] (this layer's normed input)
@@ -479,9 +496,13 @@ class GatedDeltaNet(nn.Module):
         if mode == "verify" and not exact and GDN_FUSED_KERNEL is not None and fastops.fused(x):
             return self._output(self.fused_verify(qkv, b, a, cache).transpose(1, 2), z, exact), None
         mixed, full = self._conv(qkv, prefix, exact, taps=mode == "verify")
-        q, k, v, g, beta = self._heads(mixed, b, a, exact)
         init = None if cache is None else cache.ssm
         at = None
+        fla = None if mode == "verify" else fla_chunk_for(mixed, state_positions)
+        if fla is not None:
+            o, final = self._fla_chunk(fla, mixed, b, a, init)
+        else:
+            q, k, v, g, beta = self._heads(mixed, b, a, exact)
         if mode == "verify":
             T = x.shape[1]
             states = None if cache.pending_states is None else cache.pending_states[:T]
@@ -489,12 +510,7 @@ class GatedDeltaNet(nn.Module):
             windows = full.unfold(-1, self.kernel - 1, 1)[:, :, 1:]  # window after each token
             cache.pending_conv[:, :T] = windows.permute(0, 2, 1, 3)
         else:
-            fla = fla_chunk_for(q, state_positions)
-            if fla is not None:
-                o, final = fla(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2),
-                               scale=1.0, initial_state=init, output_final_state=True)
-                o = o.transpose(1, 2)
-            else:
+            if fla is None:
                 o, final, at = chunk_gated_delta_rule(q, k, v, g, beta, init, state_positions=state_positions)
             if mode == "prefill":
                 cache.ssm.copy_(final)
