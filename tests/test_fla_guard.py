@@ -123,3 +123,28 @@ def test_on_cuda_fla_prefills_a_bf16_layer_as_the_torch_form_does(monkeypatch):
         want, _ = layer(x, mode="full")
     assert calls == [1]
     torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.02)
+
+
+def test_a_right_padded_prefill_through_fla_keeps_each_rows_state_after_its_own_end(monkeypatch):
+    # fla gets g = beta = 0 on the pad tokens; the torch form's padded prefill is checked against one
+    # prefill per row in tests/test_prefill_rows.py
+    from ready.target.cache import GDNSlot
+
+    layer, x = _gdn_layer(torch.bfloat16), torch.randn(3, 70, 64).to(torch.bfloat16)
+    ends = torch.tensor([70, 5, 40])
+
+    def slot() -> GDNSlot:
+        return GDNSlot(ssm=torch.zeros(3, 4, 16, 16), conv=torch.zeros(3, layer.conv_dim, 3, dtype=torch.bfloat16),
+                       pending_inputs=torch.zeros(3, 1, 4, 34), pending_conv=torch.zeros(3, 1, layer.conv_dim, 3),
+                       ends=ends)
+
+    want, got = slot(), slot()
+    with torch.no_grad():
+        layer(x, mode="prefill", cache=want)
+        calls: list = []
+        monkeypatch.setattr(layers, "FLA_CHUNK", _fla_stand_in(calls))
+        monkeypatch.setattr(layers.fastops, "fused", lambda t: True)
+        layer(x, mode="prefill", cache=got)
+    assert len(calls) == 1
+    torch.testing.assert_close(got.ssm, want.ssm, rtol=0.05, atol=0.02)
+    assert torch.equal(got.conv, want.conv)

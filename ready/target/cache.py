@@ -27,6 +27,7 @@ class GDNSlot(NamedTuple):
     pending_inputs: torch.Tensor  # [B, max_verify, H_v, d_k + d_v + 2]: k | v | g | beta per token and head
     pending_conv: torch.Tensor  # [B, max_verify, conv_dim, kernel-1]
     pending_states: Optional[torch.Tensor] = None  # [max_verify, B, H_v, d_k, d_v] fp32, where kept
+    ends: Optional[torch.Tensor] = None  # [B] a right-padded prefill's prompt lengths (`HybridCache.ends`)
 
 
 class KVSlot(NamedTuple):
@@ -55,11 +56,16 @@ class HybridCache:
     # the GDN state after each verified token [L_gdn, max_verify, B, H_v, d_k, d_v] fp32 (token-major), kept where the
     # commit has no replay kernel (`ready.target.layers.keeps_verify_states`); None elsewhere
     pending_states: Optional[torch.Tensor] = None
+    # [B] int64 on the device, or None: the cache of one right-padded prefill of B prompts of these lengths
+    # (`ready.target.ragged.prefill_rows`); each row's GDN state and conv window are those after its own last
+    # token, and the pad tokens past it never enter them
+    ends: Optional[torch.Tensor] = None
     gdn_slots: list[GDNSlot] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         states = [None] * len(self.ssm) if self.pending_states is None else self.pending_states
-        self.gdn_slots = [GDNSlot(*t) for t in zip(self.ssm, self.conv, self.pending_inputs, self.pending_conv, states)]
+        self.gdn_slots = [GDNSlot(*t, ends=self.ends)
+                          for t in zip(self.ssm, self.conv, self.pending_inputs, self.pending_conv, states)]
 
     def kv_slot(self, i: int) -> KVSlot:
         return KVSlot(self.key[i], self.value[i], self.length_t, self.static)
@@ -86,9 +92,10 @@ class HybridCache:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         keep_states: bool = True,
+        ends: Optional[torch.Tensor] = None,
     ) -> "HybridCache":
         """Zeroed buffers; `keep_states`: allocate `pending_states` (needed wherever the commit has no
-        replay kernel)."""
+        replay kernel); `ends`: the prompt lengths of a right-padded prefill (the field's comment)."""
         Lg, La = len(cfg.gdn_layer_ids), len(cfg.attn_layer_ids)
         H, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         w = cfg.linear_conv_kernel_dim - 1
@@ -103,6 +110,7 @@ class HybridCache:
             length_t=torch.zeros((), dtype=torch.long, device=device),
             pending_states=(torch.zeros(Lg, max_verify, batch_size, H, dk, dv, device=device, dtype=torch.float32)
                             if keep_states else None),
+            ends=ends,
         )
 
     def reset(self) -> None:

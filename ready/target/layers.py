@@ -428,18 +428,21 @@ class GatedDeltaNet(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)
 
     def _fla_chunk(self, fla: Callable, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                   init: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                   init: Optional[torch.Tensor], live: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunked rule through flash-linear-attention, called as transformers' Qwen3.5 calls it: q, k, v
         in the model's 16-bit dtype (key heads repeated to the value heads), q and k L2-normalised inside
-        the kernel, float32 log-decay g, beta in the model dtype. Returns o [B, H_v, T, d_v] and the
-        final state [B, H_v, d_k, d_v] (float32)."""
+        the kernel, float32 log-decay g, beta in the model dtype. `live` [B, T]: a right-padded prefill's
+        own tokens (g and beta 0 elsewhere). Returns o [B, H_v, T, d_v] and the final state [B, H_v, d_k, d_v]
+        (float32)."""
         B, T, _ = mixed.shape
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.nv // self.nk
         q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
         k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        o, final = fla(q, k, v.reshape(B, T, self.nv, self.dv), g, b.sigmoid(), scale=self.dk**-0.5,
+        g, beta = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float()), b.sigmoid()
+        if live is not None:
+            g, beta = g * live[..., None], beta * live[..., None]
+        o, final = fla(q, k, v.reshape(B, T, self.nv, self.dv), g, beta, scale=self.dk**-0.5,
                        initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True)
         return o.transpose(1, 2), final
 
@@ -499,10 +502,15 @@ class GatedDeltaNet(nn.Module):
         init = None if cache is None else cache.ssm
         at = None
         fla = None if mode == "verify" else fla_chunk_for(mixed, state_positions)
+        live = None  # a right-padded prefill: [B, T] True on each row's own tokens
+        if mode == "prefill" and cache.ends is not None:
+            live = torch.arange(x.shape[1], device=x.device) < cache.ends[:, None]
         if fla is not None:
-            o, final = self._fla_chunk(fla, mixed, b, a, init)
+            o, final = self._fla_chunk(fla, mixed, b, a, init, live)
         else:
             q, k, v, g, beta = self._heads(mixed, b, a, exact)
+            if live is not None:  # a pad token neither decays the state (g = 0) nor writes to it (beta = 0)
+                g, beta = g * live[:, None], beta * live[:, None]
         if mode == "verify":
             T = x.shape[1]
             states = None if cache.pending_states is None else cache.pending_states[:T]
@@ -514,7 +522,12 @@ class GatedDeltaNet(nn.Module):
                 o, final, at = chunk_gated_delta_rule(q, k, v, g, beta, init, state_positions=state_positions)
             if mode == "prefill":
                 cache.ssm.copy_(final)
-                cache.conv.copy_(full[:, :, -(self.kernel - 1):])
+                w = self.kernel - 1
+                if live is None:
+                    cache.conv.copy_(full[:, :, -w:])
+                else:  # the last w inputs up to each row's end (`full` starts with the w-wide prefix)
+                    at = (cache.ends[:, None] + torch.arange(w, device=x.device))[:, None].expand(-1, full.shape[1], -1)
+                    cache.conv.copy_(full.gather(2, at))
         return self._output(o, z, exact), at
 
 

@@ -283,6 +283,8 @@ class HybridLM(nn.Module):
         T, step = ids.shape[1], int(self.prefill_chunk)
         if step < 0:
             raise TargetError(f"prefill_chunk={step}; expected 0 (one pass) or a number of tokens >= 1")
+        if cache.ends is not None:
+            return self._prefill_padded(ids, cache, capture_layers, last_logits_only)
         pieces = ids.split(step, dim=1) if 0 < step < T else (ids,)
         whole: dict[str, torch.Tensor] = {}  # the pieces' outputs, written in place as they come
         at = 0
@@ -304,6 +306,22 @@ class HybridLM(nn.Module):
                 whole[name][:, start:start + part.shape[1]] = part
             at += n
         return TargetOutput(logits=whole.get("logits"), hidden=whole.get("hidden"))
+
+    def _prefill_padded(self, ids: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int],
+                        last_logits_only: bool) -> TargetOutput:
+        """One pass over right-padded prompts ids [B, T] into an empty cache whose `ends` [B] are their lengths
+        (`ready.target.ragged.prefill_rows`): with `last_logits_only`, logits [B, 1, V] at each row's own last
+        token; the GDN layers keep each row's state after its end."""
+        if cache.length or 0 < int(self.prefill_chunk) < ids.shape[1]:
+            raise TargetError("a right-padded prefill runs in one pass into an empty cache; got "
+                              f"{cache.length} committed tokens and prefill_chunk={self.prefill_chunk}")
+        out = self._run(ids, "prefill", cache, capture_layers, logits_from=None if last_logits_only else 0,
+                        normed=last_logits_only)
+        cache.advance(ids.shape[1])
+        if not last_logits_only:
+            return out
+        last = out.normed[torch.arange(ids.shape[0], device=ids.device), cache.ends - 1]
+        return TargetOutput(logits=self.head(last[:, None]), hidden=out.hidden)
 
     @torch.no_grad()
     def verify(self, block: torch.Tensor, cache: HybridCache, capture_layers: Sequence[int] = ()) -> TargetOutput:

@@ -7,6 +7,8 @@ this module's passes read it:
 
 - `prefill_row(model, cache, b, ids)`: the prompt of row b through the ordinary batch-1 prefill on
   a view of that row (`row_view`): the very computation of the single-sequence engine;
+  `prefill_rows(model, cache, rows, prompts)`: several rows' prompts in one right-padded pass (the
+  same values up to rounding; what the batched engine admits with outside exact mode);
 - `ragged_verify(model, ids, cache)`: the target's own verify pass (`HybridLM._run`, the same layers,
   kernels and compiled variants as a single sequence's) over a [B, T] block, row b at positions
   lengths[b] .. lengths[b] + T - 1: the cache's device counter is the per-row length vector, so the
@@ -93,6 +95,38 @@ def prefill_row(model: Any, cache: RaggedCache, b: int, ids: torch.Tensor,
     view.reset()  # zero the row's GDN state and conv window (prefill starts from them)
     out = model.prefill(ids, view, capture_layers, last_logits_only)
     cache.lengths_t[b] = ids.shape[1]
+    return out
+
+
+@torch.no_grad()
+def prefill_rows(model: Any, cache: RaggedCache, rows: Sequence[int], prompts: Sequence[torch.Tensor],
+                 capture_layers: Sequence[int] = ()) -> Any:
+    """Forget rows `rows` and prefill prompt i into row rows[i], all in one pass: the prompts right-padded to
+    the longest into an empty cache of len(rows) rows (`HybridCache.ends`: each row's GDN state and conv window
+    are those after its own last token), whose states and K/V are then copied into the rows. One pass of
+    sum(lengths) tokens, not len(rows) passes of one prompt each (a prefill of a few hundred tokens leaves
+    most of a large GPU idle). The same values as `prefill_row` up to the rounding of the larger matmuls.
+    Returns logits [n, 1, V] at each prompt's last token and the captured features [n, P_max, C, D] (row i's
+    first len_i positions are its own)."""
+    if len(rows) != len(prompts) or not rows:
+        raise TargetError(f"{len(prompts)} prompts for rows {list(rows)}; expected one prompt per row, at least one")
+    dev = cache.ssm.device
+    lengths = [int(p.numel()) for p in prompts]
+    longest = max(lengths)
+    if min(lengths) < 1 or longest > cache.max_len:
+        raise TargetError(f"prompt lengths {lengths}; expected 1..{cache.max_len} tokens (the cache's rows)")
+    ids = torch.zeros(len(rows), longest, dtype=torch.long, device=dev)  # pads: token 0, never read
+    for i, p in enumerate(prompts):
+        ids[i, :lengths[i]] = p.reshape(-1)
+    ends = torch.tensor(lengths, dtype=torch.long, device=dev)
+    padded = HybridCache.allocate(model.config, len(rows), longest, 1, dev, model.dtype, keep_states=False, ends=ends)
+    out = model.prefill(ids, padded, capture_layers, last_logits_only=True)
+    at = torch.tensor(list(rows), dtype=torch.long, device=dev)
+    cache.ssm[:, at] = padded.ssm
+    cache.conv[:, at] = padded.conv
+    cache.key[:, at, :, :longest] = padded.key
+    cache.value[:, at, :, :longest] = padded.value
+    cache.lengths_t[at] = ends
     return out
 
 
