@@ -89,6 +89,27 @@ def test_batched_greedy_equals_batch_one(target, kind, batch_size):
         assert any(a > 0 for g in want for a in g.accepted)
 
 
+@pytest.mark.parametrize("kind", ["ar", "dspark", "ready"])
+def test_prompts_admitted_together_in_padded_passes_decode_as_batch_one(target, kind, monkeypatch):
+    """The admission as on CUDA (`admit_tokens`: several prompts per right-padded prefill, refills of rows
+    that end in the same round together): the same generations, features and all (float32)."""
+    from ready.decode import slots
+
+    passes: list[list[int]] = []
+    grouping = slots.admission_passes
+    monkeypatch.setattr(slots, "admission_passes", lambda n, b: (passes.append(list(n)), grouping(n, b))[1])
+    check_equal(target, make_drafter(target, kind), 4, prompts(), BUDGETS, admit_tokens=64)
+    assert passes[0] == [1, 6, 15, 3]  # the first four prompts in one call; 64 tokens: [15, 6, 3, 1] in one pass
+    assert grouping([1, 6, 15, 3], 64) == [[2, 1, 3, 0]]
+
+
+def test_admission_passes_keep_like_lengths_together_within_the_budget():
+    from ready.decode.slots import admission_passes
+
+    assert admission_passes([30, 1, 9, 30, 80], 64) == [[4], [0, 3], [2, 1]]  # 80 > 64 passes alone
+    assert admission_passes([5, 6], 0) == [[0], [1]]
+
+
 def test_the_greedy_ar_round_commits_before_the_host_reads_its_tokens(target, monkeypatch):
     """As with one slot (tests/test_engine.py): each batched AR round's commit is queued right behind its
     pass, before the device->host read of the rows' tokens, and the rows' tokens are batch one's."""

@@ -126,7 +126,8 @@ class Engine:
                  eos_token_id: Optional[int] = None, cuda_graphs: Optional[bool] = None,
                  accept_fn: Optional[AcceptFn] = None, sampling: Optional[SamplingParams] = None,
                  slots: Optional[str] = None, verify_schedule: Optional[VerifySchedule] = None,
-                 confidence_fn: Optional[ConfidenceFn] = None, capture_all_lengths: bool = True) -> None:
+                 confidence_fn: Optional[ConfidenceFn] = None, capture_all_lengths: bool = True,
+                 admit_tokens: Optional[int] = None) -> None:
         """`eos_token_id` defaults to `target.config.eos_token_id`. `cuda_graphs` (default: on CUDA) replays
         captured verify and draft graphs. `accept_fn` (engine benchmarks only) replaces greedy matching with
         (drafts [n], argmax [n+1]) -> A; the output is then not lossless. `sampling` with temperature > 0
@@ -137,7 +138,10 @@ class Engine:
         only: row b's forced confidences for the round, called for every decoding row in row order).
         `capture_all_lengths` (a confidence schedule on CUDA): capture the verify of every block length when
         the engine is sized (default); False captures each length on first use (engine benchmarks, whose
-        warm-up call replays the timed calls' rounds: only the lengths they use are compiled)."""
+        warm-up call replays the timed calls' rounds: only the lengths they use are compiled). `admit_tokens`
+        (ragged slots): prompts admitted together are prefilled in right-padded passes of up to this many padded
+        tokens, 0 one prefill per row (default `ready.decode.slots.admit_tokens_for`: packed on CUDA outside exact
+        mode, one per row elsewhere)."""
         if int(batch_size) < 1:
             raise DecodeError(f"batch_size={batch_size}; expected an integer >= 1")
         kind = slots or ("single" if int(batch_size) == 1 else "ragged")
@@ -168,7 +172,7 @@ class Engine:
         graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self.slots: SingleSlot | RaggedSlots = (
             SingleSlot(target, drafter, capture, graphs, self.sampling) if kind == "single"
-            else RaggedSlots(target, drafter, capture, graphs, self.sampling, self.batch_size))
+            else RaggedSlots(target, drafter, capture, graphs, self.sampling, self.batch_size, admit_tokens))
         self.traces: list[RoundTrace] = []  # `generate`: the first rounds of the last generation, when asked
 
     def reserve(self, max_len: int) -> None:
@@ -268,41 +272,46 @@ class Engine:
             off_clock += spent
             mark += spent
 
-        def admit(b: int) -> None:
-            """Prefill queued prompts into slot b until one still has tokens to decode (or none is left)."""
+        def admit(free: list[int]) -> None:
+            """Prefill queued prompts into the free slots, together (`slots.admit_many`), until each holds one
+            with tokens to decode or none is left; a pass's time is shared by the prompts it prefilled."""
             nonlocal mark, off_clock
-            while queue:
-                i = queue.pop(0)
-                p = ids[i].to(dev)
-                out = slots.admit(b, p)
-                rng[b] = None if sampling is None else torch.Generator().manual_seed(seed_of[i])
-                first = int(pick(out.logits[0, -1], sampling, rng[b]))
+            while free and queue:
+                rows = free[:len(queue)]
+                taken = [queue.pop(0) for _ in rows]
+                last = slots.admit_many(rows, [ids[i].to(dev) for i in taken])
+                for b, i in zip(rows, taken):
+                    rng[b] = None if sampling is None else torch.Generator().manual_seed(seed_of[i])
+                firsts = [int(pick(last[j], sampling, rng[b])) for j, b in enumerate(rows)]
                 sync(dev)
                 now = time.perf_counter()
-                g = Generation(prompt_len=p.numel(), tokens=[first], proposals=K, prefill_s=now - mark,
-                               wall_s=now - mark)
+                share = (now - mark) / len(rows)
                 mark = now
-                if layers:  # the donor's states at every length this generation reads, off the clock
-                    held_lengths[b] = read_lengths(p.numel(), budgets[i], donor_ids[i].numel())
-                    held[b], held_at[b] = donor_states(self.target, donor_ids[i], held_lengths[b], layers), -1
-                    sync(dev)
-                    ready_at = time.perf_counter()
-                    off_clock += ready_at - mark
-                    mark = ready_at
-                gens[i] = g
-                if first == self.eos:
-                    g.stop = "eos"
-                if first == self.eos or budgets[i] <= 1:
-                    bar.update(1)
-                    finish(i)
-                    continue
-                slot[b], seqs[b] = i, ids[i].tolist() + [first]
-                slots.start(b, first)
-                return
-            slot[b] = None
+                free = free[len(rows):]
+                for b, i, first in zip(rows, taken, firsts):
+                    g = Generation(prompt_len=ids[i].numel(), tokens=[first], proposals=K, prefill_s=share,
+                                   wall_s=share)
+                    if layers:  # the donor's states at every length this generation reads, off the clock
+                        held_lengths[b] = read_lengths(ids[i].numel(), budgets[i], donor_ids[i].numel())
+                        held[b], held_at[b] = donor_states(self.target, donor_ids[i], held_lengths[b], layers), -1
+                        sync(dev)
+                        ready_at = time.perf_counter()
+                        off_clock += ready_at - mark
+                        mark = ready_at
+                    gens[i] = g
+                    if first == self.eos:
+                        g.stop = "eos"
+                    if first == self.eos or budgets[i] <= 1:
+                        bar.update(1)
+                        finish(i)
+                        free.append(b)
+                        continue
+                    slot[b], seqs[b] = i, ids[i].tolist() + [first]
+                    slots.start(b, first)
+            for b in free:
+                slot[b] = None
 
-        for b in range(B):
-            admit(b)
+        admit(list(range(B)))
         rounds = 0
         while any(s is not None for s in slot):
             live = [s is not None for s in slot]
@@ -401,7 +410,7 @@ class Engine:
             bar.update(len(ended))
             for b in ended:
                 finish(slot[b])
-                admit(b)
+            admit(ended)
         sync(dev)
         end = time.perf_counter()
         bar.close()

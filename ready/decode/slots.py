@@ -32,9 +32,36 @@ from ready.decode.graphs import GraphRunner
 from ready.decode.protocol import DraftStep, Drafter
 from ready.decode.rounds import greedy_draft, sampled_draft, target_device
 from ready.decode.sampling import SamplingParams
-from ready.target.ragged import RaggedCache, new_ragged_cache, prefill_row, ragged_commit, ragged_verify
+from ready.target.ragged import RaggedCache, new_ragged_cache, prefill_row, prefill_rows, ragged_commit, ragged_verify
 
 EXACT_PAD = 15  # exact mode with graphs: spare cache positions of every single-slot engine (>= K of any drafter)
+# On CUDA the ragged store prefills the prompts it admits together in right-padded passes of up to this many
+# (padded) tokens (`ready.target.ragged.prefill_rows`): one prompt of a few hundred tokens leaves most of the
+# GPU idle, and a pass's scratch cache holds a GDN state per row (151 MB at the 27B shape). Elsewhere, and in
+# exact mode, one prefill per row (the single-sequence engine's computation, to the bit).
+ADMIT_TOKENS_CUDA = 8192
+
+
+def admit_tokens_for(target: Any, device: torch.device) -> int:
+    """The default padded-token budget of a ragged store's admission passes (0: one prefill per row)."""
+    if device.type != "cuda" or bool(getattr(target, "exact", False)):
+        return 0
+    return ADMIT_TOKENS_CUDA
+
+
+def admission_passes(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices of prompts of `lengths`, grouped into passes of at most `budget` padded tokens (rows x the
+    longest), longest first so that rows of like length share a pass; a prompt longer than the budget
+    passes alone. budget 0: one pass per prompt, in order."""
+    if budget <= 0:
+        return [[i] for i in range(len(lengths))]
+    passes: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        if passes and (len(passes[-1]) + 1) * lengths[passes[-1][0]] <= budget:
+            passes[-1].append(i)
+        else:
+            passes.append([i])
+    return passes
 
 
 class SingleSlot:
@@ -106,6 +133,10 @@ class SingleSlot:
         out = self.target.prefill(ids[None], self.cache, capture_layers=self.capture, last_logits_only=True)
         self._store_features(0, out.hidden)
         return out
+
+    def admit_many(self, rows: Sequence[int], prompts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """`admit` for each (row, prompt); the last-position logits [n, V] (one slot: n is 1)."""
+        return torch.cat([self.admit(b, p).logits[:, -1] for b, p in zip(rows, prompts)])
 
     def start(self, b: int, first: int) -> None:
         """The prefill's token is the sequence's first committed new token."""
@@ -208,9 +239,11 @@ class RaggedSlots:
     """B sequences in one `RaggedCache`, each at its own length (module docstring)."""
 
     def __init__(self, target: Any, drafter: Optional[Drafter], capture: list[int], graphs: bool,
-                 sampling: Optional[SamplingParams], batch_size: int) -> None:
+                 sampling: Optional[SamplingParams], batch_size: int, admit_tokens: Optional[int] = None) -> None:
         self.target, self.drafter, self.capture, self.sampling = target, drafter, capture, sampling
         self.batch_size = int(batch_size)
+        # the padded-token budget of a pass that admits several prompts (0: one prefill per row)
+        self.admit_tokens = admit_tokens_for(target, target_device(target)) if admit_tokens is None else int(admit_tokens)
         self.k = drafter.proposals if drafter is not None else 0
         self.device = target_device(target)
         # one captured verify per block length (on CPU the same objects run eagerly); every block is K+1
@@ -259,12 +292,37 @@ class RaggedSlots:
         if self.drafter is not None and not self.block_drafter:
             self.drafter.begin(ids[None])
         out = prefill_row(self.target, self.cache, b, ids, self.capture, last_logits_only=True)
+        self._admitted(b, ids.numel(), None if out.hidden is None else out.hidden[0])
+        return out
+
+    def admit_many(self, rows: Sequence[int], prompts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Forget rows `rows` and prefill prompt i into row rows[i]: prompts of like length together in passes of
+        at most `admit_tokens` padded tokens (`admission_passes`); returns the last-position logits [n, V]."""
+        lengths = [int(p.numel()) for p in prompts]
+        logits: list[Optional[torch.Tensor]] = [None] * len(rows)
+        exact = bool(getattr(self.target, "exact", False))
+        for group in admission_passes(lengths, 0 if exact else self.admit_tokens):
+            if len(group) == 1:
+                i = group[0]
+                logits[i] = self.admit(rows[i], prompts[i]).logits[0, -1]
+                continue
+            if self.drafter is not None and not self.block_drafter:
+                for i in group:
+                    self.drafter.begin(prompts[i][None])
+            out = prefill_rows(self.target, self.cache, [rows[i] for i in group], [prompts[i] for i in group],
+                               self.capture)
+            for j, i in enumerate(group):
+                logits[i] = out.logits[j, -1]
+                self._admitted(rows[i], lengths[i], None if out.hidden is None else out.hidden[j, :lengths[i]])
+        return torch.stack(logits)
+
+    def _admitted(self, b: int, n: int, hidden: Optional[torch.Tensor]) -> None:
+        """Row b now holds an n-token prompt: its features where the drafter reads them."""
         if self.capture:
-            self.features[b, :ids.numel()] = out.hidden[0]
+            self.features[b, :n] = hidden
             step = self._draft_step()
             if step is not None:
-                step.admit(b, ids.numel())
-        return out
+                step.admit(b, n)
 
     def start(self, b: int, first: int) -> None:
         """The prefill's token is row b's first committed new token."""
@@ -378,4 +436,4 @@ class RaggedSlots:
             self.donor_ssm[s, b].copy_(states[at, j])
 
 
-__all__ = ["EXACT_PAD", "RaggedSlots", "SingleSlot"]
+__all__ = ["ADMIT_TOKENS_CUDA", "EXACT_PAD", "RaggedSlots", "SingleSlot", "admission_passes", "admit_tokens_for"]
