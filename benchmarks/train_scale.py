@@ -14,6 +14,8 @@ public 27B DSpark layout), also random. Sections (`--sections`, default all):
   timed call after a warm-up call (CUDA graphs captured).
   No row stops early (random weights have no learned end-of-turn, and no stop token is set), so every row
   decodes its full budget and `tokens_per_s` = B * R / wall time is a fair throughput figure.
+  `--regen-admit-tokens 0,8192`: the same at each admission budget (one prefill per row against right-padded
+  passes of up to 8,192 tokens, `Engine(admit_tokens=)`), paired ABBA in one process.
 - `prefill`: batch-1 prefill (`target.prefill`, LM head included) over prompts of each `--prefill-lengths`,
   against the bf16 tensor-core bound 2 * matmul parameters * tokens / `--peak-flops` (default 989e12 on
   CUDA, H200 dense bf16; no bound on CPU). Matmul parameters leave out the embedding table (a gather, as
@@ -163,11 +165,12 @@ def random_rows(vocab: int, rows: int, seq_len: int, prompt_len: int, seed: int 
 # --- regeneration and prefill -----------------------------------------------------------------------
 
 def bench_regen(target: Any, batch: int, prompt_len: int, response_len: int, seed: int = 0,
-                progress: bool = True) -> dict:
-    """Greedy regeneration throughput of `batch` random prompts through the engine (one timed call)."""
+                progress: bool = True, admit_tokens: Optional[int] = None) -> dict:
+    """Greedy regeneration throughput of `batch` random prompts through the engine (one timed call).
+    `admit_tokens`: the engine's admission passes (`Engine(admit_tokens=)`; None: its default)."""
     g = torch.Generator().manual_seed(seed)
     prompts = list(torch.randint(0, int(target.config.vocab_size), (batch, prompt_len), generator=g))
-    engine = Engine(target, None, batch_size=batch, eos_token_id=NO_STOP)
+    engine = Engine(target, None, batch_size=batch, eos_token_id=NO_STOP, admit_tokens=admit_tokens)
     engine.reserve(prompt_len + response_len)  # the timed call reuses these buffers and graphs
     t0 = time.perf_counter()
     engine.decode(prompts, min(4, response_len))  # warm-up: allocation, graph capture
@@ -180,7 +183,9 @@ def bench_regen(target: Any, batch: int, prompt_len: int, response_len: int, see
         "batch": batch, "prompt_len": prompt_len, "response_len": response_len,
         "new_tokens": res.new_tokens, "wall_s": res.wall_s, "warmup_s": warmup_s,
         "tokens_per_s": res.tokens_per_s, "sequences_per_s": batch / res.wall_s,
-        "prefill_s": prefill_s, "decode_tokens_per_s": res.new_tokens / decode_s if decode_s > 0 else None,
+        "admit_tokens": engine.slots.admit_tokens if hasattr(engine.slots, "admit_tokens") else 0,
+        "prefill_s": prefill_s, "prompt_tokens_per_s": batch * prompt_len / prefill_s if prefill_s > 0 else None,
+        "decode_tokens_per_s": res.new_tokens / decode_s if decode_s > 0 else None,
         "rounds": res.rounds, "rows_full_budget": full,
         "note": ("random weights have no learned end-of-turn and no stop token is set, so every row decodes its "
                  "full budget: throughput per token at concurrency B; real turns stop at end-of-turn and their "
@@ -188,6 +193,22 @@ def bench_regen(target: Any, batch: int, prompt_len: int, response_len: int, see
     }
     del engine, res
     return out
+
+
+def bench_regen_admission(target: Any, batch: int, prompt_len: int, response_len: int, budgets: Sequence[int],
+                          progress: bool = True) -> dict:
+    """`bench_regen` at each admission budget, paired in one process on the same target and prompts, in ABBA
+    order (the list, then reversed); each budget's figures are the mean of its two runs. The section's top-level
+    figures are the last budget's (what the recipe estimate reads)."""
+    order = list(budgets) + list(reversed(budgets))
+    runs = [bench_regen(target, batch, prompt_len, response_len, progress=progress, admit_tokens=b) for b in order]
+    keys = ("wall_s", "tokens_per_s", "prefill_s", "prompt_tokens_per_s", "decode_tokens_per_s")
+    by: dict[str, dict] = {}
+    for b in budgets:
+        mine = [r for r in runs if r["admit_tokens"] == b]
+        by[str(b)] = {k: statistics.fmean(r[k] for r in mine) for k in keys if all(r[k] is not None for r in mine)}
+    last = [r for r in runs if r["admit_tokens"] == budgets[-1]][-1]
+    return {**last, **by[str(budgets[-1])], "order": order, "by_admit_tokens": by}
 
 
 def bench_prefill(target: Any, lengths: Sequence[int], peak_flops: Optional[float], repeats: int = 2,
@@ -420,13 +441,14 @@ def _sizes(a: argparse.Namespace) -> dict:
     return {k: (getattr(a, k) if getattr(a, k) is not None else v) for k, v in base.items()}
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def _ints(text: str, flag: str, low: int = 1) -> list[int]:
+    kind = "positive integers" if low == 1 else f"integers >= {low}"
     try:
         vals = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
-        raise TrainScaleError(f"{flag} {text!r}: expected a comma list of positive integers, e.g. 1024,8192") from None
-    if not vals or min(vals) < 1:
-        raise TrainScaleError(f"{flag} {text!r}: expected a comma list of positive integers, e.g. 1024,8192")
+        raise TrainScaleError(f"{flag} {text!r}: expected a comma list of {kind}, e.g. 1024,8192") from None
+    if not vals or min(vals) < low:
+        raise TrainScaleError(f"{flag} {text!r}: expected a comma list of {kind}, e.g. 1024,8192")
     return vals
 
 
@@ -478,6 +500,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                     "(flags and overrides still win)")
     ap.add_argument("--regen-prompt-len", type=int, default=None, help=f"default {FULL['regen_prompt_len']}")
     ap.add_argument("--regen-response-len", type=int, default=None, help=f"default {FULL['regen_response_len']}")
+    ap.add_argument("--regen-admit-tokens", default=None,
+                    help="comma list of admission budgets (padded tokens per prefill pass; 0 = one prefill per row), "
+                         "e.g. 0,8192: the regen section runs each, paired ABBA in this process (default: the "
+                         "engine's own, one run)")
     ap.add_argument("--prefill-lengths", default=None, help=f"comma list (default {FULL['prefill_lengths']})")
     ap.add_argument("--prefill-repeats", type=int, default=None, help="timed prefills per length (median)")
     ap.add_argument("--peak-flops", type=float, default=None,
@@ -503,6 +529,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     z = _sizes(a)
     try:
         sections, stages, lengths, gpus = _check(a, z)
+        admit = None if a.regen_admit_tokens is None else _ints(a.regen_admit_tokens, "--regen-admit-tokens", low=0)
     except TrainScaleError as e:
         ap.error(str(e).strip().splitlines()[0])
     # a bad key or value is one line, as `ready sweep` gives it (a ConfigError: entry_point)
@@ -529,8 +556,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     runs = {
-        "regen": lambda: bench_regen(target, int(cfg.regen.batch_size), z["regen_prompt_len"], z["regen_response_len"],
-                                     progress=progress),
+        "regen": lambda: (bench_regen(target, int(cfg.regen.batch_size), z["regen_prompt_len"], z["regen_response_len"],
+                                      progress=progress) if admit is None else
+                          bench_regen_admission(target, int(cfg.regen.batch_size), z["regen_prompt_len"],
+                                                z["regen_response_len"], admit, progress)),
         "prefill": lambda: bench_prefill(target, lengths, peak, z["prefill_repeats"], progress),
         "train": lambda: bench_train(cfg, target, z["train_seq_len"], z["train_batch"], z["train_prompt_len"],
                                      z["warmup_steps"], z["train_steps"], stages, progress),

@@ -113,6 +113,7 @@ def test_micro_batch_override_runs_the_step_in_micro_batches_and_is_recorded(mon
     (["--warmup-steps", "0"], "--warmup-steps 0"),
     (["--prefill-lengths", "1024,x"], "--prefill-lengths"),
     (["--train-seq-len", "4096"], "exceed the tiny target's context"),
+    (["--regen-admit-tokens", "0,-1"], "--regen-admit-tokens '0,-1': expected a comma list of integers >= 0"),
 ])
 def test_bad_input_ends_in_one_message(flags, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -151,6 +152,19 @@ def test_overrides_reach_the_regeneration_batch_and_the_target_dtype():
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal of a CUDA device where none is")
+def test_admission_budgets_run_paired_abba_in_one_process():
+    """`--regen-admit-tokens 0,64`: one prefill per row against 64-token padded passes, each run twice in
+    ABBA order on the same target and prompts; the section's figures are the last budget's."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        res = main([*ARGS, "--sections", "regen", "--regen-admit-tokens", "0,64", "regen.batch_size=3"])
+    regen = res["regen"]
+    assert regen["order"] == [0, 64, 64, 0]
+    assert set(regen["by_admit_tokens"]) == {"0", "64"}
+    assert regen["admit_tokens"] == 64
+    assert regen["tokens_per_s"] == regen["by_admit_tokens"]["64"]["tokens_per_s"]
+    assert all(v["prompt_tokens_per_s"] > 0 for v in regen["by_admit_tokens"].values())
+
+
 def test_a_cuda_device_without_one_is_one_line(capsys):
     """The 27B preset says target.device=cuda: on a machine without CUDA that is one line (before, --device's
     default was cpu here, and the run built a 27B target on the CPU)."""
