@@ -386,9 +386,9 @@ def bench_train(cfg: DictConfig, target: Any, seq_len: int, batch: int, prompt_l
 def recipe_estimate(cfg: DictConfig, regen: Optional[dict], train: Optional[dict], gpus: Sequence[int]) -> dict:
     """The paper recipe's wall time on each GPU count from the measured rates (None where a rate is missing)."""
     conversations = int(cfg.regen.num_samples)
-    turn_tokens = int(cfg.regen.response_len)
+    turn_tokens, prompt_tokens = int(cfg.regen.response_len), int(cfg.regen.prompt_len)
     s1, s2 = int(cfg.train.stage1.samples), int(cfg.train.stage2.samples)
-    regen_tps = (regen or {}).get("tokens_per_s")
+    prompt_tps, decode_tps = (regen or {}).get("prompt_tokens_per_s"), (regen or {}).get("decode_tokens_per_s")
 
     def rate(stage: str) -> Optional[float]:
         return ((train or {}).get(stage) or {}).get("samples_per_s")
@@ -396,8 +396,9 @@ def recipe_estimate(cfg: DictConfig, regen: Optional[dict], train: Optional[dict
     def div(a: float, b: Optional[float]) -> Optional[float]:
         return a / b if b else None
 
-    one = {"regen_s": div(conversations * turn_tokens, regen_tps), "stage1_s": div(s1, rate("stage1")),
-           "stage2_s": div(s2, rate("stage2"))}
+    prompts_s, decode_s = div(conversations * prompt_tokens, prompt_tps), div(conversations * turn_tokens, decode_tps)
+    one = {"regen_s": prompts_s + decode_s if prompts_s is not None and decode_s is not None else None,
+           "stage1_s": div(s1, rate("stage1")), "stage2_s": div(s2, rate("stage2"))}
     per_gpus: dict[str, Any] = {}
     for n in gpus:
         row = {k: (v / n if v is not None else None) for k, v in one.items()}
@@ -409,9 +410,12 @@ def recipe_estimate(cfg: DictConfig, regen: Optional[dict], train: Optional[dict
     r = regen or {}
     measured = (f"{r['batch']} conversations at once, prompt {r['prompt_len']} / response {r['response_len']} tokens"
                 if "tokens_per_s" in r else "not measured")
+    split = {"prompts_s": prompts_s, "decode_s": decode_s}
     seq = (train or {}).get("seq_len")
     return {
+        "regen_parts_on_1_gpu": split,
         "inputs": {"conversations": conversations, "regen_tokens_per_conversation": turn_tokens,
+                   "regen_prompt_tokens_per_conversation": prompt_tokens,
                    "stage1_samples": s1, "stage2_samples": s2, "train_seq_len": seq,
                    "stage_batch_size_in_config": [int(cfg.train.stage1.batch_size), int(cfg.train.stage2.batch_size)]},
         "gpus": per_gpus,
@@ -419,9 +423,11 @@ def recipe_estimate(cfg: DictConfig, regen: Optional[dict], train: Optional[dict
         "assumptions": [
             "base drafter = the public DSpark checkpoint: the recipe trains no base drafter "
             "(base_from_scratch_s_per_10k_samples is what one from scratch would cost)",
-            f"regeneration: every conversation regenerates regen.response_len = {turn_tokens} tokens in all (one "
-            "assistant turn at its cap; turns that stop earlier, or several turns, scale this linearly) at the "
-            f"measured throughput ({measured}; longer contexts decode somewhat slower)",
+            f"regeneration: every conversation is one assistant turn at its caps, a prompt of regen.prompt_len = "
+            f"{prompt_tokens} tokens at the measured regeneration's prompt rate (its prefill time over its prompt "
+            f"tokens) and regen.response_len = {turn_tokens} new tokens at its decode rate, prefill excluded "
+            f"({measured}; shorter prompts, turns that stop earlier or several turns scale the parts linearly; "
+            "longer contexts decode somewhat slower)",
             f"training: samples/s measured at {(train or {}).get('batch')} rows x {seq} tokens a step holds at the "
             "config's stage batch size (train.<stage>.batch_size; a larger batch is usually no slower per sample; "
             "what must fit in one GPU is a micro-batch, train.micro_batch_size rows, gradients accumulated)",

@@ -12,8 +12,9 @@ measured on a card makes that card's total incomplete, and the output says which
 
 What is counted, and how (the `ASSUMPTIONS` printed with every estimate):
 - shared by a sweep setting, once, on one GPU before the rows (sweeps.prepare): regenerating
-  `regen.num_samples` conversations (and `eval.heldout_tf_samples` validation ones) at `regen.response_len`
-  new tokens each, one assistant turn at its cap; the AR generations of every suite; each base drafter
+  `regen.num_samples` conversations (and `eval.heldout_tf_samples` validation ones), one assistant turn at its
+  cap: a prompt of `regen.prompt_len` tokens at the prefill rate and `regen.response_len` new tokens at the
+  batched decode rate; the AR generations of every suite; each base drafter
   from scratch (`train.base.samples`, one per base seed, none with `drafter.checkpoint`; DFlash rows have
   their own).
 - per row: stage 1 + stage 2 samples (FT, placebo, ReaDy); decoding every suite's prompts (`bench.limit`,
@@ -41,18 +42,20 @@ from ready.config import EXPERIMENTS_DIR
 from ready.data.benchmarks import BenchmarkError, FORMATS, TURNS, human_eval_path, read_records
 from sweeps.spec import Sweep
 
-RATE_NAMES = ("ar_decode_tokens_per_s", "draft_decode_tokens_per_s", "regen_new_tokens_per_s", "prefill_tokens_per_s",
+RATE_NAMES = ("ar_decode_tokens_per_s", "draft_decode_tokens_per_s", "regen_decode_tokens_per_s", "prefill_tokens_per_s",
               "base_samples_per_s", "stage1_samples_per_s", "stage2_samples_per_s")
 # what each counted quantity is divided by
-RATE_OF = {"regen_tokens": "regen_new_tokens_per_s", "ar_tokens": "ar_decode_tokens_per_s",
+RATE_OF = {"regen_tokens": "regen_decode_tokens_per_s", "regen_prompt_tokens": "prefill_tokens_per_s",
+           "ar_tokens": "ar_decode_tokens_per_s",
            "draft_tokens": "draft_decode_tokens_per_s", "prefill_tokens": "prefill_tokens_per_s",
            "base_samples": "base_samples_per_s", "stage1_samples": "stage1_samples_per_s",
            "stage2_samples": "stage2_samples_per_s"}
 TRAINED = ("ft", "placebo", "ready")
 DRAFTING = ("dspark", "dflash", "ft", "placebo", "ready")
 ASSUMPTIONS = [
-    "regeneration: one assistant turn per conversation at regen.response_len tokens (random weights never stop a "
-    "turn; real turns stop earlier, multi-turn conversations cost more), at the measured batched rate",
+    "regeneration: one assistant turn per conversation, its prompt at regen.prompt_len tokens at the batch-1 prefill "
+    "rate and regen.response_len new tokens at the batched decode rate, prefill excluded (random weights never stop a "
+    "turn; real prompts are shorter and turns stop earlier, multi-turn conversations cost more)",
     "decoding: every prompt runs to eval.max_new_tokens; drafting rows at the measured drafting rate, whose tau is "
     "named beside it: a real drafter's tau sets its real rate",
     "N GPUs: shared work on one GPU first, then one row per GPU, longest first; GPU-hours = wall x N",
@@ -172,6 +175,7 @@ def work(sweep: Sweep) -> Work:
     shared: dict[str, float] = {}
     regen_convs = int(common.regen.num_samples) + int(common.eval.heldout_tf_samples)
     shared["regen_tokens"] = float(regen_convs * int(common.regen.response_len))
+    shared["regen_prompt_tokens"] = float(regen_convs * int(common.regen.prompt_len))
     shared["ar_tokens"] = float(n_prompts * int(common.eval.max_new_tokens))
     bases: set[tuple] = set()
     rows = []

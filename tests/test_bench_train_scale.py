@@ -86,8 +86,13 @@ def test_recipe_is_the_measured_rates_extrapolated(run):
     one, four = rec["gpus"]["1"], rec["gpus"]["4"]
     assert one["stage1_s"] == pytest.approx(rec["inputs"]["stage1_samples"] / train["stage1"]["samples_per_s"])
     assert one["stage2_s"] == pytest.approx(rec["inputs"]["stage2_samples"] / train["stage2"]["samples_per_s"])
-    tokens = rec["inputs"]["conversations"] * rec["inputs"]["regen_tokens_per_conversation"]
-    assert one["regen_s"] == pytest.approx(tokens / res["regen"]["tokens_per_s"])
+    # each conversation: its prompt at the regeneration's prompt rate, its new tokens at the decode rate
+    convs, regen = rec["inputs"]["conversations"], res["regen"]
+    prompts_s = convs * rec["inputs"]["regen_prompt_tokens_per_conversation"] / regen["prompt_tokens_per_s"]
+    decode_s = convs * rec["inputs"]["regen_tokens_per_conversation"] / regen["decode_tokens_per_s"]
+    assert regen["prompt_tokens_per_s"] == pytest.approx(regen["batch"] * regen["prompt_len"] / regen["prefill_s"])
+    assert one["regen_s"] == pytest.approx(prompts_s + decode_s)
+    assert rec["regen_parts_on_1_gpu"] == pytest.approx({"prompts_s": prompts_s, "decode_s": decode_s})
     assert one["total_s"] == pytest.approx(one["regen_s"] + one["stage1_s"] + one["stage2_s"])
     assert four["total_s"] == pytest.approx(one["total_s"] / 4)
     assert rec["inputs"]["conversations"] == 70000  # experiments/profiles/paper_recipe.yaml

@@ -44,7 +44,7 @@ def test_n_gpus_run_the_shared_work_first_then_one_row_per_gpu_longest_first():
     assert wall_on(10.0, [5.0, 4.0], 8) == pytest.approx(15.0)  # idle GPUs: the longest row sets the wall
     w = Work(shared={"regen_tokens": 3600.0 * 100}, rows=[RowWork("a", "ready", 0, {"ar_tokens": 3600.0 * 10})] * 4,
              prompts={})
-    card = estimate(w, {"X": {"regen_new_tokens_per_s": rate("regen_new_tokens_per_s", 100.0),
+    card = estimate(w, {"X": {"regen_decode_tokens_per_s": rate("regen_decode_tokens_per_s", 100.0),
                               "ar_decode_tokens_per_s": rate("ar_decode_tokens_per_s", 10.0)}})[0]
     assert card.gpu_hours(1) == pytest.approx(1.0 + 4 * 1.0)
     assert card.wall_hours(4) == pytest.approx(2.0) and card.gpu_hours(4) == pytest.approx(8.0)
@@ -55,6 +55,8 @@ def test_the_paper_recipe_main_sweep_counts_what_its_rows_ask_for():
     w = work(sweep)
     cfg = sweep.common
     assert w.shared["regen_tokens"] == (70000 + int(cfg.eval.heldout_tf_samples)) * 1024
+    # each regenerated turn's prompt is prefilled too, at its cap (regen.prompt_len), at the prefill rate
+    assert w.shared["regen_prompt_tokens"] == (70000 + int(cfg.eval.heldout_tf_samples)) * int(cfg.regen.prompt_len)
     assert w.shared["base_samples"] == 2 * int(cfg.train.base.samples)  # DSpark's and DFlash's base drafters
     assert w.prompts["humaneval"] == 164 and w.prompts["gsm8k"] is None  # no file here: not counted
     by = {r.method: r.counts for r in w.rows}
