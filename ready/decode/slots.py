@@ -37,16 +37,15 @@ from ready.target.ragged import RaggedCache, new_ragged_cache, prefill_row, pref
 EXACT_PAD = 15  # exact mode with graphs: spare cache positions of every single-slot engine (>= K of any drafter)
 # On CUDA the ragged store prefills the prompts it admits together in right-padded passes of up to this many
 # (padded) tokens (`ready.target.ragged.prefill_rows`): one prompt of a few hundred tokens leaves most of the
-# GPU idle, and a pass's scratch cache holds a GDN state per row (151 MB at the 27B shape). Elsewhere, and in
-# exact mode, one prefill per row (the single-sequence engine's computation, to the bit).
+# GPU idle, and a pass's scratch cache holds a GDN state per row (151 MB at the 27B shape). On CPU (its tables
+# keep their bits), and in exact mode anywhere, one prefill per row: the single-sequence engine's computation.
 ADMIT_TOKENS_CUDA = 8192
 
 
-def admit_tokens_for(target: Any, device: torch.device) -> int:
-    """The default padded-token budget of a ragged store's admission passes (0: one prefill per row)."""
-    if device.type != "cuda" or bool(getattr(target, "exact", False)):
-        return 0
-    return ADMIT_TOKENS_CUDA
+def admit_tokens_for(device: torch.device) -> int:
+    """The default padded-token budget of a ragged store's admission passes on `device` (0: one prefill per
+    row); exact mode, read per admission (`RaggedSlots.admit_many`), always prefills one row at a time."""
+    return ADMIT_TOKENS_CUDA if device.type == "cuda" else 0
 
 
 def admission_passes(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -242,10 +241,10 @@ class RaggedSlots:
                  sampling: Optional[SamplingParams], batch_size: int, admit_tokens: Optional[int] = None) -> None:
         self.target, self.drafter, self.capture, self.sampling = target, drafter, capture, sampling
         self.batch_size = int(batch_size)
-        # the padded-token budget of a pass that admits several prompts (0: one prefill per row)
-        self.admit_tokens = admit_tokens_for(target, target_device(target)) if admit_tokens is None else int(admit_tokens)
         self.k = drafter.proposals if drafter is not None else 0
         self.device = target_device(target)
+        # the padded-token budget of a pass that admits several prompts (0: one prefill per row)
+        self.admit_tokens = admit_tokens_for(self.device) if admit_tokens is None else int(admit_tokens)
         # one captured verify per block length (on CPU the same objects run eagerly); every block is K+1
         self.graphs: Optional[GraphRunner] = GraphRunner(target, capture, short_rounds=False) if graphs else None
         self.block_drafter = drafter is not None and is_block_drafter(drafter)
