@@ -97,10 +97,15 @@ def test_prompts_admitted_together_in_padded_passes_decode_as_batch_one(target, 
 
     passes: list[list[int]] = []
     grouping = slots.admission_passes
-    monkeypatch.setattr(slots, "admission_passes", lambda n, b: (passes.append(list(n)), grouping(n, b))[1])
+    monkeypatch.setattr(slots, "admission_passes", lambda n, *a: (passes.append(list(n)), grouping(n, *a))[1])
     check_equal(target, make_drafter(target, kind), 4, prompts(), BUDGETS, admit_tokens=64)
     assert passes[0] == [1, 6, 15, 3]  # the first four prompts in one call; 64 tokens: [15, 6, 3, 1] in one pass
     assert grouping([1, 6, 15, 3], 64) == [[2, 1, 3, 0]]
+
+
+def test_a_target_that_prefills_in_pieces_admits_its_longer_prompts_one_at_a_time(target, monkeypatch):
+    monkeypatch.setattr(target, "prefill_chunk", 8)  # prompts of 15 and 30 tokens prefill in pieces, alone
+    check_equal(target, make_drafter(target, "ready"), 4, prompts(), BUDGETS, admit_tokens=64)
 
 
 def test_admission_passes_keep_like_lengths_together_within_the_budget():
@@ -108,6 +113,8 @@ def test_admission_passes_keep_like_lengths_together_within_the_budget():
 
     assert admission_passes([30, 1, 9, 30, 80], 64) == [[4], [0, 3], [2, 1]]  # 80 > 64 passes alone
     assert admission_passes([5, 6], 0) == [[0], [1]]
+    # a target that prefills in pieces of 20 tokens: a longer prompt is prefilled alone, in pieces
+    assert admission_passes([30, 1, 9, 30, 8], 64, alone_above=20) == [[0], [3], [2, 4, 1]]
 
 
 def test_the_greedy_ar_round_commits_before_the_host_reads_its_tokens(target, monkeypatch):

@@ -48,15 +48,17 @@ def admit_tokens_for(device: torch.device) -> int:
     return ADMIT_TOKENS_CUDA if device.type == "cuda" else 0
 
 
-def admission_passes(lengths: Sequence[int], budget: int) -> list[list[int]]:
+def admission_passes(lengths: Sequence[int], budget: int, alone_above: int = 0) -> list[list[int]]:
     """Indices of prompts of `lengths`, grouped into passes of at most `budget` padded tokens (rows x the
-    longest), longest first so that rows of like length share a pass; a prompt longer than the budget
-    passes alone. budget 0: one pass per prompt, in order."""
+    longest), longest first so that rows of like length share a pass; a prompt longer than the budget, or than
+    `alone_above` when > 0 (a target that prefills in pieces of that many tokens), passes alone. budget 0: one
+    pass per prompt, in order."""
     if budget <= 0:
         return [[i] for i in range(len(lengths))]
     passes: list[list[int]] = []
     for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
-        if passes and (len(passes[-1]) + 1) * lengths[passes[-1][0]] <= budget:
+        alone = 0 < alone_above < lengths[i] or (passes and 0 < alone_above < lengths[passes[-1][0]])
+        if passes and not alone and (len(passes[-1]) + 1) * lengths[passes[-1][0]] <= budget:
             passes[-1].append(i)
         else:
             passes.append([i])
@@ -300,7 +302,8 @@ class RaggedSlots:
         lengths = [int(p.numel()) for p in prompts]
         logits: list[Optional[torch.Tensor]] = [None] * len(rows)
         exact = bool(getattr(self.target, "exact", False))
-        for group in admission_passes(lengths, 0 if exact else self.admit_tokens):
+        piece = int(getattr(self.target, "prefill_chunk", 0))  # longer prompts prefill in pieces, one row at a time
+        for group in admission_passes(lengths, 0 if exact else self.admit_tokens, piece):
             if len(group) == 1:
                 i = group[0]
                 logits[i] = self.admit(rows[i], prompts[i]).logits[0, -1]
