@@ -25,10 +25,14 @@ flattens an evaluation's records into MLflow metrics (docs/interfaces.md "MLflow
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import torch
 
 BINS = 20  # DeepSpec's CONFIDENCE_NUM_BINS
 EPS = 1e-8  # predictions clamped to [EPS, 1 - EPS] before binning (DeepSpec's EPS_PROB)
+STS_GRID = tuple(round(0.25 + 0.05 * i, 2) for i in range(76))  # temperatures 0.25 .. 4.0, STS's 1-D search
 
 # one round: (the head's step confidences c_1..c_K, accepted drafts A, observed horizon h: the last
 # position whose outcome the round observed, min(its horizon, the drafts it verified))
@@ -92,6 +96,61 @@ def calibration(rounds: Sequence[Round], proposals: int, bins: int = BINS) -> Op
             "brier": brier_sum / total_n if total_n else None, "positions": positions}
 
 
+def rescaled(conf: Sequence[float], temperatures: Sequence[float]) -> list[float]:
+    """Step confidences c_j through their positions' temperatures: sigmoid(logit(c_j) / T_j) (order-preserving;
+    SGLang's DSPARK worker applies `dspark_confidence_temperatures` so)."""
+    out = []
+    for c, t in zip(conf, temperatures):
+        c = min(max(float(c), EPS), 1.0 - EPS)
+        out.append(1.0 / (1.0 + math.exp(-math.log(c / (1.0 - c)) / float(t))))
+    return out
+
+
+def fit_sts(rounds: Sequence[Round], proposals: int, grid: Sequence[float] = STS_GRID,
+            bins: int = BINS) -> list[float]:
+    """Sequential temperature scaling (DSpark's STS): for j = 1..K, left to right, the temperature T_j on `grid`
+    that minimises ECE_j of the predicted prefix acceptance S_j = c'_1 ... c'_j (c' = `rescaled`), the earlier
+    positions' temperatures fixed; 1.0 where no round observes position j (ties: the temperature nearest 1)."""
+    temps: list[float] = []
+    t = torch.tensor([float(x) for x in grid], dtype=torch.float64)
+    for j in range(1, int(proposals) + 1):
+        seen = [r for r in rounds if j <= r[2] and j <= len(r[0])]
+        if not seen:
+            temps.append(1.0)
+            continue
+        prefix = torch.tensor([_product(rescaled(c[:j - 1], temps)) for c, _, _ in seen], dtype=torch.float64)
+        c = torch.tensor([float(c[j - 1]) for c, _, _ in seen], dtype=torch.float64).clamp(EPS, 1.0 - EPS)
+        hits = torch.tensor([1.0 if a >= j else 0.0 for _, a, _ in seen], dtype=torch.float64)
+        pred = (prefix[None] * torch.sigmoid(torch.logit(c)[None] / t[:, None])).clamp(EPS, 1.0 - EPS)  # [G, n]
+        at = (pred * bins).long().clamp(max=bins - 1)
+        gap = torch.zeros(len(t), bins, dtype=torch.float64).scatter_add_(1, at, pred - hits[None])
+        ece = gap.abs().sum(1) / len(seen)
+        order = sorted(range(len(t)), key=lambda g: (float(ece[g]), abs(math.log(float(t[g])))))
+        temps.append(float(t[order[0]]))
+    return temps
+
+
+def sts_holdout(records: Sequence[Any], proposals: int) -> Optional[dict[str, Any]]:
+    """STS fitted on the even-indexed records (prompts) and scored on the odd ones, never split by position (as
+    SGLang's calibration tool splits): the temperatures, and the held-out ECE before and after. None without
+    scored rounds on both halves."""
+    fit, held = rounds_of(records[0::2]), rounds_of(records[1::2])
+    if not fit or not held:
+        return None
+    temps = fit_sts(fit, proposals)
+    before = calibration(held, proposals)
+    after = calibration([(rescaled(c, temps), a, h) for c, a, h in held], proposals)
+    return {"temperatures": temps, "fit_rounds": len(fit), "holdout_rounds": len(held),
+            "holdout_ece_before": before["ece"], "holdout_ece_after": after["ece"]}
+
+
+def _product(values: Iterable[float]) -> float:
+    out = 1.0
+    for v in values:
+        out *= v
+    return out
+
+
 def verification_summary(records: Sequence[Any], proposals: int, schedule: Mapping[str, Any]) -> dict[str, Any]:
     """One benchmark's verification record: `schedule` (the eval keys that chose it), rounds, drafts and
     tokens verified per round (pooled over the records' rounds), and `calibration` (None without scores)."""
@@ -125,4 +184,5 @@ def verification_metrics(evaluation: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-__all__ = ["BINS", "Round", "calibration", "rounds_of", "verification_metrics", "verification_summary"]
+__all__ = ["BINS", "Round", "STS_GRID", "calibration", "fit_sts", "rescaled", "rounds_of", "sts_holdout",
+           "verification_metrics", "verification_summary"]

@@ -18,7 +18,10 @@ lossless seeds' evaluation.json:
   intervals (TPS on CPU is indicative, never ranked);
 - the head's calibration pooled over the row's rounds: ECE (DeepSpec's 20 bins, positions weighted by
   their counts) and ECE per draft position; under the confidence schedule only the positions a row
-  verified are observed (a selected sample: the full schedule's ECE is the head's calibration as such).
+  verified are observed (a selected sample: the full schedule's ECE is the head's calibration as such);
+- what DSpark's sequential temperature scaling (`ready.calibration.fit_sts`) would make of it: the
+  temperatures fitted on the even-numbered prompt records and the ECE on the odd ones before and after
+  (the decoding itself still reads the raw confidences).
 
 Writes `calibration_<sweep>.md` (the table) and `fig_calibration_<sweep>.pdf/.png` (reliability diagrams:
 one panel per draft position, observed against predicted prefix acceptance, one line per row).
@@ -37,7 +40,7 @@ import numpy as np
 import polars as pl
 
 from ready.artifacts import atomic_write_text
-from ready.calibration import calibration, rounds_of
+from ready.calibration import calibration, rounds_of, sts_holdout
 from ready.config import entry_point
 from reports import stats
 from reports import collect
@@ -68,6 +71,7 @@ class Row:
     verified: Optional[stats.Interval] = None  # tokens verified per round
     tps: Optional[stats.Interval] = None
     calibration: Optional[dict] = None  # `ready.calibration.calibration` over every seed's rounds
+    sts: Optional[dict] = None  # `ready.calibration.sts_holdout`: STS fitted on even prompts, scored on odd
     vs_full: dict[str, Optional[stats.Interval]] = field(default_factory=dict)  # tau, verified, tps: % vs full
     device: Optional[str] = None
 
@@ -196,6 +200,7 @@ def build(runs: pl.DataFrame, evaluations: Mapping[str, dict], sweep: str = SWEE
                       if (b.get("metrics") or {}).get("proposals")), 0)
             recs = [p for e in evals for b in (e.get("benchmarks") or {}).values() for p in (b.get("prompts") or [])]
             row.calibration = calibration(rounds_of(recs), k)
+            row.sts = sts_holdout(recs, k)
             rows.append(row)
     for row in rows:  # the confidence schedule against the full one, paired seed by seed and prompt by prompt
         if row.schedule == "full":
@@ -230,14 +235,17 @@ def render(report: Report) -> str:
     k = max((len(r.calibration["positions"]) for r in report.rows if r.calibration), default=0)
     cpu = any((r.device or "cpu") == "cpu" for r in report.rows)
     head = ["row", "seeds", "τ", "tokens verified / round", "TPS" + (" (CPU, indicative)" if cpu else ""),
-            "Δτ % vs full", "Δ verified / round % vs full", "ΔTPS % vs full", "ECE"] + [f"ECE_{j}" for j in range(1, k + 1)]
+            "Δτ % vs full", "Δ verified / round % vs full", "ΔTPS % vs full", "ECE"] + [f"ECE_{j}" for j in range(1, k + 1)] + [
+            "held-out ECE, raw → STS", "STS temperatures"]
     lines = [f"**Verify schedules** — sweep `{report.sweep}`; DSpark and ReaDy under the full schedule (every draft "
              "verified) and the confidence schedule (the prefix the confidence head keeps). τ, tokens verified per "
              "round (drafts + the anchor) and TPS pooled over every suite's prompts and the seeds, 95 % intervals "
              "(crossed bootstrap over seeds and prompts); Δ: the confidence schedule against the full one, paired "
              "prompt by prompt and seed by seed. ECE: the confidence head's expected calibration error of its "
              "predicted prefix acceptance (20 bins; per draft position j, and over positions weighted by their "
-             "rounds); under the confidence schedule only the positions a row verified are observed.", "",
+             "rounds); under the confidence schedule only the positions a row verified are observed. STS: DSpark's "
+             "sequential temperature scaling (one temperature per position, fitted left to right to minimise the ECE "
+             "of the prefix acceptance) fitted on the even-numbered prompts and scored on the odd ones.", "",
              "| " + " | ".join(head) + " |", "|:--|" + "--:|" * (len(head) - 1)]
     for r in report.rows:
         cal = r.calibration or {}
@@ -247,6 +255,9 @@ def render(report: Report) -> str:
                  _fmt(r.vs_full.get("tps"), 1, True),
                  f"{cal['ece']:.3f}" if cal.get("ece") is not None else "—"]
         cells += [f"{per[j]:.3f}" if per.get(j) is not None else "—" for j in range(1, k + 1)]
+        sts = r.sts or {}
+        cells += [f"{sts['holdout_ece_before']:.3f} → {sts['holdout_ece_after']:.3f}" if sts else "—",
+                  ", ".join(f"{t:.2f}" for t in sts["temperatures"]) if sts else "—"]
         lines.append("| " + " | ".join(cells) + " |")
     if report.settings:
         lines += ["", "Settings: " + ", ".join(f"{s} = `{g or '(untagged)'}`" for s, g in report.settings.items()) + "."]

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ready.calibration import calibration, rounds_of, verification_metrics, verification_summary
+from ready.calibration import (calibration, fit_sts, rescaled, rounds_of, sts_holdout, verification_metrics,
+                               verification_summary)
 from ready.config import DrafterConfig, ReaderConfig
 from ready.decode import evaluate
 from ready.decode.schedule import VerifySchedule
@@ -138,3 +139,48 @@ def test_evaluate_records_verification_and_calibration(schedule):
     if schedule == "full":
         assert v["verified_drafts_per_round"] > 2.5  # the budget's last rounds alone verify fewer than K = 3
     assert evaluate(target, None, ps, 6, warmup=0, progress=False).verification is None
+
+
+# --- sequential temperature scaling (DSpark's STS) --------------------------------------------------------------
+
+def _chain_rounds(n: int, k: int, head_temperature: float, seed: int = 0) -> list[tuple[list[float], int, int]]:
+    """Rounds whose step acceptances are Bernoulli(sigmoid(z_j)) given the prefix, reported by a head that says
+    sigmoid(z_j * head_temperature): over-confident above 1. Every round observes all k positions."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        z = torch.randn(k, generator=g) * 1.5 + 1.0
+        true = torch.sigmoid(z)
+        accepted = 0
+        while accepted < k and float(torch.rand(1, generator=g)) < float(true[accepted]):
+            accepted += 1
+        out.append(([float(c) for c in torch.sigmoid(z * head_temperature)], accepted, k))
+    return out
+
+
+def test_sts_finds_the_temperature_that_undoes_an_over_confident_head():
+    rounds = _chain_rounds(4000, 3, head_temperature=2.0)
+    temps = fit_sts(rounds, 3)
+    assert temps[0] == pytest.approx(2.0, abs=0.25)  # c' = sigmoid(logit(c) / T): T = 2 gives back sigmoid(z)
+    before = calibration(rounds, 3)["ece"]
+    after = calibration([(rescaled(c, temps), a, h) for c, a, h in rounds], 3)["ece"]
+    assert after < before / 2
+
+
+def test_sts_leaves_a_calibrated_head_near_temperature_one_and_fits_left_to_right():
+    rounds = _chain_rounds(4000, 3, head_temperature=1.0, seed=1)
+    assert fit_sts(rounds, 3)[0] == pytest.approx(1.0, abs=0.25)
+    # a position no round observes keeps temperature 1; rescaling is order-preserving and T = 1 is the identity
+    assert fit_sts([([0.9, 0.8], 2, 1)], 2)[1] == 1.0
+    assert rescaled([0.2, 0.7], [1.0, 1.0]) == pytest.approx([0.2, 0.7])
+    assert rescaled([0.2, 0.7], [3.0, 3.0])[0] < rescaled([0.2, 0.7], [3.0, 3.0])[1]
+
+
+def test_sts_holdout_fits_on_even_prompts_and_scores_the_odd_ones():
+    rounds = _chain_rounds(2000, 2, head_temperature=2.5, seed=2)
+    records = [{"confidence": [c], "accepted": [a], "horizons": [h], "verified": [h]} for c, a, h in rounds]
+    out = sts_holdout(records, 2)
+    assert out["fit_rounds"] == out["holdout_rounds"] == 1000
+    assert out["temperatures"] == fit_sts(rounds_of(records[0::2]), 2)
+    assert out["holdout_ece_after"] < out["holdout_ece_before"]
+    assert sts_holdout(records[:1], 2) is None  # nothing to score

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from ready import metrics
-from ready.calibration import calibration, rounds_of
+from ready.calibration import calibration, rounds_of, sts_holdout
 from reports.calibration import build, plot_reliability, render
 
 K = 3
@@ -82,6 +82,7 @@ def test_rows_pair_each_schedule_with_the_full_one_and_score_the_heads_calibrati
         assert r.verified.value == pytest.approx(ver) and r.verified.lo <= ver <= r.verified.hi
         assert r.tau.value == pytest.approx(tau)
         assert r.calibration == calibration(rounds_of(recs), K)
+        assert r.sts == sts_holdout(recs, K)  # fitted on the even-numbered records, scored on the odd ones
     full, conf = report.rows[0], report.rows[1]
     assert conf.vs_full["verified"].value == pytest.approx(100 * (conf.verified.value / full.verified.value - 1))
     assert conf.vs_full["verified"].value < 0  # the schedule verified fewer tokens per round
@@ -89,6 +90,8 @@ def test_rows_pair_each_schedule_with_the_full_one_and_score_the_heads_calibrati
     assert not full.vs_full
     text = render(report)
     assert text.count("\n| ") == 5 and "DSpark, confidence" in text and "ECE_3" in text and "CPU, indicative" in text
+    sts = full.sts
+    assert f"{sts['holdout_ece_before']:.3f} → {sts['holdout_ece_after']:.3f}" in text
 
 
 def test_a_setting_that_differs_in_more_than_the_schedule_is_left_out_and_said_so():
