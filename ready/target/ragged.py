@@ -8,7 +8,7 @@ this module's passes read it:
 - `prefill_row(model, cache, b, ids)`: the prompt of row b through the ordinary batch-1 prefill on
   a view of that row (`row_view`): the very computation of the single-sequence engine;
   `prefill_rows(model, cache, rows, prompts)`: several rows' prompts in one right-padded pass (the
-  same values up to rounding; what the batched engine admits with outside exact mode);
+  same values up to rounding; how the batched engine admits prompts on CUDA outside exact mode);
 - `ragged_verify(model, ids, cache)`: the target's own verify pass (`HybridLM._run`, the same layers,
   kernels and compiled variants as a single sequence's) over a [B, T] block, row b at positions
   lengths[b] .. lengths[b] + T - 1: the cache's device counter is the per-row length vector, so the
@@ -104,8 +104,8 @@ def prefill_rows(model: Any, cache: RaggedCache, rows: Sequence[int], prompts: S
     """Forget rows `rows` and prefill prompt i into row rows[i], all in one pass: the prompts right-padded to
     the longest into an empty cache of len(rows) rows (`HybridCache.ends`: each row's GDN state and conv window
     are those after its own last token), whose states and K/V are then copied into the rows. One pass of
-    sum(lengths) tokens, not len(rows) passes of one prompt each (a prefill of a few hundred tokens leaves
-    most of a large GPU idle). The same values as `prefill_row` up to the rounding of the larger matmuls.
+    len(rows) x the longest prompt's tokens, not len(rows) passes of one prompt each (a prefill of a few
+    hundred tokens leaves most of a large GPU idle). The same values as `prefill_row` up to the rounding of the larger matmuls.
     Returns logits [n, 1, V] at each prompt's last token and the captured features [n, P_max, C, D] (row i's
     first len_i positions are its own)."""
     if len(rows) != len(prompts) or not rows:
@@ -115,9 +115,9 @@ def prefill_rows(model: Any, cache: RaggedCache, rows: Sequence[int], prompts: S
     longest = max(lengths)
     if min(lengths) < 1 or longest > cache.max_len:
         raise TargetError(f"prompt lengths {lengths}; expected 1..{cache.max_len} tokens (the cache's rows)")
-    ids = torch.zeros(len(rows), longest, dtype=torch.long, device=dev)  # pads: token 0, never read
+    ids = torch.zeros(len(rows), longest, dtype=torch.long, device=dev)  # pads: token 0, computed, never kept
     for i, p in enumerate(prompts):
-        ids[i, :lengths[i]] = p.reshape(-1)
+        ids[i, :lengths[i]] = p.reshape(-1).to(dev)
     ends = torch.tensor(lengths, dtype=torch.long, device=dev)
     padded = HybridCache.allocate(model.config, len(rows), longest, 1, dev, model.dtype, keep_states=False, ends=ends)
     out = model.prefill(ids, padded, capture_layers, last_logits_only=True)
