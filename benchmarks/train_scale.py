@@ -183,7 +183,7 @@ def bench_regen(target: Any, batch: int, prompt_len: int, response_len: int, see
         "batch": batch, "prompt_len": prompt_len, "response_len": response_len,
         "new_tokens": res.new_tokens, "wall_s": res.wall_s, "warmup_s": warmup_s,
         "tokens_per_s": res.tokens_per_s, "sequences_per_s": batch / res.wall_s,
-        "admit_tokens": engine.slots.admit_tokens if hasattr(engine.slots, "admit_tokens") else 0,
+        "admit_tokens": getattr(engine.slots, "admit_tokens", 0),  # one slot: no admission passes
         "prefill_s": prefill_s, "prompt_tokens_per_s": batch * prompt_len / prefill_s if prefill_s > 0 else None,
         "decode_tokens_per_s": res.new_tokens / decode_s if decode_s > 0 else None,
         "rounds": res.rounds, "rows_full_budget": full,
