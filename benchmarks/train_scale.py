@@ -205,9 +205,9 @@ def bench_regen_admission(target: Any, batch: int, prompt_len: int, response_len
     keys = ("wall_s", "tokens_per_s", "prefill_s", "prompt_tokens_per_s", "decode_tokens_per_s")
     by: dict[str, dict] = {}
     for b in budgets:
-        mine = [r for r in runs if r["admit_tokens"] == b]
+        mine = [r for r, asked in zip(runs, order) if asked == b]
         by[str(b)] = {k: statistics.fmean(r[k] for r in mine) for k in keys if all(r[k] is not None for r in mine)}
-    last = [r for r in runs if r["admit_tokens"] == budgets[-1]][-1]
+    last = [r for r, asked in zip(runs, order) if asked == budgets[-1]][-1]
     return {**last, **by[str(budgets[-1])], "order": order, "by_admit_tokens": by}
 
 
