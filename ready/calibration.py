@@ -118,7 +118,7 @@ def fit_sts(rounds: Sequence[Round], proposals: int, grid: Sequence[float] = STS
         if not seen:
             temps.append(1.0)
             continue
-        prefix = torch.tensor([_product(rescaled(c[:j - 1], temps)) for c, _, _ in seen], dtype=torch.float64)
+        prefix = torch.tensor([math.prod(rescaled(c[:j - 1], temps)) for c, _, _ in seen], dtype=torch.float64)
         c = torch.tensor([float(c[j - 1]) for c, _, _ in seen], dtype=torch.float64).clamp(EPS, 1.0 - EPS)
         hits = torch.tensor([1.0 if a >= j else 0.0 for _, a, _ in seen], dtype=torch.float64)
         pred = (prefix[None] * torch.sigmoid(torch.logit(c)[None] / t[:, None])).clamp(EPS, 1.0 - EPS)  # [G, n]
@@ -142,13 +142,6 @@ def sts_holdout(records: Sequence[Any], proposals: int) -> Optional[dict[str, An
     after = calibration([(rescaled(c, temps), a, h) for c, a, h in held], proposals)
     return {"temperatures": temps, "fit_rounds": len(fit), "holdout_rounds": len(held),
             "holdout_ece_before": before["ece"], "holdout_ece_after": after["ece"]}
-
-
-def _product(values: Iterable[float]) -> float:
-    out = 1.0
-    for v in values:
-        out *= v
-    return out
 
 
 def verification_summary(records: Sequence[Any], proposals: int, schedule: Mapping[str, Any]) -> dict[str, Any]:

@@ -55,10 +55,10 @@ def admission_passes(lengths: Sequence[int], budget: int, alone_above: int = 0) 
     pass per prompt, in order."""
     if budget <= 0:
         return [[i] for i in range(len(lengths))]
+    size = [budget + 1 if 0 < alone_above < n else n for n in lengths]  # past the budget: alone
     passes: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
-        alone = 0 < alone_above < lengths[i] or (passes and 0 < alone_above < lengths[passes[-1][0]])
-        if passes and not alone and (len(passes[-1]) + 1) * lengths[passes[-1][0]] <= budget:
+    for i in sorted(range(len(lengths)), key=lambda j: (-size[j], j)):
+        if passes and (len(passes[-1]) + 1) * size[passes[-1][0]] <= budget:
             passes[-1].append(i)
         else:
             passes.append([i])

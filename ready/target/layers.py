@@ -407,13 +407,21 @@ class GatedDeltaNet(nn.Module):
         y = F.conv1d(full, self.conv1d.weight, groups=self.conv_dim)
         return F.silu(y).transpose(1, 2), full
 
-    def _heads(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, exact: bool = False):
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k [B, T, H_v, d_k] (key heads repeated to the value heads) and v [B, T, H_v, d_v], in qkv's dtype."""
         B, T, _ = qkv.shape
         q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.nv // self.nk
         q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
         k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
-        v = v.reshape(B, T, self.nv, self.dv)
+        return q, k, v.reshape(B, T, self.nv, self.dv)
+
+    def _decay(self, a: torch.Tensor) -> torch.Tensor:
+        """The log-decay g = -exp(A_log) softplus(a + dt_bias), float32."""
+        return -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+
+    def _heads(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, exact: bool = False):
+        q, k, v = self._split(qkv)
         if exact:
             q = row_norm(q.float(), None, 1e-6, mean=False) * self.dk**-0.5
             k = row_norm(k.float(), None, 1e-6, mean=False)
@@ -423,7 +431,7 @@ class GatedDeltaNet(nn.Module):
             q = l2norm(q.float()) * self.dk**-0.5
             k = l2norm(k.float())
             beta = b.float().sigmoid()
-            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+            g = self._decay(a)
         # head-major, fp32: [B, H, T, d]
         return q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)
 
@@ -434,15 +442,11 @@ class GatedDeltaNet(nn.Module):
         the kernel, float32 log-decay g, beta in the model dtype. `live` [B, T]: a right-padded prefill's
         own tokens (g and beta 0 elsewhere). Returns o [B, H_v, T, d_v] and the final state [B, H_v, d_k, d_v]
         (float32)."""
-        B, T, _ = mixed.shape
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        rep = self.nv // self.nk
-        q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
-        k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(rep, dim=2)
-        g, beta = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float()), b.sigmoid()
+        q, k, v = self._split(mixed)
+        g, beta = self._decay(a), b.sigmoid()
         if live is not None:
             g, beta = g * live[..., None], beta * live[..., None]
-        o, final = fla(q, k, v.reshape(B, T, self.nv, self.dv), g, beta, scale=self.dk**-0.5,
+        o, final = fla(q, k, v, g, beta, scale=self.dk**-0.5,
                        initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True)
         return o.transpose(1, 2), final
 
